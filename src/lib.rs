@@ -1,0 +1,17 @@
+//! ggml-ork: a ggml dynamic backend that runs dense matrix multiplications on the Rockchip
+//! RK3588 / RK3576 NPU (W8A8, weights packed once and resident), with the rest of the graph left
+//! to ggml's CPU backend.
+//!
+//! Layout (mechanism vs policy, see README):
+//! * [`npu`] — mechanism: SoC table, register table, regcmd synthesis, tiled layouts, planner,
+//!   multi-core pool, IOMMU domains, and the kernel interfaces (vendor rknpu, mainline rocket,
+//!   simulator).
+//! * [`quant`] — ggml weight types → per-output-channel int8; activations → per-row int8;
+//!   int32 → f32.
+//! * [`route`] — policy: which engine runs each MUL_MAT.
+//! * [`backend`] — the ggml device, buffer type and graph execution, in safe Rust.
+//! * [`ffi`] — the C ABI skin: every `extern "C"` entry point, panic-proof.
+//! * [`config`] — every `ORK_*` variable, parsed once.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod npu;

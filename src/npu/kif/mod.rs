@@ -1,0 +1,223 @@
+//! Kernel interfaces: the one trait the NPU core talks to, and its three implementations.
+//!
+//! * [`rknpu`] — the vendor `rknpu` DRM driver (`/dev/dri/card*`, driver ≥ 0.9.6), through `nix`
+//!   ioctls and `memmap2` mappings. Facts: shared reference `rknpu-facts.md` §1.
+//! * [`rocket`] — the mainline `rocket` accel driver (`/dev/accel/accel*`, Linux ≥ 6.18).
+//! * [`sim`] — the in-process simulator: same buffer and submit semantics over an arena with a
+//!   4 GiB IOVA window per IOMMU domain; a submit is executed by decoding the regcmd stream.
+//!
+//! The trait is shaped after the vendor driver, the richest of the three: buffer objects live in
+//! an IOMMU domain and have a 32-bit IOVA; a job is an array of [`RknpuTask`] descriptors in a
+//! task buffer, a core mask and a domain. The rocket implementation translates (it reads the task
+//! descriptors back from the mapped task buffer and submits them as rocket tasks).
+//!
+//! Unsafe code is allowed in this module tree only (and in `crate::ffi`): raw mappings of device
+//! memory are turned into slices here, each with a `// SAFETY:` line.
+
+pub mod sim;
+pub mod rknpu;
+pub mod rocket;
+
+use std::fmt;
+
+/// A 32-bit NPU virtual address inside one IOMMU domain's window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Iova(pub u32);
+
+/// IOMMU domain id. Stock vendor drivers 0.9.6–0.9.8 accept 0..=15 (`RKNPU_MAX_IOMMU_DOMAIN_NUM`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct DomainId(pub u32);
+
+/// Maximum number of IOMMU domains (stock vendor driver limit; rknpu-facts §4, conflict 4).
+pub const MAX_DOMAINS: u32 = 16;
+
+/// `rknpu_mem_create.flags` bits (rknpu-facts §1.4, source S1).
+pub mod mem_flags {
+    pub const NON_CONTIGUOUS: u32 = 1 << 0;
+    pub const CACHEABLE: u32 = 1 << 1;
+    pub const WRITE_COMBINE: u32 = 1 << 2;
+    pub const KERNEL_MAPPING: u32 = 1 << 3;
+    pub const IOMMU: u32 = 1 << 4;
+    pub const ZEROING: u32 = 1 << 5;
+    pub const IOMMU_LIMIT_IOVA_ALIGNMENT: u32 = 1 << 10;
+    /// Data, weight and regcmd buffers (ork's 0x403).
+    pub const DATA: u32 = NON_CONTIGUOUS | CACHEABLE | IOMMU_LIMIT_IOVA_ALIGNMENT;
+    /// Task-descriptor buffers: the kernel reads them through a kernel mapping (ork's 0x40b).
+    pub const TASK: u32 = DATA | KERNEL_MAPPING;
+}
+
+/// `rknpu_submit.flags` job-mode bits (rknpu-facts §1.3, source S1).
+pub mod job_flags {
+    pub const PC: u32 = 1 << 0;
+    pub const NONBLOCK: u32 = 1 << 1;
+    pub const PINGPONG: u32 = 1 << 2;
+}
+
+/// Direction of a cache-maintenance operation (`rknpu_mem_sync.flags`: 1 = to device, 2 = from).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncDir {
+    ToDevice,
+    FromDevice,
+}
+
+/// One task descriptor, `struct rknpu_task` (packed, 40 bytes; rknpu-facts §1.3, source S1).
+/// An array of these lives in a task buffer (created with [`mem_flags::TASK`]).
+#[repr(C, packed)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct RknpuTask {
+    pub flags: u32,
+    pub op_idx: u32,
+    /// Mesa's GLOBAL OPERATION_ENABLE bits: 0x0d = CNA + CORE + DPU. Not read by the kernel.
+    pub enable_mask: u32,
+    /// 0x300 = DPU group 0 and 1 done (pair-complete, the IRQ handler folds status pairwise).
+    pub int_mask: u32,
+    pub int_clear: u32,
+    /// Written back by the kernel (blocking path only).
+    pub int_status: u32,
+    /// Body entries of the program, trailer (4 entries) excluded: 108 for the int8 matmul.
+    pub regcfg_amount: u32,
+    pub regcfg_offset: u32,
+    /// IOVA of this program's regcmd, 16-byte aligned.
+    pub regcmd_addr: u64,
+}
+const _: () = assert!(std::mem::size_of::<RknpuTask>() == 40);
+
+/// Errors of a kernel interface. `Fault` is EFAULT-like (the domain's IOVA window is full or an
+/// address is not mapped); `Timeout` means the job did not finish (the device was reset).
+#[derive(Debug, thiserror::Error)]
+pub enum KifError {
+    #[error("{op}: {source}")]
+    Sys { op: &'static str, source: nix::Error },
+    #[error("{op}: IOVA window of domain {domain} exhausted or address unmapped (EFAULT)")]
+    Fault { op: &'static str, domain: u32 },
+    #[error("submit timed out after {timeout_ms} ms; the NPU was soft-reset")]
+    Timeout { timeout_ms: u32 },
+    #[error("the NPU was reset while the job ran")]
+    Reset,
+    #[error("{0}")]
+    Invalid(String),
+    #[error("not supported by the {driver} interface: {what}")]
+    Unsupported { driver: &'static str, what: &'static str },
+    #[error("no NPU device: {0}")]
+    NoDevice(String),
+}
+
+/// A buffer object: kernel handle, IOVA in its domain, and the CPU mapping.
+///
+/// The mapping is shared with the device; the caller syncs with [`KernelInterface::mem_sync`]
+/// around device access. A `Bo` is destroyed by [`KernelInterface::mem_destroy`] (or by the
+/// interface's own drop of everything still alive).
+pub struct Bo {
+    pub handle: u32,
+    /// Opaque kernel object cookie (`obj_addr`), needed by SYNC/DESTROY/SUBMIT on rknpu.
+    pub obj_addr: u64,
+    pub iova: Iova,
+    pub size_bytes: usize,
+    pub domain: DomainId,
+    map_ptr: *mut u8,
+    /// Keeps the mapping alive (a `memmap2::MmapRaw`, or the simulator's arena block).
+    _keep: Box<dyn std::any::Any + Send + Sync>,
+}
+
+// SAFETY: the mapping is plain memory owned by `_keep`; concurrent access is the caller's
+// responsibility exactly as with any device buffer (the NPU core gives each worker its own BOs).
+unsafe impl Send for Bo {}
+// SAFETY: shared access only hands out `&[u8]`; mutation goes through `&mut Bo`.
+unsafe impl Sync for Bo {}
+
+impl Bo {
+    /// Wraps a mapping. `map_ptr` must point to `size_bytes` bytes kept alive by `keep`.
+    ///
+    /// # Safety
+    /// `map_ptr..map_ptr+size_bytes` must be valid, writable memory for as long as `keep` lives.
+    pub unsafe fn from_raw(
+        handle: u32,
+        obj_addr: u64,
+        iova: Iova,
+        size_bytes: usize,
+        domain: DomainId,
+        map_ptr: *mut u8,
+        keep: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Bo {
+        Bo { handle, obj_addr, iova, size_bytes, domain, map_ptr, _keep: keep }
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `from_raw`'s contract: the mapping is valid for `size_bytes` while `_keep` lives.
+        unsafe { std::slice::from_raw_parts(self.map_ptr, self.size_bytes) }
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`, and `&mut self` gives exclusive CPU access.
+        unsafe { std::slice::from_raw_parts_mut(self.map_ptr, self.size_bytes) }
+    }
+
+    /// Raw pointer to the mapping, for interfaces that must read device memory during a submit.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.map_ptr
+    }
+
+    /// The object kept alive with the mapping (lets an interface recover its own bookkeeping).
+    pub fn keep(&self) -> &(dyn std::any::Any + Send + Sync) {
+        &*self._keep
+    }
+}
+
+impl fmt::Debug for Bo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Bo")
+            .field("handle", &self.handle)
+            .field("iova", &format_args!("{:#010x}", self.iova.0))
+            .field("size_bytes", &self.size_bytes)
+            .field("domain", &self.domain.0)
+            .finish()
+    }
+}
+
+/// One submit: `task_number` descriptors starting at `task_start` in `task_bo`, run on the cores
+/// of `core_mask` (1 << core; 0 = let the kernel pick), every buffer in `domain`.
+pub struct SubmitJob<'a> {
+    pub task_bo: &'a Bo,
+    pub task_start: u32,
+    pub task_number: u32,
+    pub core_mask: u32,
+    pub domain: DomainId,
+    /// [`job_flags`] bits; blocking submits use `PC | PINGPONG` (0x5).
+    pub flags: u32,
+    pub timeout_ms: u32,
+}
+
+/// What a finished submit reports.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SubmitDone {
+    /// Kernel-measured busy time in nanoseconds (0 when the interface does not measure it).
+    pub hw_elapse_ns: u64,
+    /// Tasks the hardware completed.
+    pub task_counter: u32,
+}
+
+/// The kernel-side interface of an NPU: buffers, cache maintenance, submit, reset.
+pub trait KernelInterface: Send + Sync {
+    /// Short name for logs: "rknpu", "rocket", "sim".
+    fn name(&self) -> &'static str;
+    /// Driver identification for logs, e.g. "rknpu 0.9.8".
+    fn describe(&self) -> String;
+    /// Allocates `size_bytes` (rounded up to 4 KiB) mapped into `domain`.
+    fn mem_create(&self, size_bytes: usize, flags: u32, domain: DomainId) -> Result<Bo, KifError>;
+    /// Cache maintenance on the whole buffer.
+    fn mem_sync(&self, bo: &Bo, dir: SyncDir) -> Result<(), KifError>;
+    /// Unmaps and frees a buffer.
+    fn mem_destroy(&self, bo: Bo) -> Result<(), KifError>;
+    /// Runs a job to completion (blocking).
+    fn submit(&self, job: &SubmitJob<'_>) -> Result<SubmitDone, KifError>;
+    /// Soft-resets the NPU (every core).
+    fn reset(&self) -> Result<(), KifError>;
+    /// Imports existing host bytes (e.g. an mmapped `.orkpack` payload) as a device buffer without
+    /// another copy, where the interface allows it. The default copies into a new buffer.
+    fn mem_import(&self, bytes: &[u8], domain: DomainId) -> Result<Bo, KifError> {
+        let mut bo = self.mem_create(bytes.len(), mem_flags::DATA, domain)?;
+        bo.bytes_mut()[..bytes.len()].copy_from_slice(bytes);
+        self.mem_sync(&bo, SyncDir::ToDevice)?;
+        Ok(bo)
+    }
+}

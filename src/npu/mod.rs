@@ -1,0 +1,3 @@
+//! NPU core (mechanism). Placeholder: the real module lands with the NPU core work.
+pub mod kif;
+pub mod soc;
