@@ -77,6 +77,13 @@ enum ggml_op {
     GGML_OP_COUNT = 101,
 };
 
+enum ggml_tensor_flag {
+    GGML_TENSOR_FLAG_INPUT = 1,
+    GGML_TENSOR_FLAG_OUTPUT = 2,
+    GGML_TENSOR_FLAG_PARAM = 4,
+    GGML_TENSOR_FLAG_LOSS = 8,
+};
+
 /* MUL_MAT op_params slots (int32). */
 enum ggml_prec {
     GGML_PREC_DEFAULT = 0,

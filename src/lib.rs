@@ -15,3 +15,9 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod npu;
+pub mod backend;
+pub mod config;
+pub mod ffi;
+pub mod logging;
+pub mod quant;
+pub mod route;

@@ -30,8 +30,7 @@ need_sha() { # file sha
 pkgs=()
 command -v cmake >/dev/null || pkgs+=(cmake)
 command -v ccache >/dev/null || pkgs+=(ccache)
-[ -e /usr/lib/llvm-14/lib/libclang.so ] || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || pkgs+=(libclang-dev)
-command -v curl >/dev/null || true
+ls /usr/lib/llvm-*/lib/libclang.so >/dev/null 2>&1 || pkgs+=(libclang-dev)
 if [ ${#pkgs[@]} -gt 0 ]; then
   log "apt-get install ${pkgs[*]}"
   apt-get update -qq >&2

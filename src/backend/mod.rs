@@ -1,0 +1,178 @@
+//! The ggml device "ORK" in safe Rust: which MUL_MATs it accepts, how a weight becomes a resident
+//! NPU weight, and how one MUL_MAT executes. `crate::ffi` turns ggml's raw structs into the
+//! plain values and slices used here.
+//!
+//! **What kind of ggml device ORK is.** ORK registers as an ACCEL device beside the CPU (like
+//! ggml-blas), with its own *host* weight buffer type: weights keep their GGUF bytes in ordinary
+//! memory (so ggml-cpu can still read them in place for decode) and additionally get a packed,
+//! resident int8 copy on the NPU, keyed by the tensor's data address. The scheduler gives ORK the
+//! MUL_MATs it accepts and the CPU everything else, with no copies (both sides read host
+//! memory). README "Design: ORK as an ACCEL device" gives the measured argument.
+//!
+//! W8A8 flow of one MUL_MAT (`dst = src0 · src1ᵀ` in ggml's terms, `C = A · Wᵀ` here):
+//! `x: [M, K] f32` → per-row int8 (`quant`) → `npu::Npu::mm_run` (pack → plan → regcmd → submit →
+//! wait) → `c: [M, N] i32` → `dst: [M, N] f32 = c · a_scale[m] · w_scale[n]`.
+
+pub mod weights;
+
+use crate::config::Config;
+use crate::npu::{Budget, Npu, NpuError};
+use crate::quant;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Instant;
+pub use weights::{PackedWeight, WeightSource, WeightStore};
+
+/// ggml type ids ORK accepts as MUL_MAT weights (anything ggml can dequantize to f32).
+/// Values are checked against the pinned headers by the ABI drift test.
+pub const WEIGHT_TYPES: &[(u32, &str)] = &[
+    (0, "f32"),
+    (1, "f16"),
+    (2, "q4_0"),
+    (3, "q4_1"),
+    (6, "q5_0"),
+    (7, "q5_1"),
+    (8, "q8_0"),
+    (10, "q2_K"),
+    (11, "q3_K"),
+    (12, "q4_K"),
+    (13, "q5_K"),
+    (14, "q6_K"),
+    (20, "iq4_nl"),
+    (30, "bf16"),
+];
+
+/// Counters for the profile / summary line.
+#[derive(Default)]
+pub struct Stats {
+    pub npu_matmuls: AtomicU64,
+    pub npu_rows: AtomicU64,
+    pub npu_fallbacks: AtomicU64,
+    pub declined_small_m: AtomicU64,
+    pub packed: AtomicU64,
+    pub pack_ns: AtomicU64,
+    pub quant_ns: AtomicU64,
+    pub npu_ns: AtomicU64,
+    pub dequant_ns: AtomicU64,
+    pub submits: AtomicU64,
+}
+
+impl Stats {
+    pub fn summary(&self) -> String {
+        let ms = |a: &AtomicU64| a.load(Relaxed) as f64 / 1e6;
+        format!(
+            "ORK ran {} MUL_MAT on the NPU ({} rows, {} submits); {} MUL_MAT graph nodes were left to the CPU \
+             (M < ORK_MINM) at graph split; {} NPU errors fell back to the CPU; {} weights packed in {:.0} ms; \
+             time: act-quant {:.1} ms, npu {:.1} ms, dequant {:.1} ms",
+            self.npu_matmuls.load(Relaxed),
+            self.npu_rows.load(Relaxed),
+            self.submits.load(Relaxed),
+            self.declined_small_m.load(Relaxed),
+            self.npu_fallbacks.load(Relaxed),
+            self.packed.load(Relaxed),
+            ms(&self.pack_ns),
+            ms(&self.quant_ns),
+            ms(&self.npu_ns),
+            ms(&self.dequant_ns),
+        )
+    }
+}
+
+/// The ORK device: the NPU plus policy inputs. One per process.
+pub struct Device {
+    pub npu: Arc<Npu>,
+    pub cfg: &'static Config,
+    pub stats: Stats,
+}
+
+/// A MUL_MAT as ggml describes it, reduced to what decides acceptance.
+#[derive(Clone, Copy, Debug)]
+pub struct MatMulShape {
+    pub weight_type: u32,
+    /// K = src0.ne[0], N = src0.ne[1]; src0 must be 2-D.
+    pub k: usize,
+    pub n: usize,
+    pub weight_is_2d: bool,
+    pub weight_contiguous: bool,
+    pub weight_in_ork_buffer: bool,
+    pub weight_has_to_float: bool,
+    /// src1 (activations): f32, contiguous; M = all its rows.
+    pub act_is_f32: bool,
+    pub act_contiguous: bool,
+    pub m: usize,
+    pub dst_is_f32: bool,
+    pub dst_contiguous: bool,
+    /// op_params[1] == 1: src0 is a Hadamard rotation, not a weight.
+    pub hadamard_hint: bool,
+    /// op_params[3]: lowest representation src1 may be converted to (10/15/20 forbid int8).
+    pub act_min_prec: i32,
+}
+
+/// Why ORK declines an op (debug log only).
+pub fn mul_mat_unsupported(dev: &Device, s: &MatMulShape) -> Option<String> {
+    if !s.weight_in_ork_buffer {
+        return Some("weight not in an ORK buffer".into());
+    }
+    if !WEIGHT_TYPES.iter().any(|&(t, _)| t == s.weight_type) || !s.weight_has_to_float {
+        return Some(format!("weight type {} not supported", s.weight_type));
+    }
+    if !s.weight_is_2d || !s.weight_contiguous {
+        return Some("weight is not a contiguous 2-D matrix".into());
+    }
+    if !s.act_is_f32 || !s.act_contiguous || !s.dst_is_f32 || !s.dst_contiguous {
+        return Some("activations/output are not contiguous f32".into());
+    }
+    if s.hadamard_hint {
+        return Some("Hadamard rotation matmul".into());
+    }
+    if matches!(s.act_min_prec, 10 | 15 | 20) {
+        return Some("activation precision pinned to float".into());
+    }
+    if let Err(e) = dev.npu.check_shape(s.n, s.k) {
+        return Some(e.to_string());
+    }
+    None
+}
+
+impl Device {
+    /// Runs `dst = x · Wᵀ` for `x: [M, K] f32` and `dst: [M, N] f32` with a packed weight.
+    /// On an NPU error the same int8 arithmetic runs on the CPU (exact same result) and the error
+    /// is logged once per kind.
+    pub fn run_mul_mat(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32]) {
+        let (k, n) = (w.k, w.n);
+        assert_eq!(x.len(), m * k, "x is not [M, K]");
+        assert_eq!(dst.len(), m * n, "dst is not [M, N]");
+        let t0 = Instant::now();
+        let mut a = vec![0i8; m * k];
+        let mut a_scale = vec![0f32; m];
+        quant::quantize_rows(x, m, k, &mut a, &mut a_scale);
+        let t1 = Instant::now();
+        let mut c = vec![0i32; m * n];
+        let budget = Budget { max_cores: self.cfg.max_cores.unwrap_or(self.npu.soc().cores) };
+        match self.npu.mm_run(&w.resident, &a, m, &mut c, budget) {
+            Ok(rs) => {
+                self.stats.submits.fetch_add(rs.submits as u64, Relaxed);
+            }
+            Err(e) => {
+                self.note_npu_error(&e);
+                let (q, _) = weights::quantize_source(src, n, k);
+                c = crate::npu::reference_mm(&a, &q, m, k, n);
+            }
+        }
+        let t2 = Instant::now();
+        quant::dequantize_output(&c, &a_scale, &w.scales, dst);
+        let t3 = Instant::now();
+        self.stats.npu_matmuls.fetch_add(1, Relaxed);
+        self.stats.npu_rows.fetch_add(m as u64, Relaxed);
+        self.stats.quant_ns.fetch_add((t1 - t0).as_nanos() as u64, Relaxed);
+        self.stats.npu_ns.fetch_add((t2 - t1).as_nanos() as u64, Relaxed);
+        self.stats.dequant_ns.fetch_add((t3 - t2).as_nanos() as u64, Relaxed);
+    }
+
+    fn note_npu_error(&self, e: &NpuError) {
+        let n = self.stats.npu_fallbacks.fetch_add(1, Relaxed);
+        if n < 3 {
+            log::warn!("NPU matmul failed ({e}); computed on the CPU instead");
+        }
+    }
+}

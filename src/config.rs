@@ -1,0 +1,195 @@
+//! Every `ORK_*` environment variable, parsed once into [`Config`].
+//!
+//! The README's table is the user-facing copy of [`VARS`]; keep them in step. Bad values are
+//! reported once (log line) and replaced by the default: configuration never aborts a host
+//! process.
+
+use std::sync::OnceLock;
+
+/// Which NPU kernel interface to use (`ORK_NPU`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NpuSelect {
+    /// Probe for a real NPU (vendor rknpu, then mainline rocket); none → no device.
+    Auto,
+    /// The in-process bit-exact simulator.
+    Sim,
+    Rknpu,
+    Rocket,
+}
+
+/// Where decode matmuls (M below `ORK_MINM`) run (`ORK_DECODE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeSelect {
+    Auto,
+    Npu,
+    Gpu,
+    Cpu,
+}
+
+/// One documented variable: name, default, meaning.
+pub struct VarDoc {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub meaning: &'static str,
+}
+
+/// The table of every variable the plugin reads (mirrored in README.md).
+pub const VARS: &[VarDoc] = &[
+    VarDoc { name: "ORK_NPU", default: "auto", meaning: "NPU interface: auto (probe rknpu, then rocket), sim (bit-exact simulator), rknpu, rocket" },
+    VarDoc { name: "ORK_OFF", default: "0", meaning: "1 = register no device: the same binary runs everything on the CPU (A/B runs)" },
+    VarDoc { name: "ORK_MINM", default: "32", meaning: "minimum M (tokens in the ubatch) for a MUL_MAT to go to the NPU; smaller M follows ORK_DECODE" },
+    VarDoc { name: "ORK_DECODE", default: "auto", meaning: "engine for MUL_MAT below ORK_MINM: auto, npu, gpu, cpu (auto = cpu until the GPU path is routed)" },
+    VarDoc { name: "ORK_SOC", default: "(device tree)", meaning: "force the SoC description: rk3588 or rk3576" },
+    VarDoc { name: "ORK_NPU_MC", default: "(all cores)", meaning: "cap on NPU cores per matmul (the core budget); the planner picks within it" },
+    VarDoc { name: "ORK_NO_AFFINITY", default: "0", meaning: "1 = do not pin NPU worker threads to the big CPU cores" },
+    VarDoc { name: "ORK_WCACHE_BUDGET_MB", default: "RAM - 1024", meaning: "resident weight budget; weights past it stay on the CPU" },
+    VarDoc { name: "ORK_CACHE", default: "1", meaning: "0 = do not read or write .orkpack files" },
+    VarDoc { name: "ORK_CACHE_DIR", default: "$XDG_CACHE_HOME/ggml-ork or ~/.cache/ggml-ork", meaning: "where .orkpack files live" },
+    VarDoc { name: "ORK_VK_DEVICE", default: "(first Mali)", meaning: "Vulkan device for GPU decode, by index or name substring" },
+    VarDoc { name: "ORK_PROFILE", default: "0", meaning: "1 = print per-engine counts and time split when the backend is freed" },
+    VarDoc { name: "ORK_LOG", default: "info", meaning: "log level: error, warn, info, debug, trace" },
+    VarDoc { name: "ORK_SIM_FAULT", default: "(none)", meaning: "simulator fault injection, e.g. timeout_every:N (tests)" },
+];
+
+/// Parsed configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub npu: NpuSelect,
+    pub off: bool,
+    pub min_m: usize,
+    pub decode: DecodeSelect,
+    pub soc: Option<String>,
+    pub max_cores: Option<u32>,
+    pub no_affinity: bool,
+    pub wcache_budget_mb: Option<u64>,
+    pub cache_enabled: bool,
+    pub cache_dir: Option<String>,
+    pub profile: bool,
+    pub log_level: log::LevelFilter,
+}
+
+fn flag(v: Option<String>) -> bool {
+    matches!(v.as_deref().map(str::trim), Some("1") | Some("true") | Some("yes") | Some("on"))
+}
+
+impl Config {
+    /// Parses a configuration from a lookup function (the environment, or a map in tests).
+    /// Returns the config and the complaints about bad values.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> (Config, Vec<String>) {
+        let mut bad = Vec::new();
+        let npu = match get("ORK_NPU").as_deref().map(|s| s.trim().to_ascii_lowercase()) {
+            None => NpuSelect::Auto,
+            Some(s) => match s.as_str() {
+                "" | "auto" => NpuSelect::Auto,
+                "sim" => NpuSelect::Sim,
+                "rknpu" => NpuSelect::Rknpu,
+                "rocket" => NpuSelect::Rocket,
+                other => {
+                    bad.push(format!("ORK_NPU={other:?} is not auto|sim|rknpu|rocket; using auto"));
+                    NpuSelect::Auto
+                }
+            },
+        };
+        let decode = match get("ORK_DECODE").as_deref().map(|s| s.trim().to_ascii_lowercase()) {
+            None => DecodeSelect::Auto,
+            Some(s) => match s.as_str() {
+                "" | "auto" => DecodeSelect::Auto,
+                "npu" => DecodeSelect::Npu,
+                "gpu" => DecodeSelect::Gpu,
+                "cpu" => DecodeSelect::Cpu,
+                other => {
+                    bad.push(format!("ORK_DECODE={other:?} is not auto|npu|gpu|cpu; using auto"));
+                    DecodeSelect::Auto
+                }
+            },
+        };
+        let mut num = |name: &str| -> Option<u64> {
+            let v = get(name)?;
+            match v.trim().parse::<u64>() {
+                Ok(n) => Some(n),
+                Err(_) => {
+                    bad.push(format!("{name}={v:?} is not a number; ignored"));
+                    None
+                }
+            }
+        };
+        let min_m = num("ORK_MINM").map(|n| n.max(1) as usize).unwrap_or(32);
+        let max_cores = num("ORK_NPU_MC").map(|n| n as u32).filter(|&n| n >= 1);
+        let wcache_budget_mb = num("ORK_WCACHE_BUDGET_MB");
+        let log_level = match get("ORK_LOG").as_deref().map(|s| s.trim().to_ascii_lowercase()) {
+            None => log::LevelFilter::Info,
+            Some(s) => s.parse().unwrap_or_else(|_| {
+                bad.push(format!("ORK_LOG={s:?} is not a log level; using info"));
+                log::LevelFilter::Info
+            }),
+        };
+        let cfg = Config {
+            npu,
+            off: flag(get("ORK_OFF")),
+            min_m,
+            decode,
+            soc: get("ORK_SOC").filter(|s| !s.trim().is_empty()),
+            max_cores,
+            no_affinity: flag(get("ORK_NO_AFFINITY")),
+            wcache_budget_mb,
+            cache_enabled: get("ORK_CACHE").map(|v| v.trim() != "0").unwrap_or(true),
+            cache_dir: get("ORK_CACHE_DIR").filter(|s| !s.trim().is_empty()),
+            profile: flag(get("ORK_PROFILE")),
+            log_level,
+        };
+        (cfg, bad)
+    }
+
+    /// The process-wide configuration, read from the environment on first use.
+    pub fn get() -> &'static Config {
+        static CFG: OnceLock<Config> = OnceLock::new();
+        CFG.get_or_init(|| {
+            let (cfg, bad) = Config::from_lookup(|k| std::env::var(k).ok());
+            crate::logging::init(cfg.log_level);
+            for b in bad {
+                log::warn!("{b}");
+            }
+            cfg
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn parse(pairs: &[(&str, &str)]) -> (Config, Vec<String>) {
+        let m: HashMap<String, String> = pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        Config::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults() {
+        let (c, bad) = parse(&[]);
+        assert!(bad.is_empty());
+        assert_eq!(c.npu, NpuSelect::Auto);
+        assert_eq!(c.min_m, 32);
+        assert!(!c.off);
+        assert!(c.cache_enabled);
+    }
+
+    #[test]
+    fn values_and_bad_values() {
+        let (c, bad) = parse(&[("ORK_NPU", "SIM"), ("ORK_MINM", "1"), ("ORK_OFF", "1"), ("ORK_DECODE", "warp"), ("ORK_NPU_MC", "x")]);
+        assert_eq!(c.npu, NpuSelect::Sim);
+        assert_eq!(c.min_m, 1);
+        assert!(c.off);
+        assert_eq!(c.decode, DecodeSelect::Auto);
+        assert_eq!(c.max_cores, None);
+        assert_eq!(bad.len(), 2, "{bad:?}");
+    }
+
+    #[test]
+    fn every_var_is_documented_in_readme() {
+        let readme = include_str!("../README.md");
+        for v in VARS {
+            assert!(readme.contains(v.name), "{} missing from README", v.name);
+        }
+    }
+}

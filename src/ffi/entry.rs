@@ -1,0 +1,638 @@
+//! The entry point `ggml_backend_init` and the registry, device, buffer-type, buffer and backend
+//! interface tables.
+
+use super::abi::*;
+use super::{api, guard};
+use crate::backend::{self, Device, MatMulShape, WeightSource, WeightStore};
+use crate::config::{Config, NpuSelect};
+use crate::npu::{self, Npu, NpuConfig, NpuKind};
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::ptr::{null, null_mut};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::OnceLock;
+
+/// Everything the plugin registers; leaked once, so every pointer handed to ggml stays valid for
+/// the life of the process (ggml never unregisters a backend).
+struct Registry {
+    reg: *mut ggml_backend_reg,
+    dev: *mut ggml_backend_device,
+    buft: *mut ggml_backend_buffer_type,
+    device: Option<&'static Device>,
+    name: CString,
+    description: CString,
+}
+// SAFETY: the raw pointers point to leaked, never-freed structs that ggml reads from any thread;
+// the Rust side only reads them after initialisation.
+unsafe impl Send for Registry {}
+// SAFETY: as above; all mutation happens inside `OnceLock::get_or_init`.
+unsafe impl Sync for Registry {}
+
+static REGISTRY: OnceLock<Registry> = OnceLock::new();
+static GUID: ggml_guid = *b"ggml-ork-npu\0\0\0\x01";
+
+fn registry() -> &'static Registry {
+    REGISTRY.get_or_init(build_registry)
+}
+
+fn open_device(cfg: &'static Config) -> Result<&'static Device, String> {
+    if cfg.off {
+        return Err("ORK_OFF=1: no ORK device; everything runs on the CPU".into());
+    }
+    api::get().map_err(|e| format!("ggml symbols not found in the host process ({e})"))?;
+    let kind = match cfg.npu {
+        NpuSelect::Auto => NpuKind::Auto,
+        NpuSelect::Sim => NpuKind::Sim,
+        NpuSelect::Rknpu => NpuKind::Rknpu,
+        NpuSelect::Rocket => NpuKind::Rocket,
+    };
+    let soc = match &cfg.soc {
+        None => None,
+        Some(s) => Some(npu::soc::SocId::parse(s).ok_or_else(|| format!("ORK_SOC={s:?} is not rk3588 or rk3576"))?),
+    };
+    let ncfg = NpuConfig {
+        kind,
+        soc,
+        max_cores: cfg.max_cores,
+        pin_cpus: Vec::new(),
+        wcache_budget_bytes: cfg.wcache_budget_mb.map(|mb| mb << 20),
+    };
+    let npu = Npu::open(&ncfg).map_err(|e| match cfg.npu {
+        NpuSelect::Auto => format!("no ORK device: {e} (set ORK_NPU=sim for the simulator)"),
+        _ => format!("no ORK device: {e}"),
+    })?;
+    Ok(Box::leak(Box::new(Device { npu, cfg, stats: Default::default() })))
+}
+
+fn build_registry() -> Registry {
+    let cfg = Config::get();
+    let device = match open_device(cfg) {
+        Ok(d) => {
+            log::info!("{}", d.npu.describe());
+            Some(d)
+        }
+        Err(why) => {
+            log::info!("{why}");
+            None
+        }
+    };
+    let description = CString::new(device.map(|d| d.npu.describe()).unwrap_or_default()).unwrap_or_default();
+    let reg = Box::leak(Box::new(ggml_backend_reg {
+        api_version: GGML_BACKEND_API_VERSION as i32,
+        iface: ggml_backend_reg_i {
+            get_name: Some(reg_get_name),
+            get_device_count: Some(reg_get_device_count),
+            get_device: Some(reg_get_device),
+            get_proc_address: Some(reg_get_proc_address),
+        },
+        context: null_mut(),
+    }));
+    let dev = Box::leak(Box::new(ggml_backend_device {
+        iface: ggml_backend_device_i {
+            get_name: Some(dev_get_name),
+            get_description: Some(dev_get_description),
+            get_memory: Some(dev_get_memory),
+            get_type: Some(dev_get_type),
+            get_props: Some(dev_get_props),
+            init_backend: Some(dev_init_backend),
+            get_buffer_type: Some(dev_get_buffer_type),
+            get_host_buffer_type: None,
+            buffer_from_host_ptr: None,
+            supports_op: Some(dev_supports_op),
+            supports_buft: Some(dev_supports_buft),
+            offload_op: None,
+            event_new: None,
+            event_free: None,
+            event_synchronize: None,
+        },
+        reg,
+        context: null_mut(),
+    }));
+    let buft = Box::leak(Box::new(ggml_backend_buffer_type {
+        iface: ggml_backend_buffer_type_i {
+            get_name: Some(buft_get_name),
+            alloc_buffer: Some(buft_alloc_buffer),
+            alloc_buffer_n: None,
+            get_alignment: Some(buft_get_alignment),
+            get_max_size: None,
+            get_alloc_size: None,
+            get_alloc_size_n: None,
+            is_host: Some(buft_is_host),
+        },
+        device: dev,
+        context: null_mut(),
+    }));
+    Registry { reg, dev, buft, device, name: c"ORK".into(), description }
+}
+
+/// The dynamic-backend entry point: returns the "ORK" registry (zero or one device).
+#[no_mangle]
+pub extern "C" fn ggml_backend_init() -> ggml_backend_reg_t {
+    guard("ggml_backend_init", null_mut(), || registry().reg)
+}
+
+fn device() -> Option<&'static Device> {
+    REGISTRY.get().and_then(|r| r.device)
+}
+
+// ---------------------------------------------------------------- registry
+
+unsafe extern "C" fn reg_get_name(_reg: ggml_backend_reg_t) -> *const c_char {
+    guard("reg_get_name", null(), || registry().name.as_ptr())
+}
+
+unsafe extern "C" fn reg_get_device_count(_reg: ggml_backend_reg_t) -> usize {
+    guard("reg_get_device_count", 0, || registry().device.is_some() as usize)
+}
+
+unsafe extern "C" fn reg_get_device(_reg: ggml_backend_reg_t, index: usize) -> ggml_backend_dev_t {
+    guard("reg_get_device", null_mut(), || {
+        let r = registry();
+        if index == 0 && r.device.is_some() {
+            r.dev
+        } else {
+            null_mut()
+        }
+    })
+}
+
+unsafe extern "C" fn reg_get_proc_address(_reg: ggml_backend_reg_t, _name: *const c_char) -> *mut c_void {
+    null_mut()
+}
+
+// ---------------------------------------------------------------- device
+
+unsafe extern "C" fn dev_get_name(_dev: ggml_backend_dev_t) -> *const c_char {
+    guard("dev_get_name", null(), || registry().name.as_ptr())
+}
+
+unsafe extern "C" fn dev_get_description(_dev: ggml_backend_dev_t) -> *const c_char {
+    guard("dev_get_description", null(), || registry().description.as_ptr())
+}
+
+/// Free and total system RAM in bytes (the NPU shares it; resident weights come out of it).
+fn meminfo() -> (usize, usize) {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let field = |name: &str| -> usize {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    (field("MemAvailable:"), field("MemTotal:"))
+}
+
+unsafe extern "C" fn dev_get_memory(_dev: ggml_backend_dev_t, free: *mut usize, total: *mut usize) {
+    guard("dev_get_memory", (), || {
+        let (f, t) = meminfo();
+        // SAFETY: ggml passes valid out-pointers (or NULL, which we skip).
+        unsafe {
+            if !free.is_null() {
+                *free = f;
+            }
+            if !total.is_null() {
+                *total = t;
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn dev_get_type(_dev: ggml_backend_dev_t) -> ggml_backend_dev_type {
+    GGML_BACKEND_DEVICE_TYPE_ACCEL
+}
+
+unsafe extern "C" fn dev_get_props(dev: ggml_backend_dev_t, props: *mut ggml_backend_dev_props) {
+    guard("dev_get_props", (), || {
+        if props.is_null() {
+            return;
+        }
+        let r = registry();
+        let (f, t) = meminfo();
+        // SAFETY: `props` is a valid out-pointer from ggml (zeroed by its wrapper).
+        let p = unsafe { &mut *props };
+        p.name = r.name.as_ptr();
+        p.description = r.description.as_ptr();
+        p.memory_free = f;
+        p.memory_total = t;
+        // SAFETY: `dev` is our device; the call only reads our own table.
+        p.type_ = unsafe { dev_get_type(dev) };
+        p.device_id = null();
+        p.caps = ggml_backend_dev_caps {
+            async_: false,
+            host_buffer: false,
+            buffer_from_host_ptr: false,
+            events: false,
+            mmap_support: true,
+        };
+    })
+}
+
+unsafe extern "C" fn dev_get_buffer_type(_dev: ggml_backend_dev_t) -> ggml_backend_buffer_type_t {
+    guard("dev_get_buffer_type", null_mut(), || registry().buft)
+}
+
+unsafe extern "C" fn dev_supports_buft(_dev: ggml_backend_dev_t, buft: ggml_backend_buffer_type_t) -> bool {
+    guard("dev_supports_buft", false, || {
+        // Our own buffers, and any host buffer (activations live in the CPU's compute buffers).
+        // SAFETY: ggml passes a live buffer type.
+        buft == registry().buft || unsafe { buft_is_host_any(buft) }
+    })
+}
+
+/// `ggml_backend_buft_is_host` without linking it: reads the buffer type's own `is_host`.
+unsafe fn buft_is_host_any(buft: ggml_backend_buffer_type_t) -> bool {
+    if buft.is_null() {
+        return false;
+    }
+    // SAFETY: `buft` is a live ggml buffer type; its iface is readable.
+    match unsafe { (*buft).iface.is_host } {
+        // SAFETY: calling the buffer type's own callback with itself, as ggml does.
+        Some(f) => unsafe { f(buft) },
+        None => false,
+    }
+}
+
+/// Whether `t` lives in an ORK buffer (directly or as a view).
+unsafe fn in_ork_buffer(t: &ggml_tensor) -> bool {
+    let base = if t.view_src.is_null() { t } else {
+        // SAFETY: view_src is a live tensor when non-NULL.
+        unsafe { &*t.view_src }
+    };
+    // SAFETY: a non-NULL buffer pointer of a live tensor is a live buffer.
+    !base.buffer.is_null() && unsafe { (*base.buffer).buft } == registry().buft
+}
+
+unsafe fn to_float_of(ty: ggml_type) -> Option<unsafe extern "C" fn(*const c_void, *mut f32, i64)> {
+    let api = api::get().ok()?;
+    // SAFETY: `ggml_get_type_traits` returns a pointer into a static table for valid ids.
+    let tr = unsafe { (api.get_type_traits)(ty) };
+    if tr.is_null() {
+        return None;
+    }
+    // SAFETY: points into ggml's static type-traits table.
+    unsafe { (*tr).to_float }
+}
+
+/// Reads a MUL_MAT node into a [`MatMulShape`].
+unsafe fn mul_mat_shape(op: &ggml_tensor) -> Option<MatMulShape> {
+    let api = api::get().ok()?;
+    if op.src[0].is_null() || op.src[1].is_null() {
+        return None;
+    }
+    // SAFETY: non-NULL sources of a live node are live tensors.
+    let (w, x) = unsafe { (&*op.src[0], &*op.src[1]) };
+    let m = (x.ne[1] * x.ne[2] * x.ne[3]).max(0) as usize;
+    Some(MatMulShape {
+        weight_type: w.type_ as u32,
+        k: w.ne[0].max(0) as usize,
+        n: w.ne[1].max(0) as usize,
+        weight_is_2d: w.ne[2] == 1 && w.ne[3] == 1,
+        // SAFETY: ggml helper on a live tensor.
+        weight_contiguous: unsafe { (api.is_contiguous)(w) },
+        // SAFETY: see `in_ork_buffer`. A leaf not yet allocated (test-backend-ops asks before
+        // allocating) will be placed in the tested backend's own buffer type.
+        weight_in_ork_buffer: unsafe { in_ork_buffer(w) }
+            || (w.buffer.is_null() && w.view_src.is_null() && w.op == GGML_OP_NONE && (w.flags as u32) & GGML_TENSOR_FLAG_INPUT == 0),
+        // SAFETY: type id read from a live tensor.
+        weight_has_to_float: unsafe { to_float_of(w.type_) }.is_some(),
+        act_is_f32: x.type_ == GGML_TYPE_F32,
+        // SAFETY: ggml helper on live tensors.
+        act_contiguous: unsafe { (api.is_contiguous)(x) },
+        m,
+        dst_is_f32: op.type_ == GGML_TYPE_F32,
+        // SAFETY: ggml helper on a live tensor.
+        dst_contiguous: unsafe { (api.is_contiguous)(op) },
+        hadamard_hint: op.op_params[1] == 1,
+        act_min_prec: op.op_params[3],
+    })
+}
+
+unsafe extern "C" fn dev_supports_op(_dev: ggml_backend_dev_t, op: *const ggml_tensor) -> bool {
+    guard("dev_supports_op", false, || {
+        let Some(dev) = device() else { return false };
+        if op.is_null() {
+            return false;
+        }
+        // SAFETY: ggml passes a live tensor.
+        let op = unsafe { &*op };
+        match op.op {
+            GGML_OP_NONE | GGML_OP_RESHAPE | GGML_OP_VIEW | GGML_OP_PERMUTE | GGML_OP_TRANSPOSE => true,
+            GGML_OP_MUL_MAT => {
+                // SAFETY: a live MUL_MAT node.
+                let Some(s) = (unsafe { mul_mat_shape(op) }) else { return false };
+                if let Some(why) = backend::mul_mat_unsupported(dev, &s) {
+                    log::trace!("MUL_MAT {}x{}x{} declined: {why}", s.m, s.k, s.n);
+                    return false;
+                }
+                match crate::route::choose(dev.cfg, s.m, false) {
+                    Ok(crate::route::Engine::Npu) => true,
+                    Ok(_) | Err(_) => {
+                        dev.stats.declined_small_m.fetch_add(1, Relaxed);
+                        false
+                    }
+                }
+            }
+            _ => false,
+        }
+    })
+}
+
+unsafe extern "C" fn dev_init_backend(dev: ggml_backend_dev_t, _params: *const c_char) -> ggml_backend_t {
+    guard("dev_init_backend", null_mut(), || {
+        if device().is_none() {
+            return null_mut();
+        }
+        let b = Box::new(ggml_backend {
+            guid: &GUID as *const ggml_guid as *mut ggml_guid,
+            iface: ggml_backend_i {
+                get_name: Some(backend_get_name),
+                free: Some(backend_free),
+                set_tensor_async: None,
+                get_tensor_async: None,
+                set_tensor_2d_async: None,
+                get_tensor_2d_async: None,
+                cpy_tensor_async: None,
+                synchronize: None,
+                graph_plan_create: None,
+                graph_plan_free: None,
+                graph_plan_update: None,
+                graph_plan_compute: None,
+                graph_compute: Some(backend_graph_compute),
+                event_record: None,
+                event_wait: None,
+                graph_optimize: None,
+            },
+            device: dev,
+            context: null_mut(),
+        });
+        Box::into_raw(b)
+    })
+}
+
+// ---------------------------------------------------------------- buffer type and buffers
+
+/// Alignment of tensors in ORK buffers (bytes); ggml needs ≥ 32 for host buffers.
+const TENSOR_ALIGN: usize = 64;
+/// Alignment of the buffer base (a page, so packed views and mappings line up).
+const BASE_ALIGN: usize = 4096;
+
+unsafe extern "C" fn buft_get_name(_buft: ggml_backend_buffer_type_t) -> *const c_char {
+    guard("buft_get_name", null(), || registry().name.as_ptr())
+}
+
+unsafe extern "C" fn buft_get_alignment(_buft: ggml_backend_buffer_type_t) -> usize {
+    TENSOR_ALIGN
+}
+
+unsafe extern "C" fn buft_is_host(_buft: ggml_backend_buffer_type_t) -> bool {
+    true
+}
+
+/// Host memory of one ORK buffer plus the packed weights of the tensors in it.
+struct BufferCtx {
+    base: *mut u8,
+    layout: std::alloc::Layout,
+    weights: WeightStore,
+}
+
+unsafe extern "C" fn buft_alloc_buffer(buft: ggml_backend_buffer_type_t, size: usize) -> ggml_backend_buffer_t {
+    guard("buft_alloc_buffer", null_mut(), || {
+        let Ok(api) = api::get() else { return null_mut() };
+        let Ok(layout) = std::alloc::Layout::from_size_align(size.max(1), BASE_ALIGN) else { return null_mut() };
+        // SAFETY: non-zero size, valid alignment.
+        let base = unsafe { std::alloc::alloc(layout) };
+        if base.is_null() {
+            log::error!("cannot allocate a {size}-byte ORK buffer");
+            return null_mut();
+        }
+        let ctx = Box::new(BufferCtx { base, layout, weights: WeightStore::default() });
+        let iface = ggml_backend_buffer_i {
+            free_buffer: Some(buf_free),
+            get_base: Some(buf_get_base),
+            init_tensor: None,
+            memset_tensor: Some(buf_memset_tensor),
+            set_tensor: Some(buf_set_tensor),
+            get_tensor: Some(buf_get_tensor),
+            set_tensor_2d: None,
+            get_tensor_2d: None,
+            cpy_tensor: Some(buf_cpy_tensor),
+            clear: Some(buf_clear),
+            reset: None,
+        };
+        // SAFETY: ggml takes ownership of `ctx` until `free_buffer`.
+        let b = unsafe { (api.buffer_init)(buft, iface, Box::into_raw(ctx) as *mut c_void, size) };
+        b
+    })
+}
+
+/// The context of one of our buffers.
+unsafe fn ctx<'a>(buffer: ggml_backend_buffer_t) -> &'a BufferCtx {
+    // SAFETY: only called on buffers created by `buft_alloc_buffer`, whose context is a BufferCtx.
+    unsafe { &*((*buffer).context as *const BufferCtx) }
+}
+
+unsafe extern "C" fn buf_free(buffer: ggml_backend_buffer_t) {
+    guard("buf_free", (), || {
+        // SAFETY: ggml calls this once per buffer; we reclaim the Box made in alloc_buffer.
+        let c = unsafe { Box::from_raw((*buffer).context as *mut BufferCtx) };
+        c.weights.clear();
+        // SAFETY: allocated with this layout in alloc_buffer.
+        unsafe { std::alloc::dealloc(c.base, c.layout) };
+    })
+}
+
+unsafe extern "C" fn buf_get_base(buffer: ggml_backend_buffer_t) -> *mut c_void {
+    // SAFETY: our buffer.
+    guard("buf_get_base", null_mut(), || unsafe { ctx(buffer) }.base as *mut c_void)
+}
+
+unsafe extern "C" fn buf_memset_tensor(buffer: ggml_backend_buffer_t, t: *mut ggml_tensor, value: u8, offset: usize, size: usize) {
+    guard("buf_memset_tensor", (), || {
+        // SAFETY: `t` lives in this buffer; ggml checked offset + size against its size.
+        unsafe {
+            let p = ((*t).data as *mut u8).add(offset);
+            std::ptr::write_bytes(p, value, size);
+            ctx(buffer).weights.invalidate(p as usize, p as usize + size);
+        }
+    })
+}
+
+unsafe extern "C" fn buf_set_tensor(buffer: ggml_backend_buffer_t, t: *mut ggml_tensor, data: *const c_void, offset: usize, size: usize) {
+    guard("buf_set_tensor", (), || {
+        // SAFETY: as in memset; `data` has `size` readable bytes.
+        unsafe {
+            let p = ((*t).data as *mut u8).add(offset);
+            std::ptr::copy_nonoverlapping(data as *const u8, p, size);
+            let c = ctx(buffer);
+            c.weights.invalidate(p as usize, p as usize + size);
+            // A weight written whole at load time is packed right away.
+            if offset == 0 && (*buffer).usage == GGML_BACKEND_BUFFER_USAGE_WEIGHTS {
+                prepack(c, &*t);
+            }
+        }
+    })
+}
+
+/// Packs a weight that was just written, if it looks like a MUL_MAT weight ORK can run.
+unsafe fn prepack(c: &BufferCtx, t: &ggml_tensor) {
+    let Some(dev) = device() else { return };
+    let Ok(api) = api::get() else { return };
+    // SAFETY: ggml helper on a live tensor.
+    if t.ne[2] != 1 || t.ne[3] != 1 || t.ne[1] < 2 || !unsafe { (api.is_contiguous)(t) } {
+        return;
+    }
+    let (k, n) = (t.ne[0] as usize, t.ne[1] as usize);
+    if !backend::WEIGHT_TYPES.iter().any(|&(ty, _)| ty == t.type_ as u32) || dev.npu.check_shape(n, k).is_err() {
+        return;
+    }
+    // SAFETY: a live weight tensor in our buffer.
+    if let Err(e) = unsafe { packed_weight(c, dev, t) } {
+        log::warn!("weight {} stays on the CPU: {e}", tensor_name(t));
+    }
+}
+
+fn tensor_name(t: &ggml_tensor) -> String {
+    // SAFETY: ggml keeps `name` NUL-terminated within GGML_MAX_NAME.
+    unsafe { CStr::from_ptr(t.name.as_ptr()) }.to_string_lossy().into_owned()
+}
+
+/// The packed form of weight `w` (packing it now if needed).
+unsafe fn packed_weight(c: &BufferCtx, dev: &Device, w: &ggml_tensor) -> Result<std::sync::Arc<backend::PackedWeight>, crate::npu::NpuError> {
+    let api = api::get().map_err(|e| crate::npu::NpuError::NoDevice(e.to_string()))?;
+    let (k, n) = (w.ne[0] as usize, w.ne[1] as usize);
+    // SAFETY: ggml helpers on a live tensor.
+    let (row_bytes, nbytes) = unsafe { ((api.row_size)(w.type_, k as i64), (api.nbytes)(w)) };
+    // SAFETY: the weight's bytes live in our buffer for its whole life.
+    let bytes = unsafe { std::slice::from_raw_parts(w.data as *const u8, nbytes) };
+    // SAFETY: type id of a live tensor.
+    let tf = unsafe { to_float_of(w.type_) }
+        .ok_or_else(|| crate::npu::NpuError::Unsupported(format!("no to_float for ggml type {}", w.type_)))?;
+    let to_float = move |row: &[u8], out: &mut [f32]| {
+        // SAFETY: `row` holds one row (K elements) of this type; `out` has K floats.
+        unsafe { tf(row.as_ptr() as *const c_void, out.as_mut_ptr(), out.len() as i64) }
+    };
+    let src = WeightSource { ggml_type: w.type_ as u32, bytes, row_bytes, to_float: &to_float };
+    c.weights.get_or_pack(dev, w.data as usize, &src, n, k)
+}
+
+unsafe extern "C" fn buf_get_tensor(_buffer: ggml_backend_buffer_t, t: *const ggml_tensor, data: *mut c_void, offset: usize, size: usize) {
+    guard("buf_get_tensor", (), || {
+        // SAFETY: `t` lives in this buffer; `data` has room for `size` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(((*t).data as *const u8).add(offset), data as *mut u8, size) }
+    })
+}
+
+unsafe extern "C" fn buf_cpy_tensor(buffer: ggml_backend_buffer_t, src: *const ggml_tensor, dst: *mut ggml_tensor) -> bool {
+    guard("buf_cpy_tensor", false, || {
+        // SAFETY: live tensors; a host source buffer is plain memory of ggml_nbytes(src) bytes.
+        unsafe {
+            let api = match api::get() { Ok(a) => a, Err(_) => return false };
+            if (*src).buffer.is_null() || !buft_is_host_any((*(*src).buffer).buft) {
+                return false;
+            }
+            let n = (api.nbytes)(src);
+            std::ptr::copy_nonoverlapping((*src).data as *const u8, (*dst).data as *mut u8, n);
+            let p = (*dst).data as usize;
+            ctx(buffer).weights.invalidate(p, p + n);
+            true
+        }
+    })
+}
+
+unsafe extern "C" fn buf_clear(buffer: ggml_backend_buffer_t, value: u8) {
+    guard("buf_clear", (), || {
+        // SAFETY: our buffer of `size` bytes.
+        unsafe {
+            let c = ctx(buffer);
+            std::ptr::write_bytes(c.base, value, (*buffer).size);
+            c.weights.clear();
+        }
+    })
+}
+
+// ---------------------------------------------------------------- backend (stream)
+
+unsafe extern "C" fn backend_get_name(_b: ggml_backend_t) -> *const c_char {
+    guard("backend_get_name", null(), || registry().name.as_ptr())
+}
+
+unsafe extern "C" fn backend_free(b: ggml_backend_t) {
+    guard("backend_free", (), || {
+        if let Some(dev) = device() {
+            if dev.stats.npu_matmuls.load(Relaxed) > 0 || dev.cfg.profile {
+                log::info!("{}", dev.stats.summary());
+            }
+        }
+        // SAFETY: made by Box::into_raw in dev_init_backend; ggml frees each backend once.
+        drop(unsafe { Box::from_raw(b) });
+    })
+}
+
+unsafe extern "C" fn backend_graph_compute(_b: ggml_backend_t, g: *mut ggml_cgraph) -> ggml_status {
+    guard("backend_graph_compute", GGML_STATUS_FAILED, || {
+        let (Some(dev), Ok(api)) = (device(), api::get()) else { return GGML_STATUS_FAILED };
+        // SAFETY: a live graph from the scheduler.
+        let n = unsafe { (api.graph_n_nodes)(g) };
+        for i in 0..n {
+            // SAFETY: index within n_nodes.
+            let node = unsafe { &mut *(api.graph_node)(g, i) };
+            match node.op {
+                GGML_OP_NONE | GGML_OP_RESHAPE | GGML_OP_VIEW | GGML_OP_PERMUTE | GGML_OP_TRANSPOSE => {}
+                GGML_OP_MUL_MAT => {
+                    // SAFETY: a MUL_MAT node that supports_op accepted.
+                    if let Err(e) = unsafe { compute_mul_mat(dev, node) } {
+                        log::error!("MUL_MAT {}: {e}", tensor_name(node));
+                        return GGML_STATUS_FAILED;
+                    }
+                }
+                other => {
+                    // SAFETY: ggml_op_name returns a static string.
+                    let name = unsafe { CStr::from_ptr((api.op_name)(other)) }.to_string_lossy();
+                    log::error!("op {name} reached the ORK backend, which runs only MUL_MAT");
+                    return GGML_STATUS_FAILED;
+                }
+            }
+        }
+        GGML_STATUS_SUCCESS
+    })
+}
+
+unsafe fn compute_mul_mat(dev: &Device, node: &mut ggml_tensor) -> Result<(), String> {
+    // SAFETY: supports_op validated the node's sources and layouts.
+    let s = unsafe { mul_mat_shape(node) }.ok_or("malformed MUL_MAT")?;
+    if let Some(why) = backend::mul_mat_unsupported(dev, &s) {
+        return Err(why);
+    }
+    // SAFETY: live source tensors of the node.
+    let (w, x) = unsafe { (&*node.src[0], &*node.src[1]) };
+    let wbase = if w.view_src.is_null() { w } else {
+        // SAFETY: live view source.
+        unsafe { &*w.view_src }
+    };
+    // SAFETY: `in_ork_buffer` held, so the buffer is ours.
+    let c = unsafe { ctx(wbase.buffer) };
+    // SAFETY: a live weight in our buffer.
+    let pw = unsafe { packed_weight(c, dev, w) }.map_err(|e| e.to_string())?;
+    let api = api::get().map_err(|e| e.to_string())?;
+    // SAFETY: contiguous f32 tensors of M·K and M·N elements (checked by mul_mat_shape).
+    let (xs, ds) = unsafe {
+        (
+            std::slice::from_raw_parts(x.data as *const f32, s.m * s.k),
+            std::slice::from_raw_parts_mut(node.data as *mut f32, s.m * s.n),
+        )
+    };
+    // SAFETY: the weight's bytes; see packed_weight.
+    let (row_bytes, nbytes) = unsafe { ((api.row_size)(w.type_, s.k as i64), (api.nbytes)(w)) };
+    // SAFETY: as above.
+    let bytes = unsafe { std::slice::from_raw_parts(w.data as *const u8, nbytes) };
+    // SAFETY: type id of a live tensor.
+    let tf = unsafe { to_float_of(w.type_) }.ok_or("no to_float")?;
+    let to_float = move |row: &[u8], out: &mut [f32]| {
+        // SAFETY: one row of this type into K floats.
+        unsafe { tf(row.as_ptr() as *const c_void, out.as_mut_ptr(), out.len() as i64) }
+    };
+    let src = WeightSource { ggml_type: w.type_ as u32, bytes, row_bytes, to_float: &to_float };
+    dev.run_mul_mat(&pw, &src, xs, s.m, ds);
+    Ok(())
+}

@@ -1,0 +1,32 @@
+//! A small `log` backend: one line per record on stderr, prefixed `ork:`, level from `ORK_LOG`.
+//! (llama.cpp tools print their own logs on stderr too, so ours interleave in order.)
+
+use std::io::Write;
+
+struct StderrLog;
+
+impl log::Log for StderrLog {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::max_level()
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            let lvl = match r.level() {
+                log::Level::Error => "error: ",
+                log::Level::Warn => "warning: ",
+                _ => "",
+            };
+            let _ = writeln!(std::io::stderr().lock(), "ork: {lvl}{}", r.args());
+        }
+    }
+    fn flush(&self) {}
+}
+
+static LOGGER: StderrLog = StderrLog;
+
+/// Installs the logger (first caller wins; a host that installed its own keeps it).
+pub fn init(level: log::LevelFilter) {
+    if log::set_logger(&LOGGER).is_ok() {
+        log::set_max_level(level);
+    }
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The demo: upstream llama.cpp (pinned b11549, unmodified) loads libggml-ork.so and generates
+# text with SmolLM2-135M Q8_0, its prefill matmuls running on the ORK NPU (the bit-exact
+# simulator here: ORK_NPU=sim). First run sets everything up (~6 min on 2 cores).
+source "$(dirname "$0")/common.sh"
+build_plugin
+M=$ORK_MODELS/smollm2-135m-Q8_0.gguf
+PROMPT=${1:-"The Industrial Revolution began in Britain in the late eighteenth century. Steam engines, iron and coal changed how goods were made, and factories drew workers from the countryside into the growing towns. Its most important consequence was"}
+
+echo "== devices (GGML_BACKEND_PATH=$ORK_LIB, ORK_NPU=sim)"
+GGML_BACKEND_PATH=$ORK_LIB ORK_NPU=sim "$LLAMA_BIN/llama-cli" --list-devices 2>&1 | grep -v "^load_backend" || true
+echo
+echo "== generation on ORK (simulated NPU), greedy, 48 tokens"
+GGML_BACKEND_PATH=$ORK_LIB ORK_NPU=sim "$LLAMA_BIN/llama-completion" -m "$M" -p "$PROMPT" -n 48 \
+  --temp 0 -no-cnv -t 2 --no-warmup 2>"$ORK_ENV/demo.log"
+echo
+echo
+grep -E "^ork: " "$ORK_ENV/demo.log" || true
+grep -E "prompt eval time|eval time" "$ORK_ENV/demo.log" | sed 's/^common_perf_print: */  /' || true

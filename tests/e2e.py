@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""End-to-end checks of libggml-ork.so inside the pinned, unmodified llama.cpp tools.
+
+Each check asserts a real value against the CPU backend (same binaries, ORK_OFF=1):
+device listing, greedy-text parity, perplexity parity, and test-backend-ops MUL_MAT.
+Prints one line per check and closes with "N passed, M failed". Exit status 1 on any failure.
+Environment: LLAMA_BIN, ORK_MODELS, ORK_CORPUS, ORK_LIB (set by tests/run-all.sh).
+Writes the measured figures to $ORK_ENV/e2e-results.md.
+"""
+import os, re, subprocess, sys, time
+
+BIN = os.environ["LLAMA_BIN"]
+MODELS = os.environ["ORK_MODELS"]
+CORPUS = os.environ["ORK_CORPUS"]
+LIB = os.environ["ORK_LIB"]
+OUT = os.path.join(os.environ.get("ORK_ENV", "/tmp"), "e2e-results.md")
+ONLY = set(filter(None, os.environ.get("ORK_E2E_ONLY", "").split(",")))
+CHUNKS = os.environ.get("ORK_E2E_PPL_CHUNKS", "12")
+PROMPT = ("The Industrial Revolution began in Britain in the late eighteenth century. Steam engines, "
+          "iron and coal changed how goods were made, and factories drew workers from the countryside "
+          "into the growing towns. Its most important consequence was")
+
+results, figures = [], []
+
+
+def run(args, env_extra, timeout=1800):
+    env = dict(os.environ)
+    for k in ("ORK_NPU", "ORK_OFF", "ORK_MINM", "ORK_DECODE", "GGML_BACKEND_PATH"):
+        env.pop(k, None)
+    env.update(env_extra)
+    t0 = time.time()
+    p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
+    return p, time.time() - t0
+
+
+def ork(**kw):
+    e = {"GGML_BACKEND_PATH": LIB, "ORK_NPU": "sim"}
+    e.update({k: str(v) for k, v in kw.items()})
+    return e
+
+
+def cpu():
+    return {"GGML_BACKEND_PATH": LIB, "ORK_OFF": "1"}
+
+
+def check(name, ok, detail):
+    results.append((name, ok))
+    print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+
+
+def want(name):
+    return not ONLY or any(name.startswith(o) for o in ONLY)
+
+
+def model(t):
+    return os.path.join(MODELS, f"smollm2-135m-{t}.gguf")
+
+
+# 1. device listing
+if want("devices"):
+    p, _ = run([f"{BIN}/llama-cli", "--list-devices"], ork())
+    check("devices/sim", p.returncode == 0 and re.search(r"^\s+ORK: ", p.stdout, re.M) is not None,
+          "ORK listed with ORK_NPU=sim" if "ORK:" in p.stdout else p.stdout[-300:])
+    p, _ = run([f"{BIN}/llama-cli", "--list-devices"], {"GGML_BACKEND_PATH": LIB})
+    lines = [l for l in p.stderr.splitlines() if l.startswith("ork: ")]
+    check("devices/no-npu", p.returncode == 0 and "ORK:" not in p.stdout and len(lines) == 1,
+          f"no ORK device; one line: {lines}")
+    p, _ = run([f"{BIN}/llama-cli", "--list-devices"], {})
+    check("devices/no-plugin", p.returncode == 0 and "ORK" not in p.stdout + p.stderr, "no ORK without the plugin")
+
+
+def generate(m, n, env):
+    p, dt = run([f"{BIN}/llama-completion", "-m", m, "-p", PROMPT, "-n", str(n), "--temp", "0",
+                 "-no-cnv", "-t", "2", "--no-warmup", "--seed", "1"], env)
+    if p.returncode != 0:
+        return None, p.stderr[-800:], dt
+    text = p.stdout
+    return (text[len(PROMPT):] if text.startswith(PROMPT) else text), p.stderr, dt
+
+
+# 2. greedy parity: 16 tokens must be identical; 32-token common prefix reported
+for t in ("Q8_0", "F16"):
+    name = f"greedy/{t}"
+    if not want(name):
+        continue
+    a, ea, _ = generate(model(t), 16, ork())
+    b, eb, _ = generate(model(t), 16, cpu())
+    ran = re.search(r"ORK ran (\d+) MUL_MAT on the NPU", ea or "")
+    ok = a is not None and b is not None and a == b and ran is not None and int(ran.group(1)) > 0
+    check(name, ok, f"ORK {a!r} vs CPU {b!r}; NPU matmuls: {ran.group(1) if ran else 'none'}")
+    a32, _, _ = generate(model(t), 32, ork())
+    b32, _, _ = generate(model(t), 32, cpu())
+    if a32 is not None and b32 is not None:
+        common = len(os.path.commonprefix([a32, b32]))
+        figures.append(f"| greedy {t} | 32 tokens: common prefix {common}/{max(len(a32), len(b32))} chars |")
+
+# 3. perplexity parity
+BOUND = {"Q8_0": 0.01, "F16": 0.01, "Q4_K_M": 0.02}
+
+
+def ppl(m, env):
+    p, dt = run([f"{BIN}/llama-perplexity", "-m", m, "-f", CORPUS, "-c", "128", "-b", "128",
+                 "--chunks", CHUNKS, "-t", "2"], env)
+    mt = re.search(r"Final estimate: PPL = ([0-9.]+)", p.stdout + p.stderr)
+    return (float(mt.group(1)) if mt else None), dt, p.stderr
+
+
+for t, bound in BOUND.items():
+    name = f"perplexity/{t}"
+    if not want(name):
+        continue
+    po, dto, err = ppl(model(t), ork())
+    pc, dtc, _ = ppl(model(t), cpu())
+    ok = po is not None and pc is not None and abs(po - pc) / pc <= bound and "ORK ran" in err
+    rel = abs(po - pc) / pc * 100 if ok or (po and pc) else float("nan")
+    check(name, ok, f"ORK {po} vs CPU {pc} (|dPPL| {rel:.3f}% <= {bound*100:.0f}%), {CHUNKS}x128 tokens, "
+          f"{dto:.0f}s vs {dtc:.0f}s")
+    if po and pc:
+        figures.append(f"| perplexity {t} | ORK {po:.4f}, CPU {pc:.4f}, |dPPL| {rel:.3f}% ({CHUNKS} chunks x 128) |")
+
+# 4. test-backend-ops MUL_MAT against the CPU
+for minm in ("32", "1"):
+    name = f"test-backend-ops/minm{minm}"
+    if not want(name):
+        continue
+    p, dt = run([f"{BIN}/test-backend-ops", "-b", "ORK", "-o", "MUL_MAT"], ork(ORK_MINM=minm))
+    mt = re.search(r"(\d+)/(\d+) tests passed", p.stdout)
+    passed, total = (int(mt.group(1)), int(mt.group(2))) if mt else (0, -1)
+    ok = p.returncode == 0 and mt is not None and passed == total and total > 0 and "FAIL" not in p.stdout
+    check(name, ok, f"{passed}/{total} accepted cases passed, rc {p.returncode}, {dt:.0f}s")
+    figures.append(f"| test-backend-ops MUL_MAT ORK_MINM={minm} | {passed}/{total} passed |")
+
+npass = sum(1 for _, ok in results if ok)
+nfail = len(results) - npass
+with open(OUT, "w") as f:
+    f.write("| check | figure |\n|---|---|\n" + "\n".join(figures) + "\n")
+print(f"e2e: {npass} passed, {nfail} failed")
+sys.exit(1 if nfail else 0)

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The test command: set-up (idempotent), the crate's tests (unit, simulator, bit-exact, ABI
+# drift), then end-to-end checks inside the pinned llama.cpp tools.
+source "$(dirname "$0")/common.sh"
+cd "$ROOT"
+echo "== cargo test"
+cargo test --quiet 2>&1 | tee "$ORK_ENV/cargo-test.log" | grep -E "^(test result|running|error|failures:|---- )" || true
+if grep -qE "^test result: FAILED|^error" "$ORK_ENV/cargo-test.log"; then
+  grep -E "panicked|FAILED|^error" "$ORK_ENV/cargo-test.log" | head -40
+  echo "cargo test failed"; exit 1
+fi
+echo "== build libggml-ork.so (release)"
+build_plugin
+echo "== end-to-end (llama.cpp b11549 + ORK on the simulator)"
+python3 "$ROOT/tests/e2e.py"
