@@ -143,24 +143,34 @@ impl Device {
         assert_eq!(x.len(), m * k, "x is not [M, K]");
         assert_eq!(dst.len(), m * n, "dst is not [M, N]");
         let t0 = Instant::now();
-        let mut a = vec![0i8; m * k];
-        let mut a_scale = vec![0f32; m];
-        quant::quantize_rows(x, m, k, &mut a, &mut a_scale);
+        let split = self.cfg.act_split;
+        let rows = if split { 2 * m } else { m };
+        let mut a = vec![0i8; rows * k];
+        let mut a_scale = vec![0f32; rows];
+        if split {
+            quant::quantize_rows_split(x, m, k, &mut a, &mut a_scale);
+        } else {
+            quant::quantize_rows(x, m, k, &mut a, &mut a_scale);
+        }
         let t1 = Instant::now();
-        let mut c = vec![0i32; m * n];
+        let mut c = vec![0i32; rows * n];
         let budget = Budget { max_cores: self.cfg.max_cores.unwrap_or(self.npu.soc().cores) };
-        match self.npu.mm_run(&w.resident, &a, m, &mut c, budget) {
+        match self.npu.mm_run(&w.resident, &a, rows, &mut c, budget) {
             Ok(rs) => {
                 self.stats.submits.fetch_add(rs.submits as u64, Relaxed);
             }
             Err(e) => {
                 self.note_npu_error(&e);
                 let (q, _) = weights::quantize_source(src, n, k);
-                c = crate::npu::reference_mm(&a, &q, m, k, n);
+                c = crate::npu::reference_mm(&a, &q, rows, k, n);
             }
         }
         let t2 = Instant::now();
-        quant::dequantize_output(&c, &a_scale, &w.scales, dst);
+        if split {
+            quant::dequantize_output_split(&c, &a_scale, &w.scales, dst);
+        } else {
+            quant::dequantize_output(&c, &a_scale, &w.scales, dst);
+        }
         let t3 = Instant::now();
         self.stats.npu_matmuls.fetch_add(1, Relaxed);
         self.stats.npu_rows.fetch_add(m as u64, Relaxed);
