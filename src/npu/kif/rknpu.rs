@@ -700,6 +700,61 @@ mod tests {
         assert_eq!(classify_submit_error(Errno::EIO), SubmitErrorClass::Fail);
     }
 
+    /// A task buffer over plain heap memory (no device), `n_tasks` descriptors long.
+    fn task_bo(n_tasks: usize, domain: u32) -> Bo {
+        let mut mem = vec![0u8; n_tasks * 40].into_boxed_slice();
+        let ptr = mem.as_mut_ptr();
+        let len = mem.len();
+        // SAFETY: `mem` is moved into the Bo as its keep-alive; the boxed slice's heap block
+        // does not move when the box does.
+        unsafe { Bo::from_raw(7, 0xdead_beef_0000, Iova(0x1000), len, DomainId(domain), ptr, Box::new(mem)) }
+    }
+
+    fn job(bo: &Bo, start: u32, number: u32, core_mask: u32, domain: u32) -> SubmitJob<'_> {
+        SubmitJob {
+            task_bo: bo,
+            task_start: start,
+            task_number: number,
+            core_mask,
+            domain: DomainId(domain),
+            flags: super::super::job_flags::PC | super::super::job_flags::PINGPONG,
+            timeout_ms: 6000,
+        }
+    }
+
+    #[test]
+    fn submit_struct_follows_the_facts() {
+        let bo = task_bo(16, 2);
+        let s = build_submit(&job(&bo, 3, 5, 0x4, 2));
+        assert_eq!(s.flags, 0x5);
+        assert_eq!(s.timeout, 6000);
+        assert_eq!((s.task_start, s.task_number), (3, 5));
+        assert_eq!(s.task_obj_addr, 0xdead_beef_0000, "task_obj_addr is the obj_addr, not the IOVA");
+        assert_eq!(s.iommu_domain_id, 2);
+        assert_eq!(s.core_mask, 0x4);
+        assert_eq!(s.fence_fd, -1);
+        assert_eq!((s.task_counter, s.priority, s.task_base_addr, s.hw_elapse_time), (0, 0, 0, 0));
+        for e in &s.subcore_task[..3] {
+            assert_eq!(*e, RknpuSubcoreTask { task_start: 3, task_number: 5 });
+        }
+        for e in &s.subcore_task[3..] {
+            assert_eq!(*e, RknpuSubcoreTask::default());
+        }
+    }
+
+    #[test]
+    fn jobs_are_validated_before_the_kernel_sees_them() {
+        let bo = task_bo(4, 1);
+        assert!(validate_job(&job(&bo, 0, 4, 1, 1)).is_ok());
+        assert!(validate_job(&job(&bo, 0, 4, 0, 1)).is_ok());
+        assert!(matches!(validate_job(&job(&bo, 0, 0, 1, 1)), Err(KifError::Invalid(_))));
+        assert!(matches!(validate_job(&job(&bo, 1, 4, 1, 1)), Err(KifError::Invalid(_))));
+        assert!(matches!(validate_job(&job(&bo, 0, 1, 1, 2)), Err(KifError::Invalid(_))));
+        assert!(matches!(validate_job(&job(&bo, 0, 1, 1, MAX_DOMAINS)), Err(KifError::Invalid(_))));
+        assert!(matches!(validate_job(&job(&bo, 0, 1, 0x3, 1)), Err(KifError::Unsupported { .. })));
+        assert!(matches!(validate_job(&job(&bo, 0, 1, 0x8, 1)), Err(KifError::Unsupported { .. })));
+    }
+
     #[test]
     fn mem_create_errors_map_to_fault() {
         let d = DomainId(3);
