@@ -70,7 +70,9 @@ mod npu_api {
 
     /// Placeholder for the core's run budget; assumed to have a `Default`.
     #[derive(Clone, Copy, Debug, Default)]
-    pub struct Budget;
+    pub struct Budget {
+        _private: (),
+    }
 
     pub struct TiledWeight;
     pub struct ResidentWeight;

@@ -208,7 +208,8 @@ pub const PC_DATA_EXTRA_AMOUNT: u32 = 4;
 pub const REG_DPU_DST_BASE_ADDR: u16 = 0x4020;
 /// Page size of BO allocation (drm_gem_shmem rounds to pages).
 pub const PAGE_BYTES: usize = 4096;
-/// PREP_BO wait used by `mem_sync(FromDevice)` and for submits with `timeout_ms == 0`.
+/// PREP_BO wait used by `mem_sync(FromDevice)` and for submits with `timeout_ms == 0`: ork's
+/// default submit timeout (`ORK_MM_TIMEOUT`, rknpu-facts §1.3 / §9).
 pub const DEFAULT_WAIT_MS: u32 = 60_000;
 /// DRM driver name of the mainline driver (rocket_drv.c, S8).
 pub const DRIVER_NAME: &str = "rocket";
@@ -334,7 +335,9 @@ fn monotonic_now_ns() -> i64 {
     // SAFETY: `ts` is a valid timespec for clock_gettime to fill; CLOCK_MONOTONIC always exists.
     let rc = unsafe { nix::libc::clock_gettime(nix::libc::CLOCK_MONOTONIC, &mut ts) };
     debug_assert_eq!(rc, 0);
-    ts.tv_sec as i64 * 1_000_000_000 + ts.tv_nsec as i64
+    #[allow(clippy::useless_conversion)] // reason: time_t / c_long are i32 on 32-bit targets
+    let ns = i64::from(ts.tv_sec) * 1_000_000_000 + i64::from(ts.tv_nsec);
+    ns
 }
 
 impl Rocket {
@@ -569,8 +572,11 @@ mod tests {
         let r = rocket_task_from(&t).unwrap();
         assert_eq!(r.regcmd, 0x1000_0000);
         assert_eq!(r.regcmd_count, 112);
-        // Mainline's REGISTER_AMOUNTS for that count equals the vendor kernel's 55 (§1.5).
-        assert_eq!((r.regcmd_count + 1) / 2 - 1, 55);
+        // Mainline's REGISTER_AMOUNTS for that count equals the vendor kernel's 55 (§1.5),
+        // written the way rocket_job.c computes it.
+        #[allow(clippy::manual_div_ceil)] // reason: mirrors the kernel's expression
+        let amounts = (r.regcmd_count + 1) / 2 - 1;
+        assert_eq!(amounts, 55);
     }
 
     #[test]
