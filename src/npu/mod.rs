@@ -2,6 +2,8 @@
 //! real core (regcmd, simulator, planner) when that branch lands. Not a deliverable.
 pub mod kif;
 pub mod soc;
+pub mod detect;
+pub mod hostcpu;
 
 use std::sync::Arc;
 

@@ -17,6 +17,8 @@
 pub mod sim;
 pub mod rknpu;
 pub mod rocket;
+/// Generic DRM core ioctls and node discovery shared by `rknpu` and `rocket`.
+pub mod drm;
 
 use std::fmt;
 

@@ -1,1 +1,765 @@
-//! placeholder
+//! The vendor `rknpu` DRM driver (Rockchip BSP kernels, driver ≥ 0.9.6) behind [`KernelInterface`].
+//!
+//! What this module owns: finding the NPU's DRM node, the version gate, the six rknpu ioctls
+//! (ACTION, SUBMIT, MEM_CREATE, MEM_MAP, MEM_DESTROY, MEM_SYNC) with their `#[repr(C)]` argument
+//! structs, the CPU mappings of buffer objects, and the recovery rules around submit.
+//!
+//! Decisions:
+//! * **Node.** `ORK_NPU_CARD` names the node explicitly; otherwise every `/dev/dri/card*` is asked
+//!   for its DRM driver name and the first one called "rknpu" wins. Only primary (card) nodes are
+//!   scanned: ork's RE log reports that raw submits on the render node run zero tasks
+//!   (rknpu-facts §1.1, unconfirmed by the kernel source but cheap to respect).
+//! * **Version gate.** `ACTION(GET_DRV_VERSION)` must report ≥ 0.9.6 (encoded
+//!   major·10000 + minor·100 + patch = 906). Older drivers have a different MEM_CREATE and SUBMIT
+//!   layout (the pre-0.9 ABI, rknpu-facts cross-check conflict 6) and would be fed garbage.
+//! * **Power.** `ACTION(POWER_ON)` is sent once and its EINVAL ignored: stock 0.9.8 has no such
+//!   case and runtime PM powers the NPU per ioctl anyway (§1.1). `SET_PROC_NICE` is *not* sent: it
+//!   would renice the host process (llama.cpp), which is not a library's call to make.
+//! * **Buffers.** MEM_CREATE (page-rounded, `core_mask` word = 1 as ork passes it) → MEM_MAP →
+//!   `mmap` of the DRM fd at the fake offset (via `memmap2::MmapOptions::map_raw`) →
+//!   explicit MEM_SYNC around device access → munmap + MEM_DESTROY (§1.6). The `Bo`'s
+//!   `size_bytes` is the page-rounded size. EFAULT/ENOMEM from MEM_CREATE means the domain's
+//!   4 GiB IOVA window is full and becomes [`KifError::Fault`] so the caller can move on to the
+//!   next domain.
+//! * **Submit.** Blocking, `fence_fd = -1`, `subcore_task[0..=2]` all `{task_start, task_number}`
+//!   (the kernel reads only the target core's entry, but with core_mask 0 it picks the core
+//!   itself, so every plausible entry must be valid; conflict 7). Only single-core masks (or 0)
+//!   are accepted: a multi-bit mask would make the kernel split the task list across cores, which
+//!   the NPU core never asks for (it runs one host thread per core, §5). EINVAL/EBUSY are retried
+//!   20× with 50 µs sleeps (the previous job on that core has not retired), then the device is
+//!   soft-reset and the submit tried once more (§1.6). ETIMEDOUT becomes [`KifError::Timeout`]:
+//!   the kernel has already reset the whole device (conflict 5). `hw_elapse_time` is ns
+//!   (conflict 1).
+//! * **Domains.** MEM_CREATE and SUBMIT carry the domain id themselves, so no explicit switch is
+//!   needed on the native path; [`Rknpu::set_iommu_domain`] (action 25, stock) is offered for
+//!   paths that map into "whatever domain is live" (PRIME imports). The oRKLLM-patched 0x1xx
+//!   actions are never sent (conflict 2). Ids are capped at [`MAX_DOMAINS`] (conflict 4).
+//! * **Import.** `mem_import` keeps the trait's default (create + copy + sync). A dma-heap/PRIME
+//!   path would not save the copy (host bytes must land in device memory either way), needs
+//!   `DMA_BUF_IOCTL_SYNC` instead of MEM_SYNC, maps into the live domain only, and carries ork's
+//!   unconfirmed quirks (anchor buffer per domain, aliased IOVAs) — not worth it yet.
+//!
+//! Sources: shared reference `rknpu-facts.md` §1.1–1.6 and §4, keys S1 (stock `rknpu_ioctl.h`,
+//! 0.9.6/0.9.7), S2 (`rknpu_job.c`), S3 (`rknpu_drv.c`), S4 (`rknpu_gem.c` 0.9.8), S5
+//! (`rknpu_iommu.c`), S12 (generic DRM uapi).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use nix::errno::Errno;
+
+use super::drm::{self, DRM_COMMAND_BASE, DRM_IOCTL_TYPE};
+use super::{
+    Bo, DomainId, Iova, KernelInterface, KifError, SubmitDone, SubmitJob, SyncDir, MAX_DOMAINS,
+};
+
+// ---------------------------------------------------------------------------------------------
+// ABI: ioctl numbers, structs, enumerations
+// ---------------------------------------------------------------------------------------------
+
+/// Driver-relative ioctl numbers; the full nr is `DRM_COMMAND_BASE + n` (rknpu-facts §1.2, S1).
+pub mod nr {
+    pub const ACTION: u8 = 0x00;
+    pub const SUBMIT: u8 = 0x01;
+    pub const MEM_CREATE: u8 = 0x02;
+    pub const MEM_MAP: u8 = 0x03;
+    pub const MEM_DESTROY: u8 = 0x04;
+    pub const MEM_SYNC: u8 = 0x05;
+}
+
+/// `rknpu_action.flags` selectors (rknpu-facts §1.4, S1). Only the ones this driver sends or may
+/// want for diagnostics are named.
+pub mod action {
+    pub const GET_HW_VERSION: u32 = 0;
+    pub const GET_DRV_VERSION: u32 = 1;
+    pub const GET_FREQ: u32 = 2;
+    /// Soft reset of the whole device (rknpu-facts §1.4/§1.5, S1/S2).
+    pub const ACT_RESET: u32 = 6;
+    pub const GET_IOMMU_EN: u32 = 18;
+    pub const SET_PROC_NICE: u32 = 19;
+    pub const POWER_ON: u32 = 20;
+    pub const POWER_OFF: u32 = 21;
+    pub const GET_TOTAL_SRAM_SIZE: u32 = 22;
+    pub const GET_FREE_SRAM_SIZE: u32 = 23;
+    pub const GET_IOMMU_DOMAIN_ID: u32 = 24;
+    /// Stock domain switch (switch, then drop the reference; rknpu-facts conflict 2, S3/S5).
+    pub const SET_IOMMU_DOMAIN_ID: u32 = 25;
+}
+
+/// `rknpu_mem_sync.flags` (rknpu-facts §1.3, S1).
+pub mod sync_flags {
+    pub const TO_DEVICE: u32 = 1;
+    pub const FROM_DEVICE: u32 = 2;
+}
+
+/// Lowest supported driver version, 0.9.6 encoded major·10000 + minor·100 + patch
+/// (rknpu-facts §1.1 and conflict 6; encoding macro S1).
+pub const MIN_DRV_VERSION: u32 = 906;
+/// MEM_CREATE page rounding (the kernel page-aligns, rknpu-facts §1.3/§1.6, S4).
+pub const PAGE_BYTES: usize = 4096;
+/// Value for `rknpu_mem_create.core_mask`: ork passes 1; `reserved` before 0.9.8, harmless
+/// (rknpu-facts §1.3, conflict 6).
+pub const MEM_CREATE_CORE_MASK: u32 = 1;
+/// Submit retries on EINVAL/EBUSY before a reset, and the sleep between them
+/// (rknpu-facts §1.6, ork `submit.c`).
+pub const SUBMIT_RETRIES: u32 = 20;
+pub const SUBMIT_RETRY_SLEEP: Duration = Duration::from_micros(50);
+/// Entries of `rknpu_submit.subcore_task` filled with the job's range (rknpu-facts §1.3, conflict 7).
+pub const SUBCORE_ENTRIES_FILLED: usize = 3;
+/// Core masks the vendor job code decodes: one bit per core, 0 = AUTO (rknpu-facts §1.4, S2).
+pub const CORE_MASK_ALL: u32 = 0x7;
+
+/// Encodes a driver version the way `RKNPU_GET_DRV_VERSION` reports it (rknpu-facts §1.1, S1).
+pub const fn encode_version(major: u32, minor: u32, patch: u32) -> u32 {
+    major * 10000 + minor * 100 + patch
+}
+
+/// Splits an encoded driver version into (major, minor, patch).
+pub const fn decode_version(v: u32) -> (u32, u32, u32) {
+    (v / 10000, (v / 100) % 100, v % 100)
+}
+
+/// `struct rknpu_action` (8 B; rknpu-facts §1.3, S1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RknpuAction {
+    /// Action selector ([`action`]).
+    pub flags: u32,
+    /// In/out value.
+    pub value: u32,
+}
+
+/// `struct rknpu_mem_create` (48 B; rknpu-facts §1.3, S1/S4).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RknpuMemCreate {
+    /// Out: GEM handle (in: an existing handle skips allocation, S4).
+    pub handle: u32,
+    /// [`super::mem_flags`] bits.
+    pub flags: u32,
+    /// Bytes; page-rounded by the kernel.
+    pub size: u64,
+    /// Out: opaque kernel object cookie for SYNC/DESTROY/SUBMIT.
+    pub obj_addr: u64,
+    /// Out: NPU IOVA (fits 32 bits).
+    pub dma_addr: u64,
+    /// In/out: requested/achieved on-chip SRAM bytes.
+    pub sram_size: u64,
+    pub iommu_domain_id: i32,
+    /// `core_mask` from 0.9.8, `reserved` before.
+    pub core_mask: u32,
+}
+
+/// `struct rknpu_mem_map` (16 B; rknpu-facts §1.3, S1/S4).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RknpuMemMap {
+    pub handle: u32,
+    pub reserved: u32,
+    /// Out: fake offset for `mmap` on the DRM fd.
+    pub offset: u64,
+}
+
+/// `struct rknpu_mem_destroy` (16 B; rknpu-facts §1.3, S1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RknpuMemDestroy {
+    pub handle: u32,
+    pub reserved: u32,
+    pub obj_addr: u64,
+}
+
+/// `struct rknpu_mem_sync` (32 B; rknpu-facts §1.3, S1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RknpuMemSync {
+    /// [`sync_flags`] bits.
+    pub flags: u32,
+    pub reserved: u32,
+    pub obj_addr: u64,
+    pub offset: u64,
+    pub size: u64,
+}
+
+/// `struct rknpu_subcore_task` (8 B; rknpu-facts §1.3, S1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RknpuSubcoreTask {
+    pub task_start: u32,
+    pub task_number: u32,
+}
+
+/// `struct rknpu_submit` (104 B; rknpu-facts §1.3, S1 — identical in 0.9.6/0.9.7/0.9.8).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RknpuSubmit {
+    /// [`super::job_flags`] bits.
+    pub flags: u32,
+    /// Milliseconds.
+    pub timeout: u32,
+    pub task_start: u32,
+    pub task_number: u32,
+    /// Out: tasks completed (task_number on success, PC status count on timeout; S2).
+    pub task_counter: u32,
+    pub priority: i32,
+    /// `obj_addr` (not the IOVA) of the buffer holding the `rknpu_task` array.
+    pub task_obj_addr: u64,
+    pub iommu_domain_id: u32,
+    pub reserved: u32,
+    pub task_base_addr: u64,
+    /// Out: kernel-measured busy time, nanoseconds, blocking path only (conflict 1).
+    pub hw_elapse_time: i64,
+    pub core_mask: u32,
+    pub fence_fd: i32,
+    pub subcore_task: [RknpuSubcoreTask; 5],
+}
+
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<RknpuAction>() == 8);
+    assert!(size_of::<RknpuMemCreate>() == 48);
+    assert!(offset_of!(RknpuMemCreate, size) == 8);
+    assert!(offset_of!(RknpuMemCreate, obj_addr) == 16);
+    assert!(offset_of!(RknpuMemCreate, dma_addr) == 24);
+    assert!(offset_of!(RknpuMemCreate, sram_size) == 32);
+    assert!(offset_of!(RknpuMemCreate, iommu_domain_id) == 40);
+    assert!(offset_of!(RknpuMemCreate, core_mask) == 44);
+    assert!(size_of::<RknpuMemMap>() == 16);
+    assert!(offset_of!(RknpuMemMap, offset) == 8);
+    assert!(size_of::<RknpuMemDestroy>() == 16);
+    assert!(offset_of!(RknpuMemDestroy, obj_addr) == 8);
+    assert!(size_of::<RknpuMemSync>() == 32);
+    assert!(offset_of!(RknpuMemSync, obj_addr) == 8);
+    assert!(offset_of!(RknpuMemSync, offset) == 16);
+    assert!(offset_of!(RknpuMemSync, size) == 24);
+    assert!(size_of::<RknpuSubcoreTask>() == 8);
+    assert!(size_of::<RknpuSubmit>() == 104);
+    assert!(offset_of!(RknpuSubmit, task_counter) == 16);
+    assert!(offset_of!(RknpuSubmit, priority) == 20);
+    assert!(offset_of!(RknpuSubmit, task_obj_addr) == 24);
+    assert!(offset_of!(RknpuSubmit, iommu_domain_id) == 32);
+    assert!(offset_of!(RknpuSubmit, reserved) == 36);
+    assert!(offset_of!(RknpuSubmit, task_base_addr) == 40);
+    assert!(offset_of!(RknpuSubmit, hw_elapse_time) == 48);
+    assert!(offset_of!(RknpuSubmit, core_mask) == 56);
+    assert!(offset_of!(RknpuSubmit, fence_fd) == 60);
+    assert!(offset_of!(RknpuSubmit, subcore_task) == 64);
+};
+
+/// Raw ioctl wrappers (`DRM_IOWR(DRM_COMMAND_BASE + n, T)`, rknpu-facts §1.2, S1). Each is
+/// `unsafe`: the caller passes an open rknpu DRM fd and a pointer to a live argument struct.
+pub mod sys {
+    use super::*;
+    nix::ioctl_readwrite!(rknpu_action, DRM_IOCTL_TYPE, DRM_COMMAND_BASE + nr::ACTION, RknpuAction);
+    nix::ioctl_readwrite!(rknpu_submit, DRM_IOCTL_TYPE, DRM_COMMAND_BASE + nr::SUBMIT, RknpuSubmit);
+    nix::ioctl_readwrite!(
+        rknpu_mem_create,
+        DRM_IOCTL_TYPE,
+        DRM_COMMAND_BASE + nr::MEM_CREATE,
+        RknpuMemCreate
+    );
+    nix::ioctl_readwrite!(rknpu_mem_map, DRM_IOCTL_TYPE, DRM_COMMAND_BASE + nr::MEM_MAP, RknpuMemMap);
+    nix::ioctl_readwrite!(
+        rknpu_mem_destroy,
+        DRM_IOCTL_TYPE,
+        DRM_COMMAND_BASE + nr::MEM_DESTROY,
+        RknpuMemDestroy
+    );
+    nix::ioctl_readwrite!(
+        rknpu_mem_sync,
+        DRM_IOCTL_TYPE,
+        DRM_COMMAND_BASE + nr::MEM_SYNC,
+        RknpuMemSync
+    );
+}
+
+/// Full request numbers (`dir<<30 | size<<16 | type<<8 | nr`), for logs and the ABI tests.
+pub mod request {
+    use super::*;
+    use std::mem::size_of;
+    macro_rules! rw {
+        ($n:expr, $t:ty) => {
+            nix::request_code_readwrite!(DRM_IOCTL_TYPE, DRM_COMMAND_BASE + $n, size_of::<$t>())
+                as u64
+        };
+    }
+    pub const ACTION: u64 = rw!(nr::ACTION, RknpuAction);
+    pub const SUBMIT: u64 = rw!(nr::SUBMIT, RknpuSubmit);
+    pub const MEM_CREATE: u64 = rw!(nr::MEM_CREATE, RknpuMemCreate);
+    pub const MEM_MAP: u64 = rw!(nr::MEM_MAP, RknpuMemMap);
+    pub const MEM_DESTROY: u64 = rw!(nr::MEM_DESTROY, RknpuMemDestroy);
+    pub const MEM_SYNC: u64 = rw!(nr::MEM_SYNC, RknpuMemSync);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pure helpers (unit-tested without a device)
+// ---------------------------------------------------------------------------------------------
+
+/// Rounds a byte count up to whole pages.
+pub fn page_round(size_bytes: usize) -> usize {
+    size_bytes.div_ceil(PAGE_BYTES) * PAGE_BYTES
+}
+
+/// The `rknpu_submit` for a job: blocking unless the caller set NONBLOCK, `fence_fd = -1`,
+/// `subcore_task[0..=2]` all `{task_start, task_number}`.
+pub fn build_submit(job: &SubmitJob<'_>) -> RknpuSubmit {
+    let mut s = RknpuSubmit {
+        flags: job.flags,
+        timeout: job.timeout_ms,
+        task_start: job.task_start,
+        task_number: job.task_number,
+        task_obj_addr: job.task_bo.obj_addr,
+        iommu_domain_id: job.domain.0,
+        core_mask: job.core_mask,
+        fence_fd: -1,
+        ..RknpuSubmit::default()
+    };
+    for e in s.subcore_task.iter_mut().take(SUBCORE_ENTRIES_FILLED) {
+        *e = RknpuSubcoreTask { task_start: job.task_start, task_number: job.task_number };
+    }
+    s
+}
+
+/// Checks a job before it reaches the kernel, so that no EINVAL of ours triggers the
+/// retry-then-reset path.
+pub fn validate_job(job: &SubmitJob<'_>) -> Result<(), KifError> {
+    let task_bytes = std::mem::size_of::<super::RknpuTask>() as u64;
+    if job.task_number == 0 {
+        return Err(KifError::Invalid("submit: task_number is 0".into()));
+    }
+    if job.domain.0 >= MAX_DOMAINS {
+        return Err(KifError::Invalid(format!(
+            "submit: IOMMU domain {} out of range (max {})",
+            job.domain.0,
+            MAX_DOMAINS - 1
+        )));
+    }
+    if job.task_bo.domain != job.domain {
+        return Err(KifError::Invalid(format!(
+            "submit: task buffer is in domain {} but the job runs in domain {}",
+            job.task_bo.domain.0, job.domain.0
+        )));
+    }
+    let end = (job.task_start as u64 + job.task_number as u64) * task_bytes;
+    if end > job.task_bo.size_bytes as u64 {
+        return Err(KifError::Invalid(format!(
+            "submit: tasks {}..{} overrun the {}-byte task buffer",
+            job.task_start,
+            job.task_start as u64 + job.task_number as u64,
+            job.task_bo.size_bytes
+        )));
+    }
+    if job.core_mask & !CORE_MASK_ALL != 0 || job.core_mask.count_ones() > 1 {
+        return Err(KifError::Unsupported {
+            driver: "rknpu",
+            what: "core_mask must name one core (or 0 = kernel picks); kernel-side multi-core splits are not used",
+        });
+    }
+    Ok(())
+}
+
+/// How a failed SUBMIT ioctl is handled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SubmitErrorClass {
+    /// EINVAL / EBUSY: the previous job on that core has not retired; retry shortly.
+    Retry,
+    /// ETIMEDOUT: the kernel reset the device.
+    Timeout,
+    /// Anything else.
+    Fail,
+}
+
+/// Classifies a SUBMIT errno (rknpu-facts §1.6).
+pub fn classify_submit_error(e: Errno) -> SubmitErrorClass {
+    match e {
+        Errno::EINVAL | Errno::EBUSY => SubmitErrorClass::Retry,
+        Errno::ETIMEDOUT => SubmitErrorClass::Timeout,
+        _ => SubmitErrorClass::Fail,
+    }
+}
+
+/// Maps a MEM_CREATE errno: EFAULT / ENOMEM mean the domain's IOVA window is exhausted.
+pub fn map_mem_create_error(e: Errno, domain: DomainId) -> KifError {
+    match e {
+        Errno::EFAULT | Errno::ENOMEM => KifError::Fault { op: "RKNPU_MEM_CREATE", domain: domain.0 },
+        source => KifError::Sys { op: "RKNPU_MEM_CREATE", source },
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device discovery and open
+// ---------------------------------------------------------------------------------------------
+
+/// DRM driver name of the vendor NPU driver (rknpu-facts §1.1).
+pub const DRIVER_NAME: &str = "rknpu";
+/// Where primary DRM nodes live.
+pub const DRI_DIR: &str = "/dev/dri";
+
+/// Finds the rknpu node: `ORK_NPU_CARD` if set, else the first `/dev/dri/card*` whose DRM driver
+/// name is "rknpu". The error says what was looked at.
+pub fn find_card() -> Result<PathBuf, KifError> {
+    if let Some(p) = std::env::var_os("ORK_NPU_CARD") {
+        return Ok(PathBuf::from(p));
+    }
+    let cards = drm::list_nodes(Path::new(DRI_DIR), "card");
+    if cards.is_empty() {
+        return Err(KifError::NoDevice(format!("no {DRI_DIR}/card* nodes")));
+    }
+    let mut seen = Vec::new();
+    for c in &cards {
+        match drm::driver_name_of(c) {
+            Ok(name) if name == DRIVER_NAME => return Ok(c.clone()),
+            Ok(name) => seen.push(format!("{}={name}", c.display())),
+            Err(e) => seen.push(format!("{}: {e}", c.display())),
+        }
+    }
+    Err(KifError::NoDevice(format!("no {DRI_DIR}/card* with DRM driver \"rknpu\" ({})", seen.join(", "))))
+}
+
+/// Opens the vendor driver (node from [`find_card`]) as a kernel interface.
+pub fn open() -> Result<Box<dyn KernelInterface>, KifError> {
+    let path = find_card()?;
+    Ok(Box::new(Rknpu::open_path(&path)?))
+}
+
+/// A live connection to the vendor rknpu driver.
+pub struct Rknpu {
+    fd: File,
+    path: PathBuf,
+    drv_version: u32,
+    hw_version: u32,
+    /// Live buffers: handle → obj_addr, destroyed on drop if the caller forgot.
+    live: Mutex<HashMap<u32, u64>>,
+}
+
+impl Rknpu {
+    /// Opens `path`, checks that it is the rknpu driver at version ≥ 0.9.6, and powers it on.
+    pub fn open_path(path: &Path) -> Result<Rknpu, KifError> {
+        let fd = drm::open_node(path)?;
+        let name = drm::driver_name(&fd)?;
+        if name != DRIVER_NAME {
+            return Err(KifError::NoDevice(format!(
+                "{} is DRM driver \"{name}\", not \"{DRIVER_NAME}\"",
+                path.display()
+            )));
+        }
+        let mut dev = Rknpu {
+            fd,
+            path: path.to_path_buf(),
+            drv_version: 0,
+            hw_version: 0,
+            live: Mutex::new(HashMap::new()),
+        };
+        dev.drv_version = dev.action(action::GET_DRV_VERSION, 0)?;
+        if dev.drv_version < MIN_DRV_VERSION {
+            let (a, b, c) = decode_version(dev.drv_version);
+            log::error!("rknpu driver {a}.{b}.{c} at {} is older than 0.9.6", path.display());
+            return Err(KifError::Unsupported {
+                driver: "rknpu",
+                what: "driver older than 0.9.6 (pre-0.9 struct layouts)",
+            });
+        }
+        dev.hw_version = dev.action(action::GET_HW_VERSION, 0).unwrap_or(0);
+        match dev.action(action::POWER_ON, 0) {
+            Ok(_) | Err(KifError::Sys { source: Errno::EINVAL, .. }) => {}
+            Err(e) => log::warn!("rknpu: POWER_ON failed ({e}); relying on runtime PM"),
+        }
+        log::info!("{}", dev.describe());
+        Ok(dev)
+    }
+
+    /// Sends `RKNPU_ACTION(selector, value)` and returns the value the kernel wrote back.
+    pub fn action(&self, selector: u32, value: u32) -> Result<u32, KifError> {
+        let mut a = RknpuAction { flags: selector, value };
+        // SAFETY: `a` is a valid rknpu_action that lives across the call; `self.fd` is open.
+        drm::restart(|| unsafe { sys::rknpu_action(self.fd.as_raw_fd(), &mut a) })
+            .map_err(|source| KifError::Sys { op: "RKNPU_ACTION", source })?;
+        Ok(a.value)
+    }
+
+    /// Encoded driver version (908 = 0.9.8).
+    pub fn drv_version(&self) -> u32 {
+        self.drv_version
+    }
+
+    /// The node this interface talks to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Makes `domain` the live IOMMU domain (stock action 25; the kernel waits up to ~6 s for
+    /// the previous domain's jobs). Native MEM_CREATE/SUBMIT do not need this.
+    pub fn set_iommu_domain(&self, domain: DomainId) -> Result<(), KifError> {
+        if domain.0 >= MAX_DOMAINS {
+            return Err(KifError::Invalid(format!("IOMMU domain {} out of range", domain.0)));
+        }
+        self.action(action::SET_IOMMU_DOMAIN_ID, domain.0).map(|_| ())
+    }
+
+    fn destroy_raw(&self, handle: u32, obj_addr: u64) -> Result<(), KifError> {
+        let arg = RknpuMemDestroy { handle, reserved: 0, obj_addr };
+        let mut a = arg;
+        // SAFETY: `a` is a valid rknpu_mem_destroy for the whole call; `self.fd` is open.
+        drm::restart(|| unsafe { sys::rknpu_mem_destroy(self.fd.as_raw_fd(), &mut a) })
+            .map(|_| ())
+            .map_err(|source| KifError::Sys { op: "RKNPU_MEM_DESTROY", source })
+    }
+
+    fn submit_once(&self, job: &SubmitJob<'_>) -> nix::Result<RknpuSubmit> {
+        let mut s = build_submit(job);
+        // SAFETY: `s` is a valid rknpu_submit with no user pointers (task_obj_addr is a kernel
+        // cookie of a live buffer the caller borrows for the duration); `self.fd` is open.
+        drm::restart(|| unsafe { sys::rknpu_submit(self.fd.as_raw_fd(), &mut s) })?;
+        Ok(s)
+    }
+}
+
+impl KernelInterface for Rknpu {
+    fn name(&self) -> &'static str {
+        "rknpu"
+    }
+
+    fn describe(&self) -> String {
+        let (a, b, c) = decode_version(self.drv_version);
+        format!("rknpu {a}.{b}.{c} at {} (hw {:#010x})", self.path.display(), self.hw_version)
+    }
+
+    fn mem_create(&self, size_bytes: usize, flags: u32, domain: DomainId) -> Result<Bo, KifError> {
+        if size_bytes == 0 {
+            return Err(KifError::Invalid("mem_create: size 0".into()));
+        }
+        if domain.0 >= MAX_DOMAINS {
+            return Err(KifError::Invalid(format!("mem_create: IOMMU domain {} out of range", domain.0)));
+        }
+        let size = page_round(size_bytes);
+        let mut c = RknpuMemCreate {
+            flags,
+            size: size as u64,
+            iommu_domain_id: domain.0 as i32,
+            core_mask: MEM_CREATE_CORE_MASK,
+            ..RknpuMemCreate::default()
+        };
+        // SAFETY: `c` is a valid rknpu_mem_create (handle 0 = allocate) for the whole call.
+        drm::restart(|| unsafe { sys::rknpu_mem_create(self.fd.as_raw_fd(), &mut c) })
+            .map_err(|e| map_mem_create_error(e, domain))?;
+        let (handle, obj_addr) = (c.handle, c.obj_addr);
+        let fail = |e: KifError| {
+            if let Err(d) = self.destroy_raw(handle, obj_addr) {
+                log::warn!("rknpu: cleanup of half-created buffer {handle} failed: {d}");
+            }
+            e
+        };
+        let Ok(iova) = u32::try_from(c.dma_addr) else {
+            return Err(fail(KifError::Invalid(format!(
+                "mem_create: kernel returned a non-32-bit IOVA {:#x}",
+                c.dma_addr
+            ))));
+        };
+        let mut m = RknpuMemMap { handle, ..RknpuMemMap::default() };
+        // SAFETY: `m` is a valid rknpu_mem_map for the whole call; `handle` is ours.
+        drm::restart(|| unsafe { sys::rknpu_mem_map(self.fd.as_raw_fd(), &mut m) })
+            .map_err(|source| fail(KifError::Sys { op: "RKNPU_MEM_MAP", source }))?;
+        let map = memmap2::MmapOptions::new()
+            .offset(m.offset)
+            .len(size)
+            .map_raw(&self.fd)
+            .map_err(|e| fail(KifError::Sys { op: "mmap", source: drm::io_to_errno(&e) }))?;
+        let ptr = map.as_mut_ptr();
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).insert(handle, obj_addr);
+        log::debug!(
+            "rknpu: mem_create {size} B flags {flags:#x} domain {} -> handle {handle} iova {iova:#010x}",
+            domain.0
+        );
+        // SAFETY: `map` is a shared read-write mapping of exactly `size` bytes; moving it into the
+        // Bo keeps it alive as long as the Bo (munmap on drop).
+        Ok(unsafe { Bo::from_raw(handle, obj_addr, Iova(iova), size, domain, ptr, Box::new(map)) })
+    }
+
+    fn mem_sync(&self, bo: &Bo, dir: SyncDir) -> Result<(), KifError> {
+        let mut s = RknpuMemSync {
+            flags: match dir {
+                SyncDir::ToDevice => sync_flags::TO_DEVICE,
+                SyncDir::FromDevice => sync_flags::FROM_DEVICE,
+            },
+            obj_addr: bo.obj_addr,
+            offset: 0,
+            size: bo.size_bytes as u64,
+            ..RknpuMemSync::default()
+        };
+        // SAFETY: `s` is a valid rknpu_mem_sync for the whole call; obj_addr names a live buffer
+        // (borrowed by the caller).
+        drm::restart(|| unsafe { sys::rknpu_mem_sync(self.fd.as_raw_fd(), &mut s) })
+            .map(|_| ())
+            .map_err(|source| {
+                if source == Errno::EINVAL {
+                    log::warn!("rknpu: MEM_SYNC EINVAL on handle {} (buffer not CACHEABLE?)", bo.handle);
+                }
+                KifError::Sys { op: "RKNPU_MEM_SYNC", source }
+            })
+    }
+
+    fn mem_destroy(&self, bo: Bo) -> Result<(), KifError> {
+        let (handle, obj_addr) = (bo.handle, bo.obj_addr);
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).remove(&handle);
+        drop(bo); // munmap first, then free the object.
+        self.destroy_raw(handle, obj_addr)
+    }
+
+    fn submit(&self, job: &SubmitJob<'_>) -> Result<SubmitDone, KifError> {
+        validate_job(job)?;
+        let mut attempt = 0u32;
+        let mut reset_done = false;
+        loop {
+            match self.submit_once(job) {
+                Ok(s) => {
+                    if s.task_counter < job.task_number {
+                        log::warn!(
+                            "rknpu: submit returned with task_counter {} < task_number {}",
+                            s.task_counter,
+                            job.task_number
+                        );
+                    }
+                    return Ok(SubmitDone {
+                        hw_elapse_ns: s.hw_elapse_time.max(0) as u64,
+                        task_counter: s.task_counter,
+                    });
+                }
+                Err(e) => match classify_submit_error(e) {
+                    SubmitErrorClass::Timeout => {
+                        log::error!(
+                            "rknpu: submit of {} task(s) on core mask {:#x} timed out after {} ms",
+                            job.task_number,
+                            job.core_mask,
+                            job.timeout_ms
+                        );
+                        return Err(KifError::Timeout { timeout_ms: job.timeout_ms });
+                    }
+                    SubmitErrorClass::Retry if attempt < SUBMIT_RETRIES => {
+                        attempt += 1;
+                        std::thread::sleep(SUBMIT_RETRY_SLEEP);
+                    }
+                    SubmitErrorClass::Retry if !reset_done => {
+                        log::warn!("rknpu: submit still {e} after {SUBMIT_RETRIES} retries; ACT_RESET");
+                        self.reset()?;
+                        reset_done = true;
+                    }
+                    _ => return Err(KifError::Sys { op: "RKNPU_SUBMIT", source: e }),
+                },
+            }
+        }
+    }
+
+    fn reset(&self) -> Result<(), KifError> {
+        self.action(action::ACT_RESET, 0).map(|_| ())
+    }
+}
+
+impl Drop for Rknpu {
+    fn drop(&mut self) {
+        let live = std::mem::take(&mut *self.live.lock().unwrap_or_else(|p| p.into_inner()));
+        if !live.is_empty() {
+            log::debug!("rknpu: destroying {} buffer(s) still alive at close", live.len());
+        }
+        for (handle, obj_addr) in live {
+            if let Err(e) = self.destroy_raw(handle, obj_addr) {
+                log::warn!("rknpu: MEM_DESTROY of leaked handle {handle} failed: {e}");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_encoding_round_trips() {
+        assert_eq!(encode_version(0, 9, 8), 908);
+        assert_eq!(decode_version(908), (0, 9, 8));
+        assert_eq!(decode_version(10203), (1, 2, 3));
+        assert!(encode_version(0, 9, 5) < MIN_DRV_VERSION);
+        assert!(encode_version(0, 9, 6) >= MIN_DRV_VERSION);
+    }
+
+    #[test]
+    fn page_rounding() {
+        assert_eq!(page_round(1), 4096);
+        assert_eq!(page_round(4096), 4096);
+        assert_eq!(page_round(4097), 8192);
+    }
+
+    #[test]
+    fn submit_errors_are_classified() {
+        assert_eq!(classify_submit_error(Errno::EBUSY), SubmitErrorClass::Retry);
+        assert_eq!(classify_submit_error(Errno::EINVAL), SubmitErrorClass::Retry);
+        assert_eq!(classify_submit_error(Errno::ETIMEDOUT), SubmitErrorClass::Timeout);
+        assert_eq!(classify_submit_error(Errno::EIO), SubmitErrorClass::Fail);
+    }
+
+    /// A task buffer over plain heap memory (no device), `n_tasks` descriptors long.
+    fn task_bo(n_tasks: usize, domain: u32) -> Bo {
+        let mut mem = vec![0u8; n_tasks * 40].into_boxed_slice();
+        let ptr = mem.as_mut_ptr();
+        let len = mem.len();
+        // SAFETY: `mem` is moved into the Bo as its keep-alive; the boxed slice's heap block
+        // does not move when the box does.
+        unsafe { Bo::from_raw(7, 0xdead_beef_0000, Iova(0x1000), len, DomainId(domain), ptr, Box::new(mem)) }
+    }
+
+    fn job(bo: &Bo, start: u32, number: u32, core_mask: u32, domain: u32) -> SubmitJob<'_> {
+        SubmitJob {
+            task_bo: bo,
+            task_start: start,
+            task_number: number,
+            core_mask,
+            domain: DomainId(domain),
+            flags: super::super::job_flags::PC | super::super::job_flags::PINGPONG,
+            timeout_ms: 6000,
+        }
+    }
+
+    #[test]
+    fn submit_struct_follows_the_facts() {
+        let bo = task_bo(16, 2);
+        let s = build_submit(&job(&bo, 3, 5, 0x4, 2));
+        assert_eq!(s.flags, 0x5);
+        assert_eq!(s.timeout, 6000);
+        assert_eq!((s.task_start, s.task_number), (3, 5));
+        assert_eq!(s.task_obj_addr, 0xdead_beef_0000, "task_obj_addr is the obj_addr, not the IOVA");
+        assert_eq!(s.iommu_domain_id, 2);
+        assert_eq!(s.core_mask, 0x4);
+        assert_eq!(s.fence_fd, -1);
+        assert_eq!((s.task_counter, s.priority, s.task_base_addr, s.hw_elapse_time), (0, 0, 0, 0));
+        for e in &s.subcore_task[..3] {
+            assert_eq!(*e, RknpuSubcoreTask { task_start: 3, task_number: 5 });
+        }
+        for e in &s.subcore_task[3..] {
+            assert_eq!(*e, RknpuSubcoreTask::default());
+        }
+    }
+
+    #[test]
+    fn jobs_are_validated_before_the_kernel_sees_them() {
+        let bo = task_bo(4, 1);
+        assert!(validate_job(&job(&bo, 0, 4, 1, 1)).is_ok());
+        assert!(validate_job(&job(&bo, 0, 4, 0, 1)).is_ok());
+        assert!(matches!(validate_job(&job(&bo, 0, 0, 1, 1)), Err(KifError::Invalid(_))));
+        assert!(matches!(validate_job(&job(&bo, 1, 4, 1, 1)), Err(KifError::Invalid(_))));
+        assert!(matches!(validate_job(&job(&bo, 0, 1, 1, 2)), Err(KifError::Invalid(_))));
+        assert!(matches!(validate_job(&job(&bo, 0, 1, 1, MAX_DOMAINS)), Err(KifError::Invalid(_))));
+        assert!(matches!(validate_job(&job(&bo, 0, 1, 0x3, 1)), Err(KifError::Unsupported { .. })));
+        assert!(matches!(validate_job(&job(&bo, 0, 1, 0x8, 1)), Err(KifError::Unsupported { .. })));
+    }
+
+    #[test]
+    fn mem_create_errors_map_to_fault() {
+        let d = DomainId(3);
+        assert!(matches!(map_mem_create_error(Errno::EFAULT, d), KifError::Fault { domain: 3, .. }));
+        assert!(matches!(map_mem_create_error(Errno::ENOMEM, d), KifError::Fault { domain: 3, .. }));
+        assert!(matches!(map_mem_create_error(Errno::EPERM, d), KifError::Sys { .. }));
+    }
+}

@@ -1,1 +1,629 @@
-//! placeholder
+//! The mainline `rocket` accel driver (`/dev/accel/accel*`, Linux ≥ 6.18) behind
+//! [`KernelInterface`].
+//!
+//! What this module owns: finding the accel node, the rocket ioctls (CREATE_BO, SUBMIT, PREP_BO,
+//! FINI_BO, plus the DRM core's GEM_CLOSE), the CPU mappings of its buffer objects, and the
+//! translation of the vendor-shaped job (an array of [`RknpuTask`] descriptors in a task buffer)
+//! into rocket jobs.
+//!
+//! Decisions:
+//! * **Translation.** The trait is shaped after the vendor driver, so `submit` reads the task
+//!   descriptors `task_start..task_start+task_number` back out of the mapped task buffer and turns
+//!   each into one `drm_rocket_task { regcmd = regcmd_addr, regcmd_count = regcfg_amount + 4 }`:
+//!   rocket counts *all* entries including the 4-entry trailer (it programs
+//!   `REGISTER_AMOUNTS = (count + 1) / 2 - 1`), the vendor kernel adds the 4 itself
+//!   (rknpu-facts §1.5/§1.7, S2/S8). All tasks go into one rocket job, which the kernel runs
+//!   sequentially on one core with TASK_NUMBER 1 per task, so the PC-chain links in the trailers
+//!   are harmless (with TASK_NUMBER 1 the sequencer does not walk; §2.4).
+//! * **Dependencies and completion.** Rocket has implicit sync: a job waits for the write fences
+//!   of its in-BOs and of its out-BOs, and attaches its own fence to its out-BOs. The interface
+//!   keeps every live BO by IOVA range and scans each task's regcmd: the BO holding the DPU
+//!   destination (`DST_BASE_ADDR`, DPU 0x4020; rknpu-facts §2.2 row 61, S6) is an out-BO, every
+//!   other BO whose range contains a register value (and the regcmd BO itself) is an in-BO. A
+//!   false positive only adds an ordering dependency, never a wrong result. The submit ioctl
+//!   returns at once; completion is awaited with PREP_BO on each out-BO (which also makes the CPU
+//!   view coherent). Its timeout is an *absolute* CLOCK_MONOTONIC time (`rocket_gem.c`,
+//!   `drm_timeout_abs_to_jiffies`).
+//! * **Cache maintenance.** `SyncDir::ToDevice` → FINI_BO, `SyncDir::FromDevice` → PREP_BO. The
+//!   first stored uapi version has neither ioctl; `open` probes FINI_BO on a scratch BO and refuses
+//!   such kernels, because without PREP_BO there is no way to wait for a job.
+//! * **No domains, no core choice, no reset.** Each fd has one IOMMU address space, so any domain
+//!   other than 0 is [`KifError::Unsupported`]; `core_mask` is ignored (the kernel's scheduler
+//!   picks a core); the kernel resets a core itself when a job exceeds its fixed 500 ms timeout,
+//!   so [`KernelInterface::reset`] has nothing to do. Memory flags are ignored: rocket BOs are
+//!   always cacheable shmem.
+//! * **Known blind spot.** Mainline `rocket_ioctl_submit` drops per-job errors (a bad BO handle
+//!   makes the job vanish while the ioctl returns 0), and a job killed by the 500 ms timeout
+//!   still signals its fence. Neither is visible here; the bit-exact self-test is the guard.
+//!
+//! Sources: shared reference `rknpu-facts.md` §1.7 (S8: `include/uapi/drm/rocket_accel.h`, both
+//! stored versions, and `drivers/accel/rocket/rocket_job.c`), `rocket_gem.c` (PREP/FINI
+//! semantics), §2.1–2.2 (regcmd entry encoding, DPU DST_BASE_ADDR).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use nix::errno::Errno;
+
+use super::drm::{self, DRM_COMMAND_BASE, DRM_IOCTL_TYPE};
+use super::{
+    Bo, DomainId, Iova, KernelInterface, KifError, RknpuTask, SubmitDone, SubmitJob, SyncDir,
+};
+
+// ---------------------------------------------------------------------------------------------
+// ABI
+// ---------------------------------------------------------------------------------------------
+
+/// Driver-relative ioctl numbers (rknpu-facts §1.7, S8).
+pub mod nr {
+    pub const CREATE_BO: u8 = 0x00;
+    pub const SUBMIT: u8 = 0x01;
+    pub const PREP_BO: u8 = 0x02;
+    pub const FINI_BO: u8 = 0x03;
+}
+
+/// `struct drm_rocket_create_bo` (24 B; rknpu-facts §1.7, S8).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DrmRocketCreateBo {
+    /// In: bytes.
+    pub size: u32,
+    /// Out: GEM handle.
+    pub handle: u32,
+    /// Out: NPU address, private to the fd.
+    pub dma_address: u64,
+    /// Out: mmap offset on the accel fd.
+    pub offset: u64,
+}
+
+/// `struct drm_rocket_prep_bo` (16 B; rknpu-facts §1.7, S8 newer header).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DrmRocketPrepBo {
+    pub handle: u32,
+    pub reserved: u32,
+    /// Absolute CLOCK_MONOTONIC deadline in ns (`drm_timeout_abs_to_jiffies`, rocket_gem.c).
+    pub timeout_ns: i64,
+}
+
+/// `struct drm_rocket_fini_bo` (8 B; rknpu-facts §1.7, S8 newer header).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DrmRocketFiniBo {
+    pub handle: u32,
+    pub reserved: u32,
+}
+
+/// `struct drm_rocket_task` (8 B; rknpu-facts §1.7, S8).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DrmRocketTask {
+    /// NPU address of the task's regcmd.
+    pub regcmd: u32,
+    /// ALL regcmd entries, trailer included.
+    pub regcmd_count: u32,
+}
+
+/// `struct drm_rocket_job` (40 B; rknpu-facts §1.7, S8).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DrmRocketJob {
+    /// User pointer to `DrmRocketTask[task_count]`.
+    pub tasks: u64,
+    /// User pointer to `u32[in_bo_handle_count]`.
+    pub in_bo_handles: u64,
+    /// User pointer to `u32[out_bo_handle_count]`.
+    pub out_bo_handles: u64,
+    pub task_count: u32,
+    pub task_struct_size: u32,
+    pub in_bo_handle_count: u32,
+    pub out_bo_handle_count: u32,
+}
+
+/// `struct drm_rocket_submit` (24 B; rknpu-facts §1.7, S8).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DrmRocketSubmit {
+    /// User pointer to `DrmRocketJob[job_count]`.
+    pub jobs: u64,
+    pub job_count: u32,
+    pub job_struct_size: u32,
+    /// Must be 0.
+    pub reserved: u64,
+}
+
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<DrmRocketCreateBo>() == 24);
+    assert!(offset_of!(DrmRocketCreateBo, handle) == 4);
+    assert!(offset_of!(DrmRocketCreateBo, dma_address) == 8);
+    assert!(offset_of!(DrmRocketCreateBo, offset) == 16);
+    assert!(size_of::<DrmRocketPrepBo>() == 16);
+    assert!(offset_of!(DrmRocketPrepBo, timeout_ns) == 8);
+    assert!(size_of::<DrmRocketFiniBo>() == 8);
+    assert!(size_of::<DrmRocketTask>() == 8);
+    assert!(offset_of!(DrmRocketTask, regcmd_count) == 4);
+    assert!(size_of::<DrmRocketJob>() == 40);
+    assert!(offset_of!(DrmRocketJob, in_bo_handles) == 8);
+    assert!(offset_of!(DrmRocketJob, out_bo_handles) == 16);
+    assert!(offset_of!(DrmRocketJob, task_count) == 24);
+    assert!(offset_of!(DrmRocketJob, task_struct_size) == 28);
+    assert!(offset_of!(DrmRocketJob, in_bo_handle_count) == 32);
+    assert!(offset_of!(DrmRocketJob, out_bo_handle_count) == 36);
+    assert!(size_of::<DrmRocketSubmit>() == 24);
+    assert!(offset_of!(DrmRocketSubmit, job_count) == 8);
+    assert!(offset_of!(DrmRocketSubmit, job_struct_size) == 12);
+    assert!(offset_of!(DrmRocketSubmit, reserved) == 16);
+};
+
+/// Raw ioctl wrappers (rknpu-facts §1.7, S8). Each is `unsafe`: the caller passes an open rocket
+/// accel fd and a pointer to a live argument struct whose embedded user pointers are valid.
+pub mod sys {
+    use super::*;
+    nix::ioctl_readwrite!(
+        rocket_create_bo,
+        DRM_IOCTL_TYPE,
+        DRM_COMMAND_BASE + nr::CREATE_BO,
+        DrmRocketCreateBo
+    );
+    nix::ioctl_write_ptr!(rocket_submit, DRM_IOCTL_TYPE, DRM_COMMAND_BASE + nr::SUBMIT, DrmRocketSubmit);
+    nix::ioctl_write_ptr!(rocket_prep_bo, DRM_IOCTL_TYPE, DRM_COMMAND_BASE + nr::PREP_BO, DrmRocketPrepBo);
+    nix::ioctl_write_ptr!(rocket_fini_bo, DRM_IOCTL_TYPE, DRM_COMMAND_BASE + nr::FINI_BO, DrmRocketFiniBo);
+}
+
+/// Full request numbers, for logs and the ABI tests.
+pub mod request {
+    use super::*;
+    use std::mem::size_of;
+    pub const CREATE_BO: u64 = nix::request_code_readwrite!(
+        DRM_IOCTL_TYPE,
+        DRM_COMMAND_BASE + nr::CREATE_BO,
+        size_of::<DrmRocketCreateBo>()
+    ) as u64;
+    pub const SUBMIT: u64 = nix::request_code_write!(
+        DRM_IOCTL_TYPE,
+        DRM_COMMAND_BASE + nr::SUBMIT,
+        size_of::<DrmRocketSubmit>()
+    ) as u64;
+    pub const PREP_BO: u64 = nix::request_code_write!(
+        DRM_IOCTL_TYPE,
+        DRM_COMMAND_BASE + nr::PREP_BO,
+        size_of::<DrmRocketPrepBo>()
+    ) as u64;
+    pub const FINI_BO: u64 = nix::request_code_write!(
+        DRM_IOCTL_TYPE,
+        DRM_COMMAND_BASE + nr::FINI_BO,
+        size_of::<DrmRocketFiniBo>()
+    ) as u64;
+}
+
+/// Entries the vendor kernel adds to `regcfg_amount` (`RKNPU_PC_DATA_EXTRA_AMOUNT`; rknpu-facts
+/// §1.5, S2). Rocket's `regcmd_count` includes them.
+pub const PC_DATA_EXTRA_AMOUNT: u32 = 4;
+/// DPU `DST_BASE_ADDR` register offset: the output (write) address of a program
+/// (rknpu-facts §2.2 row 61, S6/S9).
+pub const REG_DPU_DST_BASE_ADDR: u16 = 0x4020;
+/// Page size of BO allocation (drm_gem_shmem rounds to pages).
+pub const PAGE_BYTES: usize = 4096;
+/// PREP_BO wait used by `mem_sync(FromDevice)` and for submits with `timeout_ms == 0`: ork's
+/// default submit timeout (`ORK_MM_TIMEOUT`, rknpu-facts §1.3 / §9).
+pub const DEFAULT_WAIT_MS: u32 = 60_000;
+/// DRM driver name of the mainline driver (rocket_drv.c, S8).
+pub const DRIVER_NAME: &str = "rocket";
+/// Where accel nodes live.
+pub const ACCEL_DIR: &str = "/dev/accel";
+
+// ---------------------------------------------------------------------------------------------
+// Pure helpers (unit-tested without a device)
+// ---------------------------------------------------------------------------------------------
+
+/// The rocket task for one vendor descriptor: same regcmd, count = body + trailer.
+pub fn rocket_task_from(t: &RknpuTask) -> Result<DrmRocketTask, KifError> {
+    let addr = t.regcmd_addr;
+    let amount = t.regcfg_amount;
+    let regcmd = u32::try_from(addr)
+        .map_err(|_| KifError::Invalid(format!("rocket: regcmd address {addr:#x} is not 32-bit")))?;
+    if regcmd % 16 != 0 {
+        return Err(KifError::Invalid(format!("rocket: regcmd address {regcmd:#010x} not 16-byte aligned")));
+    }
+    let regcmd_count = amount
+        .checked_add(PC_DATA_EXTRA_AMOUNT)
+        .ok_or_else(|| KifError::Invalid(format!("rocket: regcfg_amount {amount} overflows")))?;
+    Ok(DrmRocketTask { regcmd, regcmd_count })
+}
+
+/// Reads `task_number` descriptors starting at `task_start` from a task buffer's bytes.
+pub fn read_tasks(task_bytes: &[u8], task_start: u32, task_number: u32) -> Result<Vec<RknpuTask>, KifError> {
+    let sz = std::mem::size_of::<RknpuTask>();
+    let start = task_start as usize * sz;
+    let end = start + task_number as usize * sz;
+    if task_number == 0 || end > task_bytes.len() {
+        return Err(KifError::Invalid(format!(
+            "rocket: tasks {task_start}..+{task_number} do not fit the {}-byte task buffer",
+            task_bytes.len()
+        )));
+    }
+    Ok(task_bytes[start..end].chunks_exact(sz).map(bytemuck::pod_read_unaligned::<RknpuTask>).collect())
+}
+
+/// A regcmd entry split into (target, value, register offset) (rknpu-facts §2.1).
+pub fn split_entry(e: u64) -> (u16, u32, u16) {
+    ((e >> 48) as u16, (e >> 16) as u32, e as u16)
+}
+
+/// Which BO ranges a regcmd stream references. `ranges` are `(iova_start, size_bytes, handle)`.
+/// Returns (in-handles, out-handles), each sorted and disjoint: a BO named by a DPU
+/// `DST_BASE_ADDR` write is an out-BO; any other BO containing a register value is an in-BO.
+pub fn classify_refs(entries: &[u64], ranges: &[(u32, usize, u32)]) -> (Vec<u32>, Vec<u32>) {
+    let find = |v: u32| {
+        ranges
+            .iter()
+            .find(|&&(start, size, _)| v >= start && (v as u64) < start as u64 + size as u64)
+            .map(|&(_, _, h)| h)
+    };
+    let (mut ins, mut outs) = (Vec::new(), Vec::new());
+    for &e in entries {
+        let (target, value, reg) = split_entry(e);
+        if target == 0 {
+            continue; // no-op entry
+        }
+        if let Some(h) = find(value) {
+            if reg == REG_DPU_DST_BASE_ADDR {
+                outs.push(h);
+            } else {
+                ins.push(h);
+            }
+        }
+    }
+    outs.sort_unstable();
+    outs.dedup();
+    ins.sort_unstable();
+    ins.dedup();
+    ins.retain(|h| outs.binary_search(h).is_err());
+    (ins, outs)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device
+// ---------------------------------------------------------------------------------------------
+
+/// Finds the first `/dev/accel/accel*` whose DRM driver name is "rocket".
+pub fn find_node() -> Result<PathBuf, KifError> {
+    let nodes = drm::list_nodes(Path::new(ACCEL_DIR), "accel");
+    if nodes.is_empty() {
+        return Err(KifError::NoDevice(format!("no {ACCEL_DIR}/accel* nodes")));
+    }
+    let mut seen = Vec::new();
+    for n in &nodes {
+        match drm::driver_name_of(n) {
+            Ok(name) if name == DRIVER_NAME => return Ok(n.clone()),
+            Ok(name) => seen.push(format!("{}={name}", n.display())),
+            Err(e) => seen.push(format!("{}: {e}", n.display())),
+        }
+    }
+    Err(KifError::NoDevice(format!("no {ACCEL_DIR}/accel* with DRM driver \"rocket\" ({})", seen.join(", "))))
+}
+
+/// Opens the mainline rocket driver as a kernel interface.
+pub fn open() -> Result<Box<dyn KernelInterface>, KifError> {
+    let path = find_node()?;
+    Ok(Box::new(Rocket::open_path(&path)?))
+}
+
+/// Bookkeeping of one live BO, keyed by its IOVA.
+struct BoRec {
+    handle: u32,
+    size_bytes: usize,
+    /// CPU address of the mapping (kept as an integer so the map is `Send`).
+    cpu_addr: usize,
+}
+
+/// A live connection to the rocket driver.
+pub struct Rocket {
+    fd: File,
+    path: PathBuf,
+    /// Live BOs by IOVA start. Held while a submit reads regcmd through the mappings, so a
+    /// concurrent `mem_destroy` cannot unmap them mid-read.
+    bos: Mutex<BTreeMap<u32, BoRec>>,
+}
+
+fn monotonic_now_ns() -> i64 {
+    let mut ts = nix::libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec for clock_gettime to fill; CLOCK_MONOTONIC always exists.
+    let rc = unsafe { nix::libc::clock_gettime(nix::libc::CLOCK_MONOTONIC, &mut ts) };
+    debug_assert_eq!(rc, 0);
+    #[allow(clippy::useless_conversion)] // reason: time_t / c_long are i32 on 32-bit targets
+    let ns = i64::from(ts.tv_sec) * 1_000_000_000 + i64::from(ts.tv_nsec);
+    ns
+}
+
+impl Rocket {
+    /// Opens `path`, checks the driver name, and checks that PREP_BO/FINI_BO exist.
+    pub fn open_path(path: &Path) -> Result<Rocket, KifError> {
+        let fd = drm::open_node(path)?;
+        let name = drm::driver_name(&fd)?;
+        if name != DRIVER_NAME {
+            return Err(KifError::NoDevice(format!(
+                "{} is DRM driver \"{name}\", not \"{DRIVER_NAME}\"",
+                path.display()
+            )));
+        }
+        let dev = Rocket { fd, path: path.to_path_buf(), bos: Mutex::new(BTreeMap::new()) };
+        // Probe FINI_BO: kernels with only CREATE_BO/SUBMIT cannot wait for a job.
+        let probe = dev.mem_create(PAGE_BYTES, 0, DomainId(0))?;
+        let fini = dev.fini_bo(probe.handle);
+        dev.mem_destroy(probe)?;
+        if let Err(e) = fini {
+            log::error!("rocket: FINI_BO probe failed ({e}); kernel too old");
+            return Err(KifError::Unsupported {
+                driver: "rocket",
+                what: "kernel without DRM_ROCKET_PREP_BO/FINI_BO (cannot wait for jobs)",
+            });
+        }
+        log::info!("{}", dev.describe());
+        Ok(dev)
+    }
+
+    fn bos(&self) -> std::sync::MutexGuard<'_, BTreeMap<u32, BoRec>> {
+        self.bos.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn fini_bo(&self, handle: u32) -> Result<(), KifError> {
+        let a = DrmRocketFiniBo { handle, reserved: 0 };
+        // SAFETY: `a` is a valid drm_rocket_fini_bo for the whole call; `self.fd` is open.
+        drm::restart(|| unsafe { sys::rocket_fini_bo(self.fd.as_raw_fd(), &a) })
+            .map(|_| ())
+            .map_err(|source| KifError::Sys { op: "DRM_ROCKET_FINI_BO", source })
+    }
+
+    /// Waits (until `timeout_ms` from now) for jobs writing `handle`, then syncs it for the CPU.
+    fn prep_bo(&self, handle: u32, timeout_ms: u32) -> Result<(), KifError> {
+        let a = DrmRocketPrepBo {
+            handle,
+            reserved: 0,
+            timeout_ns: monotonic_now_ns() + timeout_ms as i64 * 1_000_000,
+        };
+        // SAFETY: `a` is a valid drm_rocket_prep_bo for the whole call; `self.fd` is open.
+        drm::restart(|| unsafe { sys::rocket_prep_bo(self.fd.as_raw_fd(), &a) })
+            .map(|_| ())
+            .map_err(|source| match source {
+                Errno::ETIMEDOUT | Errno::EBUSY => KifError::Timeout { timeout_ms },
+                source => KifError::Sys { op: "DRM_ROCKET_PREP_BO", source },
+            })
+    }
+
+    /// Builds the in/out handle lists of a job by scanning each task's regcmd.
+    fn job_refs(&self, tasks: &[DrmRocketTask]) -> Result<(Vec<u32>, Vec<u32>), KifError> {
+        let bos = self.bos();
+        let ranges: Vec<(u32, usize, u32)> =
+            bos.iter().map(|(&iova, r)| (iova, r.size_bytes, r.handle)).collect();
+        let mut entries = Vec::new();
+        let mut regcmd_handles = Vec::new();
+        for t in tasks {
+            let len_bytes = t.regcmd_count as usize * 8;
+            let (&start, rec) = bos.range(..=t.regcmd).next_back().ok_or_else(|| {
+                KifError::Invalid(format!("rocket: regcmd {:#010x} is not in a live buffer", t.regcmd))
+            })?;
+            let off = (t.regcmd - start) as usize;
+            if off + len_bytes > rec.size_bytes {
+                return Err(KifError::Invalid(format!(
+                    "rocket: regcmd {:#010x} + {} entries overruns its buffer",
+                    t.regcmd, t.regcmd_count
+                )));
+            }
+            // SAFETY: the range lies inside a live mapping (checked above); the map lock is held,
+            // so `mem_destroy` cannot unmap it meanwhile; the caller does not write regcmd while
+            // submitting it (the same contract the device needs).
+            let bytes = unsafe { std::slice::from_raw_parts((rec.cpu_addr + off) as *const u8, len_bytes) };
+            entries.extend(bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())));
+            regcmd_handles.push(rec.handle);
+        }
+        drop(bos);
+        let (mut ins, mut outs) = classify_refs(&entries, &ranges);
+        if outs.is_empty() {
+            // Nothing to wait on: make the regcmd buffers the completion carriers.
+            log::debug!("rocket: job writes no known buffer; waiting on its regcmd buffer instead");
+            outs = regcmd_handles;
+            outs.sort_unstable();
+            outs.dedup();
+        } else {
+            ins.extend(regcmd_handles);
+        }
+        ins.sort_unstable();
+        ins.dedup();
+        ins.retain(|h| outs.binary_search(h).is_err());
+        Ok((ins, outs))
+    }
+}
+
+impl KernelInterface for Rocket {
+    fn name(&self) -> &'static str {
+        "rocket"
+    }
+
+    fn describe(&self) -> String {
+        format!("rocket (mainline accel) at {}", self.path.display())
+    }
+
+    fn mem_create(&self, size_bytes: usize, flags: u32, domain: DomainId) -> Result<Bo, KifError> {
+        if domain.0 != 0 {
+            return Err(KifError::Unsupported { driver: "rocket", what: "IOMMU domains other than 0" });
+        }
+        if size_bytes == 0 {
+            return Err(KifError::Invalid("mem_create: size 0".into()));
+        }
+        let size = size_bytes.div_ceil(PAGE_BYTES) * PAGE_BYTES;
+        let size32 = u32::try_from(size)
+            .map_err(|_| KifError::Invalid(format!("rocket: a BO is at most 4 GiB, asked {size} B")))?;
+        let mut c = DrmRocketCreateBo { size: size32, ..DrmRocketCreateBo::default() };
+        // SAFETY: `c` is a valid drm_rocket_create_bo for the whole call; `self.fd` is open.
+        drm::restart(|| unsafe { sys::rocket_create_bo(self.fd.as_raw_fd(), &mut c) }).map_err(|e| match e {
+            Errno::ENOMEM | Errno::ENOSPC | Errno::EFAULT => KifError::Fault { op: "DRM_ROCKET_CREATE_BO", domain: 0 },
+            source => KifError::Sys { op: "DRM_ROCKET_CREATE_BO", source },
+        })?;
+        let handle = c.handle;
+        let fail = |e: KifError| {
+            if let Err(d) = drm::gem_close(&self.fd, handle) {
+                log::warn!("rocket: cleanup of half-created BO {handle} failed: {d}");
+            }
+            e
+        };
+        let Ok(iova) = u32::try_from(c.dma_address) else {
+            return Err(fail(KifError::Invalid(format!("rocket: non-32-bit NPU address {:#x}", c.dma_address))));
+        };
+        let map = memmap2::MmapOptions::new()
+            .offset(c.offset)
+            .len(size)
+            .map_raw(&self.fd)
+            .map_err(|e| fail(KifError::Sys { op: "mmap", source: drm::io_to_errno(&e) }))?;
+        let ptr = map.as_mut_ptr();
+        self.bos().insert(iova, BoRec { handle, size_bytes: size, cpu_addr: ptr as usize });
+        log::debug!("rocket: create_bo {size} B flags {flags:#x} (ignored) -> handle {handle} iova {iova:#010x}");
+        // SAFETY: `map` is a shared read-write mapping of exactly `size` bytes, moved into the Bo,
+        // which keeps it alive (munmap on drop).
+        Ok(unsafe { Bo::from_raw(handle, 0, Iova(iova), size, domain, ptr, Box::new(map)) })
+    }
+
+    fn mem_sync(&self, bo: &Bo, dir: SyncDir) -> Result<(), KifError> {
+        match dir {
+            SyncDir::ToDevice => self.fini_bo(bo.handle),
+            SyncDir::FromDevice => self.prep_bo(bo.handle, DEFAULT_WAIT_MS),
+        }
+    }
+
+    fn mem_destroy(&self, bo: Bo) -> Result<(), KifError> {
+        let handle = bo.handle;
+        self.bos().remove(&bo.iova.0);
+        drop(bo); // munmap before the handle goes.
+        drm::gem_close(&self.fd, handle)
+    }
+
+    fn submit(&self, job: &SubmitJob<'_>) -> Result<SubmitDone, KifError> {
+        if job.domain.0 != 0 {
+            return Err(KifError::Unsupported { driver: "rocket", what: "IOMMU domains other than 0" });
+        }
+        let descs = read_tasks(job.task_bo.bytes(), job.task_start, job.task_number)?;
+        let tasks = descs.iter().map(rocket_task_from).collect::<Result<Vec<_>, _>>()?;
+        let (ins, outs) = self.job_refs(&tasks)?;
+        let rj = DrmRocketJob {
+            tasks: tasks.as_ptr() as u64,
+            in_bo_handles: ins.as_ptr() as u64,
+            out_bo_handles: outs.as_ptr() as u64,
+            task_count: tasks.len() as u32,
+            task_struct_size: std::mem::size_of::<DrmRocketTask>() as u32,
+            in_bo_handle_count: ins.len() as u32,
+            out_bo_handle_count: outs.len() as u32,
+        };
+        let s = DrmRocketSubmit {
+            jobs: &rj as *const DrmRocketJob as u64,
+            job_count: 1,
+            job_struct_size: std::mem::size_of::<DrmRocketJob>() as u32,
+            reserved: 0,
+        };
+        log::trace!(
+            "rocket: submit {} task(s), in {:?}, out {:?} (core_mask {:#x} ignored)",
+            tasks.len(),
+            ins,
+            outs,
+            job.core_mask
+        );
+        // SAFETY: `s` points at `rj`, which points at `tasks`, `ins` and `outs`; all four live on
+        // this stack frame until the ioctl returns (the kernel copies them in during the call).
+        drm::restart(|| unsafe { sys::rocket_submit(self.fd.as_raw_fd(), &s) })
+            .map_err(|source| KifError::Sys { op: "DRM_ROCKET_SUBMIT", source })?;
+        let timeout_ms = if job.timeout_ms == 0 { DEFAULT_WAIT_MS } else { job.timeout_ms };
+        let t0 = std::time::Instant::now();
+        for &h in &outs {
+            self.prep_bo(h, timeout_ms)?;
+        }
+        log::trace!("rocket: job done after {:?}", t0.elapsed());
+        Ok(SubmitDone { hw_elapse_ns: 0, task_counter: job.task_number })
+    }
+
+    fn reset(&self) -> Result<(), KifError> {
+        log::debug!("rocket: reset requested; the kernel resets cores itself on job timeout");
+        Ok(())
+    }
+}
+
+impl Drop for Rocket {
+    fn drop(&mut self) {
+        let live = std::mem::take(&mut *self.bos());
+        if !live.is_empty() {
+            log::debug!("rocket: {} BO(s) still alive at close; the kernel frees them with the fd", live.len());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(target: u16, value: u32, reg: u16) -> u64 {
+        (target as u64) << 48 | (value as u64) << 16 | reg as u64
+    }
+
+    #[test]
+    fn regcmd_count_includes_trailer() {
+        let t = RknpuTask { regcfg_amount: 108, regcmd_addr: 0x1000_0000, ..RknpuTask::default() };
+        let r = rocket_task_from(&t).unwrap();
+        assert_eq!(r.regcmd, 0x1000_0000);
+        assert_eq!(r.regcmd_count, 112);
+        // Mainline's REGISTER_AMOUNTS for that count equals the vendor kernel's 55 (§1.5),
+        // written the way rocket_job.c computes it.
+        #[allow(clippy::manual_div_ceil)] // reason: mirrors the kernel's expression
+        let amounts = (r.regcmd_count + 1) / 2 - 1;
+        assert_eq!(amounts, 55);
+    }
+
+    #[test]
+    fn bad_regcmd_addresses_are_rejected() {
+        let t = RknpuTask { regcfg_amount: 108, regcmd_addr: 0x1_0000_0000, ..RknpuTask::default() };
+        assert!(rocket_task_from(&t).is_err());
+        let t = RknpuTask { regcfg_amount: 108, regcmd_addr: 0x1008, ..RknpuTask::default() };
+        assert!(rocket_task_from(&t).is_err());
+    }
+
+    #[test]
+    fn tasks_read_back_from_bytes() {
+        let ts = [
+            RknpuTask { regcfg_amount: 1, regcmd_addr: 0x100, ..Default::default() },
+            RknpuTask { regcfg_amount: 2, regcmd_addr: 0x200, ..Default::default() },
+            RknpuTask { regcfg_amount: 3, regcmd_addr: 0x300, ..Default::default() },
+        ];
+        let bytes: Vec<u8> = bytemuck::cast_slice(&ts).to_vec();
+        let got = read_tasks(&bytes, 1, 2).unwrap();
+        assert_eq!(got, ts[1..].to_vec());
+        assert!(read_tasks(&bytes, 2, 2).is_err());
+        assert!(read_tasks(&bytes, 0, 0).is_err());
+    }
+
+    #[test]
+    fn refs_are_split_into_in_and_out() {
+        // regcmd @0x1000 (h1), A @0x10000 (h2), W @0x20000 (h3), C @0x30000 (h4), unused h5.
+        let ranges = [(0x1000, 0x1000, 1), (0x10000, 0x1000, 2), (0x20000, 0x8000, 3), (0x30000, 0x1000, 4), (0x40000, 0x1000, 5)];
+        let entries = [
+            entry(0x0201, 0x10000, 0x1070), // CNA FEATURE_DATA_ADDR = A
+            entry(0x0201, 0x20400, 0x1110), // CNA DCOMP_ADDR0 = W (+offset)
+            entry(0x1001, 0x30000, 0x4020), // DPU DST_BASE_ADDR = C
+            entry(0x0000, 0x40000, 0x0000), // no-op entry naming h5: ignored
+            entry(0x0101, 0x1000, 0x0010),  // PC chain link back into the regcmd buffer
+            entry(0x1001, 0x30000, 0x4020), // duplicate
+        ];
+        let (ins, outs) = classify_refs(&entries, &ranges);
+        assert_eq!(outs, vec![4]);
+        assert_eq!(ins, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn out_wins_over_in() {
+        let ranges = [(0x30000, 0x1000, 4)];
+        let entries = [entry(0x2001, 0x30000, 0x5020), entry(0x1001, 0x30000, 0x4020)];
+        let (ins, outs) = classify_refs(&entries, &ranges);
+        assert_eq!(outs, vec![4]);
+        assert!(ins.is_empty());
+    }
+}
