@@ -15,3 +15,4 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod npu;
+pub mod vk;
