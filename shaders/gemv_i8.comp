@@ -4,7 +4,6 @@
 // xq: [M, row_words*4] i8 (quantized on the host, same padding) packed four per io word.
 // Integer accumulation, so the result is bit-exact against the scalar reference.
 #extension GL_GOOGLE_include_directive : require
-#define ACC_T int
 #include "common/gemv_head.glsl"
 
 layout(set = 0, binding = 0) readonly buffer Wq { uvec4 w[]; };
@@ -13,8 +12,8 @@ layout(set = 0, binding = 1) readonly buffer Ws { float w_scale[]; };
 // Dot product of two words holding four signed bytes each (plain int arithmetic: this glslc
 // has no GL_EXT_integer_dot_product).
 int dot4(uint a, uint b) {
-    int ia = int(a);
-    int ib = int(b);
+    const int ia = int(a);
+    const int ib = int(b);
     return bitfieldExtract(ia, 0, 8) * bitfieldExtract(ib, 0, 8)
          + bitfieldExtract(ia, 8, 8) * bitfieldExtract(ib, 8, 8)
          + bitfieldExtract(ia, 16, 8) * bitfieldExtract(ib, 16, 8)
@@ -26,54 +25,30 @@ int dot16(uvec4 a, uvec4 b) {
 }
 
 void main() {
-    const uint row0 = wg_index() * ROWS;
-    if (row0 >= pc.n) {
-        return; // uniform across the workgroup
-    }
-    const uint t = gl_LocalInvocationID.x;
     const uint kv = pc.row_words / 4; // uvec4 per row
-
-    int acc[MAX_M][ROWS];
-    for (uint m = 0; m < MAX_M; m++) {
-        for (uint r = 0; r < ROWS; r++) {
-            acc[m][r] = 0;
-        }
-    }
-
-    for (uint i = t; i < kv; i += WG) {
-        uvec4 xv[MAX_M];
+    for (uint row = first_row() + gl_SubgroupID; row < end_row(); row += gl_NumSubgroups) {
+        int acc[MAX_M];
         for (uint m = 0; m < MAX_M; m++) {
-            if (m < pc.m) {
-                const uint b = pc.x_off + m * pc.x_stride + 4 * i;
-                xv[m] = uvec4(io[b], io[b + 1], io[b + 2], io[b + 3]);
-            }
+            acc[m] = 0;
         }
-        for (uint r = 0; r < ROWS; r++) {
-            if (row0 + r < pc.n) {
-                const uvec4 wv = w[(row0 + r) * kv + i];
-                for (uint m = 0; m < MAX_M; m++) {
-                    if (m < pc.m) {
-                        acc[m][r] += dot16(wv, xv[m]);
-                    }
+        for (uint i = gl_SubgroupInvocationID; i < kv; i += gl_SubgroupSize) {
+            const uvec4 wv = w[row * kv + i];
+            for (uint m = 0; m < MAX_M; m++) {
+                if (m < pc.m) {
+                    const uint b = pc.x_off + m * pc.x_stride + 4 * i;
+                    acc[m] += dot16(wv, uvec4(io[b], io[b + 1], io[b + 2], io[b + 3]));
                 }
             }
         }
-    }
-
-    for (uint m = 0; m < MAX_M; m++) {
-        for (uint r = 0; r < ROWS; r++) {
-            red[m * ROWS + r][t] = acc[m][r];
-        }
-    }
-    tree_reduce();
-
-    if (t < MAX_M * ROWS) {
-        const uint m = t / ROWS;
-        const uint n = row0 + t % ROWS;
-        if (m < pc.m && n < pc.n) {
-            precise float s = io_f32(pc.xs_off + m) * w_scale[n];
-            precise float y = s * float(red[t][0]);
-            io[pc.y_off + m * pc.n + n] = floatBitsToUint(y);
+        for (uint m = 0; m < MAX_M; m++) {
+            if (m < pc.m) {
+                const int sum = subgroupAdd(acc[m]);
+                if (subgroupElect()) {
+                    precise float s = io_f32(pc.xs_off + m) * w_scale[row];
+                    precise float y = s * float(sum);
+                    io[pc.y_off + m * pc.n + row] = floatBitsToUint(y);
+                }
+            }
         }
     }
 }

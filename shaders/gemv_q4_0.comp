@@ -3,35 +3,22 @@
 // blocks of 32 elements, 18 bytes each: f16 d, then 16 bytes of nibbles; element i < 16 is the
 // low nibble of byte i, element 16 + i the high nibble; value = (q - 8) * d.
 // Blocks are 18 bytes, so a block starts on a 2-byte boundary; it is read as five 32-bit words
-// and realigned in registers (no 8/16-bit storage needed).
+// and realigned in registers (no 8/16-bit storage needed). One lane handles one block per step.
 // x: [M, K] f32 in io; y: [M, N] f32.
 #extension GL_GOOGLE_include_directive : require
-#define ACC_T float
 #include "common/gemv_head.glsl"
 
 layout(set = 0, binding = 0) readonly buffer Wq { uint wq[]; };
 
 void main() {
-    const uint row0 = wg_index() * ROWS;
-    if (row0 >= pc.n) {
-        return;
-    }
-    const uint t = gl_LocalInvocationID.x;
     const uint nb = pc.k / 32; // blocks per row
-
-    float acc[MAX_M][ROWS];
-    for (uint m = 0; m < MAX_M; m++) {
-        for (uint r = 0; r < ROWS; r++) {
-            acc[m][r] = 0.0;
+    for (uint row = first_row() + gl_SubgroupID; row < end_row(); row += gl_NumSubgroups) {
+        float acc[MAX_M];
+        for (uint m = 0; m < MAX_M; m++) {
+            acc[m] = 0.0;
         }
-    }
-
-    for (uint j = t; j < nb; j += WG) {
-        for (uint r = 0; r < ROWS; r++) {
-            if (row0 + r >= pc.n) {
-                continue;
-            }
-            const uint byte0 = ((row0 + r) * nb + j) * 18;
+        for (uint j = gl_SubgroupInvocationID; j < nb; j += gl_SubgroupSize) {
+            const uint byte0 = (row * nb + j) * 18;
             const uint w0 = byte0 >> 2;
             const uint a0 = wq[w0], a1 = wq[w0 + 1], a2 = wq[w0 + 2], a3 = wq[w0 + 3], a4 = wq[w0 + 4];
             float d;
@@ -50,35 +37,27 @@ void main() {
                 q[3] = a4;
             }
             for (uint m = 0; m < MAX_M; m++) {
-                if (m >= pc.m) {
-                    continue;
-                }
-                const uint xb = pc.x_off + m * pc.x_stride + j * 32;
-                float s = 0.0;
-                for (uint i = 0; i < 4; i++) {
-                    for (uint b = 0; b < 4; b++) {
-                        const uint byte = (q[i] >> (8 * b)) & 0xFFu;
-                        s += float(int(byte & 0xFu) - 8) * io_f32(xb + 4 * i + b);
-                        s += float(int(byte >> 4) - 8) * io_f32(xb + 16 + 4 * i + b);
+                if (m < pc.m) {
+                    const uint xb = pc.x_off + m * pc.x_stride + j * 32;
+                    float s = 0.0;
+                    for (uint i = 0; i < 4; i++) {
+                        for (uint b = 0; b < 4; b++) {
+                            const uint byte = (q[i] >> (8 * b)) & 0xFFu;
+                            s += float(int(byte & 0xFu) - 8) * io_f32(xb + 4 * i + b);
+                            s += float(int(byte >> 4) - 8) * io_f32(xb + 16 + 4 * i + b);
+                        }
                     }
+                    acc[m] += d * s;
                 }
-                acc[m][r] += d * s;
             }
         }
-    }
-
-    for (uint m = 0; m < MAX_M; m++) {
-        for (uint r = 0; r < ROWS; r++) {
-            red[m * ROWS + r][t] = acc[m][r];
-        }
-    }
-    tree_reduce();
-
-    if (t < MAX_M * ROWS) {
-        const uint m = t / ROWS;
-        const uint n = row0 + t % ROWS;
-        if (m < pc.m && n < pc.n) {
-            io[pc.y_off + m * pc.n + n] = floatBitsToUint(red[t][0]);
+        for (uint m = 0; m < MAX_M; m++) {
+            if (m < pc.m) {
+                const float sum = subgroupAdd(acc[m]);
+                if (subgroupElect()) {
+                    io[pc.y_off + m * pc.n + row] = floatBitsToUint(sum);
+                }
+            }
         }
     }
 }

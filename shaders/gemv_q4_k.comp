@@ -5,12 +5,11 @@
 //   mins, packed as in ggml-quants.c get_scale_min_k4), 16..143 qs[128] nibbles.
 // Sub-block s (0..7, 32 elements) uses scale/min index s and qs bytes 32*(s/2) .. +32, low
 // nibbles for even s, high nibbles for odd s; value = d*sc*q - dmin*mn (dequantize_row_q4_K).
-// One invocation handles one 32-element sub-block per step:
+// One lane handles one 32-element sub-block per step:
 //   contribution = (d*sc) * sum(q*x) - (dmin*mn) * sum(x).
 // Super-blocks are 144 = 36*4 bytes, so everything is read as aligned 32-bit words.
 // x: [M, K] f32 in io; y: [M, N] f32.
 #extension GL_GOOGLE_include_directive : require
-#define ACC_T float
 #include "common/gemv_head.glsl"
 
 layout(set = 0, binding = 0) readonly buffer Wq { uint wq[]; };
@@ -20,29 +19,17 @@ uint byte_of(uvec3 s, uint i) {
 }
 
 void main() {
-    const uint row0 = wg_index() * ROWS;
-    if (row0 >= pc.n) {
-        return;
-    }
-    const uint t = gl_LocalInvocationID.x;
     const uint nsb = pc.k / 256; // super-blocks per row
     const uint nsub = nsb * 8;   // 32-element sub-blocks per row
-
-    float acc[MAX_M][ROWS];
-    for (uint m = 0; m < MAX_M; m++) {
-        for (uint r = 0; r < ROWS; r++) {
-            acc[m][r] = 0.0;
+    for (uint row = first_row() + gl_SubgroupID; row < end_row(); row += gl_NumSubgroups) {
+        float acc[MAX_M];
+        for (uint m = 0; m < MAX_M; m++) {
+            acc[m] = 0.0;
         }
-    }
-
-    for (uint j = t; j < nsub; j += WG) {
-        const uint sb = j / 8;
-        const uint sub = j % 8;
-        for (uint r = 0; r < ROWS; r++) {
-            if (row0 + r >= pc.n) {
-                continue;
-            }
-            const uint base = ((row0 + r) * nsb + sb) * 36;
+        for (uint j = gl_SubgroupInvocationID; j < nsub; j += gl_SubgroupSize) {
+            const uint sb = j / 8;
+            const uint sub = j % 8;
+            const uint base = (row * nsb + sb) * 36;
             const vec2 dm = unpackHalf2x16(wq[base]);
             const uvec3 sc = uvec3(wq[base + 1], wq[base + 2], wq[base + 3]);
             uint scale, mn;
@@ -57,38 +44,33 @@ void main() {
             const float m1 = dm.y * float(mn);
             const uint qw = base + 4 + 8 * (sub / 2);
             const uint shift = 4 * (sub & 1);
+            uint words[8];
+            for (uint i = 0; i < 8; i++) {
+                words[i] = wq[qw + i];
+            }
             for (uint m = 0; m < MAX_M; m++) {
-                if (m >= pc.m) {
-                    continue;
-                }
-                const uint xb = pc.x_off + m * pc.x_stride + sb * 256 + sub * 32;
-                float sq = 0.0;
-                float sx = 0.0;
-                for (uint i = 0; i < 8; i++) {
-                    const uint word = wq[qw + i];
-                    for (uint b = 0; b < 4; b++) {
-                        const float xv = io_f32(xb + 4 * i + b);
-                        sq += float((word >> (8 * b + shift)) & 0xFu) * xv;
-                        sx += xv;
+                if (m < pc.m) {
+                    const uint xb = pc.x_off + m * pc.x_stride + sb * 256 + sub * 32;
+                    float sq = 0.0;
+                    float sx = 0.0;
+                    for (uint i = 0; i < 8; i++) {
+                        for (uint b = 0; b < 4; b++) {
+                            const float xv = io_f32(xb + 4 * i + b);
+                            sq += float((words[i] >> (8 * b + shift)) & 0xFu) * xv;
+                            sx += xv;
+                        }
                     }
+                    acc[m] += d1 * sq - m1 * sx;
                 }
-                acc[m][r] += d1 * sq - m1 * sx;
             }
         }
-    }
-
-    for (uint m = 0; m < MAX_M; m++) {
-        for (uint r = 0; r < ROWS; r++) {
-            red[m * ROWS + r][t] = acc[m][r];
-        }
-    }
-    tree_reduce();
-
-    if (t < MAX_M * ROWS) {
-        const uint m = t / ROWS;
-        const uint n = row0 + t % ROWS;
-        if (m < pc.m && n < pc.n) {
-            io[pc.y_off + m * pc.n + n] = floatBitsToUint(red[t][0]);
+        for (uint m = 0; m < MAX_M; m++) {
+            if (m < pc.m) {
+                const float sum = subgroupAdd(acc[m]);
+                if (subgroupElect()) {
+                    io[pc.y_off + m * pc.n + row] = floatBitsToUint(sum);
+                }
+            }
         }
     }
 }

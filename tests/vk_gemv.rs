@@ -238,3 +238,21 @@ fn shape_errors_are_reported_not_panics() {
     assert!(matches!(e.gemv(&wt, &[0.0; 4], 1, &mut [0f32; 3]), Err(VkError::Shape { .. })));
     assert!(e.device_name().contains("llvmpipe"), "{}", e.device_name());
 }
+
+#[test]
+fn wide_n_spills_into_second_dispatch_dimension() {
+    // 600 000 rows need more than 65 535 workgroups along x (rows per workgroup ≤ 64).
+    let e = engine_or_skip!();
+    let mut r = Rng(5);
+    let (m, n, k) = (2, 600_000, 13);
+    let w: Vec<i8> = (0..n * k).map(|_| r.next() as i8).collect();
+    let scale: Vec<f32> = (0..n).map(|_| r.f32().abs() + 0.01).collect();
+    let x = r.fill_f32(m * k);
+    let wt = e.upload(VkWeightData::I8 { w: &w, scale: &scale }, n, k).unwrap();
+    let mut y = vec![f32::NAN; m * n];
+    e.gemv(&wt, &x, m, &mut y).unwrap();
+    let mut want = vec![0f32; m * n];
+    reference_i8(&w, &scale, &x, m, n, k, &mut want);
+    let bad = y.iter().zip(&want).position(|(a, b)| a.to_bits() != b.to_bits());
+    assert_eq!(bad, None, "first mismatch");
+}

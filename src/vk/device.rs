@@ -6,9 +6,10 @@
 //! offers; a device lacking what the shaders need is skipped with one line.
 //!
 //! What the shaders need is deliberately little: they read weights and activations as 32-bit
-//! words and unpack bytes/nibbles with shifts, so 8-bit storage, `shaderInt8`, integer dot
-//! product and subgroup operations are *reported* (they are the levers for a faster Mali kernel)
-//! but not required. Required: Vulkan 1.1 and a compute queue.
+//! words and unpack bytes/nibbles with shifts, so 8-bit storage, `shaderInt8` and integer dot
+//! product are *reported* (they are the levers for a faster Mali kernel)
+//! but not required. Required: Vulkan 1.1, a compute queue and subgroup arithmetic
+//! (`subgroupAdd`) in compute shaders, which every Vulkan 1.1 Mali driver reports.
 
 use std::ffi::CStr;
 use std::sync::Arc;
@@ -50,6 +51,9 @@ impl DeviceReport {
         }
         if self.compute_queue_family.is_none() {
             m.push("compute queue");
+        }
+        if !self.subgroup_arithmetic {
+            m.push("subgroup arithmetic in compute");
         }
         m
     }

@@ -29,7 +29,9 @@
 //! * Shaders read everything as 32-bit words and unpack bytes and nibbles with shifts and
 //!   `bitfieldExtract`: no 8/16-bit storage, no `shaderInt8`, no integer dot product needed
 //!   (Debian 12's glslc cannot emit `GL_EXT_integer_dot_product` anyway). Those features are
-//!   logged, since they are the levers for a faster Mali kernel.
+//!   logged, since they are the levers for a faster Mali kernel. Each subgroup reduces one
+//!   weight row with `subgroupAdd` (required: subgroup arithmetic in compute), which on
+//!   lavapipe was ~10× faster than a shared-memory tree reduction with barriers.
 //! * int8 path: activations are quantized **on the host** (per-row symmetric, scale =
 //!   max|x|/127, round-half-even, clamp ±127: the NPU path's formula), K is zero-padded to a
 //!   multiple of 16 in both weight rows and activation rows, sums are int32 and the output is
@@ -63,7 +65,7 @@ use device::{DeviceShared, DeviceWanted};
 use instance::InstanceShared;
 use pipeline::Pipelines;
 use reference::{quantize_row_i8, Q4K_BLOCK_BYTES, Q4K_BLOCK_ELEMS, Q4_0_BLOCK_BYTES, Q4_0_BLOCK_ELEMS};
-use shaders::{GemvPush, ShaderId, MAX_M, ROWS_PER_WG};
+use shaders::{rows_per_workgroup, GemvPush, ShaderId, MAX_M};
 
 /// Longest a single submit may take before the call fails (lavapipe on a loaded host is slow).
 const FENCE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -424,7 +426,8 @@ impl VkEngine {
             for ((w, _, m, _), l) in jobs.iter().zip(&layouts) {
                 d.cmd_bind_pipeline(cb, vk::PipelineBindPoint::COMPUTE, self.pipes.get(w.shader));
                 d.cmd_bind_descriptor_sets(cb, vk::PipelineBindPoint::COMPUTE, self.pipes.layout, 0, &[w.set, exec.io_set], &[]);
-                let groups = (w.n as u32).div_ceil(ROWS_PER_WG);
+                let rows_per_wg = rows_per_workgroup(self.dev.report.subgroup_size);
+                let groups = (w.n as u32).div_ceil(rows_per_wg);
                 let gx = groups.min(self.dev.report.max_workgroup_count_x);
                 let gy = groups.div_ceil(gx);
                 for m0 in (0..*m).step_by(MAX_M) {
@@ -438,6 +441,7 @@ impl VkEngine {
                         x_stride: l.x_stride as u32,
                         xs_off: (l.xs_off + m0) as u32,
                         y_off: (l.y_off + m0 * w.n) as u32,
+                        rows_per_wg,
                     };
                     d.cmd_push_constants(cb, self.pipes.layout, vk::ShaderStageFlags::COMPUTE, 0, bytemuck::bytes_of(&push));
                     d.cmd_dispatch(cb, gx, gy, 1);

@@ -4,12 +4,12 @@
 //! (on the board included) needs no shader compiler; `shaders/check.sh`, run by
 //! `tests/vk_spirv_fresh.rs`, recompiles the GLSL and fails on drift. See `shaders/README.md`.
 //!
-//! Everything here mirrors `shaders/common/gemv_head.glsl`; change both together.
+//! Everything here mirrors `shaders/common/gemv_head.glsl`; change both together. Work split:
+//! a workgroup owns `rows_per_wg` weight rows, each subgroup reduces one row at a time over K
+//! with `subgroupAdd` (no shared memory, no barriers).
 
 /// Invocations per workgroup (`WG` in the GLSL).
 pub const WG_SIZE: u32 = 64;
-/// Weight rows (output channels) computed by one workgroup (`ROWS`).
-pub const ROWS_PER_WG: u32 = 2;
 /// Activation rows handled by one dispatch (`MAX_M`); larger M is split into dispatches.
 pub const MAX_M: usize = 4;
 
@@ -68,8 +68,17 @@ pub struct GemvPush {
     pub xs_off: u32,
     /// Word offset of `y[0][0]`; `y` is `[m, n]` row-major f32.
     pub y_off: u32,
+    /// Weight rows owned by one workgroup (see [`rows_per_workgroup`]).
+    pub rows_per_wg: u32,
+}
+
+/// Rows per workgroup for a device whose subgroups have `subgroup_size` lanes: one row per
+/// subgroup at a time. The shader's row loop is correct for any actual subgroup size; this
+/// only sets how much work one workgroup gets.
+pub fn rows_per_workgroup(subgroup_size: u32) -> u32 {
+    (WG_SIZE / subgroup_size.max(1)).max(1)
 }
 
 /// Bytes of [`GemvPush`]; Vulkan guarantees at least 128 bytes of push constants.
-pub const GEMV_PUSH_BYTES: u32 = 32;
+pub const GEMV_PUSH_BYTES: u32 = 36;
 const _: () = assert!(std::mem::size_of::<GemvPush>() == GEMV_PUSH_BYTES as usize);
