@@ -3,7 +3,7 @@
 // blocks of 32 elements, 18 bytes each: f16 d, then 16 bytes of nibbles; element i < 16 is the
 // low nibble of byte i, element 16 + i the high nibble; value = (q - 8) * d.
 // Blocks are 18 bytes, so a block starts on a 2-byte boundary; it is read as five 32-bit words
-// and realigned in registers (no 8/16-bit storage needed). One lane handles one block per step.
+// and realigned in registers (no 8/16-bit storage needed).
 // x: [M, K] f32 in io; y: [M, N] f32.
 #extension GL_GOOGLE_include_directive : require
 #include "common/gemv_head.glsl"
@@ -17,37 +17,31 @@ void main() {
         for (uint m = 0; m < MAX_M; m++) {
             acc[m] = 0.0;
         }
-        for (uint j = gl_SubgroupInvocationID; j < nb; j += gl_SubgroupSize) {
+        // Four lanes per block: lane part p takes qs word p (bytes 4p..4p+3), i.e. elements
+        // 4p..4p+3 (low nibbles) and 16+4p..16+4p+3 (high nibbles); neighbouring lanes read
+        // neighbouring activations.
+        for (uint it = gl_SubgroupInvocationID; it < nb * 4; it += gl_SubgroupSize) {
+            const uint j = it >> 2;
+            const uint p = it & 3;
             const uint byte0 = (row * nb + j) * 18;
             const uint w0 = byte0 >> 2;
-            const uint a0 = wq[w0], a1 = wq[w0 + 1], a2 = wq[w0 + 2], a3 = wq[w0 + 3], a4 = wq[w0 + 4];
             float d;
-            uint q[4];
+            uint q;
             if ((byte0 & 2) == 0) {
-                d = unpackHalf2x16(a0).x;
-                q[0] = (a0 >> 16) | (a1 << 16);
-                q[1] = (a1 >> 16) | (a2 << 16);
-                q[2] = (a2 >> 16) | (a3 << 16);
-                q[3] = (a3 >> 16) | (a4 << 16);
+                d = unpackHalf2x16(wq[w0]).x;
+                q = (wq[w0 + p] >> 16) | (wq[w0 + p + 1] << 16);
             } else {
-                d = unpackHalf2x16(a0 >> 16).x;
-                q[0] = a1;
-                q[1] = a2;
-                q[2] = a3;
-                q[3] = a4;
+                d = unpackHalf2x16(wq[w0] >> 16).x;
+                q = wq[w0 + p + 1];
             }
+            const vec4 lo = vec4(ivec4(q & 0xFu, (q >> 8) & 0xFu, (q >> 16) & 0xFu, (q >> 24) & 0xFu) - 8);
+            const vec4 hi = vec4(ivec4((q >> 4) & 0xFu, (q >> 12) & 0xFu, (q >> 20) & 0xFu, q >> 28) - 8);
             for (uint m = 0; m < MAX_M; m++) {
                 if (m < pc.m) {
-                    const uint xb = pc.x_off + m * pc.x_stride + j * 32;
-                    float s = 0.0;
-                    for (uint i = 0; i < 4; i++) {
-                        for (uint b = 0; b < 4; b++) {
-                            const uint byte = (q[i] >> (8 * b)) & 0xFFu;
-                            s += float(int(byte & 0xFu) - 8) * io_f32(xb + 4 * i + b);
-                            s += float(int(byte >> 4) - 8) * io_f32(xb + 16 + 4 * i + b);
-                        }
-                    }
-                    acc[m] += d * s;
+                    const uint xb = pc.x_off + m * pc.x_stride + j * 32 + 4 * p;
+                    const vec4 xl = vec4(io_f32(xb), io_f32(xb + 1), io_f32(xb + 2), io_f32(xb + 3));
+                    const vec4 xh = vec4(io_f32(xb + 16), io_f32(xb + 17), io_f32(xb + 18), io_f32(xb + 19));
+                    acc[m] += d * (dot(lo, xl) + dot(hi, xh));
                 }
             }
         }
