@@ -12,8 +12,7 @@ use ggml_ork::vk::{VkEngine, VkWeightData};
 
 fn main() {
     if std::env::var_os("ORK_VK_DEVICE").is_none() {
-        // SAFETY: single-threaded at this point.
-        unsafe { std::env::set_var("ORK_VK_DEVICE", "llvmpipe") };
+        std::env::set_var("ORK_VK_DEVICE", "llvmpipe"); // single-threaded at this point
     }
     let engine = VkEngine::open().expect("VkEngine::open").expect("no Vulkan device");
     println!("device: {}", engine.device_name());

@@ -538,6 +538,7 @@ impl Exec {
                 // The work may still be running; wait it out so buffers stay valid, then report.
                 // SAFETY: plain queue wait under our lock.
                 let _ = unsafe { d.queue_wait_idle(dev.queue) };
+                // SAFETY: the queue is idle, so the fence is no longer in use.
                 let _ = unsafe { d.reset_fences(&[self.fence]) };
                 return Err(VkError::Timeout { op, timeout_ms: FENCE_TIMEOUT.as_millis() as u64 });
             }

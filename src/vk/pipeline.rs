@@ -45,8 +45,8 @@ impl Pipelines {
         };
         let wb = [storage_binding(0), storage_binding(1)];
         let ib = [storage_binding(0)];
-        // SAFETY (this block and the next two): valid device, create infos live across the calls;
-        // on error `this` (partially filled) destroys what was created.
+        // SAFETY: valid device, create infos live across the calls; on error `this` (partially
+        // filled) destroys what was created. Same for the next two blocks.
         this.weight_set_layout = unsafe {
             d.create_descriptor_set_layout(&vk::DescriptorSetLayoutCreateInfo::default().bindings(&wb), None)
         }
