@@ -11,6 +11,7 @@
 //! * [`route`] — policy: which engine runs each MUL_MAT.
 //! * [`backend`] — the ggml device, buffer type and graph execution, in safe Rust.
 //! * [`ffi`] — the C ABI skin: every `extern "C"` entry point, panic-proof.
+//! * [`vk`] — the Mali decode path: ash device, SPIR-V GEMV on int8 and native 4-bit weights.
 //! * [`config`] — every `ORK_*` variable, parsed once.
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -21,3 +22,4 @@ pub mod ffi;
 pub mod logging;
 pub mod quant;
 pub mod route;
+pub mod vk;
