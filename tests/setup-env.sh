@@ -30,6 +30,8 @@ need_sha() { # file sha
 pkgs=()
 command -v cmake >/dev/null || pkgs+=(cmake)
 command -v ccache >/dev/null || pkgs+=(ccache)
+command -v glslc >/dev/null || pkgs+=(glslc)
+dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || pkgs+=(mesa-vulkan-drivers libvulkan1 libvulkan-dev)
 ls /usr/lib/llvm-*/lib/libclang.so >/dev/null 2>&1 || pkgs+=(libclang-dev)
 if [ ${#pkgs[@]} -gt 0 ]; then
   log "apt-get install ${pkgs[*]}"

@@ -31,6 +31,7 @@ impl Npu {
     pub fn check_shape(&self, n: usize, k: usize) -> Result<(), NpuError> { if n % 32 == 0 && k % 32 == 0 && n > 0 && k > 0 { Ok(()) } else { Err(NpuError::Unsupported(format!("N={n} K={k}"))) } }
     pub fn tile_weight(_soc: &soc::SocDesc, w: &[i8], n: usize, k: usize) -> Result<TiledWeight, NpuError> { Ok(TiledWeight { n, k, bytes: bytemuck::cast_slice(w).to_vec() }) }
     pub fn upload(&self, tw: &TiledWeight) -> Result<Arc<ResidentWeight>, NpuError> { Ok(Arc::new(ResidentWeight { n: tw.n, k: tw.k, w: bytemuck::cast_slice(&tw.bytes).to_vec() })) }
+    pub fn upload_bytes(&self, n: usize, k: usize, bytes: &[u8]) -> Result<Arc<ResidentWeight>, NpuError> { if bytes.len() != n * k { return Err(NpuError::Unsupported("size".into())); } Ok(Arc::new(ResidentWeight { n, k, w: bytemuck::cast_slice(bytes).to_vec() })) }
     pub fn mm_run(&self, w: &ResidentWeight, a: &[i8], m: usize, c: &mut [i32], _b: Budget) -> Result<RunStats, NpuError> { c.copy_from_slice(&reference_mm(a, &w.w, m, w.k, w.n)); Ok(RunStats::default()) }
 }
 pub fn reference_mm(a: &[i8], w: &[i8], m: usize, k: usize, n: usize) -> Vec<i32> {
