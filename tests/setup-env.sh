@@ -30,14 +30,15 @@ need_sha() { # file sha
 pkgs=()
 command -v cmake >/dev/null || pkgs+=(cmake)
 command -v ccache >/dev/null || pkgs+=(ccache)
-command -v glslc >/dev/null || pkgs+=(glslc)
-dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || pkgs+=(mesa-vulkan-drivers libvulkan1 libvulkan-dev)
 ls /usr/lib/llvm-*/lib/libclang.so >/dev/null 2>&1 || pkgs+=(libclang-dev)
 if [ ${#pkgs[@]} -gt 0 ]; then
   log "apt-get install ${pkgs[*]}"
   apt-get update -qq >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >&2
 fi
+
+# Vulkan on the CPU (lavapipe) and glslc, for the GPU decode path's tests
+bash "$(dirname "${BASH_SOURCE[0]}")/setup-vulkan.sh"
 
 # 2. pinned llama.cpp source
 SRC=$ORK_ENV/llama.cpp
