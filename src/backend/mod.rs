@@ -143,6 +143,8 @@ impl Device {
         assert_eq!(x.len(), m * k, "x is not [M, K]");
         assert_eq!(dst.len(), m * n, "dst is not [M, N]");
         let t0 = Instant::now();
+        let xs = quant::scale_columns(x, &w.col_scale);
+        let x = &xs[..];
         let split = self.cfg.act_split;
         let rows = if split { 2 * m } else { m };
         let mut a = vec![0i8; rows * k];
@@ -161,7 +163,7 @@ impl Device {
             }
             Err(e) => {
                 self.note_npu_error(&e);
-                let (q, _) = weights::quantize_source(src, n, k);
+                let (q, _, _) = weights::quantize_source(src, n, k);
                 c = crate::npu::reference_mm(&a, &q, rows, k, n);
             }
         }

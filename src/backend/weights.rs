@@ -32,25 +32,36 @@ pub struct PackedWeight {
     pub resident: Arc<ResidentWeight>,
     /// Per-output-channel dequantization scales, `[N] f32`.
     pub scales: Vec<f32>,
+    /// Per-input-channel equalisation, `[K] f32`: activations are multiplied by it before
+    /// quantization (the weight was divided by it).
+    pub col_scale: Vec<f32>,
 }
 
-/// Per-output-channel int8 of a source weight: `(q: [N, K] i8, scales: [N] f32)`.
-pub fn quantize_source(src: &WeightSource<'_>, n: usize, k: usize) -> (Vec<i8>, Vec<f32>) {
-    quant::quantize_weight(n, k, |r, out| {
-        let row = &src.bytes[r * src.row_bytes..(r + 1) * src.row_bytes];
-        (src.to_float)(row, out)
-    })
+/// Column-equalised per-output-channel int8 of a source weight (see `quant::column_scales`):
+/// `(q: [N, K] i8, row_scales: [N] f32, col_scale: [K] f32)` with
+/// `W[n][k] ≈ q[n][k] · row_scales[n] · col_scale[k]`.
+pub fn quantize_source(src: &WeightSource<'_>, n: usize, k: usize) -> (Vec<i8>, Vec<f32>, Vec<f32>) {
+    let row = |r: usize, out: &mut [f32]| (src.to_float)(&src.bytes[r * src.row_bytes..(r + 1) * src.row_bytes], out);
+    let col = quant::column_scales(n, k, row);
+    let inv: Vec<f32> = col.iter().map(|&c| 1.0 / c).collect();
+    let (q, rs) = quant::quantize_weight(n, k, |r, out| {
+        row(r, out);
+        for (v, &i) in out.iter_mut().zip(&inv) {
+            *v *= i;
+        }
+    });
+    (q, rs, col)
 }
 
 /// Packs one weight: dequantize → per-channel int8 → tile → upload.
 pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<PackedWeight, NpuError> {
     let t0 = Instant::now();
-    let (q, scales) = quantize_source(src, n, k);
+    let (q, scales, col_scale) = quantize_source(src, n, k);
     let tiled = Npu::tile_weight(dev.npu.soc(), &q, n, k)?;
     let resident = dev.npu.upload(&tiled)?;
     dev.stats.packed.fetch_add(1, Relaxed);
     dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
-    Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales })
+    Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale })
 }
 
 struct Entry {

@@ -128,6 +128,51 @@ pub fn dequantize_output_split(c: &[i32], a_scale: &[f32], w_scale: &[f32], dst:
     }
 }
 
+/// Per-input-channel equalisation of a weight `[N, K]`: `col[k] = max_n |W[n][k]|` (1 for an
+/// all-zero column). The weight is quantized as `W[n][k] / col[k]` and the activations as
+/// `x[k] · col[k]`, which leaves the product unchanged while flattening each weight row's
+/// dynamic range, so per-channel int8 keeps resolution in small columns (SmoothQuant with all
+/// the difficulty moved to the activations, which the two-term activation quantizer absorbs).
+pub fn column_scales<F>(n: usize, k: usize, row: F) -> Vec<f32>
+where
+    F: Fn(usize, &mut [f32]) + Sync,
+{
+    const ROWS_PER_TASK: usize = 32;
+    let tasks = n.div_ceil(ROWS_PER_TASK);
+    let col = (0..tasks)
+        .into_par_iter()
+        .map(|t| {
+            let mut m = vec![0f32; k];
+            let mut buf = vec![0f32; k];
+            for r in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(n) {
+                row(r, &mut buf);
+                for (a, &v) in m.iter_mut().zip(&buf) {
+                    *a = a.max(v.abs());
+                }
+            }
+            m
+        })
+        .reduce(|| vec![0f32; k], |mut a, b| {
+            for (x, y) in a.iter_mut().zip(b) {
+                *x = x.max(y);
+            }
+            a
+        });
+    col.into_iter().map(|c| if c > 0.0 && c.is_finite() { c } else { 1.0 }).collect()
+}
+
+/// `x[m][k] · col[k]` for `x: [M, K]` (activations entering a column-equalised weight).
+pub fn scale_columns(x: &[f32], col: &[f32]) -> Vec<f32> {
+    let k = col.len().max(1);
+    let mut out = vec![0f32; x.len()];
+    for (o, xr) in out.chunks_mut(k).zip(x.chunks(k)) {
+        for ((d, &v), &c) in o.iter_mut().zip(xr).zip(col) {
+            *d = v * c;
+        }
+    }
+    out
+}
+
 /// `dst[m][n] = c[m][n] · a_scale[m] · w_scale[n]`; all row-major, `c, dst: [M, N]`.
 pub fn dequantize_output(c: &[i32], a_scale: &[f32], w_scale: &[f32], dst: &mut [f32]) {
     let n = w_scale.len();
