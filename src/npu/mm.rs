@@ -126,6 +126,19 @@ fn new_set(kif: &dyn KernelInterface, domain: DomainId) -> Result<ScratchSet, Ki
     Ok(ScratchSet { regcmd, task, act, out })
 }
 
+/// Creates the scratch sets of cores `0..cores` in `domain` if missing. Called when a domain
+/// receives its first weight, while it still has room (ork pre-allocates scratch the same way).
+pub(crate) fn ensure_scratch(shared: &Shared, domain: DomainId, cores: u32) -> Result<(), KifError> {
+    for c in &shared.cores[..cores as usize] {
+        let mut g = c.lock().unwrap_or_else(|p| p.into_inner());
+        if !g.sets.contains_key(&domain.0) {
+            let set = new_set(&*shared.kif, domain)?;
+            g.sets.insert(domain.0, set);
+        }
+    }
+    Ok(())
+}
+
 /// Runs one core's share of a plan.
 ///
 /// `a`: `[M, K]` row-major i8 (the caller's whole activation matrix). Returns the core's

@@ -247,14 +247,14 @@ impl Npu {
                 bytes: size,
                 why: format!("{e:?}"),
             })?;
-            let made = if import {
+            let made = mm::ensure_scratch(&self.shared, d, self.max_cores).and_then(|_| if import {
                 kif.mem_import(bytes, d)
             } else {
                 kif.mem_create(bytes.len(), mem_flags::DATA, d).and_then(|mut bo| {
                     bo.bytes_mut()[..bytes.len()].copy_from_slice(bytes);
                     kif.mem_sync(&bo, SyncDir::ToDevice).map(|_| bo)
                 })
-            };
+            });
             match made {
                 Ok(bo) => {
                     let inner = WeightInner { n, k, geom, bo: Some(bo), domain: d, reserved_bytes: size, shared: self.shared.clone() };
