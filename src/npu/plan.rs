@@ -227,3 +227,57 @@ pub fn plan(soc: &SocDesc, geom: &WeightGeometry, m: usize, max_cores: u32) -> P
     }
     Plan { m, k, n, path, cores }
 }
+
+/// Fixed IOVAs of [`synth_fixed`] (ork's `ork_i8_npu_synth_dump` uses 0x1000000 / 0x2000000 /
+/// 0x3000000 for A / B / C, rknpu-facts §10); the regcmd buffer goes at 0x4000000.
+pub const SYNTH_A_IOVA: u32 = 0x0100_0000;
+pub const SYNTH_B_IOVA: u32 = 0x0200_0000;
+pub const SYNTH_C_IOVA: u32 = 0x0300_0000;
+pub const SYNTH_REGCMD_IOVA: u32 = 0x0400_0000;
+
+/// Plans `[M, K] × [N, K]ᵀ` on `soc` with `max_cores` and synthesises every submit's regcmd
+/// stream with the fixed IOVAs above (A, B, C scratch offsets as `mm.rs` would place them).
+/// Returns `(core, submit index, entries)` — what `ork-regdump --synth` and the golden tests show.
+pub fn synth_fixed(
+    soc: &SocDesc,
+    m: usize,
+    k: usize,
+    n: usize,
+    max_cores: u32,
+) -> Result<Vec<(u32, usize, Vec<crate::npu::regs::RegCmd>)>, crate::npu::regcmd::RegcmdError> {
+    use crate::npu::kif::Iova;
+    use crate::npu::regcmd::{chain, MatmulProgram};
+    let geom = WeightGeometry::new(soc, n, k);
+    let p = plan(soc, &geom, m, max_cores);
+    let mut out = Vec::new();
+    for cp in &p.cores {
+        for (i, sub) in cp.submits.iter().enumerate() {
+            let progs: Vec<MatmulProgram> = sub
+                .programs
+                .iter()
+                .map(|q| MatmulProgram {
+                    mc: q.mc as u32,
+                    k: q.kp as u32,
+                    n: q.nc as u32,
+                    dst_stride: q.nc as u32,
+                    a: Iova(SYNTH_A_IOVA + sub.a_blocks[q.a_block].1 as u32),
+                    b: Iova(SYNTH_B_IOVA + q.weight_offset as u32),
+                    c: Iova(SYNTH_C_IOVA + q.out_offset as u32),
+                    sched: q.sched,
+                })
+                .collect();
+            out.push((cp.core, i, chain(&progs, Iova(SYNTH_REGCMD_IOVA), soc.pc_data_amount_scale)?));
+        }
+    }
+    Ok(out)
+}
+
+/// Decoded text of [`synth_fixed`]: a header line per submit, then one line per entry.
+pub fn synth_text(soc: &SocDesc, m: usize, k: usize, n: usize, max_cores: u32) -> Result<String, crate::npu::regcmd::RegcmdError> {
+    let mut s = format!("# {} M={m} K={k} N={n} max_cores={max_cores}\n", soc.id.name());
+    for (core, i, entries) in synth_fixed(soc, m, k, n, max_cores)? {
+        s += &format!("## core {core} submit {i}: {} programs\n", entries.len() / crate::npu::regcmd::PROGRAM_ENTRIES);
+        s += &crate::npu::regs::decode(&entries);
+    }
+    Ok(s)
+}
