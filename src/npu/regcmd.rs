@@ -334,7 +334,7 @@ mod tests {
     #[test]
     fn scheduler_matches_bank_interpretation() {
         // rknpu-facts §2.3: value = (12 - data)<<4 | data with data = ceil(roundup(mc,64)·K/32768).
-        for k in [512u32, 1024, 2048, 4096] {
+        for k in (1..=8u32).map(|s| 512 * s) {
             for mc in 1..=1024u32 {
                 let data = (mc.div_ceil(64) * 64 * k).div_ceil(32768);
                 match Schedule::scheduler(mc, k) {

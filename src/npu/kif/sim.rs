@@ -624,21 +624,12 @@ impl SimKif {
     }
 }
 
-/// int8 · int8 → int32 dot product of 32 elements, written so LLVM vectorises it
-/// (i8 → i16 products, i32 accumulation; exact for |sum| ≤ 32·128·128).
-#[inline(always)]
-fn dot32(a: &[i8; 32], b: &[i8; 32]) -> i32 {
-    let mut acc = [0i32; 8];
-    for j in 0..4 {
-        for i in 0..8 {
-            acc[i] += i32::from(i16::from(a[j * 8 + i]) * i16::from(b[j * 8 + i]));
-        }
-    }
-    acc.iter().sum()
-}
-
 /// `C[mc][n] = A[mc][k] · Wᵀ` with A row-major int8 and W tiled `[n/32][k/32][32][32]` int8
 /// (byte nt·KT·1024 + kt·1024 + nl·32 + kk holds W[nt·32+nl][kt·32+kk]). Returns row-major i32.
+///
+/// Exact int32 (|sum| ≤ K·128·128 < 2³¹ for K ≤ 131072). The inner loop is pairwise i16
+/// products summed into 16 i32 lanes that stay live across all of K — the shape LLVM turns into
+/// `pmaddwd` (x86) / `smlal` (aarch64) — with one horizontal sum per output.
 pub fn matmul_tiled(a: &[i8], w: &[i8], mc: usize, k: usize, n: usize) -> Vec<i32> {
     let kt_n = k / 32;
     let nt_n = n / 32;
@@ -647,18 +638,21 @@ pub fn matmul_tiled(a: &[i8], w: &[i8], mc: usize, k: usize, n: usize) -> Vec<i3
     let min_len = (4096 / k.max(1)).max(1);
     out.par_chunks_mut(32).with_min_len(min_len).enumerate().for_each(|(idx, o)| {
         let (m, nt) = (idx / nt_n, idx % nt_n);
-        let arow = &a[m * k..(m + 1) * k];
+        let a16: Vec<i16> = a[m * k..(m + 1) * k].iter().map(|&x| i16::from(x)).collect();
         let wblk = &w[nt * kt_n * 1024..(nt + 1) * kt_n * 1024];
-        let mut acc = [0i32; 32];
-        for kt in 0..kt_n {
-            let achunk: &[i8; 32] = arow[kt * 32..kt * 32 + 32].try_into().unwrap();
-            let wk = &wblk[kt * 1024..(kt + 1) * 1024];
-            for (nl, a_out) in acc.iter_mut().enumerate() {
-                let wrow: &[i8; 32] = wk[nl * 32..nl * 32 + 32].try_into().unwrap();
-                *a_out += dot32(achunk, wrow);
+        for (nl, out_nl) in o.iter_mut().enumerate() {
+            let mut lanes = [0i32; 16];
+            for kt in 0..kt_n {
+                let av: &[i16; 32] = a16[kt * 32..kt * 32 + 32].try_into().unwrap();
+                let wv: &[i8; 32] = wblk[kt * 1024 + nl * 32..kt * 1024 + nl * 32 + 32].try_into().unwrap();
+                for i in 0..16 {
+                    let p0 = i32::from(av[2 * i]) * i32::from(i16::from(wv[2 * i]));
+                    let p1 = i32::from(av[2 * i + 1]) * i32::from(i16::from(wv[2 * i + 1]));
+                    lanes[i] += p0 + p1;
+                }
             }
+            *out_nl = lanes.iter().sum();
         }
-        o.copy_from_slice(&acc);
     });
     out
 }
