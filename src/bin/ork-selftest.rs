@@ -15,14 +15,7 @@
 //!    odd M, K-split prefill, N beyond the 8192-per-program limit, and worst-case magnitudes.
 //!
 //! Exit codes: 0 all passed · 1 a check failed · 2 no NPU device (the reason is printed as
-//! "no NPU device found: <reason>") · 3 the device works but the bit-exact suite is not part of
-//! this build.
-//!
-//! TODO(npu-core): the NPU core (`ggml_ork::npu::Npu` and friends) is being written on another
-//! branch. Until it is merged, [`npu_api`] below is a local shim with the *exact* signatures that
-//! will exist; step 4 is written against it and compiles, and the shim reports itself as not
-//! linked (exit 3). When the core lands: delete `mod npu_api`, import the real names from
-//! `ggml_ork::npu`, and drop the `SUITE_AVAILABLE` check.
+//! "no NPU device found: <reason>").
 //!
 //! `ORK_LOG=error|warn|info|debug|trace` sets the log level (default warn).
 
@@ -34,99 +27,12 @@ use ggml_ork::npu::hostcpu;
 use ggml_ork::npu::kif::{self, DomainId, KernelInterface, SyncDir};
 use ggml_ork::npu::soc::{SocDesc, SocId};
 
-use npu_api::{reference_mm, Budget, Npu, NpuConfig, NpuKind};
+use ggml_ork::npu::{reference_mm, Budget, Npu, NpuConfig, NpuKind};
 
 const EXIT_OK: u8 = 0;
 const EXIT_FAIL: u8 = 1;
 const EXIT_NO_DEVICE: u8 = 2;
-const EXIT_SUITE_UNAVAILABLE: u8 = 3;
 
-/// TODO(npu-core): local stand-in for the NPU core's public API, same signatures as the real one.
-/// Remove once `ggml_ork::npu::{Npu, NpuConfig, NpuKind, Budget, reference_mm}` exist here.
-mod npu_api {
-    use std::sync::Arc;
-
-    use ggml_ork::npu::soc::{SocDesc, SocId};
-
-    /// Whether the real NPU core is linked (false while this shim stands in for it).
-    pub const SUITE_AVAILABLE: bool = false;
-
-    #[allow(dead_code)] // reason: the shim ignores the config; the real core reads every field.
-    pub struct NpuConfig {
-        pub kind: NpuKind,
-        pub soc: Option<SocId>,
-        pub max_cores: Option<u32>,
-        pub pin_cpus: Vec<usize>,
-        pub wcache_budget_bytes: Option<u64>,
-    }
-
-    #[allow(dead_code)] // reason: mirrors the real enum; the self-test picks one variant.
-    pub enum NpuKind {
-        Auto,
-        Sim,
-        Rknpu,
-        Rocket,
-    }
-
-    /// Placeholder for the core's run budget; assumed to have a `Default`.
-    #[derive(Clone, Copy, Debug, Default)]
-    pub struct Budget {
-        _private: (),
-    }
-
-    pub struct TiledWeight;
-    pub struct ResidentWeight;
-    #[derive(Debug)]
-    pub struct RunStats;
-
-    #[derive(Debug, thiserror::Error)]
-    pub enum NpuError {
-        #[error("the NPU core is not part of this build yet (ork-selftest shim)")]
-        NotLinked,
-    }
-
-    pub struct Npu {
-        soc: SocDesc,
-    }
-
-    impl Npu {
-        pub fn open(_cfg: &NpuConfig) -> Result<Arc<Npu>, NpuError> {
-            Err(NpuError::NotLinked)
-        }
-        pub fn tile_weight(_soc: &SocDesc, _w: &[i8], _n: usize, _k: usize) -> Result<TiledWeight, NpuError> {
-            Err(NpuError::NotLinked)
-        }
-        pub fn upload(&self, _tw: &TiledWeight) -> Result<Arc<ResidentWeight>, NpuError> {
-            Err(NpuError::NotLinked)
-        }
-        pub fn mm_run(
-            &self,
-            _w: &ResidentWeight,
-            _a: &[i8],
-            _m: usize,
-            _c: &mut [i32],
-            _budget: Budget,
-        ) -> Result<RunStats, NpuError> {
-            Err(NpuError::NotLinked)
-        }
-        pub fn soc(&self) -> &SocDesc {
-            &self.soc
-        }
-    }
-
-    /// `a`: [M, K] row-major i8; `w`: [N, K] row-major i8; returns C = A·Wᵀ, [M, N] row-major i32.
-    pub fn reference_mm(a: &[i8], w: &[i8], m: usize, k: usize, n: usize) -> Vec<i32> {
-        let mut c = vec![0i32; m * n];
-        for i in 0..m {
-            let ar = &a[i * k..(i + 1) * k];
-            for j in 0..n {
-                let wr = &w[j * k..(j + 1) * k];
-                c[i * n + j] = ar.iter().zip(wr).map(|(&x, &y)| x as i32 * y as i32).sum();
-            }
-        }
-        c
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 
@@ -345,10 +251,6 @@ fn main() -> ExitCode {
     drop(dev); // the NPU core opens its own connection.
 
     // 4. Bit-exact suite
-    if !npu_api::SUITE_AVAILABLE {
-        println!("bit-exact suite: not available in this build (the NPU core is not linked yet)");
-        return ExitCode::from(EXIT_SUITE_UNAVAILABLE);
-    }
     let kind = match node.kind {
         KifKind::Rknpu => NpuKind::Rknpu,
         KifKind::Rocket => NpuKind::Rocket,

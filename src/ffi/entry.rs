@@ -507,7 +507,7 @@ unsafe fn packed_weight(c: &BufferCtx, dev: &Device, w: &ggml_tensor) -> Result<
     let bytes = unsafe { std::slice::from_raw_parts(w.data as *const u8, nbytes) };
     // SAFETY: type id of a live tensor.
     let tf = unsafe { to_float_of(w.type_) }
-        .ok_or_else(|| crate::npu::NpuError::Unsupported(format!("no to_float for ggml type {}", w.type_)))?;
+        .ok_or_else(|| crate::npu::NpuError::NoDevice(format!("no to_float for ggml type {}", w.type_)))?;
     let to_float = move |row: &[u8], out: &mut [f32]| {
         // SAFETY: `row` holds one row (K elements) of this type; `out` has K floats.
         unsafe { tf(row.as_ptr() as *const c_void, out.as_mut_ptr(), out.len() as i64) }

@@ -1,42 +1,392 @@
-//! NPU core (mechanism). TEMPORARY integration shim with the agreed public API; replaced by the
-//! real core (regcmd, simulator, planner) when that branch lands. Not a deliverable.
-pub mod kif;
-pub mod soc;
+//! NPU core (mechanism): dense int8 matmuls (W8A8, exact int32 results) on the Rockchip
+//! RK3588 / RK3576 NPU, behind one small API.
+//!
+//! The backend calls [`Npu::tile_weight`] / [`Npu::upload`] once per weight and
+//! [`Npu::mm_run`] per matmul with a [`Budget`] (max cores) — the only knob it sets. Everything
+//! that depends on the hardware is decided here (design §2 "mechanism vs policy"): the planner
+//! ([`plan`]) picks full-K vs K-split, M-tiles within the CBUF caps, N-tiling and the number of
+//! cores; [`regcmd`] synthesises the register programs from the one register table ([`regs`]);
+//! [`layout`] packs the bytes; [`mm`] walks the plan through the kernel interface ([`kif`]) on one
+//! host worker per NPU core ([`pool`]); [`domain`] places weights across IOMMU domains.
+//!
+//! Every matmul goes pack → plan → regcmd → submit → wait through a [`kif::KernelInterface`];
+//! with [`NpuKind::Sim`] that interface is the in-process simulator ([`kif::sim`]), which decodes
+//! the register stream it is handed and computes exactly what it describes.
+//!
+//! Sources: shared reference `rknpu-facts.md` (§2 regcmd, §3 layouts, §4 limits, §5 multi-core),
+//! seeds 001 (big-core pinning) and 002 (multi-domain residence).
+
 pub mod detect;
+pub mod domain;
 pub mod hostcpu;
+pub mod kif;
+pub mod layout;
+pub mod mm;
+pub mod plan;
+pub mod pool;
+pub mod regcmd;
+pub mod regs;
+pub mod soc;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
-pub enum NpuKind { Auto, Sim, Rknpu, Rocket }
-pub struct NpuConfig { pub kind: NpuKind, pub soc: Option<soc::SocId>, pub max_cores: Option<u32>, pub pin_cpus: Vec<usize>, pub wcache_budget_bytes: Option<u64> }
+use kif::{mem_flags, KernelInterface, KifError, SyncDir};
+use layout::WeightGeometry;
+use mm::{Shared, WeightInner};
+
+/// Which kernel interface to open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NpuKind {
+    /// The vendor driver, then mainline rocket; `NoDevice` if neither is present.
+    Auto,
+    /// The in-process simulator.
+    Sim,
+    /// The vendor `rknpu` DRM driver.
+    Rknpu,
+    /// The mainline `rocket` accel driver.
+    Rocket,
+}
+
+/// How to open the NPU.
+#[derive(Clone, Debug)]
+pub struct NpuConfig {
+    pub kind: NpuKind,
+    /// SoC (default: RK3588 for the simulator).
+    pub soc: Option<soc::SocId>,
+    /// Cap on NPU cores for every run (default: all).
+    pub max_cores: Option<u32>,
+    /// CPUs to pin the per-core workers to (empty = no pinning).
+    pub pin_cpus: Vec<usize>,
+    /// Residency budget for weights (default: RAM − 1 GiB, or `ORK_WCACHE_BUDGET_MB`).
+    pub wcache_budget_bytes: Option<u64>,
+}
+
+impl Default for NpuConfig {
+    fn default() -> Self {
+        NpuConfig { kind: NpuKind::Sim, soc: None, max_cores: None, pin_cpus: Vec::new(), wcache_budget_bytes: None }
+    }
+}
+
+/// Errors of the NPU core; each carries the op name and shapes.
 #[derive(Debug, thiserror::Error)]
 pub enum NpuError {
     #[error("no NPU device: {0}")]
     NoDevice(String),
-    #[error("unsupported: {0}")]
-    Unsupported(String),
+    #[error("{op}: unsupported shape M={m} K={k} N={n}: {why}")]
+    Unsupported { op: &'static str, m: usize, k: usize, n: usize, why: String },
+    #[error("{op}: bad argument (M={m} K={k} N={n}): {why}")]
+    BadArg { op: &'static str, m: usize, k: usize, n: usize, why: String },
+    #[error("{op}: no room for weight N={n} K={k} ({bytes} bytes): {why}")]
+    NoRoom { op: &'static str, n: usize, k: usize, bytes: u64, why: String },
+    #[error("{op}: tiled blob for N={n} K={k} is {got} bytes, expected {expected}")]
+    BadBlob { op: &'static str, n: usize, k: usize, got: usize, expected: usize },
+    #[error("{op} M={m} K={k} N={n} on NPU core {core}: {source}")]
+    Submit { op: &'static str, m: usize, k: usize, n: usize, core: u32, #[source] source: KifError },
+    #[error(transparent)]
+    Regcmd(#[from] regcmd::RegcmdError),
+    #[error(transparent)]
+    Kif(#[from] KifError),
 }
-pub struct Npu { soc: soc::SocDesc }
-pub struct ResidentWeight { n: usize, k: usize, w: Vec<i8> }
-impl ResidentWeight { pub fn n(&self) -> usize { self.n } pub fn k(&self) -> usize { self.k } pub fn resident_bytes(&self) -> u64 { self.w.len() as u64 } }
-pub struct TiledWeight { pub n: usize, pub k: usize, pub bytes: Vec<u8> }
-#[derive(Clone, Copy, Debug)] pub struct Budget { pub max_cores: u32 }
-#[derive(Clone, Copy, Debug, Default)] pub struct RunStats { pub submits: u32, pub programs: u32, pub cores: u32, pub device_ns: u64, pub host_ns: u64 }
-impl Npu {
-    pub fn open(cfg: &NpuConfig) -> Result<Arc<Npu>, NpuError> {
-        match cfg.kind { NpuKind::Sim => Ok(Arc::new(Npu { soc: soc::SocDesc::get(cfg.soc.unwrap_or(soc::SocId::Rk3588)) })), _ => Err(NpuError::NoDevice("no /dev/dri rknpu node and no /dev/accel rocket node".into())) }
+
+/// The only knob callers set per run.
+#[derive(Clone, Copy, Debug)]
+pub struct Budget {
+    pub max_cores: u32,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget { max_cores: u32::MAX }
     }
-    pub fn soc(&self) -> &soc::SocDesc { &self.soc }
-    pub fn describe(&self) -> String { "ORK NPU rk3588 (shim)".into() }
-    pub fn check_shape(&self, n: usize, k: usize) -> Result<(), NpuError> { if n % 32 == 0 && k % 32 == 0 && n > 0 && k > 0 { Ok(()) } else { Err(NpuError::Unsupported(format!("N={n} K={k}"))) } }
-    pub fn tile_weight(_soc: &soc::SocDesc, w: &[i8], n: usize, k: usize) -> Result<TiledWeight, NpuError> { Ok(TiledWeight { n, k, bytes: bytemuck::cast_slice(w).to_vec() }) }
-    pub fn upload(&self, tw: &TiledWeight) -> Result<Arc<ResidentWeight>, NpuError> { Ok(Arc::new(ResidentWeight { n: tw.n, k: tw.k, w: bytemuck::cast_slice(&tw.bytes).to_vec() })) }
-    pub fn upload_bytes(&self, n: usize, k: usize, bytes: &[u8]) -> Result<Arc<ResidentWeight>, NpuError> { if bytes.len() != n * k { return Err(NpuError::Unsupported("size".into())); } Ok(Arc::new(ResidentWeight { n, k, w: bytemuck::cast_slice(bytes).to_vec() })) }
-    pub fn mm_run(&self, w: &ResidentWeight, a: &[i8], m: usize, c: &mut [i32], _b: Budget) -> Result<RunStats, NpuError> { c.copy_from_slice(&reference_mm(a, &w.w, m, w.k, w.n)); Ok(RunStats::default()) }
 }
+
+/// What a run did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunStats {
+    pub submits: u32,
+    pub programs: u32,
+    pub cores: u32,
+    /// Sum over submits of the interface's measured busy time.
+    pub device_ns: u64,
+    /// Wall time of the whole run.
+    pub host_ns: u64,
+}
+
+/// A deterministic, self-contained tiled weight blob (what a disk cache stores): the K-slice
+/// tiles then the optional full-K companion, layout of [`layout`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TiledWeight {
+    pub n: usize,
+    pub k: usize,
+    pub bytes: Vec<u8>,
+}
+
+/// A weight resident in NPU memory (one IOMMU domain).
+pub struct ResidentWeight {
+    inner: Arc<WeightInner>,
+}
+
+impl ResidentWeight {
+    pub fn n(&self) -> usize {
+        self.inner.n
+    }
+    pub fn k(&self) -> usize {
+        self.inner.k
+    }
+    /// Bytes it occupies in its domain's IOVA window (page-rounded).
+    pub fn resident_bytes(&self) -> u64 {
+        self.inner.bo.as_ref().map_or(0, |b| b.size_bytes as u64)
+    }
+    /// The IOMMU domain it lives in.
+    pub fn domain(&self) -> u32 {
+        self.inner.domain.0
+    }
+}
+
+/// An opened NPU. `Send + Sync`; `mm_run` may be called from several threads at once.
+pub struct Npu {
+    shared: Arc<Shared>,
+    pool: pool::Pool,
+    cores: u32,
+    max_cores: u32,
+}
+
+/// Opens a hardware kernel interface. The only place that names the hardware back-ends.
+/// Opens a real NPU: the named interface, or (Auto) whichever node `detect` finds.
+fn open_hw(kind: NpuKind) -> Result<Box<dyn KernelInterface>, NpuError> {
+    let kind = match kind {
+        NpuKind::Auto => match detect::find_npu_node() {
+            Ok(node) => match node.kind {
+                detect::KifKind::Rknpu => NpuKind::Rknpu,
+                detect::KifKind::Rocket => NpuKind::Rocket,
+            },
+            Err(e) => return Err(NpuError::NoDevice(e.to_string())),
+        },
+        k => k,
+    };
+    match kind {
+        NpuKind::Rocket => Ok(kif::rocket::open()?),
+        _ => Ok(kif::rknpu::open()?),
+    }
+}
+
+impl Npu {
+    /// Opens the NPU described by `cfg`.
+    pub fn open(cfg: &NpuConfig) -> Result<Arc<Npu>, NpuError> {
+        let kif: Arc<dyn KernelInterface>;
+        let soc = match cfg.kind {
+            NpuKind::Sim => {
+                let soc = soc::SocDesc::get(cfg.soc.unwrap_or(soc::SocId::Rk3588));
+                kif = Arc::new(kif::sim::SimKif::new(soc.clone())?);
+                soc
+            }
+            other => {
+                kif = Arc::from(open_hw(other)?);
+                let id = match cfg.soc {
+                    Some(id) => id,
+                    None => detect::detect_soc().map_err(|e| NpuError::NoDevice(e.to_string()))?,
+                };
+                soc::SocDesc::get(id)
+            }
+        };
+        Npu::with_kif(kif, soc, cfg)
+    }
+
+    /// Builds an `Npu` over an already opened kernel interface (tests use it to keep a handle on
+    /// the simulator, e.g. for fault injection or a SoC description with a small IOVA window).
+    pub fn with_kif(kif: Arc<dyn KernelInterface>, soc: soc::SocDesc, cfg: &NpuConfig) -> Result<Arc<Npu>, NpuError> {
+        let cores = soc.cores;
+        let max_cores = cfg.max_cores.unwrap_or(cores).clamp(1, cores);
+        let budget = cfg.wcache_budget_bytes.unwrap_or_else(domain::default_budget_bytes);
+        let timeout_ms = std::env::var("ORK_MM_TIMEOUT")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(mm::DEFAULT_TIMEOUT_MS);
+        let shared = Arc::new(Shared {
+            kif,
+            domains: Mutex::new(domain::DomainSet::new(soc.domain_cap_bytes, budget, kif::MAX_DOMAINS)),
+            cores: (0..cores).map(|_| Mutex::new(mm::CoreScratch::default())).collect(),
+            soc,
+            timeout_ms,
+        });
+        let pool = pool::Pool::new(max_cores, &cfg.pin_cpus);
+        log::info!("{}", shared.kif.describe());
+        Ok(Arc::new(Npu { shared, pool, cores, max_cores }))
+    }
+
+    pub fn soc(&self) -> &soc::SocDesc {
+        &self.shared.soc
+    }
+
+    /// "ORK NPU rk3588 (sim), 3 cores".
+    pub fn describe(&self) -> String {
+        format!("ORK NPU {} ({}), {} cores", self.shared.soc.id.name(), self.shared.kif.name(), self.max_cores)
+    }
+
+    /// Bytes of weights resident per IOMMU domain (opened domains only).
+    pub fn domain_usage(&self) -> Vec<u64> {
+        self.shared.domains.lock().unwrap().used().to_vec()
+    }
+
+    /// Whether an `[N, K]` weight can run here: K % 32, N % 32, non-empty, fits a domain window.
+    pub fn check_shape(&self, n: usize, k: usize) -> Result<(), NpuError> {
+        check_shape_soc(&self.shared.soc, n, k)
+    }
+
+    /// Tiles `w: [N, K]` row-major i8 (row n = output channel n) into the device layout.
+    pub fn tile_weight(soc: &soc::SocDesc, w: &[i8], n: usize, k: usize) -> Result<TiledWeight, NpuError> {
+        check_shape_soc(soc, n, k)?;
+        if w.len() != n * k {
+            return Err(NpuError::BadArg { op: "tile_weight", m: 0, k, n, why: format!("w has {} elements, not N·K", w.len()) });
+        }
+        let geom = WeightGeometry::new(soc, n, k);
+        Ok(TiledWeight { n, k, bytes: layout::tile_weight_fast(&geom, w) })
+    }
+
+    /// Uploads a tiled weight into the next IOMMU domain with room.
+    pub fn upload(&self, tw: &TiledWeight) -> Result<Arc<ResidentWeight>, NpuError> {
+        self.place(tw.n, tw.k, &tw.bytes, false)
+    }
+
+    /// Uploads pre-tiled bytes (e.g. from a disk cache) via `KernelInterface::mem_import`;
+    /// the size is validated against the geometry.
+    pub fn upload_bytes(&self, n: usize, k: usize, bytes: &[u8]) -> Result<Arc<ResidentWeight>, NpuError> {
+        self.place(n, k, bytes, true)
+    }
+
+    fn place(&self, n: usize, k: usize, bytes: &[u8], import: bool) -> Result<Arc<ResidentWeight>, NpuError> {
+        let op = if import { "upload_bytes" } else { "upload" };
+        self.check_shape(n, k)?;
+        let geom = WeightGeometry::new(&self.shared.soc, n, k);
+        if bytes.len() != geom.total_bytes {
+            return Err(NpuError::BadBlob { op, n, k, got: bytes.len(), expected: geom.total_bytes });
+        }
+        let size = (geom.total_bytes as u64).div_ceil(kif::sim::PAGE_BYTES) * kif::sim::PAGE_BYTES;
+        let kif = &*self.shared.kif;
+        loop {
+            let d = self.shared.domains.lock().unwrap().reserve(size).map_err(|e| NpuError::NoRoom {
+                op,
+                n,
+                k,
+                bytes: size,
+                why: format!("{e:?}"),
+            })?;
+            let made = mm::ensure_scratch(&self.shared, d, self.max_cores).and_then(|_| if import {
+                kif.mem_import(bytes, d)
+            } else {
+                kif.mem_create(bytes.len(), mem_flags::DATA, d).and_then(|mut bo| {
+                    bo.bytes_mut()[..bytes.len()].copy_from_slice(bytes);
+                    kif.mem_sync(&bo, SyncDir::ToDevice).map(|_| bo)
+                })
+            });
+            match made {
+                Ok(bo) => {
+                    let inner = WeightInner { n, k, geom, bo: Some(bo), domain: d, reserved_bytes: size, shared: self.shared.clone() };
+                    return Ok(Arc::new(ResidentWeight { inner: Arc::new(inner) }));
+                }
+                Err(KifError::Fault { .. }) => {
+                    // Safety net (seed 002): the domain is fuller than our accounting knows.
+                    self.shared.domains.lock().unwrap().fault(d, size);
+                }
+                Err(e) => {
+                    self.shared.domains.lock().unwrap().release(d, size);
+                    return Err(NpuError::Kif(e));
+                }
+            }
+        }
+    }
+
+    /// `C = A · Wᵀ`, exact int32. `a`: `[M, K]` row-major i8; `c`: `[M, N]` row-major i32
+    /// (fully overwritten on success, untouched on error). Uses at most `budget.max_cores` cores.
+    pub fn mm_run(&self, w: &ResidentWeight, a: &[i8], m: usize, c: &mut [i32], budget: Budget) -> Result<RunStats, NpuError> {
+        let t0 = Instant::now();
+        let (k, n) = (w.k(), w.n());
+        let bad = |why: String| NpuError::BadArg { op: "mm_run", m, k, n, why };
+        if m == 0 {
+            return Err(bad("M = 0".into()));
+        }
+        if a.len() != m * k {
+            return Err(bad(format!("a has {} elements, not M·K", a.len())));
+        }
+        if c.len() != m * n {
+            return Err(bad(format!("c has {} elements, not M·N", c.len())));
+        }
+        if !Arc::ptr_eq(&w.inner.shared, &self.shared) {
+            return Err(bad("weight was uploaded to another Npu".into()));
+        }
+        let plan = plan::plan(&self.shared.soc, &w.inner.geom, m, budget.max_cores.min(self.max_cores));
+        log::debug!(
+            "mm_run M={m} K={k} N={n}: {:?}, {} cores, {} submits, {} programs",
+            plan.path,
+            plan.cores.len(),
+            plan.submits(),
+            plan.programs()
+        );
+        let a_shared: Option<Arc<Vec<i8>>> = (plan.cores.len() > 1).then(|| Arc::new(a.to_vec()));
+        let mut receivers = Vec::new();
+        for cp in plan.cores.iter().skip(1) {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (shared, weight, a_arc, cp) = (self.shared.clone(), w.inner.clone(), a_shared.clone().unwrap(), cp.clone());
+            self.pool.run_on(
+                cp.core,
+                Box::new(move || {
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mm::run_core(&shared, &weight, &a_arc, m, &cp)));
+                    let _ = tx.send(r.unwrap_or_else(|_| {
+                        Err(NpuError::Kif(KifError::Invalid(format!("NPU worker {} panicked", cp.core))))
+                    }));
+                }),
+            );
+            receivers.push(rx);
+        }
+        let first = mm::run_core(&self.shared, &w.inner, a, m, &plan.cores[0]);
+        let mut results = vec![first];
+        for rx in receivers {
+            results.push(rx.recv().unwrap_or_else(|_| Err(NpuError::Kif(KifError::Invalid("NPU worker vanished".into())))));
+        }
+        let mut stats = RunStats { cores: plan.cores.len() as u32, ..RunStats::default() };
+        let mut done = Vec::with_capacity(results.len());
+        for r in results {
+            done.push(r?);
+        }
+        for (cp, r) in plan.cores.iter().zip(&done) {
+            for seg in &cp.segs {
+                for row in 0..m {
+                    let src = &r.local[row * cp.ncols + seg.col0..row * cp.ncols + seg.col0 + seg.nc];
+                    c[row * n + seg.n0..row * n + seg.n0 + seg.nc].copy_from_slice(src);
+                }
+            }
+            stats.submits += r.submits;
+            stats.programs += r.programs;
+            stats.device_ns += r.device_ns;
+        }
+        stats.host_ns = t0.elapsed().as_nanos() as u64;
+        Ok(stats)
+    }
+
+    /// Number of NPU cores of the SoC.
+    pub fn cores(&self) -> u32 {
+        self.cores
+    }
+}
+
+fn check_shape_soc(soc: &soc::SocDesc, n: usize, k: usize) -> Result<(), NpuError> {
+    let uns = |why: String| Err(NpuError::Unsupported { op: "check_shape", m: 0, k, n, why });
+    if n == 0 || k == 0 {
+        return uns("empty weight".into());
+    }
+    if k % soc.k_align as usize != 0 || n % soc.n_align as usize != 0 {
+        return uns(format!("K must be a multiple of {} and N of {}", soc.k_align, soc.n_align));
+    }
+    let bytes = WeightGeometry::new(soc, n, k).total_bytes as u64;
+    if bytes > soc.domain_cap_bytes.max(1) && bytes > soc.iova_window_bytes / 2 {
+        return uns(format!("the tiled weight ({bytes} bytes) does not fit one IOMMU domain"));
+    }
+    Ok(())
+}
+
+/// Scalar reference: `C[m][n] = Σ_k A[m][k] · W[n][k]` exact int32.
+/// `a`: `[M, K]` row-major i8, `w`: `[N, K]` row-major i8; returns `[M, N]` row-major i32.
 pub fn reference_mm(a: &[i8], w: &[i8], m: usize, k: usize, n: usize) -> Vec<i32> {
-    use rayon::prelude::*;
-    let mut c = vec![0i32; m * n];
-    c.par_chunks_mut(n.max(1)).enumerate().for_each(|(i, row)| { for j in 0..n { row[j] = a[i*k..(i+1)*k].iter().zip(&w[j*k..(j+1)*k]).map(|(&x, &y)| x as i16 as i32 * y as i16 as i32).sum(); } });
-    c
+    layout::reference_mm(a, w, m, k, n)
 }

@@ -1,0 +1,154 @@
+//! IOMMU domains: where resident weights go.
+//!
+//! The rk_iommu window is 32-bit (~4 GiB) per IOMMU domain (rknpu-facts §4, S5), so a model larger
+//! than one window resides across several domains and every submit runs in its weight's domain
+//! (seed 002). This module owns the placement bookkeeping:
+//!
+//! * weights fill domain 0, then 1, …; the cursor advances **before** a domain would exceed
+//!   `SocDesc::domain_cap_bytes` (3.0 GiB, below the ~4.16 GiB EFAULT point: filling a domain to
+//!   EFAULT soft-resets the NPU and corrupts the IOMMU, seed 002). Accounting is in bytes, so
+//!   domains end up byte-balanced at the cap; only as many domains as needed are opened, at most
+//!   [`MAX_DOMAINS`] (16, the stock driver's limit; conflict 4);
+//! * an EFAULT from the kernel interface anyway is a safety net: the domain is closed for
+//!   weights and the cursor moves on (done by the caller via [`DomainSet::fault`]);
+//! * a residency budget caps the total (RAM − 1 GiB by default, `ORK_WCACHE_BUDGET_MB`
+//!   overrides, seed 002); a weight that does not fit is refused so the backend keeps it on the
+//!   CPU.
+//!
+//! Scratch buffers (regcmd, tasks, activations, outputs) live in each domain outside the cap's
+//! accounting: the cap leaves about 1 GiB of the window for them.
+
+use crate::npu::kif::{DomainId, MAX_DOMAINS};
+
+/// One GiB, the headroom the default residency budget leaves to the rest of the process (seed 002).
+pub const BUDGET_HEADROOM_BYTES: u64 = 1 << 30;
+
+/// Placement state of all domains.
+#[derive(Debug)]
+pub struct DomainSet {
+    cap_bytes: u64,
+    budget_bytes: u64,
+    max_domains: usize,
+    /// Weight bytes per opened domain.
+    used: Vec<u64>,
+    /// Domains closed for weights after an EFAULT.
+    closed: Vec<bool>,
+    cursor: usize,
+    resident: u64,
+}
+
+/// Why a placement failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlaceError {
+    /// The residency budget would be exceeded.
+    Budget { resident: u64, budget: u64 },
+    /// All domains are full.
+    Domains { max: usize },
+}
+
+impl DomainSet {
+    pub fn new(cap_bytes: u64, budget_bytes: u64, max_domains: u32) -> DomainSet {
+        let max_domains = (max_domains.min(MAX_DOMAINS) as usize).max(1);
+        DomainSet { cap_bytes, budget_bytes, max_domains, used: vec![0], closed: vec![false], cursor: 0, resident: 0 }
+    }
+
+    /// Reserves `bytes` for a weight and returns its domain.
+    pub fn reserve(&mut self, bytes: u64) -> Result<DomainId, PlaceError> {
+        if self.resident + bytes > self.budget_bytes {
+            return Err(PlaceError::Budget { resident: self.resident, budget: self.budget_bytes });
+        }
+        loop {
+            let d = self.cursor;
+            // Advance before the cap; an empty domain takes any single weight.
+            if !self.closed[d] && (self.used[d] == 0 || self.used[d] + bytes <= self.cap_bytes) {
+                self.used[d] += bytes;
+                self.resident += bytes;
+                return Ok(DomainId(d as u32));
+            }
+            if d + 1 >= self.max_domains {
+                return Err(PlaceError::Domains { max: self.max_domains });
+            }
+            self.cursor += 1;
+            if self.used.len() <= self.cursor {
+                self.used.push(0);
+                self.closed.push(false);
+                log::info!("IOMMU domain {} opened for weights ({} MiB in domain {d})", self.cursor, self.used[d] >> 20);
+            }
+        }
+    }
+
+    /// Undoes a reservation (the allocation failed or the weight was freed).
+    pub fn release(&mut self, d: DomainId, bytes: u64) {
+        let i = d.0 as usize;
+        self.used[i] = self.used[i].saturating_sub(bytes);
+        self.resident = self.resident.saturating_sub(bytes);
+    }
+
+    /// The kernel interface returned EFAULT in `d` for a reservation of `bytes`: release it and
+    /// close `d` for further weights.
+    pub fn fault(&mut self, d: DomainId, bytes: u64) {
+        self.release(d, bytes);
+        let i = d.0 as usize;
+        self.closed[i] = true;
+        log::warn!("EFAULT in IOMMU domain {i} after {} MiB; advancing", self.used[i] >> 20);
+    }
+
+    /// Weight bytes per opened domain.
+    pub fn used(&self) -> &[u64] {
+        &self.used
+    }
+
+    pub fn resident_bytes(&self) -> u64 {
+        self.resident
+    }
+}
+
+/// The default residency budget: `ORK_WCACHE_BUDGET_MB` if set, else RAM − 1 GiB
+/// (MemTotal of /proc/meminfo), else unlimited.
+pub fn default_budget_bytes() -> u64 {
+    if let Some(mb) = std::env::var("ORK_WCACHE_BUDGET_MB").ok().and_then(|s| s.trim().parse::<u64>().ok()) {
+        return mb << 20;
+    }
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
+        s.lines()
+            .find(|l| l.starts_with("MemTotal:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<u64>().ok())
+    });
+    match total {
+        Some(kb) => (kb << 10).saturating_sub(BUDGET_HEADROOM_BYTES),
+        None => u64::MAX,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn advances_at_cap_and_balances() {
+        let mut s = DomainSet::new(100, 1000, 16);
+        let ds: Vec<u32> = (0..7).map(|_| s.reserve(40).unwrap().0).collect();
+        assert_eq!(ds, vec![0, 0, 1, 1, 2, 2, 3]);
+        assert_eq!(s.used(), &[80, 80, 80, 40]);
+    }
+
+    #[test]
+    fn budget_and_domain_limits() {
+        let mut s = DomainSet::new(100, 150, 16);
+        s.reserve(100).unwrap();
+        assert!(matches!(s.reserve(60), Err(PlaceError::Budget { .. })));
+        let mut s = DomainSet::new(100, 10_000, 2);
+        s.reserve(100).unwrap();
+        s.reserve(100).unwrap();
+        assert_eq!(s.reserve(1), Err(PlaceError::Domains { max: 2 }));
+    }
+
+    #[test]
+    fn fault_closes_domain() {
+        let mut s = DomainSet::new(100, 1000, 16);
+        let d = s.reserve(10).unwrap();
+        s.fault(d, 10);
+        assert_eq!(s.reserve(10).unwrap(), DomainId(1));
+    }
+}

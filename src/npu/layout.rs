@@ -1,0 +1,248 @@
+//! Memory layouts: the tiled weight blob, activation sub-blocks, and int32 output blocks.
+//!
+//! What it owns: the byte layout the NPU reads and writes, and the geometry of a weight's tiles.
+//!
+//! * **Weights** arrive as ggml stores them: `w: [N, K]` row-major i8 (row n = output channel n)
+//!   and the product is `C = A · Wᵀ`. On the device a tile covering K-range `[k0, k0+Kp)` and
+//!   N-range `[n0, n0+Nc)` is `[Nc/32][Kp/32][32][32]`: byte `nt·KT·1024 + kt·1024 + nl·32 + kk`
+//!   (KT = Kp/32) holds `W[n0 + nt·32 + nl][k0 + kt·32 + kk]` (rknpu-facts §3.2; facts state it for
+//!   `B[K][N]`, here B = Wᵀ). Because an N-block of 32 channels is `Kp·32` contiguous bytes, the
+//!   blocks `[t0, t1)` of a tile are themselves a valid weight — that is how cores split N
+//!   without repacking (§3.2, §5).
+//! * **Slicing** (§3.2): K-slices of `soc.k_slice` (1024) and N-slices of
+//!   `soc.n_max_per_program` (8192); tile (ns, ks) is stored at position `ns·Sk + ks` (N outer,
+//!   K inner), each padded with zeros to a multiple of 4096 bytes.
+//! * **Full-K companion** (§3.2): when there is more than one K-slice and K ≤ the SoC's
+//!   single-program ceiling (10752), one full-K tile per N-slice follows the K-slice tiles in
+//!   the same blob, so M = 1 (and small-M) programs can contract all of K at once. With a single
+//!   K-slice the K-slice tiles already are full-K and no companion is stored.
+//! * The blob is a pure function of (W, N, K, SoC constants): what a disk cache stores.
+//! * **Activations** are flat row-major `[mc][Kp]` i8 blocks (§3.1), copied from the caller's
+//!   `[M, K]` matrix. **Outputs** are dense `[mc][s]` int32 blocks (§3.3).
+//!
+//! Every packer has a scalar reference (`*_ref`) and a fast path (rayon over N-blocks / rows,
+//! 32-byte copies); the tests check them byte for byte.
+
+use rayon::prelude::*;
+
+use crate::npu::soc::SocDesc;
+
+/// Tiles are padded to a multiple of this (rknpu-facts §3.2: page alignment for zero-copy import).
+pub const TILE_ALIGN_BYTES: usize = 4096;
+/// Channels and K values per weight block (the 32×32 block of rknpu-facts §3.2).
+pub const BLOCK: usize = 32;
+/// Bytes of one 32×32 int8 block.
+pub const BLOCK_BYTES: usize = BLOCK * BLOCK;
+
+/// One tile of a weight blob.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tile {
+    /// N-slice index and its column range.
+    pub ns: usize,
+    pub n0: usize,
+    pub nc: usize,
+    /// K range (`kp == k` for full-K tiles).
+    pub k0: usize,
+    pub kp: usize,
+    /// Byte offset in the blob and padded size.
+    pub offset: usize,
+    pub padded_bytes: usize,
+}
+
+impl Tile {
+    /// Byte offset (in the blob) of N-block `t` of this tile (t counts from the tile's n0).
+    pub fn block_offset(&self, t: usize) -> usize {
+        self.offset + t * self.kp * BLOCK
+    }
+}
+
+/// Geometry of a weight blob: K-slice tiles, then the optional full-K companion.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WeightGeometry {
+    pub n: usize,
+    pub k: usize,
+    pub k_slice: usize,
+    pub n_slice: usize,
+    /// Number of K-slices and N-slices.
+    pub sk: usize,
+    pub sn: usize,
+    /// K-slice tiles, index `ns·sk + ks`.
+    pub tiles: Vec<Tile>,
+    /// Full-K tiles, one per N-slice (empty when absent).
+    pub fullk: Vec<Tile>,
+    pub total_bytes: usize,
+}
+
+fn round_up(x: usize, a: usize) -> usize {
+    x.div_ceil(a) * a
+}
+
+impl WeightGeometry {
+    /// Geometry for `[N, K]` on `soc`. K and N must already be multiples of 32.
+    pub fn new(soc: &SocDesc, n: usize, k: usize) -> WeightGeometry {
+        let k_slice = soc.k_slice as usize;
+        let n_slice = soc.n_max_per_program as usize;
+        let sk = k.div_ceil(k_slice).max(1);
+        let sn = n.div_ceil(n_slice).max(1);
+        let mut off = 0;
+        let mut tiles = Vec::with_capacity(sk * sn);
+        for ns in 0..sn {
+            let n0 = ns * n_slice;
+            let nc = n_slice.min(n - n0);
+            for ks in 0..sk {
+                let k0 = ks * k_slice;
+                let kp = k_slice.min(k - k0);
+                let padded_bytes = round_up(kp * nc, TILE_ALIGN_BYTES);
+                tiles.push(Tile { ns, n0, nc, k0, kp, offset: off, padded_bytes });
+                off += padded_bytes;
+            }
+        }
+        let mut fullk = Vec::new();
+        if sk > 1 && k <= soc.fullk_ceiling as usize {
+            for ns in 0..sn {
+                let n0 = ns * n_slice;
+                let nc = n_slice.min(n - n0);
+                let padded_bytes = round_up(k * nc, TILE_ALIGN_BYTES);
+                fullk.push(Tile { ns, n0, nc, k0: 0, kp: k, offset: off, padded_bytes });
+                off += padded_bytes;
+            }
+        }
+        WeightGeometry { n, k, k_slice, n_slice, sk, sn, tiles, fullk, total_bytes: off }
+    }
+
+    /// The full-K tile of N-slice `ns`, if the blob has one (the K-slice tile when Sk = 1).
+    pub fn fullk_tile(&self, ns: usize) -> Option<&Tile> {
+        if self.sk == 1 {
+            Some(&self.tiles[ns])
+        } else {
+            self.fullk.get(ns)
+        }
+    }
+
+    /// K-slice tile (ns, ks).
+    pub fn tile(&self, ns: usize, ks: usize) -> &Tile {
+        &self.tiles[ns * self.sk + ks]
+    }
+
+    fn all_tiles(&self) -> impl Iterator<Item = &Tile> {
+        self.tiles.iter().chain(self.fullk.iter())
+    }
+}
+
+/// Scalar reference tiler of one tile. `w`: `[N, K]` row-major i8 (the whole weight, K = `k`);
+/// `out`: the tile's bytes (`kp·nc` long, at least).
+pub fn tile_ref(w: &[i8], k: usize, t: &Tile, out: &mut [u8]) {
+    let kt_n = t.kp / BLOCK;
+    for nt in 0..t.nc / BLOCK {
+        for kt in 0..kt_n {
+            for nl in 0..BLOCK {
+                for kk in 0..BLOCK {
+                    let src = (t.n0 + nt * BLOCK + nl) * k + t.k0 + kt * BLOCK + kk;
+                    out[nt * kt_n * BLOCK_BYTES + kt * BLOCK_BYTES + nl * BLOCK + kk] = w[src] as u8;
+                }
+            }
+        }
+    }
+}
+
+/// Fast tiler of one tile (rayon over N-blocks, 32-byte row copies); same bytes as [`tile_ref`].
+pub fn tile_fast(w: &[i8], k: usize, t: &Tile, out: &mut [u8]) {
+    let kt_n = t.kp / BLOCK;
+    let wb: &[u8] = bytemuck::cast_slice(w);
+    out[..t.nc * t.kp].par_chunks_mut(kt_n * BLOCK_BYTES).enumerate().for_each(|(nt, blk)| {
+        for nl in 0..BLOCK {
+            let row = (t.n0 + nt * BLOCK + nl) * k + t.k0;
+            for kt in 0..kt_n {
+                let d = kt * BLOCK_BYTES + nl * BLOCK;
+                blk[d..d + BLOCK].copy_from_slice(&wb[row + kt * BLOCK..row + kt * BLOCK + BLOCK]);
+            }
+        }
+    });
+}
+
+/// Builds the whole blob for `w: [N, K]` row-major i8 (scalar reference).
+pub fn tile_weight_ref(geom: &WeightGeometry, w: &[i8]) -> Vec<u8> {
+    let mut out = vec![0u8; geom.total_bytes];
+    for t in geom.all_tiles() {
+        tile_ref(w, geom.k, t, &mut out[t.offset..t.offset + t.padded_bytes]);
+    }
+    out
+}
+
+/// Builds the whole blob for `w: [N, K]` row-major i8 (fast path).
+pub fn tile_weight_fast(geom: &WeightGeometry, w: &[i8]) -> Vec<u8> {
+    let mut out = vec![0u8; geom.total_bytes];
+    let mut rest: &mut [u8] = &mut out;
+    let mut parts = Vec::new();
+    for t in geom.all_tiles() {
+        let (head, tail) = rest.split_at_mut(t.padded_bytes);
+        parts.push((t, head));
+        rest = tail;
+    }
+    parts.into_par_iter().for_each(|(t, buf)| tile_fast(w, geom.k, t, buf));
+    out
+}
+
+/// An activation sub-block: rows `[m0, m0+mc)`, columns `[k0, k0+kp)` of `A: [M, K]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ABlock {
+    pub m0: usize,
+    pub mc: usize,
+    pub k0: usize,
+    pub kp: usize,
+}
+
+impl ABlock {
+    pub fn bytes(&self) -> usize {
+        self.mc * self.kp
+    }
+}
+
+/// Scalar reference: copies block `b` of `a: [M, K]` row-major i8 into `out: [mc][kp]` row-major.
+pub fn pack_a_ref(a: &[i8], k: usize, b: &ABlock, out: &mut [u8]) {
+    for r in 0..b.mc {
+        for c in 0..b.kp {
+            out[r * b.kp + c] = a[(b.m0 + r) * k + b.k0 + c] as u8;
+        }
+    }
+}
+
+/// Fast path of [`pack_a_ref`] (row copies, rayon for large blocks).
+pub fn pack_a_fast(a: &[i8], k: usize, b: &ABlock, out: &mut [u8]) {
+    let ab: &[u8] = bytemuck::cast_slice(a);
+    let rows = out[..b.mc * b.kp].par_chunks_mut(b.kp).with_min_len((1 << 16) / b.kp.max(1) + 1);
+    rows.enumerate().for_each(|(r, dst)| {
+        let s = (b.m0 + r) * k + b.k0;
+        dst.copy_from_slice(&ab[s..s + b.kp]);
+    });
+}
+
+/// Adds an int32 output block `src: [mc][s]` (little-endian bytes, first `nc` of each row valid)
+/// into `dst: [mc][ldd]` i32 at column `col0`.
+pub fn add_c_block(src: &[u8], mc: usize, nc: usize, s: usize, dst: &mut [i32], ldd: usize, row0: usize, col0: usize) {
+    for r in 0..mc {
+        let srow = &src[r * s * 4..r * s * 4 + nc * 4];
+        let drow = &mut dst[(row0 + r) * ldd + col0..(row0 + r) * ldd + col0 + nc];
+        for (d, b) in drow.iter_mut().zip(srow.chunks_exact(4)) {
+            *d = d.wrapping_add(i32::from_le_bytes(b.try_into().unwrap()));
+        }
+    }
+}
+
+/// Scalar reference GEMM: `C[m][n] = Σ_k A[m][k] · W[n][k]` exact int32.
+/// `a: [M, K]` row-major i8, `w: [N, K]` row-major i8; returns `[M, N]` row-major i32.
+pub fn reference_mm(a: &[i8], w: &[i8], m: usize, k: usize, n: usize) -> Vec<i32> {
+    assert_eq!(a.len(), m * k, "reference_mm: a is not [M, K]");
+    assert_eq!(w.len(), n * k, "reference_mm: w is not [N, K]");
+    let mut c = vec![0i32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut s = 0i32;
+            for x in 0..k {
+                s += i32::from(a[i * k + x]) * i32::from(w[j * k + x]);
+            }
+            c[i * n + j] = s;
+        }
+    }
+    c
+}

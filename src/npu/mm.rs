@@ -1,0 +1,232 @@
+//! Execution of a plan: pack → regcmd → submit → wait → accumulate, one NPU core at a time.
+//!
+//! What it owns: the per-core, per-IOMMU-domain scratch buffers (regcmd, task array, activation,
+//! output; rknpu-facts §5: each core has its own) and the walk of one core's submits. Every run
+//! goes through the kernel interface: the activation blocks are packed into the activation BO,
+//! the programs are synthesised into the regcmd BO and PC-chained, the task descriptors written,
+//! the buffers synced, the job submitted on `core_mask = 1 << core` in the weight's domain, the
+//! output BO synced back and every program's int32 block added into the core's local result.
+//!
+//! Decisions:
+//! * One stable activation buffer per core and domain (rknpu-facts §2.6: the NPU caches feature
+//!   state by address; rotating buffers corrupted results on hardware). Scratch grows to a power
+//!   of two when a submit needs more; it is never shrunk.
+//! * The core's mutex is held for the whole run of its share, so concurrent `mm_run`s from
+//!   several threads serialise per core and never share scratch.
+//! * A failed submit (timeout, reset, refusal) fails the run: no partial result is ever
+//!   accumulated into the caller's C (the caller merges only after every core succeeded).
+//! * Not modelled yet for hardware: ork's warm-up submit on a cold output buffer and the
+//!   ACT_RESET on entering int8 mode (rknpu-facts §2.6, both unconfirmed outside ork).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::npu::domain::DomainSet;
+use crate::npu::kif::{job_flags, mem_flags, Bo, DomainId, Iova, KernelInterface, KifError, RknpuTask, SubmitJob, SyncDir};
+use crate::npu::layout::{self, WeightGeometry};
+use crate::npu::plan::{CorePlan, MAX_CHAIN_PROGRAMS};
+use crate::npu::regcmd::{self, MatmulProgram};
+use crate::npu::soc::SocDesc;
+use crate::npu::NpuError;
+
+/// Default submit timeout in ms (ork's `ORK_MM_TIMEOUT` default, rknpu-facts §9).
+pub const DEFAULT_TIMEOUT_MS: u32 = 60_000;
+/// Initial activation / output scratch sizes (grown on demand).
+const ACT_SCRATCH_INITIAL_BYTES: usize = 256 << 10;
+const OUT_SCRATCH_INITIAL_BYTES: usize = 1 << 20;
+
+/// Scratch of one core in one domain.
+pub(crate) struct ScratchSet {
+    regcmd: Bo,
+    task: Bo,
+    act: Bo,
+    out: Bo,
+}
+
+#[derive(Default)]
+pub(crate) struct CoreScratch {
+    sets: HashMap<u32, ScratchSet>,
+}
+
+/// State shared by an `Npu`, its workers and its resident weights.
+pub(crate) struct Shared {
+    pub kif: Arc<dyn KernelInterface>,
+    pub soc: SocDesc,
+    pub cores: Vec<Mutex<CoreScratch>>,
+    pub domains: Mutex<DomainSet>,
+    pub timeout_ms: u32,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        for c in &self.cores {
+            let sets = std::mem::take(&mut c.lock().unwrap_or_else(|p| p.into_inner()).sets);
+            for (_, s) in sets {
+                for bo in [s.regcmd, s.task, s.act, s.out] {
+                    if let Err(e) = self.kif.mem_destroy(bo) {
+                        log::warn!("destroying NPU scratch: {e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A resident weight: its tiled blob in one BO of one domain.
+pub(crate) struct WeightInner {
+    pub n: usize,
+    pub k: usize,
+    pub geom: WeightGeometry,
+    pub bo: Option<Bo>,
+    pub domain: DomainId,
+    pub reserved_bytes: u64,
+    pub shared: Arc<Shared>,
+}
+
+impl WeightInner {
+    pub fn iova(&self) -> Iova {
+        self.bo.as_ref().expect("live weight").iova
+    }
+}
+
+impl Drop for WeightInner {
+    fn drop(&mut self) {
+        if let Some(bo) = self.bo.take() {
+            if let Err(e) = self.shared.kif.mem_destroy(bo) {
+                log::warn!("freeing resident weight N={} K={}: {e}", self.n, self.k);
+            }
+        }
+        self.shared.domains.lock().unwrap_or_else(|p| p.into_inner()).release(self.domain, self.reserved_bytes);
+    }
+}
+
+/// What one core's share produced.
+pub(crate) struct CoreResult {
+    /// `[M][ncols]` row-major i32 over the core's column segments.
+    pub local: Vec<i32>,
+    pub submits: u32,
+    pub programs: u32,
+    pub device_ns: u64,
+}
+
+fn grow(kif: &dyn KernelInterface, bo: &mut Bo, needed: usize, domain: DomainId) -> Result<(), KifError> {
+    if bo.size_bytes >= needed {
+        return Ok(());
+    }
+    let fresh = kif.mem_create(needed.next_power_of_two(), mem_flags::DATA, domain)?;
+    let old = std::mem::replace(bo, fresh);
+    kif.mem_destroy(old)
+}
+
+fn new_set(kif: &dyn KernelInterface, domain: DomainId) -> Result<ScratchSet, KifError> {
+    let regcmd = kif.mem_create(MAX_CHAIN_PROGRAMS * regcmd::PROGRAM_BYTES, mem_flags::DATA, domain)?;
+    let task = kif.mem_create(MAX_CHAIN_PROGRAMS * std::mem::size_of::<RknpuTask>(), mem_flags::TASK, domain)?;
+    let act = kif.mem_create(ACT_SCRATCH_INITIAL_BYTES, mem_flags::DATA, domain)?;
+    let out = kif.mem_create(OUT_SCRATCH_INITIAL_BYTES, mem_flags::DATA, domain)?;
+    Ok(ScratchSet { regcmd, task, act, out })
+}
+
+/// Creates the scratch sets of cores `0..cores` in `domain` if missing. Called when a domain
+/// receives its first weight, while it still has room (ork pre-allocates scratch the same way).
+pub(crate) fn ensure_scratch(shared: &Shared, domain: DomainId, cores: u32) -> Result<(), KifError> {
+    for c in &shared.cores[..cores as usize] {
+        let mut g = c.lock().unwrap_or_else(|p| p.into_inner());
+        if !g.sets.contains_key(&domain.0) {
+            let set = new_set(&*shared.kif, domain)?;
+            g.sets.insert(domain.0, set);
+        }
+    }
+    Ok(())
+}
+
+/// Runs one core's share of a plan.
+///
+/// `a`: `[M, K]` row-major i8 (the caller's whole activation matrix). Returns the core's
+/// `[M][plan.ncols]` int32 result over its column segments.
+pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, plan: &CorePlan) -> Result<CoreResult, NpuError> {
+    let kif = &*shared.kif;
+    let (k, n) = (w.k, w.n);
+    let core = plan.core;
+    let domain = w.domain;
+    let sub_err = |source: KifError| NpuError::Submit { op: "mm_run", m, k, n, core, source };
+    let mut guard = shared.cores[core as usize].lock().unwrap_or_else(|p| p.into_inner());
+    if !guard.sets.contains_key(&domain.0) {
+        let set = new_set(kif, domain).map_err(sub_err)?;
+        guard.sets.insert(domain.0, set);
+    }
+    let set = guard.sets.get_mut(&domain.0).expect("scratch set");
+    let mut res = CoreResult { local: vec![0i32; m * plan.ncols], submits: 0, programs: 0, device_ns: 0 };
+    let w_iova = w.iova();
+    for sub in &plan.submits {
+        grow(kif, &mut set.act, sub.act_bytes, domain).map_err(sub_err)?;
+        grow(kif, &mut set.out, sub.out_bytes, domain).map_err(sub_err)?;
+        // Activations.
+        let act = set.act.bytes_mut();
+        for (ab, off) in &sub.a_blocks {
+            layout::pack_a_fast(a, k, ab, &mut act[*off..*off + ab.bytes()]);
+        }
+        // Programs, chained, and their task descriptors.
+        let (act_iova, out_iova, rc_iova) = (set.act.iova.0, set.out.iova.0, set.regcmd.iova.0);
+        let progs: Vec<MatmulProgram> = sub
+            .programs
+            .iter()
+            .map(|p| MatmulProgram {
+                mc: p.mc as u32,
+                k: p.kp as u32,
+                n: p.nc as u32,
+                dst_stride: p.nc as u32,
+                a: Iova(act_iova + sub.a_blocks[p.a_block].1 as u32),
+                b: Iova(w_iova.0 + p.weight_offset as u32),
+                c: Iova(out_iova + p.out_offset as u32),
+                sched: p.sched,
+            })
+            .collect();
+        let entries = regcmd::chain(&progs, set.regcmd.iova, shared.soc.pc_data_amount_scale)?;
+        let bytes = regcmd::to_bytes(&entries);
+        set.regcmd.bytes_mut()[..bytes.len()].copy_from_slice(&bytes);
+        let tsize = std::mem::size_of::<RknpuTask>();
+        let tbytes = set.task.bytes_mut();
+        for i in 0..progs.len() {
+            let t = RknpuTask {
+                enable_mask: regcmd::OP_ENABLE_MATMUL,
+                int_mask: regcmd::INT_MASK_DPU,
+                int_clear: regcmd::INT_CLEAR_ALL,
+                regcfg_amount: regcmd::BODY_ENTRIES as u32,
+                regcmd_addr: u64::from(rc_iova) + (i * regcmd::PROGRAM_BYTES) as u64,
+                ..RknpuTask::default()
+            };
+            tbytes[i * tsize..(i + 1) * tsize].copy_from_slice(bytemuck::bytes_of(&t));
+        }
+        if log::log_enabled!(target: "ork::regcmd", log::Level::Trace) {
+            log::trace!(target: "ork::regcmd", "core {core} submit of {} programs:\n{}", progs.len(), crate::npu::regs::decode(&entries));
+        }
+        for bo in [&set.act, &set.regcmd, &set.task] {
+            kif.mem_sync(bo, SyncDir::ToDevice).map_err(sub_err)?;
+        }
+        let job = SubmitJob {
+            task_bo: &set.task,
+            task_start: 0,
+            task_number: progs.len() as u32,
+            core_mask: 1 << core,
+            domain,
+            flags: job_flags::PC | job_flags::PINGPONG,
+            timeout_ms: shared.timeout_ms,
+        };
+        let done = kif.submit(&job).map_err(sub_err)?;
+        if done.task_counter != job.task_number {
+            return Err(sub_err(KifError::Invalid(format!(
+                "submit completed {} of {} tasks",
+                done.task_counter, job.task_number
+            ))));
+        }
+        kif.mem_sync(&set.out, SyncDir::FromDevice).map_err(sub_err)?;
+        let out = set.out.bytes();
+        for p in &sub.programs {
+            layout::add_c_block(&out[p.out_offset..], p.mc, p.nc, p.nc, &mut res.local, plan.ncols, p.m0, p.col0);
+        }
+        res.submits += 1;
+        res.programs += progs.len() as u32;
+        res.device_ns += done.hw_elapse_ns;
+    }
+    Ok(res)
+}

@@ -1,0 +1,283 @@
+//! The planner: from (M, K, N, SoC, core budget) to the programs and submits `mm.rs` executes.
+//!
+//! This is where the hardware knowledge that callers must never embed lives (design: mechanism
+//! vs policy). The caller only sets a [`crate::npu::Budget`] (max cores).
+//!
+//! Decisions, with sources:
+//! * **Path** (rknpu-facts §4 "K-split vs full-K policy"):
+//!   - one K-slice (K ≤ 1024): every program is full-K over the K-slice tiles;
+//!   - M = 1 and a full-K companion exists (K ≤ 10752): one full-K program per core and
+//!     N-slice (the decode path), template schedule 0xb1 / 0x20;
+//!   - M > 1, companion present, K % 512 == 0 and K ≤ 4096: full-K M-tiles under ork's
+//!     M-scheduler (the envelope where its 0x1040 formula is valid), M-tile cap
+//!     `mg_max · 64` (704, 320, 128, 64 rows for K = 512 … 4096);
+//!   - otherwise K-split: one program per (N-slice, M-tile, K-slice); the host sums the int32
+//!     partials (the NPU has no accumulate-into-output mode, §3.3).
+//! * **M-tile caps** (§4): K-slices of 512 / 1024 run the scheduler with `4·R` rows (512 / 256);
+//!   other K use the template's single data bank: `bank_bytes / K` rows.
+//! * **Cores** (§5): `nc = min(budget, cores, NN)` with NN = N/32 N-blocks, then decremented while
+//!   `NN < 2·nc` (every core gets ≥ 2 N-blocks). Within each N-slice core i owns the N-blocks
+//!   `[i·NNs/nc, (i+1)·NNs/nc)`; its weights start at `tile + t0·Kp·32` (§3.2).
+//! * **Submits**: each core's programs are PC-chained (§2.4) into submits of at most
+//!   `min(1024, max_submit_tasks)` programs (ork's chain cap: 1 MiB regcmd / task buffer), and
+//!   at most [`ACT_SUBMIT_CAP_BYTES`] / [`OUT_SUBMIT_CAP_BYTES`] of activation / output scratch
+//!   (a single larger program still gets its own submit).
+
+use std::collections::HashMap;
+
+use crate::npu::layout::{ABlock, Tile, WeightGeometry, BLOCK};
+use crate::npu::regcmd::Schedule;
+use crate::npu::soc::SocDesc;
+
+/// Programs per PC chain (ork caps a chain at 1024: 1 MiB regcmd, rknpu-facts §2.4).
+pub const MAX_CHAIN_PROGRAMS: usize = 1024;
+/// Activation scratch a submit may fill before a new submit starts.
+pub const ACT_SUBMIT_CAP_BYTES: usize = 4 << 20;
+/// Output scratch a submit may fill before a new submit starts.
+pub const OUT_SUBMIT_CAP_BYTES: usize = 16 << 20;
+/// Largest DATAIN_HEIGHT / DMA_HEIGHT (11-bit fields, rknpu-facts §4).
+pub const MAX_ROWS_PER_PROGRAM: usize = 2047;
+
+/// Which slicing the plan uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PathKind {
+    /// Every program contracts all of K.
+    FullK,
+    /// Programs contract K-slices; the host sums the partials.
+    KSplit,
+}
+
+/// One program of a plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlannedProgram {
+    /// Rows `[m0, m0+mc)`, K range `[k0, k0+kp)`, columns (core-local) `[col0, col0+nc)`.
+    pub m0: usize,
+    pub mc: usize,
+    pub k0: usize,
+    pub kp: usize,
+    pub col0: usize,
+    pub nc: usize,
+    /// Byte offset of this program's weights in the weight blob.
+    pub weight_offset: usize,
+    /// Index of its activation block in the submit's `a_blocks`, and byte offsets in scratch.
+    pub a_block: usize,
+    pub out_offset: usize,
+    pub sched: Schedule,
+}
+
+/// One submit: the activation blocks to pack, and the PC-chained programs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PlannedSubmit {
+    /// Activation blocks with their byte offsets in the activation scratch.
+    pub a_blocks: Vec<(ABlock, usize)>,
+    pub programs: Vec<PlannedProgram>,
+    pub act_bytes: usize,
+    pub out_bytes: usize,
+}
+
+/// A column segment a core owns: global columns `[n0, n0+nc)` at core-local column `col0`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ColSeg {
+    pub n0: usize,
+    pub nc: usize,
+    pub col0: usize,
+}
+
+/// Everything one NPU core does for a matmul.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CorePlan {
+    pub core: u32,
+    pub segs: Vec<ColSeg>,
+    /// Columns this core owns in total (its local result is `[M][ncols]`).
+    pub ncols: usize,
+    pub submits: Vec<PlannedSubmit>,
+}
+
+/// A plan for one `C[M, N] = A[M, K] · Wᵀ`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub path: PathKind,
+    pub cores: Vec<CorePlan>,
+}
+
+impl Plan {
+    pub fn programs(&self) -> usize {
+        self.cores.iter().flat_map(|c| &c.submits).map(|s| s.programs.len()).sum()
+    }
+    pub fn submits(&self) -> usize {
+        self.cores.iter().map(|c| c.submits.len()).sum()
+    }
+}
+
+/// Number of cores for N (§5): min(budget, cores, NN), each core ≥ 2 N-blocks.
+pub fn core_count(soc: &SocDesc, n: usize, max_cores: u32) -> u32 {
+    let nn = (n / BLOCK) as u32;
+    let mut nc = max_cores.max(1).min(soc.cores).min(nn.max(1));
+    while nc > 1 && nn < 2 * nc {
+        nc -= 1;
+    }
+    nc
+}
+
+/// Rows per program and schedule for a program contracting `kp` (K-slice or full-K).
+fn tile_rows(soc: &SocDesc, kp: usize, path: PathKind, m: usize) -> (usize, fn(usize, usize) -> Schedule) {
+    let bank = soc.cbuf_bank_bytes as usize;
+    let template = |mc: usize, _k: usize| Schedule::template(mc as u32);
+    let sched = |mc: usize, k: usize| Schedule::scheduler(mc as u32, k as u32).expect("mc within the scheduler cap");
+    if path == PathKind::FullK && m == 1 && kp > soc.k_slice as usize {
+        // M = 1 full-K decode: template 0xb1 / 0x20 (rknpu-facts §4).
+        return (1, template);
+    }
+    let sched_ok = kp % 512 == 0 && kp <= 4096 && (path == PathKind::FullK || kp == 512 || kp == 1024);
+    if sched_ok {
+        // Largest mc the scheduler formula accepts, capped by 4·R for K-slices (§4).
+        let mut cap = (1..=MAX_ROWS_PER_PROGRAM).rev().step_by(1).find(|&mc| mc % 64 == 0 && Schedule::scheduler(mc as u32, kp as u32).is_some()).unwrap_or(64);
+        if path == PathKind::KSplit || kp <= soc.k_slice as usize {
+            let r = 1usize << (31 - ((crate::npu::regcmd::SCHED_ROW_BUDGET_BYTES as usize / kp) as u32).leading_zeros());
+            cap = cap.min(4 * r);
+        }
+        return (cap, sched);
+    }
+    ((bank / kp).clamp(1, MAX_ROWS_PER_PROGRAM), template)
+}
+
+/// Builds the plan. `geom` is the weight's geometry; `max_cores` the caller's budget.
+pub fn plan(soc: &SocDesc, geom: &WeightGeometry, m: usize, max_cores: u32) -> Plan {
+    let (k, n) = (geom.k, geom.n);
+    let fullk_ok = geom.sk == 1
+        || (geom.fullk_tile(0).is_some() && (m == 1 || (k % 512 == 0 && k <= 4096)));
+    let path = if fullk_ok { PathKind::FullK } else { PathKind::KSplit };
+    let ncores = core_count(soc, n, max_cores);
+    let max_programs = MAX_CHAIN_PROGRAMS.min(soc.max_submit_tasks as usize).max(1);
+
+    let mut cores = Vec::with_capacity(ncores as usize);
+    for core in 0..ncores as usize {
+        // Column segments of this core, one per N-slice.
+        let mut segs = Vec::new();
+        let mut ncols = 0;
+        let mut work: Vec<(ColSeg, usize)> = Vec::new(); // (segment, first N-block in the slice)
+        for ns in 0..geom.sn {
+            let n0s = ns * geom.n_slice;
+            let nns = geom.n_slice.min(n - n0s) / BLOCK;
+            let (t0, t1) = (core * nns / ncores as usize, (core + 1) * nns / ncores as usize);
+            if t1 > t0 {
+                let seg = ColSeg { n0: n0s + t0 * BLOCK, nc: (t1 - t0) * BLOCK, col0: ncols };
+                ncols += seg.nc;
+                segs.push(seg);
+                work.push((seg, t0));
+            }
+        }
+        // Programs in order: N-slice, M-tile, K-slice.
+        let mut submits: Vec<PlannedSubmit> = Vec::new();
+        let mut cur = PlannedSubmit::default();
+        let mut index: HashMap<ABlock, usize> = HashMap::new();
+        for (seg, t0) in &work {
+            let ns = seg.n0 / geom.n_slice;
+            let ktiles: Vec<&Tile> = match path {
+                PathKind::FullK => vec![geom.fullk_tile(ns).expect("full-K tile")],
+                PathKind::KSplit => (0..geom.sk).map(|ks| geom.tile(ns, ks)).collect(),
+            };
+            let rows_of: Vec<(usize, fn(usize, usize) -> Schedule)> =
+                ktiles.iter().map(|t| tile_rows(soc, t.kp, path, m)).collect();
+            let mtile = rows_of.iter().map(|r| r.0).min().unwrap_or(1).max(1);
+            let mut m0 = 0;
+            while m0 < m {
+                let mc = mtile.min(m - m0);
+                for (t, (_, sched)) in ktiles.iter().zip(&rows_of) {
+                    let ab = ABlock { m0, mc, k0: t.k0, kp: t.kp };
+                    let out_bytes = mc * seg.nc * 4;
+                    let new_a = !index.contains_key(&ab);
+                    let full = cur.programs.len() >= max_programs
+                        || (!cur.programs.is_empty()
+                            && ((new_a && cur.act_bytes + ab.bytes() > ACT_SUBMIT_CAP_BYTES)
+                                || cur.out_bytes + out_bytes > OUT_SUBMIT_CAP_BYTES));
+                    if full {
+                        submits.push(std::mem::take(&mut cur));
+                        index.clear();
+                    }
+                    let a_block = *index.entry(ab).or_insert_with(|| {
+                        cur.a_blocks.push((ab, cur.act_bytes));
+                        cur.act_bytes += ab.bytes().div_ceil(64) * 64;
+                        cur.a_blocks.len() - 1
+                    });
+                    cur.programs.push(PlannedProgram {
+                        m0,
+                        mc,
+                        k0: t.k0,
+                        kp: t.kp,
+                        col0: seg.col0,
+                        nc: seg.nc,
+                        weight_offset: t.block_offset(*t0),
+                        a_block,
+                        out_offset: cur.out_bytes,
+                        sched: sched(mc, t.kp),
+                    });
+                    cur.out_bytes += out_bytes.div_ceil(64) * 64;
+                }
+                m0 += mc;
+            }
+        }
+        if !cur.programs.is_empty() {
+            submits.push(cur);
+        }
+        cores.push(CorePlan { core: core as u32, segs, ncols, submits });
+    }
+    Plan { m, k, n, path, cores }
+}
+
+/// Fixed IOVAs of [`synth_fixed`] (ork's `ork_i8_npu_synth_dump` uses 0x1000000 / 0x2000000 /
+/// 0x3000000 for A / B / C, rknpu-facts §10); the regcmd buffer goes at 0x4000000.
+pub const SYNTH_A_IOVA: u32 = 0x0100_0000;
+pub const SYNTH_B_IOVA: u32 = 0x0200_0000;
+pub const SYNTH_C_IOVA: u32 = 0x0300_0000;
+pub const SYNTH_REGCMD_IOVA: u32 = 0x0400_0000;
+
+/// Plans `[M, K] × [N, K]ᵀ` on `soc` with `max_cores` and synthesises every submit's regcmd
+/// stream with the fixed IOVAs above (A, B, C scratch offsets as `mm.rs` would place them).
+/// Returns `(core, submit index, entries)` — what `ork-regdump --synth` and the golden tests show.
+pub fn synth_fixed(
+    soc: &SocDesc,
+    m: usize,
+    k: usize,
+    n: usize,
+    max_cores: u32,
+) -> Result<Vec<(u32, usize, Vec<crate::npu::regs::RegCmd>)>, crate::npu::regcmd::RegcmdError> {
+    use crate::npu::kif::Iova;
+    use crate::npu::regcmd::{chain, MatmulProgram};
+    let geom = WeightGeometry::new(soc, n, k);
+    let p = plan(soc, &geom, m, max_cores);
+    let mut out = Vec::new();
+    for cp in &p.cores {
+        for (i, sub) in cp.submits.iter().enumerate() {
+            let progs: Vec<MatmulProgram> = sub
+                .programs
+                .iter()
+                .map(|q| MatmulProgram {
+                    mc: q.mc as u32,
+                    k: q.kp as u32,
+                    n: q.nc as u32,
+                    dst_stride: q.nc as u32,
+                    a: Iova(SYNTH_A_IOVA + sub.a_blocks[q.a_block].1 as u32),
+                    b: Iova(SYNTH_B_IOVA + q.weight_offset as u32),
+                    c: Iova(SYNTH_C_IOVA + q.out_offset as u32),
+                    sched: q.sched,
+                })
+                .collect();
+            out.push((cp.core, i, chain(&progs, Iova(SYNTH_REGCMD_IOVA), soc.pc_data_amount_scale)?));
+        }
+    }
+    Ok(out)
+}
+
+/// Decoded text of [`synth_fixed`]: a header line per submit, then one line per entry.
+pub fn synth_text(soc: &SocDesc, m: usize, k: usize, n: usize, max_cores: u32) -> Result<String, crate::npu::regcmd::RegcmdError> {
+    let mut s = format!("# {} M={m} K={k} N={n} max_cores={max_cores}\n", soc.id.name());
+    for (core, i, entries) in synth_fixed(soc, m, k, n, max_cores)? {
+        s += &format!("## core {core} submit {i}: {} programs\n", entries.len() / crate::npu::regcmd::PROGRAM_ENTRIES);
+        s += &crate::npu::regs::decode(&entries);
+    }
+    Ok(s)
+}

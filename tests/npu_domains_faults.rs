@@ -1,0 +1,149 @@
+//! IOMMU domains and fault injection: weights spread over several domains (proactive cap and
+//! EFAULT safety net) stay bit-exact; a timeout or reset is an error to the caller, never a
+//! panic or a wrong result, and the Npu keeps working afterwards.
+mod common;
+
+use common::{rk3588, sim_npu, Rng};
+use ggml_ork::npu::kif::sim::SimFaults;
+use ggml_ork::npu::kif::{DomainId, KifError};
+use ggml_ork::npu::soc::SocDesc;
+use ggml_ork::npu::{reference_mm, Budget, Npu, NpuConfig, NpuError};
+
+const MIB: u64 = 1 << 20;
+
+/// RK3588 with a small IOVA window and per-domain cap so a few MiB of weights need domains.
+fn small_soc(cap: u64, window: u64) -> SocDesc {
+    SocDesc { domain_cap_bytes: cap, iova_window_bytes: window, ..rk3588() }
+}
+
+struct W {
+    w: Vec<i8>,
+    rw: std::sync::Arc<ggml_ork::npu::ResidentWeight>,
+}
+
+fn fill(npu: &Npu, rng: &mut Rng, count: usize, n: usize, k: usize) -> Vec<W> {
+    (0..count)
+        .map(|_| {
+            let w = rng.i8s(n * k);
+            let rw = npu.upload(&Npu::tile_weight(npu.soc(), &w, n, k).unwrap()).unwrap();
+            W { w, rw }
+        })
+        .collect()
+}
+
+fn run_all(npu: &Npu, rng: &mut Rng, ws: &[W]) {
+    for (i, x) in ws.iter().enumerate() {
+        for m in [1, 4, 37] {
+            let (k, n) = (x.rw.k(), x.rw.n());
+            let a = rng.i8s(m * k);
+            let mut c = vec![0; m * n];
+            npu.mm_run(&x.rw, &a, m, &mut c, Budget { max_cores: 3 }).unwrap();
+            assert_eq!(c, reference_mm(&a, &x.w, m, k, n), "weight {i} (domain {}) M={m}", x.rw.domain());
+        }
+    }
+}
+
+#[test]
+fn proactive_cap_spreads_weights_over_domains() {
+    // Weights of N=256, K=2048: 512 KiB K-slice tiles + 512 KiB full-K companion = 1 MiB each.
+    let (sim, npu) = sim_npu(small_soc(2 * MIB, 32 * MIB), SimFaults::default());
+    let mut rng = Rng::new(1);
+    let ws = fill(&npu, &mut rng, 7, 256, 2048);
+    assert_eq!(npu.domain_usage(), vec![2 * MIB, 2 * MIB, 2 * MIB, MIB]);
+    let doms: Vec<u32> = ws.iter().map(|x| x.rw.domain()).collect();
+    assert_eq!(doms, vec![0, 0, 1, 1, 2, 2, 3]);
+    run_all(&npu, &mut rng, &ws);
+    // Only as many domains as needed were touched.
+    assert_eq!(sim.domain_used_bytes(DomainId(4)), 0);
+    drop(ws);
+    assert_eq!(npu.domain_usage().iter().sum::<u64>(), 0, "freed weights release their domain bytes");
+}
+
+#[test]
+fn efault_while_filling_advances_and_loses_nothing() {
+    // The proactive cap (64 MiB) would never trigger; the simulated window EFAULTs at 10 MiB
+    // (scratch of 3 cores ≈ 6.5 MiB + weights), so the safety net must advance.
+    let faults = SimFaults { efault_after_bytes: Some(10 * MIB), ..SimFaults::default() };
+    let (_sim, npu) = sim_npu(small_soc(64 * MIB, 64 * MIB), faults);
+    let mut rng = Rng::new(2);
+    let ws = fill(&npu, &mut rng, 9, 256, 2048);
+    let doms: Vec<u32> = ws.iter().map(|x| x.rw.domain()).collect();
+    assert!(doms.windows(2).all(|p| p[0] <= p[1]), "domains fill in order: {doms:?}");
+    assert!(*doms.last().unwrap() >= 2, "EFAULT must have advanced the cursor: {doms:?}");
+    run_all(&npu, &mut rng, &ws);
+}
+
+#[test]
+fn residency_budget_refuses_with_no_room() {
+    let soc = rk3588();
+    let sim = std::sync::Arc::new(ggml_ork::npu::kif::sim::SimKif::with_faults(soc.clone(), SimFaults::default()));
+    let cfg = NpuConfig { wcache_budget_bytes: Some(3 * MIB / 2), ..NpuConfig::default() };
+    let npu = Npu::with_kif(sim, soc, &cfg).unwrap();
+    let mut rng = Rng::new(3);
+    let _a = fill(&npu, &mut rng, 1, 256, 2048);
+    let w = rng.i8s(256 * 2048);
+    let err = npu.upload(&Npu::tile_weight(npu.soc(), &w, 256, 2048).unwrap()).err().expect("over budget");
+    assert!(matches!(err, NpuError::NoRoom { .. }), "{err}");
+}
+
+#[test]
+fn more_than_16_domains_is_no_room() {
+    let (_sim, npu) = sim_npu(small_soc(MIB, 16 * MIB), SimFaults::default());
+    let mut rng = Rng::new(4);
+    let _ws = fill(&npu, &mut rng, 16, 256, 2048);
+    let w = rng.i8s(256 * 2048);
+    let err = npu.upload(&Npu::tile_weight(npu.soc(), &w, 256, 2048).unwrap()).err().expect("17th domain");
+    assert!(matches!(err, NpuError::NoRoom { .. }), "{err}");
+}
+
+fn faulty_runs(faults: SimFaults, expect: fn(&KifError) -> bool) {
+    let (sim, npu) = sim_npu(rk3588(), faults);
+    let mut rng = Rng::new(5);
+    let (k, n) = (2080, 256); // K-split: several submits per core
+    let w = rng.i8s(n * k);
+    let rw = npu.upload(&Npu::tile_weight(npu.soc(), &w, n, k).unwrap()).unwrap();
+    let (mut ok, mut failed) = (0, 0);
+    for i in 0..30 {
+        let m = 1 + i % 9;
+        let a = rng.i8s(m * k);
+        let sentinel = vec![0x5a5a_5a5a; m * n];
+        let mut c = sentinel.clone();
+        match npu.mm_run(&rw, &a, m, &mut c, Budget { max_cores: 3 }) {
+            Ok(_) => {
+                assert_eq!(c, reference_mm(&a, &w, m, k, n));
+                ok += 1;
+            }
+            Err(NpuError::Submit { source, .. }) => {
+                assert!(expect(&source), "unexpected error {source}");
+                assert_eq!(c, sentinel, "C must be untouched after a failed run");
+                failed += 1;
+            }
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    assert!(ok > 0 && failed > 0, "ok={ok} failed={failed}");
+    // Faults off: the same Npu keeps working.
+    sim.set_faults(SimFaults::default());
+    let a = rng.i8s(7 * k);
+    let mut c = vec![0; 7 * n];
+    npu.mm_run(&rw, &a, 7, &mut c, Budget { max_cores: 3 }).unwrap();
+    assert_eq!(c, reference_mm(&a, &w, 7, k, n));
+}
+
+#[test]
+fn timeout_is_an_error_and_recovers() {
+    faulty_runs(SimFaults { timeout_every: Some(5), ..SimFaults::default() }, |e| matches!(e, KifError::Timeout { .. }));
+}
+
+#[test]
+fn reset_is_an_error_and_recovers() {
+    faulty_runs(SimFaults { reset_every: Some(4), ..SimFaults::default() }, |e| matches!(e, KifError::Reset));
+}
+
+#[test]
+fn fault_spec_parses() {
+    let f = SimFaults::parse("efault_after_mb:64|timeout_every:7,reset_every:11").unwrap();
+    assert_eq!(f, SimFaults { efault_after_bytes: Some(64 * MIB), timeout_every: Some(7), reset_every: Some(11) });
+    assert!(SimFaults::parse("bogus:1").is_err());
+    assert!(SimFaults::parse("timeout_every").is_err());
+}

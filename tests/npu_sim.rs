@@ -1,0 +1,230 @@
+//! The simulator decodes what it is handed: hand-built submits exercise the row stride, PC
+//! chaining semantics (links, early termination, task_number), address checks, and the loud
+//! refusal of everything it does not model.
+mod common;
+
+use common::{rk3588, Rng};
+use ggml_ork::npu::kif::sim::{SimFaults, SimKif};
+use ggml_ork::npu::kif::{job_flags, mem_flags, Bo, DomainId, Iova, KernelInterface, KifError, RknpuTask, SubmitJob};
+use ggml_ork::npu::layout::{self, WeightGeometry};
+use ggml_ork::npu::regcmd::{self, MatmulProgram, Schedule};
+use ggml_ork::npu::regs::{self, RegCmd};
+use ggml_ork::npu::reference_mm;
+
+struct Rig {
+    sim: SimKif,
+    a: Bo,
+    b: Bo,
+    c: Bo,
+    rc: Bo,
+    task: Bo,
+}
+
+const D: DomainId = DomainId(0);
+
+fn rig() -> Rig {
+    let sim = SimKif::with_faults(rk3588(), SimFaults::default());
+    let a = sim.mem_create(1 << 16, mem_flags::DATA, D).unwrap();
+    let b = sim.mem_create(1 << 16, mem_flags::DATA, D).unwrap();
+    let c = sim.mem_create(1 << 16, mem_flags::DATA, D).unwrap();
+    let rc = sim.mem_create(1 << 16, mem_flags::DATA, D).unwrap();
+    let task = sim.mem_create(4096, mem_flags::TASK, D).unwrap();
+    Rig { sim, a, b, c, rc, task }
+}
+
+impl Rig {
+    /// Fills A `[mc][k]` and W `[n][k]` (tiled into B) with random data.
+    fn data(&mut self, rng: &mut Rng, mc: usize, k: usize, n: usize) -> (Vec<i8>, Vec<i8>) {
+        let a = rng.i8s(mc * k);
+        let w = rng.i8s(n * k);
+        self.a.bytes_mut()[..mc * k].copy_from_slice(bytemuck::cast_slice(&a));
+        let g = WeightGeometry::new(&rk3588(), n, k);
+        let blob = layout::tile_weight_ref(&g, &w);
+        self.b.bytes_mut()[..blob.len()].copy_from_slice(&blob);
+        (a, w)
+    }
+
+    fn prog(&self, mc: u32, k: u32, n: u32, s: u32) -> MatmulProgram {
+        MatmulProgram { mc, k, n, dst_stride: s, a: self.a.iova, b: self.b.iova, c: self.c.iova, sched: Schedule::template(mc) }
+    }
+
+    fn submit(&mut self, entries: &[RegCmd], tasks: usize) -> Result<(), KifError> {
+        let bytes = regcmd::to_bytes(entries);
+        self.rc.bytes_mut()[..bytes.len()].copy_from_slice(&bytes);
+        for i in 0..tasks {
+            let t = RknpuTask {
+                enable_mask: 0x0d,
+                int_mask: 0x300,
+                int_clear: 0x1ffff,
+                regcfg_amount: 108,
+                regcmd_addr: u64::from(self.rc.iova.0) + (i * regcmd::PROGRAM_BYTES) as u64,
+                ..Default::default()
+            };
+            self.task.bytes_mut()[i * 40..(i + 1) * 40].copy_from_slice(bytemuck::bytes_of(&t));
+        }
+        let job = SubmitJob {
+            task_bo: &self.task,
+            task_start: 0,
+            task_number: tasks as u32,
+            core_mask: 1,
+            domain: D,
+            flags: job_flags::PC | job_flags::PINGPONG,
+            timeout_ms: 1000,
+        };
+        self.sim.submit(&job).map(|_| ())
+    }
+
+    fn c_i32(&self, count: usize) -> Vec<i32> {
+        self.c.bytes()[..count * 4].chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect()
+    }
+}
+
+#[test]
+fn row_stride_is_honoured() {
+    let mut r = rig();
+    let mut rng = Rng::new(1);
+    let (mc, k, n, s) = (5, 64, 32, 48);
+    let (a, w) = r.data(&mut rng, mc, k, n);
+    r.c.bytes_mut().fill(0xee);
+    let e = r.prog(mc as u32, k as u32, n as u32, s as u32).program(None, 2).unwrap();
+    r.submit(&e, 1).unwrap();
+    let got = r.c_i32(mc * s);
+    let want = reference_mm(&a, &w, mc, k, n);
+    for row in 0..mc {
+        assert_eq!(&got[row * s..row * s + n], &want[row * n..(row + 1) * n]);
+        if row + 1 < mc {
+            assert!(got[row * s + n..(row + 1) * s].iter().all(|&x| x == i32::from_le_bytes([0xee; 4])), "gap untouched");
+        }
+    }
+}
+
+/// Replaces the value of the first entry writing `reg`.
+fn patch(e: &mut [RegCmd], reg: &regs::RegDef, value: u32) {
+    let i = e.iter().position(|x| x.reg().map(|r| r.name) == Some(reg.name)).unwrap();
+    e[i] = RegCmd::write(reg, value);
+}
+
+/// Replaces every entry writing `reg` (the capture writes CONV_CON1 and CBUF_CON0 twice).
+fn patch_all(e: &mut [RegCmd], reg: &regs::RegDef, value: u32) {
+    for x in e.iter_mut().filter(|x| x.reg().map(|r| r.name) == Some(reg.name)) {
+        *x = RegCmd::write(reg, value);
+    }
+}
+
+fn refused(mutate: impl Fn(&mut Vec<RegCmd>), needle: &str) {
+    let mut r = rig();
+    let mut rng = Rng::new(2);
+    r.data(&mut rng, 4, 64, 32);
+    let mut e = r.prog(4, 64, 32, 32).program(None, 2).unwrap();
+    mutate(&mut e);
+    match r.submit(&e, 1) {
+        Err(KifError::Invalid(msg)) => assert!(msg.contains(needle), "`{msg}` lacks `{needle}`"),
+        other => panic!("expected a refusal mentioning `{needle}`, got {other:?}"),
+    }
+}
+
+#[test]
+fn unmodelled_programming_is_refused_loudly() {
+    use regs::*;
+    // fp16 input precision (CONV_CON1 IN_PRECISION=2, PROC_PRECISION=2).
+    refused(|e| patch_all(e, &CNA_CONV_CON1::REG, 0x2000_0000 | (2 << 4) | (2 << 7)), "IN_PRECISION");
+    // Duplicates: the later copy of CONV_CON1 wins, so patching only the first is harmless…
+    // …but patching only the second (entry 5) is seen.
+    refused(|e| e[5] = RegCmd::write(&CNA_CONV_CON1::REG, 0x2000_0000 | (2 << 4)), "IN_PRECISION");
+    // int8 output (DATA_FORMAT OUT_PRECISION=0).
+    refused(|e| patch(e, &DPU_DATA_FORMAT::REG, 0), "OUT_PRECISION");
+    // BS stage enabled.
+    refused(|e| patch(e, &DPU_BS_CFG::REG, 0x52), "BS_BYPASS");
+    // Non-identity output conversion.
+    refused(|e| patch(e, &DPU_OUT_CVT_SHIFT::REG, 3), "OUT_CVT_SHIFT");
+    // Another layout triple.
+    refused(|e| patch(e, &CNA_DMA_CON1::REG, 5), "LINE_STRIDE");
+    // A CBUF split whose data banks cannot hold the rows (0 data banks).
+    refused(|e| patch_all(e, &CNA_CBUF_CON0::REG, 0xb0), "CBUF");
+    // Inconsistent dimensions between CNA and DPU.
+    refused(|e| patch(e, &DPU_DATA_CUBE_HEIGHT::REG, 7), "HEIGHT");
+    // A register outside the table.
+    refused(|e| e[57] = RegCmd::raw(0x0801, 0x3034, 0), "outside the table");
+    // A kick enabling DPU_RDMA too.
+    refused(|e| { let n = e.len(); e[n - 1] = RegCmd::write(&PC_OPERATION_ENABLE::REG, 0x1d) }, "0x0d");
+    // Missing 0x0041 word before the kick.
+    refused(|e| { let n = e.len(); e[n - 2] = RegCmd::NOP }, "0x0041");
+    // Feature address outside every BO.
+    refused(|e| patch(e, &CNA_FEATURE_DATA_ADDR::REG, 0x10_0000), "outside every live BO");
+}
+
+#[test]
+fn chain_follows_links_and_task_number() {
+    let mut r = rig();
+    let mut rng = Rng::new(3);
+    let (mc, k, n) = (2usize, 32usize, 32usize);
+    let (a, w) = r.data(&mut rng, mc, k, n);
+    let want = reference_mm(&a, &w, mc, k, n);
+    // Two programs writing two different C regions.
+    let mut p1 = r.prog(mc as u32, k as u32, n as u32, n as u32);
+    let p0 = p1;
+    p1.c = Iova(r.c.iova.0 + 4096);
+    let chained = regcmd::chain(&[p0, p1], r.rc.iova, 2).unwrap();
+    let second = |r: &Rig| -> Vec<i32> {
+        r.c.bytes()[4096..4096 + mc * n * 4].chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect()
+    };
+    // task_number = 2: both run.
+    r.submit(&chained, 2).unwrap();
+    assert_eq!(r.c_i32(mc * n), want);
+    assert_eq!(second(&r), want);
+    // task_number = 1: only the first runs even though it links on.
+    r.c.bytes_mut().fill(0);
+    r.submit(&chained, 1).unwrap();
+    assert_eq!(r.c_i32(mc * n), want);
+    assert!(second(&r).iter().all(|&x| x == 0));
+    // Two unlinked programs with task_number = 2: the chain stops after the first → timeout.
+    let mut unlinked = p0.program(None, 2).unwrap();
+    unlinked.extend(p1.program(None, 2).unwrap());
+    assert!(matches!(r.submit(&unlinked, 2), Err(KifError::Timeout { .. })));
+}
+
+#[test]
+fn task_bo_needs_kernel_mapping() {
+    let mut r = rig();
+    let plain = r.sim.mem_create(4096, mem_flags::DATA, D).unwrap();
+    let old = std::mem::replace(&mut r.task, plain);
+    let mut rng = Rng::new(4);
+    r.data(&mut rng, 1, 32, 32);
+    let e = r.prog(1, 32, 32, 32).program(None, 2).unwrap();
+    assert!(matches!(r.submit(&e, 1), Err(KifError::Invalid(m)) if m.contains("KERNEL_MAPPING")));
+    r.sim.mem_destroy(old).unwrap();
+}
+
+#[test]
+fn iovas_are_top_down_page_aligned_and_reused() {
+    let sim = SimKif::with_faults(rk3588(), SimFaults::default());
+    let x = sim.mem_create(5000, mem_flags::DATA, D).unwrap();
+    let y = sim.mem_create(4096, mem_flags::DATA, D).unwrap();
+    assert_eq!(x.size_bytes, 8192);
+    assert_eq!(x.iova.0 as u64 + 8192, 1 << 32);
+    assert_eq!(y.iova.0 + 4096, x.iova.0);
+    let xi = x.iova;
+    sim.mem_destroy(x).unwrap();
+    let z = sim.mem_create(8192, mem_flags::DATA, D).unwrap();
+    assert_eq!(z.iova, xi, "freed range reused");
+    // Domains have separate windows.
+    let d1 = sim.mem_create(4096, mem_flags::DATA, DomainId(1)).unwrap();
+    assert_eq!(d1.iova.0 as u64 + 4096, 1 << 32);
+    assert!(sim.mem_create(4096, mem_flags::DATA, DomainId(16)).is_err());
+    for bo in [y, z, d1] {
+        sim.mem_destroy(bo).unwrap();
+    }
+    assert_eq!(sim.live_bos(), 0);
+}
+
+#[test]
+fn later_duplicate_wins() {
+    let mut r = rig();
+    let mut rng = Rng::new(5);
+    let (a, w) = r.data(&mut rng, 3, 64, 32);
+    let mut e = r.prog(3, 64, 32, 32).program(None, 2).unwrap();
+    // Only the first CONV_CON1 copy (entry 3) says fp16; entry 5 restores int8 before the kick.
+    e[3] = RegCmd::write(&regs::CNA_CONV_CON1::REG, 0x2000_0000 | (2 << 4) | (2 << 7));
+    r.submit(&e, 1).unwrap();
+    assert_eq!(r.c_i32(3 * 32), reference_mm(&a, &w, 3, 64, 32));
+}
