@@ -5,7 +5,7 @@ source "$(dirname "$0")/common.sh"
 cd "$ROOT"
 echo "== cargo test"
 export ORK_REQUIRE_GLSLC=1   # committed SPIR-V must match shaders/ (glslc comes with set-up)
-cargo test --quiet 2>&1 | tee "$ORK_ENV/cargo-test.log" | grep -E "^(test result|running|error|failures:|---- )" || true
+cargo test --quiet --no-fail-fast 2>&1 | tee "$ORK_ENV/cargo-test.log" | grep -E "^(test result|running|error|failures:|---- )" || true
 if grep -qE "^test result: FAILED|^error" "$ORK_ENV/cargo-test.log"; then
   grep -E "panicked|FAILED|^error" "$ORK_ENV/cargo-test.log" | head -40
   echo "cargo test failed"; exit 1

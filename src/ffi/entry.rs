@@ -53,7 +53,7 @@ fn open_device(cfg: &'static Config) -> Result<&'static Device, String> {
         kind,
         soc,
         max_cores: cfg.max_cores,
-        pin_cpus: Vec::new(),
+        pin_cpus: if cfg.no_affinity { Vec::new() } else { npu::hostcpu::big_cores_for_pinning() },
         wcache_budget_bytes: cfg.wcache_budget_mb.map(|mb| mb << 20),
     };
     let npu = Npu::open(&ncfg).map_err(|e| match cfg.npu {

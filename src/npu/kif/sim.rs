@@ -636,23 +636,56 @@ pub fn matmul_tiled(a: &[i8], w: &[i8], mc: usize, k: usize, n: usize) -> Vec<i3
     let mut out = vec![0i32; mc * n];
     // One work item = 32 outputs (one N-block) of one row.
     let min_len = (4096 / k.max(1)).max(1);
+    let avx2 = has_avx2();
     out.par_chunks_mut(32).with_min_len(min_len).enumerate().for_each(|(idx, o)| {
         let (m, nt) = (idx / nt_n, idx % nt_n);
         let a16: Vec<i16> = a[m * k..(m + 1) * k].iter().map(|&x| i16::from(x)).collect();
         let wblk = &w[nt * kt_n * 1024..(nt + 1) * kt_n * 1024];
-        for (nl, out_nl) in o.iter_mut().enumerate() {
-            let mut lanes = [0i32; 16];
-            for kt in 0..kt_n {
-                let av: &[i16; 32] = a16[kt * 32..kt * 32 + 32].try_into().unwrap();
-                let wv: &[i8; 32] = wblk[kt * 1024 + nl * 32..kt * 1024 + nl * 32 + 32].try_into().unwrap();
-                for i in 0..16 {
-                    let p0 = i32::from(av[2 * i]) * i32::from(i16::from(wv[2 * i]));
-                    let p1 = i32::from(av[2 * i + 1]) * i32::from(i16::from(wv[2 * i + 1]));
-                    lanes[i] += p0 + p1;
-                }
-            }
-            *out_nl = lanes.iter().sum();
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: AVX2 was detected at run time just above.
+            unsafe { block_avx2(&a16, wblk, kt_n, o) };
+            return;
         }
+        let _ = avx2;
+        block(&a16, wblk, kt_n, o);
     });
     out
+}
+
+/// One row × one N-block (32 outputs): `o[nl] = Σ_k a16[k] · W[nl][k]`.
+#[inline(always)]
+fn block(a16: &[i16], wblk: &[i8], kt_n: usize, o: &mut [i32]) {
+    for (nl, out_nl) in o.iter_mut().enumerate() {
+        let mut lanes = [0i32; 16];
+        for kt in 0..kt_n {
+            let av: &[i16; 32] = a16[kt * 32..kt * 32 + 32].try_into().unwrap();
+            let wv: &[i8; 32] = wblk[kt * 1024 + nl * 32..kt * 1024 + nl * 32 + 32].try_into().unwrap();
+            for i in 0..16 {
+                let p0 = i32::from(av[2 * i]) * i32::from(i16::from(wv[2 * i]));
+                let p1 = i32::from(av[2 * i + 1]) * i32::from(i16::from(wv[2 * i + 1]));
+                lanes[i] += p0 + p1;
+            }
+        }
+        *out_nl = lanes.iter().sum();
+    }
+}
+
+/// [`block`] compiled with AVX2 enabled (the simulator is a test device: it may use whatever the
+/// host offers; results are exact integers either way).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn block_avx2(a16: &[i16], wblk: &[i8], kt_n: usize, o: &mut [i32]) {
+    block(a16, wblk, kt_n, o)
+}
+
+fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
