@@ -39,7 +39,8 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_OFF", default: "0", meaning: "1 = register no device: the same binary runs everything on the CPU (A/B runs)" },
     VarDoc { name: "ORK_MINM", default: "32", meaning: "minimum M (tokens in the ubatch) for a MUL_MAT to go to the NPU; smaller M follows ORK_DECODE" },
     VarDoc { name: "ORK_DECODE", default: "auto", meaning: "engine for MUL_MAT below ORK_MINM: auto, npu, gpu, cpu (auto = cpu until the GPU path is routed)" },
-    VarDoc { name: "ORK_ACT_SPLIT", default: "1", meaning: "1 = two-term int8 activations (x ≈ s_hi·q_hi + s_lo·q_lo, 2M NPU rows) for outlier-heavy hidden states; 0 = one int8 term (plain W8A8)" },
+    VarDoc { name: "ORK_ACT_TERMS", default: "auto", meaning: "int8 terms per activation row (x ≈ Σ s_t·q_t, T·M NPU rows) for outlier-heavy hidden states: auto (3 with two-term weights, else 2), 1 (plain W8A8), 2, 3" },
+    VarDoc { name: "ORK_WEIGHT_TERMS", default: "auto", meaning: "int8 terms per weight: auto (2 for F32/F16/BF16 sources, whose precision one int8 cannot carry; 1 otherwise), 1, or 2" },
     VarDoc { name: "ORK_SOC", default: "(device tree)", meaning: "force the SoC description: rk3588 or rk3576" },
     VarDoc { name: "ORK_NPU_MC", default: "(all cores)", meaning: "cap on NPU cores per matmul (the core budget); the planner picks within it" },
     VarDoc { name: "ORK_NO_AFFINITY", default: "0", meaning: "1 = do not pin NPU worker threads to the big CPU cores" },
@@ -59,7 +60,10 @@ pub struct Config {
     pub off: bool,
     pub min_m: usize,
     pub decode: DecodeSelect,
-    pub act_split: bool,
+    /// 0 = auto, else 1..=3.
+    pub act_terms: u8,
+    /// 0 = auto, else 1 or 2.
+    pub weight_terms: u8,
     pub soc: Option<String>,
     pub max_cores: Option<u32>,
     pub no_affinity: bool,
@@ -130,7 +134,17 @@ impl Config {
             off: flag(get("ORK_OFF")),
             min_m,
             decode,
-            act_split: get("ORK_ACT_SPLIT").map(|v| v.trim() != "0").unwrap_or(true),
+            weight_terms: match get("ORK_WEIGHT_TERMS").as_deref().map(str::trim) {
+                Some("1") => 1,
+                Some("2") => 2,
+                _ => 0,
+            },
+            act_terms: match get("ORK_ACT_TERMS").as_deref().map(str::trim) {
+                Some("1") => 1,
+                Some("2") => 2,
+                Some("3") => 3,
+                _ => 0,
+            },
             soc: get("ORK_SOC").filter(|s| !s.trim().is_empty()),
             max_cores,
             no_affinity: flag(get("ORK_NO_AFFINITY")),
@@ -141,6 +155,15 @@ impl Config {
             log_level,
         };
         (cfg, bad)
+    }
+
+    /// Activation terms for a weight with one or two int8 terms (`ORK_ACT_TERMS`).
+    pub fn act_terms_for(&self, two_term_weight: bool) -> usize {
+        match self.act_terms {
+            0 if two_term_weight => 3,
+            0 => 2,
+            t => t as usize,
+        }
     }
 
     /// The process-wide configuration, read from the environment on first use.

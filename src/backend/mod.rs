@@ -13,6 +13,7 @@
 //! `x: [M, K] f32` → per-row int8 (`quant`) → `npu::Npu::mm_run` (pack → plan → regcmd → submit →
 //! wait) → `c: [M, N] i32` → `dst: [M, N] f32 = c · a_scale[m] · w_scale[n]`.
 
+pub mod gpu;
 pub mod weights;
 
 use crate::config::Config;
@@ -46,6 +47,9 @@ pub const WEIGHT_TYPES: &[(u32, &str)] = &[
 #[derive(Default)]
 pub struct Stats {
     pub npu_matmuls: AtomicU64,
+    pub gpu_matmuls: AtomicU64,
+    pub gpu_submits: AtomicU64,
+    pub gpu_ns: AtomicU64,
     pub npu_rows: AtomicU64,
     pub npu_fallbacks: AtomicU64,
     pub declined_small_m: AtomicU64,
@@ -61,12 +65,15 @@ impl Stats {
     pub fn summary(&self) -> String {
         let ms = |a: &AtomicU64| a.load(Relaxed) as f64 / 1e6;
         format!(
-            "ORK ran {} MUL_MAT on the NPU ({} rows, {} submits); {} MUL_MAT graph nodes were left to the CPU \
+            "ORK ran {} MUL_MAT on the NPU ({} rows, {} submits) and {} on the GPU ({} submits, {:.1} ms); {} MUL_MAT graph nodes were left to the CPU \
              (M < ORK_MINM) at graph split; {} NPU errors fell back to the CPU; {} weights packed in {:.0} ms; \
              time: act-quant {:.1} ms, npu {:.1} ms, dequant {:.1} ms",
             self.npu_matmuls.load(Relaxed),
             self.npu_rows.load(Relaxed),
             self.submits.load(Relaxed),
+            self.gpu_matmuls.load(Relaxed),
+            self.gpu_submits.load(Relaxed),
+            ms(&self.gpu_ns),
             self.declined_small_m.load(Relaxed),
             self.npu_fallbacks.load(Relaxed),
             self.packed.load(Relaxed),
@@ -81,6 +88,8 @@ impl Stats {
 /// The ORK device: the NPU plus policy inputs. One per process.
 pub struct Device {
     pub npu: Arc<Npu>,
+    /// The GPU decode engine, opened when `ORK_DECODE=gpu` and a suitable device exists.
+    pub vk: Option<Arc<crate::vk::VkEngine>>,
     pub cfg: &'static Config,
     pub stats: Stats,
 }
@@ -135,6 +144,11 @@ pub fn mul_mat_unsupported(dev: &Device, s: &MatMulShape) -> Option<String> {
 }
 
 impl Device {
+    /// Whether decode matmuls can go to the GPU.
+    pub fn gpu_ready(&self) -> bool {
+        self.vk.is_some()
+    }
+
     /// Runs `dst = x · Wᵀ` for `x: [M, K] f32` and `dst: [M, N] f32` with a packed weight.
     /// On an NPU error the same int8 arithmetic runs on the CPU (exact same result) and the error
     /// is logged once per kind.
@@ -145,15 +159,11 @@ impl Device {
         let t0 = Instant::now();
         let xs = quant::scale_columns(x, &w.col_scale);
         let x = &xs[..];
-        let split = self.cfg.act_split;
-        let rows = if split { 2 * m } else { m };
+        let terms = self.cfg.act_terms_for(w.lo.is_some());
+        let rows = terms * m;
         let mut a = vec![0i8; rows * k];
         let mut a_scale = vec![0f32; rows];
-        if split {
-            quant::quantize_rows_split(x, m, k, &mut a, &mut a_scale);
-        } else {
-            quant::quantize_rows(x, m, k, &mut a, &mut a_scale);
-        }
+        quant::quantize_rows_terms(x, m, k, terms, &mut a, &mut a_scale);
         let t1 = Instant::now();
         let mut c = vec![0i32; rows * n];
         let budget = Budget { max_cores: self.cfg.max_cores.unwrap_or(self.npu.soc().cores) };
@@ -168,10 +178,22 @@ impl Device {
             }
         }
         let t2 = Instant::now();
-        if split {
-            quant::dequantize_output_split(&c, &a_scale, &w.scales, dst);
-        } else {
-            quant::dequantize_output(&c, &a_scale, &w.scales, dst);
+        quant::dequantize_output_terms(&c, &a_scale, terms, &w.scales, dst);
+        if let Some((lo, lo_scales)) = &w.lo {
+            // Second weight term against the first activation term (lo × lo is below both
+            // terms' resolution and is dropped).
+            let mut cl = vec![0i32; m * n];
+            if let Err(e) = self.npu.mm_run(lo, &a[..m * k], m, &mut cl, budget) {
+                self.note_npu_error(&e);
+                let (q, s, col) = weights::quantize_source(src, n, k);
+                let (ql, _) = weights::quantize_residual(src, n, k, &col, &q, &s);
+                cl = crate::npu::reference_mm(&a[..m * k], &ql, m, k, n);
+            }
+            let mut extra = vec![0f32; m * n];
+            quant::dequantize_output(&cl, &a_scale[..m], lo_scales, &mut extra);
+            for (d, e) in dst.iter_mut().zip(extra) {
+                *d += e;
+            }
         }
         let t3 = Instant::now();
         self.stats.npu_matmuls.fetch_add(1, Relaxed);

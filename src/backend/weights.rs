@@ -35,6 +35,9 @@ pub struct PackedWeight {
     /// Per-input-channel equalisation, `[K] f32`: activations are multiplied by it before
     /// quantization (the weight was divided by it).
     pub col_scale: Vec<f32>,
+    /// Second int8 term for 16/32-bit float sources (`W ≈ q·s + q_lo·s_lo`): the residual of the
+    /// first term, resident beside it, with its own per-channel scales.
+    pub lo: Option<(Arc<ResidentWeight>, Vec<f32>)>,
 }
 
 /// Column-equalised per-output-channel int8 of a source weight (see `quant::column_scales`):
@@ -53,15 +56,40 @@ pub fn quantize_source(src: &WeightSource<'_>, n: usize, k: usize) -> (Vec<i8>, 
     (q, rs, col)
 }
 
+/// ggml float types whose 11+ mantissa bits one int8 term cannot carry: F32, F16, BF16.
+pub fn wants_two_terms(ggml_type: u32) -> bool {
+    matches!(ggml_type, 0 | 1 | 30)
+}
+
+/// The second weight term: per-channel int8 of `W/col − q·s` (`q, s` the first term).
+/// Returns `(q_lo: [N, K] i8, s_lo: [N] f32)`.
+pub fn quantize_residual(src: &WeightSource<'_>, n: usize, k: usize, col: &[f32], q: &[i8], s: &[f32]) -> (Vec<i8>, Vec<f32>) {
+    let inv: Vec<f32> = col.iter().map(|&c| 1.0 / c).collect();
+    quant::quantize_weight(n, k, |r, out| {
+        (src.to_float)(&src.bytes[r * src.row_bytes..(r + 1) * src.row_bytes], out);
+        let qr = &q[r * k..(r + 1) * k];
+        for ((v, &i), &qv) in out.iter_mut().zip(&inv).zip(qr) {
+            *v = *v * i - s[r] * qv as f32;
+        }
+    })
+}
+
 /// Packs one weight: dequantize → per-channel int8 → tile → upload.
 pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<PackedWeight, NpuError> {
     let t0 = Instant::now();
     let (q, scales, col_scale) = quantize_source(src, n, k);
     let tiled = Npu::tile_weight(dev.npu.soc(), &q, n, k)?;
     let resident = dev.npu.upload(&tiled)?;
+    let lo = if wants_two_terms(src.ggml_type) && dev.cfg.weight_terms != 1 || dev.cfg.weight_terms == 2 {
+        let (ql, sl) = quantize_residual(src, n, k, &col_scale, &q, &scales);
+        let tl = Npu::tile_weight(dev.npu.soc(), &ql, n, k)?;
+        Some((dev.npu.upload(&tl)?, sl))
+    } else {
+        None
+    };
     dev.stats.packed.fetch_add(1, Relaxed);
     dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
-    Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale })
+    Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, lo })
 }
 
 struct Entry {
@@ -69,10 +97,12 @@ struct Entry {
     weight: Arc<PackedWeight>,
 }
 
-/// The packed weights of one ORK buffer, keyed by data address.
+/// The packed weights of one ORK buffer, keyed by data address (NPU copies, and GPU copies for
+/// decode when the GPU engine is in use).
 #[derive(Default)]
 pub struct WeightStore {
     map: Mutex<HashMap<usize, Entry>>,
+    gpu: Mutex<HashMap<usize, (Range<usize>, Arc<super::gpu::GpuWeight>)>>,
 }
 
 impl WeightStore {
@@ -100,14 +130,37 @@ impl WeightStore {
         Ok(w)
     }
 
+    /// The GPU copy of the weight at `addr`, uploading it first if needed.
+    pub fn get_or_upload_gpu(
+        &self,
+        dev: &Device,
+        addr: usize,
+        src: &WeightSource<'_>,
+        n: usize,
+        k: usize,
+    ) -> Result<Arc<super::gpu::GpuWeight>, crate::vk::VkError> {
+        if let Some((_, w)) = self.gpu.lock().unwrap_or_else(|p| p.into_inner()).get(&addr) {
+            if w.n == n && w.k == k && w.ggml_type == src.ggml_type {
+                return Ok(w.clone());
+            }
+        }
+        let w = Arc::new(super::gpu::upload(dev, src, n, k)?);
+        let range = addr..addr + src.bytes.len();
+        self.gpu.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, (range, w.clone()));
+        Ok(w)
+    }
+
     /// Drops every packed weight whose bytes overlap `lo..hi` (a write or memset happened there).
     pub fn invalidate(&self, lo: usize, hi: usize) {
         let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
         m.retain(|_, e| e.range.end <= lo || e.range.start >= hi);
+        let mut g = self.gpu.lock().unwrap_or_else(|p| p.into_inner());
+        g.retain(|_, (r, _)| r.end <= lo || r.start >= hi);
     }
 
     pub fn clear(&self) {
         self.map.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.gpu.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
     pub fn len(&self) -> usize {

@@ -60,7 +60,25 @@ fn open_device(cfg: &'static Config) -> Result<&'static Device, String> {
         NpuSelect::Auto => format!("no ORK device: {e} (set ORK_NPU=sim for the simulator)"),
         _ => format!("no ORK device: {e}"),
     })?;
-    Ok(Box::leak(Box::new(Device { npu, cfg, stats: Default::default() })))
+    let vk = if cfg.decode == crate::config::DecodeSelect::Gpu {
+        match crate::vk::VkEngine::open() {
+            Ok(Some(e)) => {
+                log::info!("GPU decode on {}", e.device_name());
+                Some(e)
+            }
+            Ok(None) => {
+                log::warn!("ORK_DECODE=gpu but no suitable Vulkan device; decode stays on the CPU");
+                None
+            }
+            Err(e) => {
+                log::warn!("ORK_DECODE=gpu but Vulkan failed ({e}); decode stays on the CPU");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    Ok(Box::leak(Box::new(Device { npu, vk, cfg, stats: Default::default() })))
 }
 
 fn build_registry() -> Registry {
@@ -325,9 +343,9 @@ unsafe extern "C" fn dev_supports_op(_dev: ggml_backend_dev_t, op: *const ggml_t
                     log::trace!("MUL_MAT {}x{}x{} declined: {why}", s.m, s.k, s.n);
                     return false;
                 }
-                match crate::route::choose(dev.cfg, s.m, false) {
-                    Ok(crate::route::Engine::Npu) => true,
-                    Ok(_) | Err(_) => {
+                match crate::route::choose(dev.cfg, s.m, dev.gpu_ready()) {
+                    Ok(crate::route::Engine::Npu | crate::route::Engine::Gpu) => true,
+                    Ok(crate::route::Engine::Cpu) | Err(_) => {
                         dev.stats.declined_small_m.fetch_add(1, Relaxed);
                         false
                     }
@@ -572,18 +590,52 @@ unsafe extern "C" fn backend_free(b: ggml_backend_t) {
 unsafe extern "C" fn backend_graph_compute(_b: ggml_backend_t, g: *mut ggml_cgraph) -> ggml_status {
     guard("backend_graph_compute", GGML_STATUS_FAILED, || {
         let (Some(dev), Ok(api)) = (device(), api::get()) else { return GGML_STATUS_FAILED };
+        // GPU decode matmuls are batched into one submit until a node needs one of their results.
+        let mut pending: Vec<backend::gpu::GpuJob<'static>> = Vec::new();
+        let mut pending_dst: Vec<*const ggml_tensor> = Vec::new();
+        let flush = |pending: &mut Vec<backend::gpu::GpuJob<'static>>, pending_dst: &mut Vec<*const ggml_tensor>| {
+            if pending.is_empty() {
+                return Ok(());
+            }
+            let t0 = std::time::Instant::now();
+            let r = backend::gpu::run_batch(dev, pending);
+            dev.stats.gpu_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+            dev.stats.gpu_submits.fetch_add(1, Relaxed);
+            dev.stats.gpu_matmuls.fetch_add(pending.len() as u64, Relaxed);
+            pending.clear();
+            pending_dst.clear();
+            r.map_err(|e| e.to_string())
+        };
         // SAFETY: a live graph from the scheduler.
         let n = unsafe { (api.graph_n_nodes)(g) };
         for i in 0..n {
             // SAFETY: index within n_nodes.
             let node = unsafe { &mut *(api.graph_node)(g, i) };
+            let reads_pending = node.src.iter().any(|&s| {
+                // SAFETY: non-NULL sources are live tensors.
+                !s.is_null() && pending_dst.iter().any(|&d| d == s as *const _ || unsafe { (*s).view_src } as *const _ == d)
+            });
+            if reads_pending {
+                if let Err(e) = flush(&mut pending, &mut pending_dst) {
+                    log::error!("GPU decode batch failed: {e}");
+                    return GGML_STATUS_FAILED;
+                }
+            }
             match node.op {
                 GGML_OP_NONE | GGML_OP_RESHAPE | GGML_OP_VIEW | GGML_OP_PERMUTE | GGML_OP_TRANSPOSE => {}
                 GGML_OP_MUL_MAT => {
                     // SAFETY: a MUL_MAT node that supports_op accepted.
-                    if let Err(e) = unsafe { compute_mul_mat(dev, node) } {
-                        log::error!("MUL_MAT {}: {e}", tensor_name(node));
-                        return GGML_STATUS_FAILED;
+                    let r = unsafe { compute_mul_mat(dev, node) };
+                    match r {
+                        Ok(None) => {}
+                        Ok(Some(job)) => {
+                            pending.push(job);
+                            pending_dst.push(node as *const _);
+                        }
+                        Err(e) => {
+                            log::error!("MUL_MAT {}: {e}", tensor_name(node));
+                            return GGML_STATUS_FAILED;
+                        }
                     }
                 }
                 other => {
@@ -594,11 +646,18 @@ unsafe extern "C" fn backend_graph_compute(_b: ggml_backend_t, g: *mut ggml_cgra
                 }
             }
         }
+        if let Err(e) = flush(&mut pending, &mut pending_dst) {
+            log::error!("GPU decode batch failed: {e}");
+            return GGML_STATUS_FAILED;
+        }
         GGML_STATUS_SUCCESS
     })
 }
 
-unsafe fn compute_mul_mat(dev: &Device, node: &mut ggml_tensor) -> Result<(), String> {
+/// Runs one MUL_MAT on the NPU now, or returns it as a GPU job to batch (decode routed to the
+/// GPU). The job borrows the node's activation and output memory, which ggml keeps alive for the
+/// whole graph computation.
+unsafe fn compute_mul_mat(dev: &Device, node: &mut ggml_tensor) -> Result<Option<backend::gpu::GpuJob<'static>>, String> {
     // SAFETY: supports_op validated the node's sources and layouts.
     let s = unsafe { mul_mat_shape(node) }.ok_or("malformed MUL_MAT")?;
     if let Some(why) = backend::mul_mat_unsupported(dev, &s) {
@@ -612,17 +671,16 @@ unsafe fn compute_mul_mat(dev: &Device, node: &mut ggml_tensor) -> Result<(), St
     };
     // SAFETY: `in_ork_buffer` held, so the buffer is ours.
     let c = unsafe { ctx(wbase.buffer) };
-    // SAFETY: a live weight in our buffer.
-    let pw = unsafe { packed_weight(c, dev, w) }.map_err(|e| e.to_string())?;
     let api = api::get().map_err(|e| e.to_string())?;
-    // SAFETY: contiguous f32 tensors of M·K and M·N elements (checked by mul_mat_shape).
-    let (xs, ds) = unsafe {
+    // SAFETY: contiguous f32 tensors of M·K and M·N elements (checked by mul_mat_shape); the graph
+    // keeps them alive until graph_compute returns, which outlives the job.
+    let (xs, ds): (&'static [f32], &'static mut [f32]) = unsafe {
         (
             std::slice::from_raw_parts(x.data as *const f32, s.m * s.k),
             std::slice::from_raw_parts_mut(node.data as *mut f32, s.m * s.n),
         )
     };
-    // SAFETY: the weight's bytes; see packed_weight.
+    // SAFETY: the weight's bytes in our buffer.
     let (row_bytes, nbytes) = unsafe { ((api.row_size)(w.type_, s.k as i64), (api.nbytes)(w)) };
     // SAFETY: as above.
     let bytes = unsafe { std::slice::from_raw_parts(w.data as *const u8, nbytes) };
@@ -633,6 +691,12 @@ unsafe fn compute_mul_mat(dev: &Device, node: &mut ggml_tensor) -> Result<(), St
         unsafe { tf(row.as_ptr() as *const c_void, out.as_mut_ptr(), out.len() as i64) }
     };
     let src = WeightSource { ggml_type: w.type_ as u32, bytes, row_bytes, to_float: &to_float };
+    if let Ok(crate::route::Engine::Gpu) = crate::route::choose(dev.cfg, s.m, dev.gpu_ready()) {
+        let gw = c.weights.get_or_upload_gpu(dev, w.data as usize, &src, s.n, s.k).map_err(|e| e.to_string())?;
+        return Ok(Some(backend::gpu::GpuJob { w: gw, x: xs, m: s.m, dst: ds }));
+    }
+    // SAFETY: a live weight in our buffer.
+    let pw = unsafe { packed_weight(c, dev, w) }.map_err(|e| e.to_string())?;
     dev.run_mul_mat(&pw, &src, xs, s.m, ds);
-    Ok(())
+    Ok(None)
 }

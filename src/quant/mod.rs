@@ -82,45 +82,53 @@ where
     (q, scales)
 }
 
-/// Two-term activation quantization: `x ≈ s_hi·q_hi + s_lo·q_lo` per row, where `q_lo` quantizes
-/// the residual `x − s_hi·q_hi`. Rows `0..M` of `q`/`scales` hold the high term, rows `M..2M`
-/// the low term (`q: [2M, K] i8`, `scales: [2M]`), so one NPU matmul of 2M rows against the same
-/// resident weight computes both. This keeps per-row int8 exact on the device while giving
-/// outlier-heavy activations (LLM hidden states) about 14 bits of resolution.
-pub fn quantize_rows_split(x: &[f32], rows: usize, cols: usize, q: &mut [i8], scales: &mut [f32]) {
-    assert_eq!(q.len(), 2 * rows * cols, "q is not [2M, K]");
-    assert_eq!(scales.len(), 2 * rows, "scales is not [2M]");
-    let (qh, ql) = q.split_at_mut(rows * cols);
-    let (sh, sl) = scales.split_at_mut(rows);
-    quantize_rows(x, rows, cols, qh, sh);
-    let mut r = vec![0f32; rows * cols];
-    for (i, ((rr, xr), qr)) in r.chunks_mut(cols.max(1)).zip(x.chunks(cols.max(1))).zip(qh.chunks(cols.max(1))).enumerate() {
-        let s = sh[i];
-        for ((d, &v), &qv) in rr.iter_mut().zip(xr).zip(qr) {
-            *d = v - s * qv as f32;
+/// Multi-term activation quantization: `x ≈ Σ_t s_t·q_t` per row, where term t quantizes the
+/// residual left by terms `0..t`. Rows `t·M..(t+1)·M` of `q`/`scales` hold term t
+/// (`q: [T·M, K] i8`, `scales: [T·M]`), so one NPU matmul of T·M rows against the same resident
+/// weight computes every term. Per-row int8 stays exact on the device while outlier-heavy
+/// activations (LLM hidden states) get about 7 more bits per extra term.
+pub fn quantize_rows_terms(x: &[f32], rows: usize, cols: usize, terms: usize, q: &mut [i8], scales: &mut [f32]) {
+    assert!(terms >= 1, "at least one term");
+    assert_eq!(q.len(), terms * rows * cols, "q is not [T·M, K]");
+    assert_eq!(scales.len(), terms * rows, "scales is not [T·M]");
+    let mut r = x.to_vec();
+    for t in 0..terms {
+        let qt = &mut q[t * rows * cols..(t + 1) * rows * cols];
+        let st = &mut scales[t * rows..(t + 1) * rows];
+        quantize_rows(&r, rows, cols, qt, st);
+        if t + 1 < terms && cols > 0 {
+            for ((rr, qr), &sc) in r.chunks_mut(cols).zip(qt.chunks(cols)).zip(st.iter()) {
+                for (d, &qv) in rr.iter_mut().zip(qr) {
+                    *d -= sc * qv as f32;
+                }
+            }
         }
     }
-    quantize_rows(&r, rows, cols, ql, sl);
 }
 
-/// Output of a two-term matmul: `c: [2M, N]` (high rows then low rows) →
-/// `dst[m][n] = (c_hi[m][n]·s_hi[m] + c_lo[m][n]·s_lo[m]) · w_scale[n]`.
-pub fn dequantize_output_split(c: &[i32], a_scale: &[f32], w_scale: &[f32], dst: &mut [f32]) {
+/// Output of a multi-term matmul: `c: [T·M, N]` (term-major rows) →
+/// `dst[m][n] = Σ_t c_t[m][n] · s_t[m] · w_scale[n]`.
+pub fn dequantize_output_terms(c: &[i32], a_scale: &[f32], terms: usize, w_scale: &[f32], dst: &mut [f32]) {
     let n = w_scale.len();
-    let m = a_scale.len() / 2;
-    assert_eq!(c.len(), 2 * m * n, "c is not [2M, N]");
+    let m = a_scale.len() / terms.max(1);
+    assert_eq!(c.len(), terms * m * n, "c is not [T·M, N]");
     assert_eq!(dst.len(), m * n, "dst is not [M, N]");
-    let (ch, cl) = c.split_at(m * n);
-    let body = |(i, dr): (usize, &mut [f32])| {
-        let (sh, sl) = (a_scale[i], a_scale[m + i]);
-        let (rh, rl) = (&ch[i * n..(i + 1) * n], &cl[i * n..(i + 1) * n]);
-        for (((d, &h), &l), &sw) in dr.iter_mut().zip(rh).zip(rl).zip(w_scale) {
-            *d = (h as f32 * sh + l as f32 * sl) * sw;
-        }
-    };
+    if terms == 1 {
+        return dequantize_output(c, a_scale, w_scale, dst);
+    }
     if n == 0 {
         return;
     }
+    let body = |(i, dr): (usize, &mut [f32])| {
+        dr.iter_mut().for_each(|d| *d = 0.0);
+        for t in 0..terms {
+            let sa = a_scale[t * m + i];
+            let cr = &c[(t * m + i) * n..(t * m + i + 1) * n];
+            for ((d, &v), &sw) in dr.iter_mut().zip(cr).zip(w_scale) {
+                *d += v as f32 * (sa * sw);
+            }
+        }
+    };
     if m * n >= PAR_MIN_ELEMS && m > 1 {
         dst.par_chunks_mut(n).enumerate().for_each(body);
     } else {
