@@ -4,8 +4,13 @@
 //!
 //! A weight is packed when its bytes are written whole (`set_tensor` at load), or lazily at its
 //! first MUL_MAT; any later write or memset over its bytes drops the packed copy.
+//!
+//! Packing goes through the `.orkpack` disk cache (`crate::cache`) when the device has one: a
+//! valid entry is mapped and imported instead of packing (a *hit*); otherwise the weight is
+//! packed and the entry (re)written. Cache trouble of any kind only costs a repack.
 
 use super::Device;
+use crate::cache::{self, CacheError};
 use crate::npu::{Npu, NpuError, ResidentWeight};
 use crate::quant;
 use std::collections::HashMap;
@@ -16,6 +21,8 @@ use std::time::Instant;
 
 /// The GGUF bytes of a weight `[N, K]` and a row dequantizer (ggml's `to_float` for its type).
 pub struct WeightSource<'a> {
+    /// The tensor's name (part of the cache key; may be empty).
+    pub name: &'a str,
     pub ggml_type: u32,
     /// All N rows, `row_bytes` each.
     pub bytes: &'a [u8],
@@ -42,14 +49,47 @@ pub fn quantize_source(src: &WeightSource<'_>, n: usize, k: usize) -> (Vec<i8>, 
     })
 }
 
-/// Packs one weight: dequantize → per-channel int8 → tile → upload.
+/// Cold-pack progress on stderr (large models only).
+static PROGRESS: cache::Progress = cache::Progress::new();
+
+/// Makes one weight resident: from the `.orkpack` cache when it holds a valid entry (map →
+/// validate → `Npu::upload_bytes`), else dequantize → per-channel int8 → tile → upload, then
+/// write the entry. `src`: `[N, K]` weight of any supported ggml type.
 pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<PackedWeight, NpuError> {
     let t0 = Instant::now();
+    let id = dev
+        .cache
+        .as_ref()
+        .map(|_| cache::identity(dev.npu.soc(), src.ggml_type, src.bytes, src.row_bytes, src.name, n, k));
+    if let (Some(c), Some(id)) = (&dev.cache, &id) {
+        match c.load(id) {
+            Ok(hit) => match dev.npu.upload_bytes(n, k, hit.tiles()) {
+                Ok(resident) => {
+                    let scales = hit.scales();
+                    dev.stats.cache_hits.fetch_add(1, Relaxed);
+                    dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+                    return Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales });
+                }
+                Err(e) => log::debug!("orkpack {}: import of {} failed ({e}); repacking", src.name, hit.path().display()),
+            },
+            Err(CacheError::Absent) => {}
+            Err(e) => log::debug!("orkpack {}: {e}; repacking", src.name),
+        }
+    }
     let (q, scales) = quantize_source(src, n, k);
     let tiled = Npu::tile_weight(dev.npu.soc(), &q, n, k)?;
     let resident = dev.npu.upload(&tiled)?;
+    if let (Some(c), Some(id)) = (&dev.cache, &id) {
+        match c.store(id, &tiled.bytes, &scales) {
+            Ok(_) => {
+                dev.stats.cache_writes.fetch_add(1, Relaxed);
+            }
+            Err(e) => log::debug!("orkpack {}: not cached: {e}", src.name),
+        }
+    }
     dev.stats.packed.fetch_add(1, Relaxed);
     dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+    PROGRESS.packed(src.bytes.len() as u64);
     Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales })
 }
 

@@ -60,7 +60,7 @@ fn open_device(cfg: &'static Config) -> Result<&'static Device, String> {
         NpuSelect::Auto => format!("no ORK device: {e} (set ORK_NPU=sim for the simulator)"),
         _ => format!("no ORK device: {e}"),
     })?;
-    Ok(Box::leak(Box::new(Device { npu, cfg, stats: Default::default() })))
+    Ok(Box::leak(Box::new(Device { npu, cfg, stats: Default::default(), cache: crate::cache::PackCache::from_config(cfg) })))
 }
 
 fn build_registry() -> Registry {
@@ -512,7 +512,8 @@ unsafe fn packed_weight(c: &BufferCtx, dev: &Device, w: &ggml_tensor) -> Result<
         // SAFETY: `row` holds one row (K elements) of this type; `out` has K floats.
         unsafe { tf(row.as_ptr() as *const c_void, out.as_mut_ptr(), out.len() as i64) }
     };
-    let src = WeightSource { ggml_type: w.type_ as u32, bytes, row_bytes, to_float: &to_float };
+    let name = tensor_name(w);
+    let src = WeightSource { name: &name, ggml_type: w.type_ as u32, bytes, row_bytes, to_float: &to_float };
     c.weights.get_or_pack(dev, w.data as usize, &src, n, k)
 }
 
@@ -632,7 +633,8 @@ unsafe fn compute_mul_mat(dev: &Device, node: &mut ggml_tensor) -> Result<(), St
         // SAFETY: one row of this type into K floats.
         unsafe { tf(row.as_ptr() as *const c_void, out.as_mut_ptr(), out.len() as i64) }
     };
-    let src = WeightSource { ggml_type: w.type_ as u32, bytes, row_bytes, to_float: &to_float };
+    // The name only keys the pack cache; packing happened in packed_weight above.
+    let src = WeightSource { name: "", ggml_type: w.type_ as u32, bytes, row_bytes, to_float: &to_float };
     dev.run_mul_mat(&pw, &src, xs, s.m, ds);
     Ok(())
 }
