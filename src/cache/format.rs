@@ -234,6 +234,16 @@ fn header_checksum(page: &[u8]) -> u64 {
     xxh3_64(&tmp)
 }
 
+/// Recomputes the header checksum of `page` (the first [`HEADER_BYTES`] of a file) after an
+/// edit: for tools and tests that build well-formed files with chosen field values.
+pub fn reseal_header(page: &mut [u8]) {
+    let ck = header_checksum(&page[..HEADER_BYTES]);
+    put(page, OFF_HEADER_XXH3, &ck.to_le_bytes());
+}
+
+/// Byte offset of the container version field (tests build wrong-version files with it).
+pub const CONTAINER_VERSION_OFFSET: usize = OFF_CONTAINER_VERSION;
+
 /// Where the sections of a file with `tiles_bytes` of tiles and N scales go:
 /// `(scales_off, file_bytes)`.
 pub fn layout(tiles_bytes: usize, n: usize) -> (usize, usize) {
@@ -464,10 +474,8 @@ mod tests {
         assert!(matches!(parse_header(&f[..100]), Err(FormatError::Short { got: 100 })));
     }
 
-    /// Re-seals a header page after an edit (a well-formed file with a wrong field).
     fn reseal(f: &mut [u8]) {
-        let ck = header_checksum(&f[..HEADER_BYTES]);
-        put(f, OFF_HEADER_XXH3, &ck.to_le_bytes());
+        reseal_header(f)
     }
 
     #[test]
