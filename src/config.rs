@@ -46,6 +46,7 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_NO_AFFINITY", default: "0", meaning: "1 = do not pin NPU worker threads to the big CPU cores" },
     VarDoc { name: "ORK_WCACHE_BUDGET_MB", default: "RAM - 1024", meaning: "resident weight budget; weights past it stay on the CPU" },
     VarDoc { name: "ORK_CACHE", default: "1", meaning: "0 = do not read or write .orkpack files" },
+    VarDoc { name: "ORK_CACHE_MAX_MB", default: "8192", meaning: "size limit of the .orkpack cache directory; least-recently-used entries are removed past it" },
     VarDoc { name: "ORK_CACHE_DIR", default: "$XDG_CACHE_HOME/ggml-ork or ~/.cache/ggml-ork", meaning: "where .orkpack files live" },
     VarDoc { name: "ORK_VK_DEVICE", default: "(first Mali)", meaning: "Vulkan device for GPU decode, by index or name substring" },
     VarDoc { name: "ORK_PROFILE", default: "0", meaning: "1 = print per-engine counts and time split when the backend is freed" },
@@ -70,6 +71,8 @@ pub struct Config {
     pub wcache_budget_mb: Option<u64>,
     pub cache_enabled: bool,
     pub cache_dir: Option<String>,
+    /// `ORK_CACHE_MAX_MB`: size limit of the cache directory in MiB.
+    pub cache_max_mb: u64,
     pub profile: bool,
     pub log_level: log::LevelFilter,
 }
@@ -122,6 +125,7 @@ impl Config {
         let min_m = num("ORK_MINM").map(|n| n.max(1) as usize).unwrap_or(32);
         let max_cores = num("ORK_NPU_MC").map(|n| n as u32).filter(|&n| n >= 1);
         let wcache_budget_mb = num("ORK_WCACHE_BUDGET_MB");
+        let cache_max_mb = num("ORK_CACHE_MAX_MB").unwrap_or(crate::cache::DEFAULT_MAX_MB);
         let log_level = match get("ORK_LOG").as_deref().map(|s| s.trim().to_ascii_lowercase()) {
             None => log::LevelFilter::Info,
             Some(s) => s.parse().unwrap_or_else(|_| {
@@ -151,6 +155,7 @@ impl Config {
             wcache_budget_mb,
             cache_enabled: get("ORK_CACHE").map(|v| v.trim() != "0").unwrap_or(true),
             cache_dir: get("ORK_CACHE_DIR").filter(|s| !s.trim().is_empty()),
+            cache_max_mb,
             profile: flag(get("ORK_PROFILE")),
             log_level,
         };
@@ -198,6 +203,7 @@ mod tests {
         assert_eq!(c.min_m, 32);
         assert!(!c.off);
         assert!(c.cache_enabled);
+        assert_eq!(c.cache_max_mb, 8192);
     }
 
     #[test]

@@ -12,11 +12,13 @@
 //! * [`backend`] — the ggml device, buffer type and graph execution, in safe Rust.
 //! * [`ffi`] — the C ABI skin: every `extern "C"` entry point, panic-proof.
 //! * [`vk`] — the Mali decode path: ash device, SPIR-V GEMV on int8 and native 4-bit weights.
+//! * [`cache`] — `.orkpack`: packed weights persisted on disk and mapped back.
 //! * [`config`] — every `ORK_*` variable, parsed once.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod npu;
 pub mod backend;
+pub mod cache;
 pub mod config;
 pub mod ffi;
 pub mod logging;

@@ -16,6 +16,7 @@
 pub mod gpu;
 pub mod weights;
 
+use crate::cache::PackCache;
 use crate::config::Config;
 use crate::npu::{Budget, Npu, NpuError};
 use crate::quant;
@@ -53,7 +54,12 @@ pub struct Stats {
     pub npu_rows: AtomicU64,
     pub npu_fallbacks: AtomicU64,
     pub declined_small_m: AtomicU64,
+    /// Weights packed from their source (cold), and weights loaded from the `.orkpack` cache.
     pub packed: AtomicU64,
+    pub cache_hits: AtomicU64,
+    /// Cache entries written.
+    pub cache_writes: AtomicU64,
+    /// Weight preparation time (packing or cache loading, hashing included).
     pub pack_ns: AtomicU64,
     pub quant_ns: AtomicU64,
     pub npu_ns: AtomicU64,
@@ -66,8 +72,8 @@ impl Stats {
         let ms = |a: &AtomicU64| a.load(Relaxed) as f64 / 1e6;
         format!(
             "ORK ran {} MUL_MAT on the NPU ({} rows, {} submits) and {} on the GPU ({} submits, {:.1} ms); {} MUL_MAT graph nodes were left to the CPU \
-             (M < ORK_MINM) at graph split; {} NPU errors fell back to the CPU; {} weights packed in {:.0} ms; \
-             time: act-quant {:.1} ms, npu {:.1} ms, dequant {:.1} ms",
+             (M < ORK_MINM) at graph split; {} NPU errors fell back to the CPU; weights: {} cache hits, {} packs \
+             ({} cache writes), prepared in {:.0} ms; time: act-quant {:.1} ms, npu {:.1} ms, dequant {:.1} ms",
             self.npu_matmuls.load(Relaxed),
             self.npu_rows.load(Relaxed),
             self.submits.load(Relaxed),
@@ -76,7 +82,9 @@ impl Stats {
             ms(&self.gpu_ns),
             self.declined_small_m.load(Relaxed),
             self.npu_fallbacks.load(Relaxed),
+            self.cache_hits.load(Relaxed),
             self.packed.load(Relaxed),
+            self.cache_writes.load(Relaxed),
             ms(&self.pack_ns),
             ms(&self.quant_ns),
             ms(&self.npu_ns),
@@ -92,6 +100,8 @@ pub struct Device {
     pub vk: Option<Arc<crate::vk::VkEngine>>,
     pub cfg: &'static Config,
     pub stats: Stats,
+    /// The `.orkpack` cache (None when `ORK_CACHE=0` or no directory resolves).
+    pub cache: Option<PackCache>,
 }
 
 /// A MUL_MAT as ggml describes it, reduced to what decides acceptance.

@@ -4,8 +4,13 @@
 //!
 //! A weight is packed when its bytes are written whole (`set_tensor` at load), or lazily at its
 //! first MUL_MAT; any later write or memset over its bytes drops the packed copy.
+//!
+//! Packing goes through the `.orkpack` disk cache (`crate::cache`) when the device has one: a
+//! valid entry is mapped and imported instead of packing (a *hit*); otherwise the weight is
+//! packed and the entry (re)written. Cache trouble of any kind only costs a repack.
 
 use super::Device;
+use crate::cache::{self, CacheError};
 use crate::npu::{Npu, NpuError, ResidentWeight};
 use crate::quant;
 use std::collections::HashMap;
@@ -16,6 +21,8 @@ use std::time::Instant;
 
 /// The GGUF bytes of a weight `[N, K]` and a row dequantizer (ggml's `to_float` for its type).
 pub struct WeightSource<'a> {
+    /// The tensor's name (part of the cache key; may be empty).
+    pub name: &'a str,
     pub ggml_type: u32,
     /// All N rows, `row_bytes` each.
     pub bytes: &'a [u8],
@@ -74,21 +81,76 @@ pub fn quantize_residual(src: &WeightSource<'_>, n: usize, k: usize, col: &[f32]
     })
 }
 
-/// Packs one weight: dequantize → per-channel int8 → tile → upload.
+/// Cold-pack progress on stderr (large models only).
+static PROGRESS: cache::Progress = cache::Progress::new();
+
+/// Makes one weight resident: from the `.orkpack` cache when it holds a valid entry (map →
+/// validate → `Npu::upload_bytes`), else dequantize → per-channel int8 → tile → upload, then
+/// write the entry. `src`: `[N, K]` weight of any supported ggml type.
 pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<PackedWeight, NpuError> {
     let t0 = Instant::now();
+    let terms: u32 = if wants_two_terms(src.ggml_type) && dev.cfg.weight_terms != 1 || dev.cfg.weight_terms == 2 { 2 } else { 1 };
+    let id = dev
+        .cache
+        .as_ref()
+        .map(|_| cache::identity(dev.npu.soc(), src.ggml_type, src.bytes, src.row_bytes, src.name, n, k, terms));
+    // Cache entry payload: tiles = hi tiles [++ lo tiles]; scales = row scales [N] ++ column
+    // scales [K] [++ lo row scales [N]].
+    if let (Some(c), Some(id)) = (&dev.cache, &id) {
+        match c.load(id) {
+            Ok(hit) => {
+                let f = hit.scales();
+                let tiles = hit.tiles();
+                let t = terms as usize;
+                if f.len() != n + k + (t - 1) * n || tiles.len() % t != 0 {
+                    log::debug!("orkpack {}: payload sizes do not match {t} term(s); repacking", src.name);
+                } else {
+                    let one = tiles.len() / t;
+                    let up = dev.npu.upload_bytes(n, k, &tiles[..one]).and_then(|hi| {
+                        let lo = if t == 2 { Some((dev.npu.upload_bytes(n, k, &tiles[one..])?, f[n + k..].to_vec())) } else { None };
+                        Ok((hi, lo))
+                    });
+                    match up {
+                        Ok((resident, lo)) => {
+                            dev.stats.cache_hits.fetch_add(1, Relaxed);
+                            dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+                            let (scales, col_scale) = (f[..n].to_vec(), f[n..n + k].to_vec());
+                            return Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, lo });
+                        }
+                        Err(e) => log::debug!("orkpack {}: import of {} failed ({e}); repacking", src.name, hit.path().display()),
+                    }
+                }
+            }
+            Err(CacheError::Absent) => {}
+            Err(e) => log::debug!("orkpack {}: {e}; repacking", src.name),
+        }
+    }
     let (q, scales, col_scale) = quantize_source(src, n, k);
     let tiled = Npu::tile_weight(dev.npu.soc(), &q, n, k)?;
     let resident = dev.npu.upload(&tiled)?;
-    let lo = if wants_two_terms(src.ggml_type) && dev.cfg.weight_terms != 1 || dev.cfg.weight_terms == 2 {
+    let mut blob_tiles = tiled.bytes;
+    let mut blob_f: Vec<f32> = scales.iter().chain(col_scale.iter()).copied().collect();
+    let lo = if terms == 2 {
         let (ql, sl) = quantize_residual(src, n, k, &col_scale, &q, &scales);
         let tl = Npu::tile_weight(dev.npu.soc(), &ql, n, k)?;
-        Some((dev.npu.upload(&tl)?, sl))
+        let r = dev.npu.upload(&tl)?;
+        blob_tiles.extend_from_slice(&tl.bytes);
+        blob_f.extend_from_slice(&sl);
+        Some((r, sl))
     } else {
         None
     };
+    if let (Some(c), Some(id)) = (&dev.cache, &id) {
+        match c.store(id, &blob_tiles, &blob_f) {
+            Ok(_) => {
+                dev.stats.cache_writes.fetch_add(1, Relaxed);
+            }
+            Err(e) => log::debug!("orkpack {}: not cached: {e}", src.name),
+        }
+    }
     dev.stats.packed.fetch_add(1, Relaxed);
     dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+    PROGRESS.packed(src.bytes.len() as u64);
     Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, lo })
 }
 

@@ -78,7 +78,7 @@ fn open_device(cfg: &'static Config) -> Result<&'static Device, String> {
     } else {
         None
     };
-    Ok(Box::leak(Box::new(Device { npu, vk, cfg, stats: Default::default() })))
+    Ok(Box::leak(Box::new(Device { npu, vk, cfg, stats: Default::default(), cache: crate::cache::PackCache::from_config(cfg) })))
 }
 
 fn build_registry() -> Registry {
@@ -530,7 +530,8 @@ unsafe fn packed_weight(c: &BufferCtx, dev: &Device, w: &ggml_tensor) -> Result<
         // SAFETY: `row` holds one row (K elements) of this type; `out` has K floats.
         unsafe { tf(row.as_ptr() as *const c_void, out.as_mut_ptr(), out.len() as i64) }
     };
-    let src = WeightSource { ggml_type: w.type_ as u32, bytes, row_bytes, to_float: &to_float };
+    let name = tensor_name(w);
+    let src = WeightSource { name: &name, ggml_type: w.type_ as u32, bytes, row_bytes, to_float: &to_float };
     c.weights.get_or_pack(dev, w.data as usize, &src, n, k)
 }
 
@@ -690,7 +691,7 @@ unsafe fn compute_mul_mat(dev: &Device, node: &mut ggml_tensor) -> Result<Option
         // SAFETY: one row of this type into K floats.
         unsafe { tf(row.as_ptr() as *const c_void, out.as_mut_ptr(), out.len() as i64) }
     };
-    let src = WeightSource { ggml_type: w.type_ as u32, bytes, row_bytes, to_float: &to_float };
+    let src = WeightSource { name: "", ggml_type: w.type_ as u32, bytes, row_bytes, to_float: &to_float };
     if let Ok(crate::route::Engine::Gpu) = crate::route::choose(dev.cfg, s.m, dev.gpu_ready()) {
         let gw = c.weights.get_or_upload_gpu(dev, w.data as usize, &src, s.n, s.k).map_err(|e| e.to_string())?;
         return Ok(Some(backend::gpu::GpuJob { w: gw, x: xs, m: s.m, dst: ds }));

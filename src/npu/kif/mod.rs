@@ -19,6 +19,8 @@ pub mod rknpu;
 pub mod rocket;
 /// Generic DRM core ioctls and node discovery shared by `rknpu` and `rocket`.
 pub mod drm;
+/// Read-only mappings of files on disk (the `.orkpack` cache).
+pub mod filemap;
 
 use std::fmt;
 

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Cold vs warm .orkpack cache, measured side by side (a benchmark, never run as a test).
+#
+#   bash bench-scripts/orkpack_warm.sh [MODEL.gguf]      (default: SmolLM2-135M Q8_0)
+#
+# 1. Runs the pinned llama-completion twice with ORK_NPU=sim and one fresh ORK_CACHE_DIR: the
+#    first run packs every weight and writes the cache, the second must pack nothing. Prints
+#    both runs' weight preparation time (the backend's `ork:` summary line: hits, packs,
+#    "prepared in N ms") and checks the generated text is identical.
+# 2. Runs `examples/orkpack_load.rs`: warm cache load vs plain mmap + touch of the same bytes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+eval "$(bash tests/setup-env.sh --print-env)"
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
+cargo build --release --lib --example orkpack_load 2>&1 | tail -1
+cp "$CARGO_TARGET_DIR/release/libggml_ork.so" "$CARGO_TARGET_DIR/release/libggml-ork.so"
+
+MODEL=${1:-$ORK_MODELS/smollm2-135m-Q8_0.gguf}
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+PROMPT="The history of the printing press begins in the fifteenth century, when Johannes Gutenberg \
+combined movable metal type, oil-based inks and a wooden press adapted from wine making. Within a \
+few decades printing shops had spread across Europe, and books became far cheaper than before."
+
+run() {
+    local tag=$1
+    local t0=$(date +%s.%N)
+    GGML_BACKEND_PATH="$CARGO_TARGET_DIR/release/libggml-ork.so" ORK_NPU=sim ORK_CACHE_DIR="$WORK/cache" \
+        "$LLAMA_BIN/llama-completion" -m "$MODEL" -p "$PROMPT" -n 16 --temp 0 -no-cnv -t 2 \
+        >"$WORK/$tag.out" 2>"$WORK/$tag.err" </dev/null
+    local t1=$(date +%s.%N)
+    local line
+    line=$(grep -m1 'cache hits' "$WORK/$tag.err" || { echo "no ork: summary in $tag run" >&2; tail -20 "$WORK/$tag.err" >&2; exit 1; })
+    local hits packs ms
+    hits=$(sed -E 's/.*weights: ([0-9]+) cache hits.*/\1/' <<<"$line")
+    packs=$(sed -E 's/.* ([0-9]+) packs .*/\1/' <<<"$line")
+    ms=$(sed -E 's/.*prepared in ([0-9]+) ms.*/\1/' <<<"$line")
+    printf '%-5s run: %4s hits, %4s packs, weight preparation %6s ms, wall %5.1f s\n' "$tag" "$hits" "$packs" "$ms" "$(echo "$t1 - $t0" | bc)"
+    eval "${tag}_hits=$hits ${tag}_packs=$packs ${tag}_ms=$ms"
+}
+
+echo "model: $MODEL"
+run cold
+run warm
+echo "cache: $(du -sm "$WORK/cache" | cut -f1) MB in $(find "$WORK/cache" -name '*.orkpack' | wc -l) entries"
+if cmp -s "$WORK/cold.out" "$WORK/warm.out"; then echo "generated text: identical"; else echo "generated text DIFFERS"; diff "$WORK/cold.out" "$WORK/warm.out" || true; exit 1; fi
+[ "$warm_packs" = 0 ] || { echo "FAIL: the warm run packed $warm_packs weights"; exit 1; }
+echo "weight preparation speed-up (cold / warm): $(echo "scale=1; $cold_ms / ($warm_ms + 0.5)" | bc)x"
+echo
+SIZE_MB=$(du -sm "$WORK/cache" | cut -f1)
+"$CARGO_TARGET_DIR/release/examples/orkpack_load" "$(( SIZE_MB > 64 ? SIZE_MB : 64 ))"

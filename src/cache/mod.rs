@@ -1,0 +1,529 @@
+//! `.orkpack`: packed weights persisted on disk and mapped back.
+//!
+//! **What it owns.** The on-disk cache of packed weights: one file per weight holding the
+//! pre-tiled int8 bytes exactly as `Npu::tile_weight` produced them and the per-channel scales,
+//! behind a one-page header ([`format`], byte layout in `FORMAT.md`). A cold start packs
+//! (dequantize → int8 → tile) and writes the file; a warm start maps the file (`mmap`, through
+//! `npu::kif::filemap`), validates it and hands the tiles to `Npu::upload_bytes`, which imports
+//! them via `KernelInterface::mem_import` (zero-copy where the kernel interface allows; the
+//! default implementation copies once into the device buffer).
+//!
+//! **Discipline: Mesa's `disk_cache`** (house style §6, design.md):
+//! * The key hashes everything that changes the bytes ([`Identity`]): the source bytes
+//!   themselves (chunked xxh3-128), ggml type, shape, row size, tensor name, the SoC, and two
+//!   fingerprints of the code that makes the bytes. The C predecessor keyed by name and shape
+//!   only, so two models with equal shapes silently shared packed weights; here a different
+//!   source is a different file, and the header repeats the whole identity so a file found
+//!   under a key is checked field by field, not trusted for its name.
+//! * **Version by fingerprint.** A stale cache must never survive a change of tiling or
+//!   quantization. Besides the container version ([`format::CONTAINER_VERSION`]), the header
+//!   carries [`layout_fingerprint`] (a hash of `Npu::tile_weight`'s output on fixed probe
+//!   weights that cross the K-slice and N-slice boundaries) and [`quant_fingerprint`] (the same
+//!   for `quant::quantize_weight`, plus `QMAX` / `ABSMAX_FLOOR`). They are derived from the code
+//!   at run time, so nobody has to remember to bump a constant (the reference implementation's
+//!   `ORK_PACK_FORMAT_VERSION`, rknpu-facts §7.2, relied on that). Cost: ~0.5 ms once per SoC.
+//! * Files are written to a temporary name in the same directory and published with
+//!   `rename(2)`: readers see a whole file or none, and two processes writing the same entry both
+//!   publish a complete, identical file (last rename wins). No fsync: a file torn by a power cut
+//!   fails its checksum and is a miss.
+//! * **Any failure is a miss**: a missing, short, damaged, foreign or stale file makes
+//!   [`PackCache::load`] return an error that the caller logs at debug level and then repacks
+//!   (and rewrites). Nothing here panics on file contents (the parser is fuzzed), and writing
+//!   errors never fail a load.
+//! * **Size limit, LRU.** A hit sets the file's mtime to now (atime is unreliable under
+//!   `noatime`/`relatime`); when a store takes the directory past the limit
+//!   (`ORK_CACHE_MAX_MB`), the oldest-mtime files are removed until it is at 90 % of it. The
+//!   directory size is scanned once per process and then tracked; other processes' writes are
+//!   seen at the next scan. Removing a file another process has mapped is safe (unlink keeps
+//!   the mapping valid).
+//!
+//! **Hash choice: xxh3 (`xxhash-rust`).** The source hash reads every weight byte at load
+//! (hundreds of MB), so it must run near memory bandwidth: xxh3 does (SIMD on x86-64 and aarch64),
+//! is pure Rust with no build script, and hashing 1 MiB chunks on all cores and combining their
+//! digests keeps a warm load short. A cryptographic hash (BLAKE3) would buy collision resistance
+//! against an attacker who can write the cache directory — who could equally replace the plugin
+//! — at several times the cost on the board's CPUs. 128 bits make accidental collisions moot.
+//!
+//! **Location**: `ORK_CACHE_DIR`, else `$XDG_CACHE_HOME/ggml-ork`, else `$HOME/.cache/ggml-ork`;
+//! entries fan out as `<dir>/<2 hex>/<30 hex>.orkpack` like Mesa's. `ORK_CACHE=0` disables.
+
+pub mod format;
+
+use crate::config::Config;
+use crate::npu::soc::{SocDesc, SocId};
+use crate::npu::Npu;
+use format::{FormatError, Header, QuantParams};
+pub use format::Identity;
+use std::fs::{self, File};
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
+
+/// File name extension of cache entries.
+pub const EXT: &str = "orkpack";
+/// Default `ORK_CACHE_MAX_MB`.
+pub const DEFAULT_MAX_MB: u64 = 8192;
+/// Temporary files older than this are leftovers of a crashed writer and are removed by eviction.
+const STALE_TMP: Duration = Duration::from_secs(3600);
+/// Eviction brings the directory down to this fraction of the limit (hysteresis).
+const EVICT_TARGET_PERCENT: u64 = 90;
+
+/// Why a cache operation did not produce a file. On load every one of these is a miss.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    #[error("orkpack load: no entry")]
+    Absent,
+    #[error("orkpack {op} {path}: {source}")]
+    Io { op: &'static str, path: PathBuf, source: io::Error },
+    #[error("orkpack load {path}: {source}")]
+    Format { path: PathBuf, source: FormatError },
+    #[error("orkpack load {path}: {field} differs from the weight being loaded")]
+    Mismatch { path: PathBuf, field: &'static str },
+    #[error("orkpack store: {bytes} bytes exceed the cache limit of {limit} bytes")]
+    TooBig { bytes: u64, limit: u64 },
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> CacheError + 'a {
+    move |source| CacheError::Io { op, path: path.to_owned(), source }
+}
+
+/// The cache directory from the environment values: `ORK_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/ggml-ork`, else `$HOME/.cache/ggml-ork`. Empty or relative XDG values are
+/// ignored (XDG base-directory spec).
+pub fn resolve_dir(cache_dir: Option<&str>, xdg_cache_home: Option<&str>, home: Option<&str>) -> Option<PathBuf> {
+    if let Some(d) = cache_dir.filter(|d| !d.trim().is_empty()) {
+        return Some(PathBuf::from(d));
+    }
+    if let Some(x) = xdg_cache_home.filter(|x| Path::new(x).is_absolute()) {
+        return Some(Path::new(x).join("ggml-ork"));
+    }
+    home.filter(|h| !h.is_empty()).map(|h| Path::new(h).join(".cache").join("ggml-ork"))
+}
+
+/// Fingerprint of the NPU tile layout on `soc`: xxh3 of `Npu::tile_weight` applied to fixed
+/// probe weights (one crossing the K-slice boundary with a full-K companion, one crossing the
+/// N-slice boundary), together with their shapes. Any change of tiling changes it.
+pub fn layout_fingerprint(soc: &SocDesc) -> u64 {
+    static FP: [OnceLock<u64>; 2] = [OnceLock::new(), OnceLock::new()];
+    let slot = match soc.id {
+        SocId::Rk3588 => 0,
+        SocId::Rk3576 => 1,
+    };
+    // Only SocDesc::get(id) descriptors are used in practice; a hand-edited descriptor with the
+    // same id would share the slot, so compute uncached for anything that differs from it.
+    if *soc != SocDesc::get(soc.id) {
+        return compute_layout_fingerprint(soc);
+    }
+    *FP[slot].get_or_init(|| compute_layout_fingerprint(soc))
+}
+
+fn probe_i8(len: usize, seed: u32) -> Vec<i8> {
+    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x >> 24) as u8 as i8
+        })
+        .collect()
+}
+
+fn compute_layout_fingerprint(soc: &SocDesc) -> u64 {
+    let k_slice = soc.k_slice.max(32) as usize;
+    let n_max = soc.n_max_per_program.max(32) as usize;
+    let probes = [(64usize, 2 * k_slice + 32), (n_max + 32, 32usize)];
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(soc.id.name().as_bytes());
+    for (i, &(n, k)) in probes.iter().enumerate() {
+        h.update(&(n as u64).to_le_bytes());
+        h.update(&(k as u64).to_le_bytes());
+        match Npu::tile_weight(soc, &probe_i8(n * k, i as u32 + 1), n, k) {
+            Ok(t) => {
+                h.update(&(t.bytes.len() as u64).to_le_bytes());
+                h.update(&t.bytes);
+            }
+            Err(e) => h.update(e.to_string().as_bytes()),
+        }
+    }
+    h.digest()
+}
+
+/// Fingerprint of the weight quantization rule: xxh3 of `quant::quantize_weight` on fixed probe
+/// rows (ties, zeros, outliers, tiny values) and of its constants.
+pub fn quant_fingerprint() -> u64 {
+    static FP: OnceLock<u64> = OnceLock::new();
+    *FP.get_or_init(|| {
+        const N: usize = 8;
+        const K: usize = 64;
+        let rows: Vec<f32> = (0..N * K)
+            .map(|i| {
+                let (r, c) = (i / K, i % K);
+                match r {
+                    0 => 0.0,
+                    1 => (c as f32 - 32.0) * 0.5, // exact .5 ties after scaling
+                    2 => if c == 7 { 1000.0 } else { (c as f32).sin() },
+                    3 => 1e-12 * c as f32,
+                    _ => ((c * 31 + r * 17) % 97) as f32 / 13.0 - 3.5,
+                }
+            })
+            .collect();
+        // The whole weight pipeline: column equalisation, per-channel int8, and the residual term.
+        let bytes: &[u8] = bytemuck::cast_slice(&rows);
+        let to_float = |b: &[u8], out: &mut [f32]| {
+            for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        };
+        let src = crate::backend::WeightSource { name: "", ggml_type: 0, bytes, row_bytes: K * 4, to_float: &to_float };
+        let (q, s, col) = crate::backend::weights::quantize_source(&src, N, K);
+        let (ql, sl) = crate::backend::weights::quantize_residual(&src, N, K, &col, &q, &s);
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(bytemuck::cast_slice(&ql));
+        for v in col.iter().chain(sl.iter()) {
+            h.update(&v.to_bits().to_le_bytes());
+        }
+        h.update(&crate::quant::QMAX.to_bits().to_le_bytes());
+        h.update(&crate::quant::ABSMAX_FLOOR.to_bits().to_le_bytes());
+        h.update(bytemuck::cast_slice(&q));
+        for v in s {
+            h.update(&v.to_bits().to_le_bytes());
+        }
+        h.digest()
+    })
+}
+
+/// The quantization parameters recorded in headers.
+pub fn quant_params() -> QuantParams {
+    QuantParams { qmax: crate::quant::QMAX, absmax_floor: crate::quant::ABSMAX_FLOOR }
+}
+
+/// The identity (cache key) of weight `[N, K]` of ggml type `ggml_type` with source bytes
+/// `src_bytes` (`row_bytes` per row), named `name`, packed for `soc`. Hashes `src_bytes` on all
+/// cores.
+/// `weight_terms`: int8 terms per weight (1, or 2 for float sources); it changes the payload.
+#[allow(clippy::too_many_arguments)]
+pub fn identity(soc: &SocDesc, ggml_type: u32, src_bytes: &[u8], row_bytes: usize, name: &str, n: usize, k: usize, weight_terms: u32) -> Identity {
+    Identity {
+        layout_fp: layout_fingerprint(soc),
+        quant_fp: quant_fingerprint(),
+        weight_terms,
+        soc: soc.id.name().to_owned(),
+        src_hash: format::par_hash(src_bytes),
+        ggml_type,
+        n: n as u64,
+        k: k as u64,
+        row_bytes: row_bytes as u64,
+        src_bytes: src_bytes.len() as u64,
+        name: name.to_owned(),
+    }
+    .normalized()
+}
+
+/// A validated, mapped cache entry.
+pub struct Loaded {
+    map: memmap2::Mmap,
+    header: Header,
+    path: PathBuf,
+}
+
+impl Loaded {
+    /// The pre-tiled weight bytes, as `Npu::tile_weight` made them.
+    pub fn tiles(&self) -> &[u8] {
+        format::tiles(&self.header, &self.map)
+    }
+    /// The per-output-channel scales, `[N] f32`.
+    pub fn scales(&self) -> Vec<f32> {
+        format::scales(&self.header, &self.map)
+    }
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Which identity field differs (for the debug line), if any.
+fn first_difference(a: &Identity, b: &Identity) -> Option<&'static str> {
+    [
+        (a.layout_fp != b.layout_fp, "layout fingerprint"),
+        (a.quant_fp != b.quant_fp, "quantization fingerprint"),
+        (a.soc != b.soc, "SoC"),
+        (a.src_hash != b.src_hash, "source hash"),
+        (a.ggml_type != b.ggml_type, "ggml type"),
+        (a.n != b.n || a.k != b.k, "shape"),
+        (a.row_bytes != b.row_bytes || a.src_bytes != b.src_bytes, "source size"),
+        (a.name != b.name, "tensor name"),
+    ]
+    .into_iter()
+    .find_map(|(differs, what)| differs.then_some(what))
+}
+
+/// A cache directory with a size limit.
+pub struct PackCache {
+    dir: PathBuf,
+    max_bytes: u64,
+    /// Bytes in the directory as last scanned plus what this process stored since (None until
+    /// the first store).
+    size_bytes: Mutex<Option<u64>>,
+}
+
+/// Distinguishes temporary files of threads in one process.
+static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+impl PackCache {
+    pub fn new(dir: impl Into<PathBuf>, max_bytes: u64) -> PackCache {
+        PackCache { dir: dir.into(), max_bytes, size_bytes: Mutex::new(None) }
+    }
+
+    /// The cache the configuration asks for: None when `ORK_CACHE=0` or no directory resolves.
+    pub fn from_config(cfg: &Config) -> Option<PackCache> {
+        if !cfg.cache_enabled {
+            return None;
+        }
+        let xdg = std::env::var("XDG_CACHE_HOME").ok();
+        let home = std::env::var("HOME").ok();
+        let Some(dir) = resolve_dir(cfg.cache_dir.as_deref(), xdg.as_deref(), home.as_deref()) else {
+            log::debug!("orkpack cache off: no ORK_CACHE_DIR, XDG_CACHE_HOME or HOME");
+            return None;
+        };
+        Some(PackCache::new(dir, cfg.cache_max_mb.saturating_mul(1 << 20)))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
+    /// Where the entry for `id` lives: `<dir>/<2 hex>/<30 hex>.orkpack`, from xxh3-128 of the
+    /// identity's canonical bytes.
+    pub fn path_for(&self, id: &Identity) -> PathBuf {
+        let hex = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&id.encode()));
+        self.dir.join(&hex[..2]).join(format!("{}.{EXT}", &hex[2..]))
+    }
+
+    /// Maps and validates the entry for `id`: header, identity (field by field), length and
+    /// payload checksum. On success the file's mtime is set to now (LRU).
+    pub fn load(&self, id: &Identity) -> Result<Loaded, CacheError> {
+        let path = self.path_for(id);
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(CacheError::Absent),
+            Err(e) => return Err(io_err("open", &path)(e)),
+        };
+        let map = crate::npu::kif::filemap::map_file_readonly(&file).map_err(io_err("mmap", &path))?;
+        let header = format::parse_header(&map).map_err(|source| CacheError::Format { path: path.clone(), source })?;
+        if let Some(field) = first_difference(&header.id, &id.normalized()) {
+            return Err(CacheError::Mismatch { path, field });
+        }
+        format::verify_payload(&header, &map).map_err(|source| CacheError::Format { path: path.clone(), source })?;
+        if let Err(e) = file.set_modified(SystemTime::now()) {
+            log::trace!("orkpack: cannot update mtime of {}: {e}", path.display());
+        }
+        Ok(Loaded { map, header, path })
+    }
+
+    /// Writes the entry for `id` (temporary file, then rename), then evicts if the directory
+    /// went past the limit. Returns the entry's path.
+    pub fn store(&self, id: &Identity, tiles: &[u8], scales: &[f32]) -> Result<PathBuf, CacheError> {
+        let path = self.path_for(id);
+        let bytes = format::layout(tiles.len(), scales.len()).1 as u64;
+        if bytes > self.max_bytes {
+            return Err(CacheError::TooBig { bytes, limit: self.max_bytes });
+        }
+        let parent = path.parent().expect("entry paths have a fan-out directory");
+        fs::create_dir_all(parent).map_err(io_err("mkdir", parent))?;
+        // Same directory as the target, so rename(2) is atomic; unique per process and thread.
+        let tmp = parent.join(format!(
+            ".{}.tmp.{}.{}",
+            path.file_name().and_then(|f| f.to_str()).unwrap_or("entry"),
+            std::process::id(),
+            TMP_SEQ.fetch_add(1, Relaxed)
+        ));
+        let write = || -> io::Result<()> {
+            let mut w = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
+            format::write_file(&mut w, &id.normalized(), quant_params(), tiles, scales)?;
+            w.flush()
+        };
+        if let Err(e) = write() {
+            let _ = fs::remove_file(&tmp);
+            return Err(io_err("write", &tmp)(e));
+        }
+        if let Err(e) = fs::rename(&tmp, &path) {
+            let _ = fs::remove_file(&tmp);
+            return Err(io_err("rename", &path)(e));
+        }
+        self.account(bytes);
+        Ok(path)
+    }
+
+    /// Adds `bytes` to the tracked directory size; evicts when over the limit.
+    fn account(&self, bytes: u64) {
+        let mut size = self.size_bytes.lock().unwrap_or_else(|p| p.into_inner());
+        let total = match *size {
+            Some(s) => s + bytes,
+            None => self.scan().iter().map(|e| e.bytes).sum(), // includes the new file
+        };
+        *size = Some(total);
+        if total > self.max_bytes {
+            *size = Some(self.evict_to(self.max_bytes / 100 * EVICT_TARGET_PERCENT));
+        }
+    }
+
+    /// Every entry and temporary file in the directory.
+    fn scan(&self) -> Vec<DirEntryInfo> {
+        let mut out = Vec::new();
+        let Ok(top) = fs::read_dir(&self.dir) else { return out };
+        for sub in top.flatten() {
+            let sub_path = sub.path();
+            let is_fanout = sub.file_name().to_str().is_some_and(|s| s.len() == 2 && s.bytes().all(|b| b.is_ascii_hexdigit()));
+            if !is_fanout || !sub_path.is_dir() {
+                continue;
+            }
+            let Ok(files) = fs::read_dir(&sub_path) else { continue };
+            for f in files.flatten() {
+                let name = f.file_name();
+                let Some(name) = name.to_str() else { continue };
+                let tmp = name.starts_with('.') && name.contains(".tmp.");
+                if !tmp && !name.ends_with(EXT) {
+                    continue;
+                }
+                let Ok(md) = f.metadata() else { continue };
+                out.push(DirEntryInfo {
+                    path: f.path(),
+                    bytes: md.len(),
+                    mtime: md.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                    tmp,
+                });
+            }
+        }
+        out
+    }
+
+    /// Removes least-recently-used entries (oldest mtime first) until the directory holds at
+    /// most `target_bytes`, and temporary files abandoned for over an hour. Returns the bytes
+    /// left. Files another process removed meanwhile are skipped.
+    pub fn evict_to(&self, target_bytes: u64) -> u64 {
+        let now = SystemTime::now();
+        let mut entries = self.scan();
+        entries.retain(|e| {
+            let stale = e.tmp && now.duration_since(e.mtime).is_ok_and(|age| age > STALE_TMP);
+            if stale {
+                let _ = fs::remove_file(&e.path);
+            }
+            !stale
+        });
+        let mut total: u64 = entries.iter().map(|e| e.bytes).sum();
+        entries.retain(|e| !e.tmp);
+        entries.sort_by_key(|e| e.mtime);
+        let mut removed = 0usize;
+        for e in entries {
+            if total <= target_bytes {
+                break;
+            }
+            match fs::remove_file(&e.path) {
+                Ok(()) => {
+                    total -= e.bytes;
+                    removed += 1;
+                }
+                Err(err) if err.kind() == io::ErrorKind::NotFound => total -= e.bytes,
+                Err(err) => log::debug!("orkpack evict {}: {err}", e.path.display()),
+            }
+        }
+        if removed > 0 {
+            log::debug!("orkpack: evicted {removed} entries, {} MB left in {}", total >> 20, self.dir.display());
+        }
+        total
+    }
+
+    /// Total bytes of entries and temporary files in the directory (a fresh scan).
+    pub fn disk_bytes(&self) -> u64 {
+        self.scan().iter().map(|e| e.bytes).sum()
+    }
+}
+
+struct DirEntryInfo {
+    path: PathBuf,
+    bytes: u64,
+    mtime: SystemTime,
+    tmp: bool,
+}
+
+/// Progress of cold packing on stderr: a line every [`PROGRESS_EVERY_BYTES`] of source packed,
+/// at most one per second, so small models print nothing.
+pub struct Progress {
+    start: OnceLock<Instant>,
+    done_bytes: AtomicU64,
+    last_line: Mutex<(u64, Option<Instant>)>,
+}
+
+/// Source bytes between progress lines.
+pub const PROGRESS_EVERY_BYTES: u64 = 256 << 20;
+
+impl Progress {
+    pub const fn new() -> Progress {
+        Progress { start: OnceLock::new(), done_bytes: AtomicU64::new(0), last_line: Mutex::new((0, None)) }
+    }
+
+    /// Records `bytes` more source bytes packed; returns the line printed, if any.
+    pub fn packed(&self, bytes: u64) -> Option<String> {
+        let start = *self.start.get_or_init(Instant::now);
+        let done = self.done_bytes.fetch_add(bytes, Relaxed) + bytes;
+        let mut last = self.last_line.lock().unwrap_or_else(|p| p.into_inner());
+        let due = done >= last.0 + PROGRESS_EVERY_BYTES && last.1.is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+        if !due {
+            return None;
+        }
+        *last = (done, Some(Instant::now()));
+        let secs = start.elapsed().as_secs_f64();
+        let line = format!("packing weights for the NPU: {} MB done in {secs:.1} s ({:.0} MB/s); later runs load them from the .orkpack cache", done >> 20, (done >> 20) as f64 / secs.max(1e-3));
+        log::info!("{line}");
+        Some(line)
+    }
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Progress::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dir_resolution_order() {
+        assert_eq!(resolve_dir(Some("/a"), Some("/x"), Some("/h")), Some(PathBuf::from("/a")));
+        assert_eq!(resolve_dir(Some(" "), Some("/x"), Some("/h")), Some(PathBuf::from("/x/ggml-ork")));
+        assert_eq!(resolve_dir(None, Some("rel"), Some("/h")), Some(PathBuf::from("/h/.cache/ggml-ork")));
+        assert_eq!(resolve_dir(None, None, None), None);
+    }
+
+    #[test]
+    fn fingerprints_are_stable_and_soc_specific() {
+        let a = SocDesc::get(SocId::Rk3588);
+        let b = SocDesc::get(SocId::Rk3576);
+        assert_eq!(layout_fingerprint(&a), compute_layout_fingerprint(&a));
+        assert_ne!(layout_fingerprint(&a), layout_fingerprint(&b));
+        let mut c = a.clone();
+        c.k_slice /= 2;
+        assert_ne!(layout_fingerprint(&c), layout_fingerprint(&a), "a K-slice change must change the layout fingerprint");
+        assert_eq!(quant_fingerprint(), quant_fingerprint());
+    }
+
+    #[test]
+    fn progress_prints_only_for_large_totals() {
+        let p = Progress::new();
+        assert!(p.packed(100 << 20).is_none());
+        assert!(p.packed(100 << 20).is_none());
+        assert!(p.packed(100 << 20).is_some(), "300 MB packed should print a line");
+        assert!(p.packed(300 << 20).is_none(), "at most one line per second");
+    }
+}
