@@ -94,6 +94,17 @@ for t in ("Q8_0", "F16"):
         common = len(os.path.commonprefix([a32, b32]))
         figures.append(f"| greedy {t} | 32 tokens: common prefix {common}/{max(len(a32), len(b32))} chars |")
 
+# 2b. decode on the GPU (lavapipe here): greedy text equals the CPU's for 16 tokens
+for t in ("Q8_0", "Q4_K_M"):
+    name = f"greedy-gpu/{t}"
+    if not want(name):
+        continue
+    a, ea, _ = generate(model(t), 16, ork(ORK_DECODE="gpu", ORK_VK_DEVICE="llvmpipe"))
+    b, eb, _ = generate(model(t), 16, cpu())
+    ran = re.search(r"and (\d+) on the GPU", ea or "")
+    ok = a is not None and b is not None and a == b and ran is not None and int(ran.group(1)) > 0
+    check(name, ok, f"ORK+GPU {a!r} vs CPU {b!r}; GPU matmuls: {ran.group(1) if ran else 'none'}")
+
 # 3. perplexity parity
 BOUND = {"Q8_0": 0.01, "F16": 0.01, "Q4_K_M": 0.02}
 
@@ -129,6 +140,19 @@ for minm in ("32", "1"):
     ok = p.returncode == 0 and mt is not None and passed == total and total > 0 and "FAIL" not in p.stdout
     check(name, ok, f"{passed}/{total} accepted cases passed, rc {p.returncode}, {dt:.0f}s")
     figures.append(f"| test-backend-ops MUL_MAT ORK_MINM={minm} | {passed}/{total} passed |")
+
+# 4b. test-backend-ops with decode (M < ORK_MINM) routed to the GPU
+name = "test-backend-ops/gpu-decode"
+if want(name):
+    p, dt = run([f"{BIN}/test-backend-ops", "-b", "ORK", "-o", "MUL_MAT"],
+                ork(ORK_DECODE="gpu", ORK_VK_DEVICE="llvmpipe"))
+    mt = re.search(r"(\d+)/(\d+) tests passed", p.stdout)
+    passed, total = (int(mt.group(1)), int(mt.group(2))) if mt else (0, -1)
+    gpu = re.search(r"and (\d+) on the GPU", p.stderr)
+    ok = (p.returncode == 0 and mt is not None and passed == total and total > 0 and "FAIL" not in p.stdout
+          and gpu is not None and int(gpu.group(1)) > 0)
+    check(name, ok, f"{passed}/{total} accepted cases passed, GPU ran {gpu.group(1) if gpu else 0}, rc {p.returncode}, {dt:.0f}s")
+    figures.append(f"| test-backend-ops MUL_MAT ORK_DECODE=gpu | {passed}/{total} passed |")
 
 npass = sum(1 for _, ok in results if ok)
 nfail = len(results) - npass
