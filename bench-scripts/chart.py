@@ -35,6 +35,6 @@ for ax, key, title in ((axes[0], "pp", f"prefill pp{res['p']}"), (axes[1], "tg",
     ax.set_title(title, fontsize=12)
     ax.grid(axis="y", alpha=0.3)
 task = f", {res['taskset']}" if res.get("taskset") else ""
-fig.suptitle(f"{res['model']}: llama-bench -t {res['threads']} -r {res['r']}{task}\n{res['label']}", fontsize=12)
+fig.suptitle(f"{res['model']}: llama-bench -t {res['threads']} -r {res['r']}, median of {res.get('rounds', 1)} rounds{task}\n{res['label']}", fontsize=12)
 fig.tight_layout()
 fig.savefig(sys.argv[2], dpi=110)

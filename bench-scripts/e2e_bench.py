@@ -14,9 +14,10 @@ Env: LLAMA_BIN, BENCH_MODEL, ORK_LIB, ORK_CORPUS (required); BENCH_OUT (output f
 BENCH_THREADS (2), BENCH_P (64), BENCH_N (16), BENCH_R (1), BENCH_PPL_CHUNKS (4),
 BENCH_TASKSET ("" or e.g. "taskset -c 4-7"), BENCH_BOARD (0 = simulator + lavapipe, 1 = real NPU),
 BENCH_VK_DEVICE (llvmpipe here, Mali on a board), BENCH_ARMS (comma list, default all),
-BENCH_NO_PPL=1 to skip perplexity, BENCH_PYTHON_CHART (python with matplotlib; default: this one).
+BENCH_ROUNDS (3: the arms run in turn, round after round, and each figure is the median over
+rounds — the machine here is shared and noisy), BENCH_NO_PPL=1 to skip perplexity, BENCH_PYTHON_CHART (python with matplotlib; default: this one).
 """
-import json, os, re, shlex, subprocess, sys, time
+import json, os, re, shlex, statistics, subprocess, sys, time
 
 BIN, MODEL, LIB = os.environ["LLAMA_BIN"], os.environ["BENCH_MODEL"], os.environ["ORK_LIB"]
 CORPUS = os.environ.get("ORK_CORPUS", "")
@@ -27,6 +28,7 @@ CHUNKS = os.environ.get("BENCH_PPL_CHUNKS", "4")
 TASKSET = shlex.split(os.environ.get("BENCH_TASKSET", ""))
 BOARD = os.environ.get("BENCH_BOARD", "0") == "1"
 VK = os.environ.get("BENCH_VK_DEVICE", "Mali" if BOARD else "llvmpipe")
+ROUNDS = max(1, int(os.environ.get("BENCH_ROUNDS", "3")))
 ARMS_WANTED = set(filter(None, os.environ.get("BENCH_ARMS", "cpu,ork,npu,gpu").split(",")))
 LABEL = ("real NPU + Mali GPU (board)" if BOARD
          else "simulated NPU (ORK_NPU=sim) + lavapipe (llvmpipe): NOT board numbers")
@@ -104,25 +106,40 @@ def ppl(extra):
 
 
 results = {"label": LABEL, "model": os.path.basename(MODEL), "threads": THREADS, "p": P, "n": N, "r": R,
-           "taskset": " ".join(TASKSET), "arms": []}
+           "rounds": ROUNDS, "taskset": " ".join(TASKSET), "arms": []}
+arms, samples = [], {}
 for key, name, extra in ARMS:
     if key not in ARMS_WANTED:
         continue
-    arm = {"key": key, "name": name, "env": " ".join(f"{k}={v}" for k, v in extra.items())}
+    arm = {"key": key, "name": name, "env": " ".join(f"{k}={v}" for k, v in extra.items()), "extra": extra}
     if key == "gpu":
         ok, why = gpu_probe(extra)
         if not ok:
             arm["na"] = why
             log(f"[e2e] {name}: not available ({why})")
-            results["arms"].append(arm)
+    arms.append(arm)
+    samples[key] = []
+for rnd in range(ROUNDS):
+    for arm in arms:
+        if "na" in arm:
             continue
-    log(f"[e2e] llama-bench {name} ...")
-    res, why = bench(extra)
-    if res is None:
-        arm["na"] = f"failed: {why}"
-    else:
-        arm.update(res)
-    log(f"[e2e]   {arm}")
+        log(f"[e2e] round {rnd + 1}/{ROUNDS}: llama-bench {arm['name']} ...")
+        res, why = bench(arm["extra"])
+        log(f"[e2e]   {res or why}")
+        if res is not None:
+            samples[arm["key"]].append(res)
+        elif not samples[arm["key"]]:
+            arm["fail"] = why
+for arm in arms:
+    got = samples[arm["key"]]
+    if "na" not in arm and not got:
+        arm["na"] = f"failed: {arm.get('fail', '?')}"
+    for k in ("pp", "tg", "npu_matmuls"):
+        vals = [r[k] for r in got if k in r]
+        if vals:
+            arm[k] = statistics.median(vals)
+    arm["samples"] = got
+    del arm["extra"]
     results["arms"].append(arm)
 
 if os.environ.get("BENCH_NO_PPL") != "1" and CORPUS:
@@ -150,11 +167,11 @@ def fmt(a, k):
     return s
 
 
-lines = [f"**{LABEL}** — {results['model']}, llama-bench `-p {P} -n {N} -r {R} -t {THREADS}`"
+lines = [f"**{LABEL}** — {results['model']}, llama-bench `-p {P} -n {N} -r {R} -t {THREADS}`, median of {ROUNDS} rounds"
          + (f", `{results['taskset']}`" if TASKSET else ""),
          "", f"| arm | environment | pp{P} t/s | tg{N} t/s | NPU MUL_MATs |", "|---|---|---:|---:|---:|"]
 for a in results["arms"]:
-    nm = a.get("npu_matmuls", "-") if "na" not in a else "-"
+    nm = int(a["npu_matmuls"]) if "na" not in a and "npu_matmuls" in a else "-"
     lines.append(f"| {a['name']} | `{a['env']}` | {fmt(a, 'pp')} | {fmt(a, 'tg')} | {nm} |")
 if "ppl" in results:
     pp = results["ppl"]
