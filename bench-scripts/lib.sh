@@ -14,6 +14,9 @@ bench_env() {
 # Build the plugin and publish it under ggml's naming, libggml-ork.so (absolute path in ORK_LIB).
 bench_build_plugin() {
   (cd "$ROOT" && cargo build --release --lib --quiet)
-  cp -f "$CARGO_TARGET_DIR/release/libggml_ork.so" "$CARGO_TARGET_DIR/release/libggml-ork.so"
+  # Copy then rename: a new inode, so a llama.cpp process that has the old file mapped keeps it
+  # (cp over a mapped .so truncates it in place and the running process dies of SIGBUS).
+  cp -f "$CARGO_TARGET_DIR/release/libggml_ork.so" "$CARGO_TARGET_DIR/release/.libggml-ork.so.new"
+  mv -f "$CARGO_TARGET_DIR/release/.libggml-ork.so.new" "$CARGO_TARGET_DIR/release/libggml-ork.so"
   export ORK_LIB="$CARGO_TARGET_DIR/release/libggml-ork.so"
 }

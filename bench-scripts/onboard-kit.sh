@@ -106,7 +106,7 @@ if [[ -d /sys/module/rocket ]]; then DRV="${DRV:+$DRV; }rocket (mainline accel)"
 if [[ -n "$DRV" ]]; then
   status "driver" RAN "$DRV"
 elif [[ $DRY == 1 ]]; then
-  status "driver" SKIPPED "no rknpu/rocket module (not a board); node list above is what exists here"
+  status "driver" SKIPPED "no rknpu/rocket module here (not a board)"
 else
   status "driver" FAIL "neither /sys/module/rknpu nor /sys/module/rocket: load the vendor rknpu driver (0.9.x) or rocket"
 fi
@@ -160,7 +160,9 @@ say "- CPUs: $(for k in $(printf '%s\n' "${!FREQ[@]}" | sort -n); do printf 'cpu
 say "- cpufreq governors: $(cat /sys/devices/system/cpu/cpufreq/policy*/scaling_governor 2>/dev/null | sort | uniq -c | tr -s ' \n' ' ' || echo unknown)"
 TASKSET=""
 if command -v taskset >/dev/null && [[ -n "$BIG" ]]; then TASKSET="taskset -c $BIG"; fi
-if [[ "$TOPF" == 0 ]]; then
+if [[ "$TOPF" == 0 && $DRY == 1 ]]; then
+  status "cpus" SKIPPED "no cpufreq information here; llama-bench runs unpinned"
+elif [[ "$TOPF" == 0 ]]; then
   status "cpus" WARN "no cpufreq information; llama.cpp threads are not pinned"
 else
   status "cpus" RAN "big cores (top max freq $((TOPF / 1000)) MHz): $BIG → llama-bench runs under \`$TASKSET\` with -t $THREADS"
@@ -169,7 +171,9 @@ fi
 # ------------------------------------------------------------------ 6 build
 say "## 6. build"
 if (cd "$ROOT" && cargo build --release --quiet --lib --bin ork-selftest --bin ork-regdump) >"$WORK/build.log" 2>&1; then
-  cp -f "$CARGO_TARGET_DIR/release/libggml_ork.so" "$CARGO_TARGET_DIR/release/libggml-ork.so"
+  # copy + rename (new inode): never rewrite a .so that a running process has mapped
+  cp -f "$CARGO_TARGET_DIR/release/libggml_ork.so" "$CARGO_TARGET_DIR/release/.libggml-ork.so.new"
+  mv -f "$CARGO_TARGET_DIR/release/.libggml-ork.so.new" "$CARGO_TARGET_DIR/release/libggml-ork.so"
   export ORK_LIB=$CARGO_TARGET_DIR/release/libggml-ork.so
   status "build" RAN "cargo build --release ($(rustc --version 2>/dev/null))"
   BUILT=1
