@@ -159,7 +159,7 @@ BIG=$(for k in "${!FREQ[@]}"; do [[ ${FREQ[$k]} == "$TOPF" ]] && echo "$k"; done
 say "- CPUs: $(for k in $(printf '%s\n' "${!FREQ[@]}" | sort -n); do printf 'cpu%s=%sMHz ' "$k" $(( ${FREQ[$k]} / 1000 )); done)"
 say "- cpufreq governors: $(cat /sys/devices/system/cpu/cpufreq/policy*/scaling_governor 2>/dev/null | sort | uniq -c | tr -s ' \n' ' ' || echo unknown)"
 TASKSET=""
-if command -v taskset >/dev/null && [[ -n "$BIG" ]]; then TASKSET="taskset -c $BIG"; fi
+if command -v taskset >/dev/null && [[ -n "$BIG" && "$TOPF" != 0 ]]; then TASKSET="taskset -c $BIG"; fi
 if [[ "$TOPF" == 0 && $DRY == 1 ]]; then
   status "cpus" SKIPPED "no cpufreq information here; llama-bench runs unpinned"
 elif [[ "$TOPF" == 0 ]]; then
