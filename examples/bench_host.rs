@@ -1,0 +1,417 @@
+//! Host-side benchmarks of the W8A8 arithmetic around an NPU matmul, each reported as a **ratio
+//! measured in one run** against a baseline timed in the same rounds (this machine is shared and
+//! noisy, so absolute times are not comparable between runs, but a paired ratio is).
+//!
+//! `cargo run --release --example bench_host` (or `bash bench-scripts/host_bench.sh`).
+//!
+//! What it measures (issue "Benchmarks here and the on-board kit"):
+//! 1. Activation quantization f32 → int8 per row, `quant::quantize_rows` and the two-term
+//!    `quant::quantize_rows_split`, vs a `memcpy` of the same input bytes (`M·K·4`). Target: the
+//!    quantizer reaches ≥ 70 % of memcpy's throughput (ratio = t_memcpy / t_op).
+//! 2. The same quantizers vs ggml-cpu's own activation quantizer, Q8_0 `from_float` from the CPU
+//!    backend's type traits, on the same rows, one call per row as ggml's MUL_MAT does. Target:
+//!    ours at least as fast (ratio = t_ggml / t_ours ≥ 1).
+//! 3. Output dequantization int32 → f32, `quant::dequantize_output` and
+//!    `quant::dequantize_output_split`, vs a `memcpy` of the same input bytes (`M·N·4`, or
+//!    `2M·N·4` for the split form). Target ≥ 70 %.
+//! 4. Weight packing (to_float → column-equalised per-channel int8 → tile:
+//!    `backend::weights::quantize_source` + `npu::Npu::tile_weight`) in GB/s of int8 weight
+//!    produced per core (target ≥ 1 GB/s), and its speed-up on all cores (target ≥ 1.8× on 2).
+//!
+//! Everything in 1–3 runs in a one-thread rayon pool: the comparison is per core, the way ggml-cpu
+//! quantizes its share of rows on each of its threads.
+//!
+//! ggml-cpu is reached by dlopen of `$LLAMA_BIN/libggml-cpu.so` (or `ORK_GGML_CPU_LIB`) with
+//! `libloading` and dlsym of `ggml_get_type_traits_cpu`; the `struct ggml_type_traits_cpu` layout is
+//! the pinned b11549 `ggml/include/ggml-cpu.h`. Packing dequantizes with ggml-base's
+//! `ggml_get_type_traits(Q8_0)->to_float`, as the plugin does inside llama.cpp. The unsafe code for
+//! those calls lives in this file (bench code, not library code), each block with its SAFETY note.
+//! Without the library the ggml comparison is reported as skipped and packing uses an f32 source.
+//!
+//! Knobs: `ORK_BENCH_ROUNDS` (paired rounds, default 21; the median is reported),
+//! `ORK_BENCH_SAMPLE_MS` (time per sample, default 3).
+
+use std::ffi::c_void;
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use ggml_ork::backend::weights::{quantize_source, WeightSource};
+use ggml_ork::npu::soc::{SocDesc, SocId};
+use ggml_ork::npu::Npu;
+use ggml_ork::quant;
+
+/// ggml type id of Q8_0 (ggml.h `GGML_TYPE_Q8_0`).
+const GGML_TYPE_Q8_0: i32 = 8;
+/// Q8_0 block: 32 values, one f16 scale + 32 int8 (ggml-common.h `block_q8_0`).
+const QK8_0: usize = 32;
+const Q8_0_BLOCK_BYTES: usize = 34;
+
+type FromFloat = unsafe extern "C" fn(x: *const f32, y: *mut c_void, k: i64);
+type ToFloat = unsafe extern "C" fn(x: *const c_void, y: *mut f32, k: i64);
+
+/// `struct ggml_type_traits_cpu` (ggml-cpu.h, b11549).
+#[repr(C)]
+struct TypeTraitsCpu {
+    from_float: Option<FromFloat>,
+    vec_dot: *const c_void,
+    vec_dot_type: i32,
+    nrows: i64,
+}
+
+/// `struct ggml_type_traits` (ggml.h, b11549).
+#[repr(C)]
+struct TypeTraits {
+    type_name: *const std::ffi::c_char,
+    blck_size: i64,
+    blck_size_interleave: i64,
+    type_size: usize,
+    is_quantized: bool,
+    to_float: Option<ToFloat>,
+    from_float_ref: *const c_void,
+}
+
+/// ggml's Q8_0 row quantizer and dequantizer, with the libraries kept loaded.
+struct GgmlQ8 {
+    from_float: FromFloat,
+    to_float: ToFloat,
+    _cpu: libloading::Library,
+    _base: libloading::Library,
+}
+
+fn load_ggml() -> Result<GgmlQ8, String> {
+    let cpu_path = match std::env::var_os("ORK_GGML_CPU_LIB") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(std::env::var_os("LLAMA_BIN").ok_or("LLAMA_BIN is not set")?).join("libggml-cpu.so"),
+    };
+    let base_path = cpu_path.with_file_name("libggml-base.so");
+    // SAFETY: loading the pinned ggml build; its initialisers only set up ggml's own tables.
+    let base = unsafe { libloading::Library::new(&base_path) }.map_err(|e| format!("{}: {e}", base_path.display()))?;
+    // SAFETY: as above; libggml-cpu.so finds libggml-base.so.0 through its RUNPATH or the one
+    // already loaded.
+    let cpu = unsafe { libloading::Library::new(&cpu_path) }.map_err(|e| format!("{}: {e}", cpu_path.display()))?;
+    // SAFETY: the symbols and signatures of ggml-cpu.h / ggml.h at b11549:
+    // `void ggml_cpu_init(void)`, `const struct ggml_type_traits_cpu * ggml_get_type_traits_cpu(enum ggml_type)`,
+    // `const struct ggml_type_traits * ggml_get_type_traits(enum ggml_type)`.
+    unsafe {
+        let init: libloading::Symbol<unsafe extern "C" fn()> = cpu.get(b"ggml_cpu_init\0").map_err(|e| e.to_string())?;
+        init();
+        let get_cpu: libloading::Symbol<unsafe extern "C" fn(i32) -> *const TypeTraitsCpu> =
+            cpu.get(b"ggml_get_type_traits_cpu\0").map_err(|e| e.to_string())?;
+        let get_base: libloading::Symbol<unsafe extern "C" fn(i32) -> *const TypeTraits> =
+            base.get(b"ggml_get_type_traits\0").map_err(|e| e.to_string())?;
+        // SAFETY: both return pointers into static tables, valid while the libraries are loaded.
+        let tc = get_cpu(GGML_TYPE_Q8_0).as_ref().ok_or("no Q8_0 cpu traits")?;
+        let tb = get_base(GGML_TYPE_Q8_0).as_ref().ok_or("no Q8_0 traits")?;
+        if tb.blck_size != QK8_0 as i64 || tb.type_size != Q8_0_BLOCK_BYTES {
+            return Err(format!("unexpected Q8_0 traits: block {} size {}", tb.blck_size, tb.type_size));
+        }
+        Ok(GgmlQ8 {
+            from_float: tc.from_float.ok_or("Q8_0 has no from_float")?,
+            to_float: tb.to_float.ok_or("Q8_0 has no to_float")?,
+            _cpu: cpu,
+            _base: base,
+        })
+    }
+}
+
+impl GgmlQ8 {
+    /// Quantizes `x: [rows, k] f32` to Q8_0 rows of `k/32·34` bytes, one call per row.
+    fn quantize(&self, x: &[f32], rows: usize, k: usize, y: &mut [u8]) {
+        let rb = k / QK8_0 * Q8_0_BLOCK_BYTES;
+        assert!(k % QK8_0 == 0 && x.len() == rows * k && y.len() == rows * rb);
+        for r in 0..rows {
+            // SAFETY: row r of x has k floats; row r of y has room for k/32 Q8_0 blocks.
+            unsafe { (self.from_float)(x[r * k..].as_ptr(), y[r * rb..].as_mut_ptr().cast(), k as i64) };
+        }
+    }
+
+    /// Dequantizes one Q8_0 row of `out.len()` values.
+    fn dequantize_row(&self, row: &[u8], out: &mut [f32]) {
+        assert_eq!(row.len(), out.len() / QK8_0 * Q8_0_BLOCK_BYTES);
+        // SAFETY: `row` holds out.len()/32 whole blocks; `out` has room for them.
+        unsafe { (self.to_float)(row.as_ptr().cast(), out.as_mut_ptr(), out.len() as i64) };
+    }
+}
+
+// ------------------------------------------------------------------------------- timing
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { 0.5 * (v[n / 2 - 1] + v[n / 2]) }
+}
+
+/// Seconds per call of `f`, over `iters` calls.
+fn per_call(f: &mut dyn FnMut(), iters: usize) -> f64 {
+    let t = Instant::now();
+    for _ in 0..iters {
+        f();
+    }
+    t.elapsed().as_secs_f64() / iters as f64
+}
+
+/// How many calls fill about `sample_s` seconds.
+fn calibrate(f: &mut dyn FnMut(), sample_s: f64) -> usize {
+    f(); // warm caches and allocations
+    let mut iters = 1usize;
+    loop {
+        let t = per_call(f, iters) * iters as f64;
+        if t >= sample_s / 4.0 || iters >= 1 << 24 {
+            return ((iters as f64 * sample_s / t.max(1e-9)).ceil() as usize).max(1);
+        }
+        iters *= 4;
+    }
+}
+
+/// Paired timing: each round times `base` then `op` (alternating order) and records
+/// `t_base / t_op`. Returns (median s/call base, median s/call op, median ratio).
+fn paired(base: &mut dyn FnMut(), op: &mut dyn FnMut(), rounds: usize, sample_s: f64) -> (f64, f64, f64) {
+    let ib = calibrate(base, sample_s);
+    let io = calibrate(op, sample_s);
+    let (mut tb, mut to, mut r) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..rounds {
+        let (b, o) = if i % 2 == 0 {
+            let b = per_call(base, ib);
+            (b, per_call(op, io))
+        } else {
+            let o = per_call(op, io);
+            (per_call(base, ib), o)
+        };
+        tb.push(b);
+        to.push(o);
+        r.push(b / o);
+    }
+    (median(tb), median(to), median(r))
+}
+
+/// Hidden-state-like data: mostly small, a few outlier channels (as in LLM activations).
+fn activations(len: usize, k: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let u = (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+            if (i % k) % 97 == 3 { u * 40.0 } else { u }
+        })
+        .collect()
+}
+
+struct Row {
+    name: String,
+    value: f64,
+    unit: &'static str,
+    target: &'static str,
+    ok: Option<bool>,
+    detail: String,
+}
+
+fn verdict(ok: Option<bool>) -> &'static str {
+    match ok {
+        Some(true) => "met",
+        Some(false) => "MISSED",
+        None => "info",
+    }
+}
+
+fn main() {
+    let rounds = env_usize("ORK_BENCH_ROUNDS", 21).max(1);
+    let sample_s = env_usize("ORK_BENCH_SAMPLE_MS", 3) as f64 / 1e3;
+    let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let ggml = match load_ggml() {
+        Ok(g) => Some(g),
+        Err(e) => {
+            println!("ggml-cpu not loaded ({e}): the ggml comparison is SKIPPED, packing uses an f32 source");
+            None
+        }
+    };
+    println!(
+        "bench_host: {rounds} paired rounds of ~{:.0} ms samples, medians; {ncpu} CPUs online; host {}",
+        sample_s * 1e3,
+        std::env::consts::ARCH
+    );
+    let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let mut rows: Vec<Row> = Vec::new();
+
+    // 1 + 2. activation quantization (K = SmolLM2 hidden 576 / FFN 1536; M = decode, ubatch).
+    for &(m, k) in &[(1usize, 576usize), (64, 576), (64, 1536), (512, 576)] {
+        let x = activations(m * k, k, (m * 31 + k) as u64);
+        let src_bytes: Vec<u8> = bytemuck::cast_slice(&x).to_vec();
+        let mut copy = vec![0u8; src_bytes.len()];
+        let mut q = vec![0i8; m * k];
+        let mut s = vec![0f32; m];
+        let mut q2 = vec![0i8; 2 * m * k];
+        let mut s2 = vec![0f32; 2 * m];
+        let mut gq = vec![0u8; m * k / QK8_0 * Q8_0_BLOCK_BYTES];
+        one.install(|| {
+            let mut memcpy = || {
+                copy.copy_from_slice(black_box(&src_bytes));
+                black_box(&mut copy);
+            };
+            let mut plain = || {
+                quant::quantize_rows(black_box(&x), m, k, &mut q, &mut s);
+                black_box(&mut q);
+            };
+            let (_, t, r) = paired(&mut memcpy, &mut plain, rounds, sample_s);
+            rows.push(Row {
+                name: format!("quantize_rows M={m} K={k} vs memcpy"),
+                value: r * 100.0,
+                unit: "%",
+                target: "≥ 70 %",
+                ok: Some(r >= 0.70),
+                detail: format!("{:.2} GB/s of f32 in", (m * k * 4) as f64 / t / 1e9),
+            });
+            let mut split = || {
+                quant::quantize_rows_split(black_box(&x), m, k, &mut q2, &mut s2);
+                black_box(&mut q2);
+            };
+            let (_, t, r) = paired(&mut memcpy, &mut split, rounds, sample_s);
+            rows.push(Row {
+                name: format!("quantize_rows_split M={m} K={k} vs memcpy"),
+                value: r * 100.0,
+                unit: "%",
+                target: "≥ 70 %",
+                ok: Some(r >= 0.70),
+                detail: format!("{:.2} GB/s of f32 in", (m * k * 4) as f64 / t / 1e9),
+            });
+            if let Some(g) = &ggml {
+                let mut theirs = || {
+                    g.quantize(black_box(&x), m, k, &mut gq);
+                    black_box(&mut gq);
+                };
+                let mut plain = || {
+                    quant::quantize_rows(black_box(&x), m, k, &mut q, &mut s);
+                    black_box(&mut q);
+                };
+                let (tg, to, r) = paired(&mut theirs, &mut plain, rounds, sample_s);
+                rows.push(Row {
+                    name: format!("quantize_rows M={m} K={k} vs ggml-cpu Q8_0 from_float"),
+                    value: r,
+                    unit: "×",
+                    target: "≥ 1.0×",
+                    ok: Some(r >= 1.0),
+                    detail: format!("ours {:.1} µs, ggml {:.1} µs", to * 1e6, tg * 1e6),
+                });
+                let mut split = || {
+                    quant::quantize_rows_split(black_box(&x), m, k, &mut q2, &mut s2);
+                    black_box(&mut q2);
+                };
+                let (tg, to, r) = paired(&mut theirs, &mut split, rounds, sample_s);
+                rows.push(Row {
+                    name: format!("quantize_rows_split M={m} K={k} vs ggml-cpu Q8_0 from_float"),
+                    value: r,
+                    unit: "×",
+                    target: "≥ 1.0×",
+                    ok: Some(r >= 1.0),
+                    detail: format!("ours {:.1} µs, ggml {:.1} µs", to * 1e6, tg * 1e6),
+                });
+            }
+        });
+    }
+
+    // 3. output dequantization (N = FFN 1536 / hidden 576).
+    for &(m, n) in &[(1usize, 1536usize), (64, 1536), (64, 576), (512, 1536)] {
+        let c: Vec<i32> = (0..2 * m * n).map(|i| ((i as i64 * 2654435761) % 200_001 - 100_000) as i32).collect();
+        let a_scale: Vec<f32> = (0..2 * m).map(|i| 1e-3 + i as f32 * 1e-6).collect();
+        let w_scale: Vec<f32> = (0..n).map(|i| 2e-3 + i as f32 * 1e-7).collect();
+        let mut dst = vec![0f32; m * n];
+        for split in [false, true] {
+            let in_rows = if split { 2 * m } else { m };
+            let src_bytes: Vec<u8> = bytemuck::cast_slice(&c[..in_rows * n]).to_vec();
+            let mut copy = vec![0u8; src_bytes.len()];
+            one.install(|| {
+                let mut memcpy = || {
+                    copy.copy_from_slice(black_box(&src_bytes));
+                    black_box(&mut copy);
+                };
+                let mut op = || {
+                    if split {
+                        quant::dequantize_output_split(black_box(&c[..2 * m * n]), &a_scale, &w_scale, &mut dst);
+                    } else {
+                        quant::dequantize_output(black_box(&c[..m * n]), &a_scale[..m], &w_scale, &mut dst);
+                    }
+                    black_box(&mut dst);
+                };
+                let (_, t, r) = paired(&mut memcpy, &mut op, rounds, sample_s);
+                let f = if split { "dequantize_output_split" } else { "dequantize_output" };
+                rows.push(Row {
+                    name: format!("{f} M={m} N={n} vs memcpy"),
+                    value: r * 100.0,
+                    unit: "%",
+                    target: "≥ 70 %",
+                    ok: Some(r >= 0.70),
+                    detail: format!("{:.2} GB/s of i32 in", (in_rows * n * 4) as f64 / t / 1e9),
+                });
+            });
+        }
+    }
+
+    // 4. packing: to_float → column-equalised per-channel int8 → tile, 1 core vs all cores.
+    let soc = SocDesc::get(SocId::Rk3588);
+    let pack_rounds = (rounds / 3).max(3);
+    for &(n, k) in &[(1536usize, 576usize), (2048, 2048)] {
+        let w = activations(n * k, k, 77 + n as u64);
+        let q8: Option<Vec<u8>> = ggml.as_ref().map(|g| {
+            let mut b = vec![0u8; n * k / QK8_0 * Q8_0_BLOCK_BYTES];
+            g.quantize(&w, n, k, &mut b);
+            b
+        });
+        let f32_bytes: Vec<u8> = bytemuck::cast_slice(&w).to_vec();
+        let f32_row = |row: &[u8], out: &mut [f32]| out.copy_from_slice(bytemuck::cast_slice(row));
+        let q8_row = |row: &[u8], out: &mut [f32]| ggml.as_ref().unwrap().dequantize_row(row, out);
+        let (src, what) = match &q8 {
+            Some(b) => (
+                WeightSource { ggml_type: GGML_TYPE_Q8_0 as u32, bytes: b, row_bytes: k / QK8_0 * Q8_0_BLOCK_BYTES, to_float: &q8_row },
+                "Q8_0",
+            ),
+            None => (WeightSource { ggml_type: 0, bytes: &f32_bytes, row_bytes: k * 4, to_float: &f32_row }, "f32"),
+        };
+        let pack = || {
+            let (q, s, c) = quantize_source(&src, n, k);
+            let t = Npu::tile_weight(&soc, &q, n, k).expect("tile_weight");
+            black_box((t, s, c));
+        };
+        let all = rayon::ThreadPoolBuilder::new().num_threads(ncpu).build().unwrap();
+        let mut p1 = || one.install(pack);
+        let mut pn = || all.install(pack);
+        let (t1, tn, speedup) = paired(&mut p1, &mut pn, pack_rounds, sample_s.max(0.05));
+        let gbs = (n * k) as f64 / t1 / 1e9;
+        rows.push(Row {
+            name: format!("pack {what} N={n} K={k}, 1 core"),
+            value: gbs,
+            unit: "GB/s",
+            target: "≥ 1 GB/s",
+            ok: Some(gbs >= 1.0),
+            detail: format!("{:.1} ms per weight; GB/s = int8 bytes produced", t1 * 1e3),
+        });
+        rows.push(Row {
+            name: format!("pack {what} N={n} K={k}, {ncpu} cores vs 1"),
+            value: speedup,
+            unit: "×",
+            target: if ncpu == 2 { "≥ 1.8×" } else { "≥ 1.8× (on 2)" },
+            ok: if ncpu >= 2 { Some(speedup >= 1.8) } else { None },
+            detail: format!("{:.1} ms on {ncpu} cores (shared machine: other load lowers this)", tn * 1e3),
+        });
+    }
+
+    println!();
+    println!("| measurement | result | target | verdict | detail |");
+    println!("|---|---:|---|---|---|");
+    for r in &rows {
+        let v = match r.unit {
+            "%" => format!("{:.0} %", r.value),
+            "×" => format!("{:.2}×", r.value),
+            u => format!("{:.2} {u}", r.value),
+        };
+        println!("| {} | {v} | {} | {} | {} |", r.name, r.target, verdict(r.ok), r.detail);
+    }
+    let missed = rows.iter().filter(|r| r.ok == Some(false)).count();
+    println!();
+    println!("{missed} of {} targets missed", rows.iter().filter(|r| r.ok.is_some()).count());
+}
