@@ -39,8 +39,8 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_OFF", default: "0", meaning: "1 = register no device: the same binary runs everything on the CPU (A/B runs)" },
     VarDoc { name: "ORK_MINM", default: "32", meaning: "minimum M (tokens in the ubatch) for a MUL_MAT to go to the NPU; smaller M follows ORK_DECODE" },
     VarDoc { name: "ORK_DECODE", default: "auto", meaning: "engine for MUL_MAT below ORK_MINM: auto, npu, gpu, cpu (auto = cpu until the GPU path is routed)" },
-    VarDoc { name: "ORK_ACT_TERMS", default: "auto", meaning: "int8 terms per activation row (x ≈ Σ s_t·q_t, T·M NPU rows) for outlier-heavy hidden states: auto (3 with two-term weights, else 2), 1 (plain W8A8), 2, 3" },
-    VarDoc { name: "ORK_WEIGHT_TERMS", default: "auto", meaning: "int8 terms per weight: auto (2 for F32/F16/BF16 sources, whose precision one int8 cannot carry; 1 otherwise), 1, or 2" },
+    VarDoc { name: "ORK_ACT_TERMS", default: "auto", meaning: "int8 terms per activation row (x ≈ Σ s_t·q_t, T·M NPU rows) for outlier-heavy hidden states: auto (3 for F32/F16/BF16 weights, else 2), 1 (plain W8A8), 2, 3" },
+    VarDoc { name: "ORK_WEIGHT_TERMS", default: "auto", meaning: "int8 terms per weight: auto (1 for Q8_0; 2 for float and sub-8-bit block types, whose precision one per-channel int8 cannot carry; a second term that does not fit the resident budget is dropped), 1, or 2" },
     VarDoc { name: "ORK_SOC", default: "(device tree)", meaning: "force the SoC description: rk3588 or rk3576" },
     VarDoc { name: "ORK_NPU_MC", default: "(all cores)", meaning: "cap on NPU cores per matmul (the core budget); the planner picks within it" },
     VarDoc { name: "ORK_NO_AFFINITY", default: "0", meaning: "1 = do not pin NPU worker threads to the big CPU cores" },
@@ -162,10 +162,11 @@ impl Config {
         (cfg, bad)
     }
 
-    /// Activation terms for a weight with one or two int8 terms (`ORK_ACT_TERMS`).
-    pub fn act_terms_for(&self, two_term_weight: bool) -> usize {
+    /// Activation terms for a weight (`ORK_ACT_TERMS`): auto gives float sources (F32/F16/BF16,
+    /// which one int8 weight term does not carry either) three terms, everything else two.
+    pub fn act_terms_for(&self, float_source: bool) -> usize {
         match self.act_terms {
-            0 if two_term_weight => 3,
+            0 if float_source => 3,
             0 => 2,
             t => t as usize,
         }

@@ -8,6 +8,8 @@ export LLAMA_SRC LLAMA_BIN ORK_MODELS ORK_CORPUS ORK_ENV
 # Build the plugin and publish it under ggml's naming, libggml-ork.so.
 build_plugin() {
   (cd "$ROOT" && cargo build --release --lib --quiet)
-  cp -f "$ROOT/target/release/libggml_ork.so" "$ROOT/target/release/libggml-ork.so"
+  # copy then rename: a tool that has the old file loaded keeps its mapping (cp -f would rewrite it in place)
+  cp -f "$ROOT/target/release/libggml_ork.so" "$ROOT/target/release/.libggml-ork.so.tmp"
+  mv -f "$ROOT/target/release/.libggml-ork.so.tmp" "$ROOT/target/release/libggml-ork.so"
   export ORK_LIB="$ROOT/target/release/libggml-ork.so"
 }

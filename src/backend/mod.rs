@@ -169,7 +169,7 @@ impl Device {
         let t0 = Instant::now();
         let xs = quant::scale_columns(x, &w.col_scale);
         let x = &xs[..];
-        let terms = self.cfg.act_terms_for(w.lo.is_some());
+        let terms = self.cfg.act_terms_for(weights::is_float_type(w.ggml_type));
         let rows = terms * m;
         let mut a = vec![0i8; rows * k];
         let mut a_scale = vec![0f32; rows];
