@@ -268,7 +268,7 @@ fn main() {
                 detail: format!("{:.2} GB/s of f32 in", (m * k * 4) as f64 / t / 1e9),
             });
             let mut split = || {
-                quant::quantize_rows_split(black_box(&x), m, k, &mut q2, &mut s2);
+                quant::quantize_rows_terms(black_box(&x), m, k, 2, &mut q2, &mut s2);
                 black_box(&mut q2);
             };
             let (_, t, r) = paired(&mut memcpy, &mut split, rounds, sample_s);
@@ -299,7 +299,7 @@ fn main() {
                     detail: format!("ours {:.1} µs, ggml {:.1} µs", to * 1e6, tg * 1e6),
                 });
                 let mut split = || {
-                    quant::quantize_rows_split(black_box(&x), m, k, &mut q2, &mut s2);
+                    quant::quantize_rows_terms(black_box(&x), m, k, 2, &mut q2, &mut s2);
                     black_box(&mut q2);
                 };
                 let (tg, to, r) = paired(&mut theirs, &mut split, rounds, sample_s);
@@ -332,7 +332,7 @@ fn main() {
                 };
                 let mut op = || {
                     if split {
-                        quant::dequantize_output_split(black_box(&c[..2 * m * n]), &a_scale, &w_scale, &mut dst);
+                        quant::dequantize_output_terms(black_box(&c[..2 * m * n]), &a_scale, 2, &w_scale, &mut dst);
                     } else {
                         quant::dequantize_output(black_box(&c[..m * n]), &a_scale[..m], &w_scale, &mut dst);
                     }
@@ -367,10 +367,10 @@ fn main() {
         let q8_row = |row: &[u8], out: &mut [f32]| ggml.as_ref().unwrap().dequantize_row(row, out);
         let (src, what) = match &q8 {
             Some(b) => (
-                WeightSource { ggml_type: GGML_TYPE_Q8_0 as u32, bytes: b, row_bytes: k / QK8_0 * Q8_0_BLOCK_BYTES, to_float: &q8_row },
+                WeightSource { name: "", ggml_type: GGML_TYPE_Q8_0 as u32, bytes: b, row_bytes: k / QK8_0 * Q8_0_BLOCK_BYTES, to_float: &q8_row },
                 "Q8_0",
             ),
-            None => (WeightSource { ggml_type: 0, bytes: &f32_bytes, row_bytes: k * 4, to_float: &f32_row }, "f32"),
+            None => (WeightSource { name: "", ggml_type: 0, bytes: &f32_bytes, row_bytes: k * 4, to_float: &f32_row }, "f32"),
         };
         let pack = || {
             let (q, s, c) = quantize_source(&src, n, k);
