@@ -179,42 +179,63 @@ pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<
     Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, lo })
 }
 
-struct Entry {
+/// One resident copy (NPU or GPU) and the source bytes it was made from.
+struct Entry<W> {
     range: Range<usize>,
-    weight: Arc<PackedWeight>,
+    weight: Arc<W>,
+}
+
+/// A weight copy that remembers what it was made from.
+trait Made {
+    fn made_from(&self, n: usize, k: usize, ggml_type: u32) -> bool;
+}
+
+impl Made for PackedWeight {
+    fn made_from(&self, n: usize, k: usize, t: u32) -> bool {
+        (self.n, self.k, self.ggml_type) == (n, k, t)
+    }
+}
+
+impl Made for super::gpu::GpuWeight {
+    fn made_from(&self, n: usize, k: usize, t: u32) -> bool {
+        (self.n, self.k, self.ggml_type) == (n, k, t)
+    }
+}
+
+type Copies<W> = Mutex<HashMap<usize, Entry<W>>>;
+
+/// The copy at `addr` in `map`, made with `make` first if absent or made from another shape/type.
+fn get_or_make<W: Made, E>(
+    map: &Copies<W>,
+    addr: usize,
+    src: &WeightSource<'_>,
+    n: usize,
+    k: usize,
+    make: impl FnOnce() -> Result<W, E>,
+) -> Result<Arc<W>, E> {
+    if let Some(e) = map.lock().unwrap_or_else(|p| p.into_inner()).get(&addr) {
+        if e.weight.made_from(n, k, src.ggml_type) {
+            return Ok(e.weight.clone());
+        }
+    }
+    let w = Arc::new(make()?);
+    let range = addr..addr + src.bytes.len();
+    map.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, Entry { range, weight: w.clone() });
+    Ok(w)
 }
 
 /// The packed weights of one ORK buffer, keyed by data address (NPU copies, and GPU copies for
 /// decode when the GPU engine is in use).
 #[derive(Default)]
 pub struct WeightStore {
-    map: Mutex<HashMap<usize, Entry>>,
-    gpu: Mutex<HashMap<usize, (Range<usize>, Arc<super::gpu::GpuWeight>)>>,
+    map: Copies<PackedWeight>,
+    gpu: Copies<super::gpu::GpuWeight>,
 }
 
 impl WeightStore {
     /// The packed weight at `addr`, packing it first if needed (or if the shape/type changed).
-    pub fn get_or_pack(
-        &self,
-        dev: &Device,
-        addr: usize,
-        src: &WeightSource<'_>,
-        n: usize,
-        k: usize,
-    ) -> Result<Arc<PackedWeight>, NpuError> {
-        if let Some(e) = self.map.lock().unwrap_or_else(|p| p.into_inner()).get(&addr) {
-            let w = &e.weight;
-            if w.n == n && w.k == k && w.ggml_type == src.ggml_type {
-                return Ok(w.clone());
-            }
-        }
-        let w = Arc::new(pack(dev, src, n, k)?);
-        let range = addr..addr + src.bytes.len();
-        self.map
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(addr, Entry { range, weight: w.clone() });
-        Ok(w)
+    pub fn get_or_pack(&self, dev: &Device, addr: usize, src: &WeightSource<'_>, n: usize, k: usize) -> Result<Arc<PackedWeight>, NpuError> {
+        get_or_make(&self.map, addr, src, n, k, || pack(dev, src, n, k))
     }
 
     /// The GPU copy of the weight at `addr`, uploading it first if needed.
@@ -226,15 +247,7 @@ impl WeightStore {
         n: usize,
         k: usize,
     ) -> Result<Arc<super::gpu::GpuWeight>, crate::vk::VkError> {
-        if let Some((_, w)) = self.gpu.lock().unwrap_or_else(|p| p.into_inner()).get(&addr) {
-            if w.n == n && w.k == k && w.ggml_type == src.ggml_type {
-                return Ok(w.clone());
-            }
-        }
-        let w = Arc::new(super::gpu::upload(dev, src, n, k)?);
-        let range = addr..addr + src.bytes.len();
-        self.gpu.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, (range, w.clone()));
-        Ok(w)
+        get_or_make(&self.gpu, addr, src, n, k, || super::gpu::upload(dev, src, n, k))
     }
 
     /// Drops every packed weight whose bytes overlap `lo..hi` (a write or memset happened there).
@@ -242,7 +255,7 @@ impl WeightStore {
         let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
         m.retain(|_, e| e.range.end <= lo || e.range.start >= hi);
         let mut g = self.gpu.lock().unwrap_or_else(|p| p.into_inner());
-        g.retain(|_, (r, _)| r.end <= lo || r.start >= hi);
+        g.retain(|_, e| e.range.end <= lo || e.range.start >= hi);
     }
 
     pub fn clear(&self) {

@@ -16,23 +16,11 @@ pub const Q4K_BLOCK_ELEMS: usize = 256;
 /// Bytes per Q4_K super-block: f16 d, f16 dmin, 12 bytes scales, 128 bytes nibbles.
 pub const Q4K_BLOCK_BYTES: usize = 144;
 
-/// Floor on a row's absolute maximum so an all-zero row gets a finite scale (same constant as
-/// the NPU path's `quant::ABSMAX_FLOOR`).
-pub const ABSMAX_FLOOR: f32 = 1e-9;
-/// Largest int8 magnitude produced (symmetric; -128 never appears).
-pub const QMAX: f32 = 127.0;
-
-/// Quantizes one activation row, per-row symmetric int8 exactly as the NPU path does:
-/// `amax = max(max|x|, 1e-9)`, `q = clamp(round_half_even(x * (127 / amax)), ±127)`.
+/// Quantizes one activation row exactly as the NPU path does (`crate::quant::quantize_row`):
 /// `x: [K] f32` → `q: [K] i8`; returns the dequantization scale `amax / 127`.
 pub fn quantize_row_i8(x: &[f32], q: &mut [i8]) -> f32 {
     assert_eq!(x.len(), q.len(), "quantize_row_i8: x and q lengths differ");
-    let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs())).max(ABSMAX_FLOOR);
-    let inv = QMAX / amax;
-    for (d, &v) in q.iter_mut().zip(x) {
-        *d = (v * inv).round_ties_even().clamp(-QMAX, QMAX) as i8;
-    }
-    amax / QMAX
+    crate::quant::quantize_row(x, q)
 }
 
 /// IEEE half (binary16 bits) → f32, exact (subnormals included), like `GGML_FP16_TO_FP32`.

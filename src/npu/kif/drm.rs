@@ -187,3 +187,21 @@ pub fn list_nodes(dir: &Path, prefix: &str) -> Vec<PathBuf> {
 pub(crate) fn io_to_errno(e: &std::io::Error) -> nix::Error {
     nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(nix::libc::EIO))
 }
+
+/// The first `<dir>/<prefix>*` node whose DRM driver name is `driver`. The error lists what was
+/// looked at (node = driver name, or why it could not be asked).
+pub fn find_by_driver(dir: &Path, prefix: &str, driver: &str) -> Result<PathBuf, KifError> {
+    let nodes = list_nodes(dir, prefix);
+    if nodes.is_empty() {
+        return Err(KifError::NoDevice(format!("no {}/{prefix}* nodes", dir.display())));
+    }
+    let mut seen = Vec::new();
+    for n in &nodes {
+        match driver_name_of(n) {
+            Ok(name) if name == driver => return Ok(n.clone()),
+            Ok(name) => seen.push(format!("{}={name}", n.display())),
+            Err(e) => seen.push(format!("{}: {e}", n.display())),
+        }
+    }
+    Err(KifError::NoDevice(format!("no {}/{prefix}* with DRM driver \"{driver}\" ({})", dir.display(), seen.join(", "))))
+}

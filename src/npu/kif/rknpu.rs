@@ -405,19 +405,7 @@ pub fn find_card() -> Result<PathBuf, KifError> {
     if let Some(p) = std::env::var_os("ORK_NPU_CARD") {
         return Ok(PathBuf::from(p));
     }
-    let cards = drm::list_nodes(Path::new(DRI_DIR), "card");
-    if cards.is_empty() {
-        return Err(KifError::NoDevice(format!("no {DRI_DIR}/card* nodes")));
-    }
-    let mut seen = Vec::new();
-    for c in &cards {
-        match drm::driver_name_of(c) {
-            Ok(name) if name == DRIVER_NAME => return Ok(c.clone()),
-            Ok(name) => seen.push(format!("{}={name}", c.display())),
-            Err(e) => seen.push(format!("{}: {e}", c.display())),
-        }
-    }
-    Err(KifError::NoDevice(format!("no {DRI_DIR}/card* with DRM driver \"rknpu\" ({})", seen.join(", "))))
+    drm::find_by_driver(Path::new(DRI_DIR), "card", DRIVER_NAME)
 }
 
 /// Opens the vendor driver (node from [`find_card`]) as a kernel interface.

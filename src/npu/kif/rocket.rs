@@ -292,19 +292,7 @@ pub fn classify_refs(entries: &[u64], ranges: &[(u32, usize, u32)]) -> (Vec<u32>
 
 /// Finds the first `/dev/accel/accel*` whose DRM driver name is "rocket".
 pub fn find_node() -> Result<PathBuf, KifError> {
-    let nodes = drm::list_nodes(Path::new(ACCEL_DIR), "accel");
-    if nodes.is_empty() {
-        return Err(KifError::NoDevice(format!("no {ACCEL_DIR}/accel* nodes")));
-    }
-    let mut seen = Vec::new();
-    for n in &nodes {
-        match drm::driver_name_of(n) {
-            Ok(name) if name == DRIVER_NAME => return Ok(n.clone()),
-            Ok(name) => seen.push(format!("{}={name}", n.display())),
-            Err(e) => seen.push(format!("{}: {e}", n.display())),
-        }
-    }
-    Err(KifError::NoDevice(format!("no {ACCEL_DIR}/accel* with DRM driver \"rocket\" ({})", seen.join(", "))))
+    drm::find_by_driver(Path::new(ACCEL_DIR), "accel", DRIVER_NAME)
 }
 
 /// Opens the mainline rocket driver as a kernel interface.
