@@ -6,7 +6,8 @@
 //! column-equalised per-channel int8 as the NPU path, and the activations through the same
 //! two-term int8 split (`x ≈ s_hi·q_hi + r`): the GPU runs `[s_hi·q_hi ; r]` as 2M rows (its
 //! kernel requantizes each row exactly to `q_hi` and to the residual's int8) and the two halves
-//! are added.
+//! are added; a weight with a second int8 term adds `W_lo · (s_hi·q_hi)` from one more GEMV in
+//! the same submit.
 
 use super::weights::{quantize_source, WeightSource};
 use super::Device;
@@ -26,20 +27,33 @@ pub struct GpuWeight {
     pub vk: Arc<VkWeight>,
     /// `Some(col_scale)` for the int8 path; `None` for native 4-bit blocks.
     pub col_scale: Option<Vec<f32>>,
+    /// Second int8 weight term (int8 path, types that get two terms on the NPU too).
+    pub lo: Option<Arc<VkWeight>>,
 }
 
 /// Uploads a weight `[N, K]` to the GPU.
 pub fn upload(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<GpuWeight, VkError> {
     let vk = dev.vk.as_ref().ok_or(VkError::Shape { op: "gpu upload", detail: "no GPU engine".into() })?;
-    let (data_w, col) = match src.ggml_type {
-        GGML_Q4_0 => (vk.upload(VkWeightData::Q4_0(src.bytes), n, k)?, None),
-        GGML_Q4_K => (vk.upload(VkWeightData::Q4K(src.bytes), n, k)?, None),
-        _ => {
+    let (data_w, col, lo) = match src.ggml_type {
+        GGML_Q4_0 => (vk.upload(VkWeightData::Q4_0(src.bytes), n, k)?, None, None),
+        GGML_Q4_K => (vk.upload(VkWeightData::Q4K(src.bytes), n, k)?, None, None),
+        t => {
             let (q, rs, col) = quantize_source(src, n, k);
-            (vk.upload(VkWeightData::I8 { w: &q, scale: &rs }, n, k)?, Some(col))
+            let hi = vk.upload(VkWeightData::I8 { w: &q, scale: &rs }, n, k)?;
+            let two = match dev.cfg.weight_terms {
+                0 => super::weights::wants_two_terms(t),
+                w => w == 2,
+            };
+            let lo = if two {
+                let (ql, sl) = super::weights::quantize_residual(src, n, k, &col, &q, &rs);
+                Some(vk.upload(VkWeightData::I8 { w: &ql, scale: &sl }, n, k)?)
+            } else {
+                None
+            };
+            (hi, Some(col), lo)
         }
     };
-    Ok(GpuWeight { n, k, ggml_type: src.ggml_type, vk: data_w, col_scale: col })
+    Ok(GpuWeight { n, k, ggml_type: src.ggml_type, vk: data_w, col_scale: col, lo })
 }
 
 /// One decode MUL_MAT for the GPU: `dst: [M, N] = x: [M, K] · Wᵀ`.
@@ -57,7 +71,9 @@ pub fn run_batch(dev: &Device, jobs: &mut [GpuJob<'_>]) -> Result<(), VkError> {
     let mut xs: Vec<Vec<f32>> = Vec::with_capacity(jobs.len());
     let mut ys: Vec<Vec<f32>> = Vec::with_capacity(jobs.len());
     let mut rows: Vec<usize> = Vec::with_capacity(jobs.len());
-    for j in jobs.iter() {
+    // Second-term GEMVs: (job index, input rows s_hi·q_hi [M, K]).
+    let mut lo_x: Vec<(usize, Vec<f32>)> = Vec::new();
+    for (ji, j) in jobs.iter().enumerate() {
         let (k, n, m) = (j.w.k, j.w.n, j.m);
         match &j.w.col_scale {
             None => {
@@ -77,12 +93,16 @@ pub fn run_batch(dev: &Device, jobs: &mut [GpuJob<'_>]) -> Result<(), VkError> {
                         stacked[(m + r) * k + c] = x[r * k + c] - hi;
                     }
                 }
+                if j.w.lo.is_some() {
+                    lo_x.push((ji, stacked[..m * k].to_vec()));
+                }
                 xs.push(stacked);
                 rows.push(2 * m);
             }
         }
         ys.push(vec![0f32; rows.last().unwrap() * n]);
     }
+    let mut lo_y: Vec<Vec<f32>> = lo_x.iter().map(|&(ji, _)| vec![0f32; jobs[ji].m * jobs[ji].w.n]).collect();
     {
         let mut batch: Vec<(&VkWeight, &[f32], usize, &mut [f32])> = jobs
             .iter()
@@ -91,6 +111,12 @@ pub fn run_batch(dev: &Device, jobs: &mut [GpuJob<'_>]) -> Result<(), VkError> {
             .zip(ys.iter_mut())
             .map(|(((j, x), &r), y)| (&*j.w.vk, &x[..], r, &mut y[..]))
             .collect();
+        for ((ji, x), y) in lo_x.iter().zip(lo_y.iter_mut()) {
+            let j = &jobs[*ji];
+            if let Some(lo) = &j.w.lo {
+                batch.push((&**lo, &x[..], j.m, &mut y[..]));
+            }
+        }
         vk.gemv_batch(&mut batch)?;
     }
     for ((j, y), &r) in jobs.iter_mut().zip(ys.iter()).zip(rows.iter()) {
@@ -102,6 +128,11 @@ pub fn run_batch(dev: &Device, jobs: &mut [GpuJob<'_>]) -> Result<(), VkError> {
             for ((d, &a), &b) in j.dst.iter_mut().zip(hi).zip(lo) {
                 *d = a + b;
             }
+        }
+    }
+    for ((ji, _), y) in lo_x.iter().zip(lo_y.iter()) {
+        for (d, &v) in jobs[*ji].dst.iter_mut().zip(y) {
+            *d += v;
         }
     }
     Ok(())
