@@ -69,7 +69,10 @@ impl<R: Read> Reader<R> {
     }
 }
 
-fn read_gguf(path: &str) -> Result<(Vec<(String, String)>, Vec<Tensor>), GgufError> {
+/// GGUF key/value pairs (scalars and strings as text) and the tensor directory.
+type Gguf = (Vec<(String, String)>, Vec<Tensor>);
+
+fn read_gguf(path: &str) -> Result<Gguf, GgufError> {
     let mut r = Reader(BufReader::new(std::fs::File::open(path)?));
     let magic = r.bytes::<4>()?;
     if &magic != b"GGUF" {
