@@ -117,7 +117,32 @@ enum ggml_backend_dev_type {
 };
 
 struct ggml_backend_buffer;
-struct ggml_cgraph; /* opaque: reached through ggml_graph_n_nodes / ggml_graph_node */
+/* ggml-impl.h (internal, b11549): the graph struct, needed by value for ggml_graph_view, which
+ * whole-graph mode (ggml-rpc-server) uses to hand runs of non-matmul nodes to ggml-cpu. */
+typedef uint32_t ggml_bitset_t;
+struct ggml_hash_set {
+    size_t size;
+    ggml_bitset_t * used;
+    struct ggml_tensor ** keys;
+};
+enum ggml_cgraph_eval_order {
+    GGML_CGRAPH_EVAL_ORDER_LEFT_TO_RIGHT = 0,
+    GGML_CGRAPH_EVAL_ORDER_RIGHT_TO_LEFT,
+    GGML_CGRAPH_EVAL_ORDER_COUNT
+};
+struct ggml_cgraph {
+    int size;
+    int n_nodes;
+    int n_leafs;
+    struct ggml_tensor ** nodes;
+    struct ggml_tensor ** grads;
+    struct ggml_tensor ** grad_accs;
+    struct ggml_tensor ** leafs;
+    int32_t * use_counts;
+    struct ggml_hash_set visited_hash_set;
+    enum ggml_cgraph_eval_order order;
+    uint64_t uid;
+};
 
 /* 336 bytes on LP64. */
 struct ggml_tensor {
@@ -313,6 +338,13 @@ const char * ggml_op_name(enum ggml_op op);
 const char * ggml_type_name(enum ggml_type type);
 int ggml_graph_n_nodes(struct ggml_cgraph * cgraph);
 struct ggml_tensor * ggml_graph_node(struct ggml_cgraph * cgraph, int i);
+struct ggml_cgraph ggml_graph_view(struct ggml_cgraph * cgraph, int i0, int i1);
+ggml_backend_dev_t ggml_backend_dev_by_type(enum ggml_backend_dev_type type);
+ggml_backend_t ggml_backend_dev_init(ggml_backend_dev_t device, const char * params);
+ggml_backend_reg_t ggml_backend_dev_backend_reg(ggml_backend_dev_t device);
+void * ggml_backend_reg_get_proc_address(ggml_backend_reg_t reg, const char * name);
+enum ggml_status ggml_backend_graph_compute(ggml_backend_t backend, struct ggml_cgraph * cgraph);
+void ggml_backend_free(ggml_backend_t backend);
 void ggml_log_get(ggml_log_callback * log_callback, void ** user_data);
 void ggml_fp16_to_fp32_row(const uint16_t * x, float * y, int64_t n);
 

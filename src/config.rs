@@ -26,6 +26,23 @@ pub enum DecodeSelect {
     Cpu,
 }
 
+/// Routing policy (`ORK_ROUTE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoutePolicy {
+    /// The measured threshold: M ≥ `ORK_MINM` → NPU, else `ORK_DECODE`.
+    Threshold,
+    /// The cost model picks the fastest available engine (`ORK_MINM` stays the NPU floor).
+    Cost,
+}
+
+/// What to do when another process holds the NPU (`ORK_NPU_LOCK`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockMode {
+    Wait,
+    Cpu,
+    Off,
+}
+
 /// One documented variable: name, default, meaning.
 pub struct VarDoc {
     pub name: &'static str,
@@ -39,6 +56,9 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_OFF", default: "0", meaning: "1 = register no device: the same binary runs everything on the CPU (A/B runs)" },
     VarDoc { name: "ORK_MINM", default: "32", meaning: "minimum M (tokens in the ubatch) for a MUL_MAT to go to the NPU; smaller M follows ORK_DECODE" },
     VarDoc { name: "ORK_DECODE", default: "auto", meaning: "engine for MUL_MAT below ORK_MINM: auto, npu, gpu, cpu (auto = cpu until the GPU path is routed)" },
+    VarDoc { name: "ORK_ROUTE", default: "threshold", meaning: "routing policy: threshold (M >= ORK_MINM on the NPU, else ORK_DECODE) or cost (the cost model of src/route.rs picks the fastest available engine per MUL_MAT, ORK_MINM still the NPU floor)" },
+    VarDoc { name: "ORK_NPU_LOCK", default: "wait", meaning: "cross-process NPU arbitration (advisory flock per NPU, held per matmul): wait (queue behind the other process), cpu (run the matmul's int8 arithmetic on the CPU instead), off" },
+    VarDoc { name: "ORK_LOCK_DIR", default: "$XDG_RUNTIME_DIR, /run/lock or /tmp", meaning: "directory of the NPU lock files (ork-npu-<soc>-<interface>.lock)" },
     VarDoc { name: "ORK_ACT_TERMS", default: "auto", meaning: "int8 terms per activation row (x ≈ Σ s_t·q_t, T·M NPU rows) for outlier-heavy hidden states: auto (3 for F32/F16/BF16 weights, else 2), 1 (plain W8A8), 2, 3" },
     VarDoc { name: "ORK_WEIGHT_TERMS", default: "auto", meaning: "int8 terms per weight: auto (1 for Q8_0; 2 for float and sub-8-bit block types, whose precision one per-channel int8 cannot carry; a second term that does not fit the resident budget is dropped), 1, or 2" },
     VarDoc { name: "ORK_SOC", default: "(device tree)", meaning: "force the SoC description: rk3588 or rk3576" },
@@ -61,6 +81,9 @@ pub struct Config {
     pub off: bool,
     pub min_m: usize,
     pub decode: DecodeSelect,
+    pub route: RoutePolicy,
+    pub npu_lock: LockMode,
+    pub lock_dir: Option<String>,
     /// 0 = auto, else 1..=3.
     pub act_terms: u8,
     /// 0 = auto, else 1 or 2.
@@ -112,6 +135,29 @@ impl Config {
                 }
             },
         };
+        let route = match get("ORK_ROUTE").as_deref().map(|s| s.trim().to_ascii_lowercase()) {
+            None => RoutePolicy::Threshold,
+            Some(s) => match s.as_str() {
+                "" | "threshold" => RoutePolicy::Threshold,
+                "cost" => RoutePolicy::Cost,
+                other => {
+                    bad.push(format!("ORK_ROUTE={other:?} is not threshold|cost; using threshold"));
+                    RoutePolicy::Threshold
+                }
+            },
+        };
+        let npu_lock = match get("ORK_NPU_LOCK").as_deref().map(|s| s.trim().to_ascii_lowercase()) {
+            None => LockMode::Wait,
+            Some(s) => match s.as_str() {
+                "" | "wait" => LockMode::Wait,
+                "cpu" => LockMode::Cpu,
+                "off" | "0" => LockMode::Off,
+                other => {
+                    bad.push(format!("ORK_NPU_LOCK={other:?} is not wait|cpu|off; using wait"));
+                    LockMode::Wait
+                }
+            },
+        };
         let mut num = |name: &str| -> Option<u64> {
             let v = get(name)?;
             match v.trim().parse::<u64>() {
@@ -138,6 +184,9 @@ impl Config {
             off: flag(get("ORK_OFF")),
             min_m,
             decode,
+            route,
+            npu_lock,
+            lock_dir: get("ORK_LOCK_DIR").filter(|s| !s.trim().is_empty()),
             weight_terms: match get("ORK_WEIGHT_TERMS").as_deref().map(str::trim) {
                 Some("1") => 1,
                 Some("2") => 2,
@@ -205,6 +254,18 @@ mod tests {
         assert!(!c.off);
         assert!(c.cache_enabled);
         assert_eq!(c.cache_max_mb, 8192);
+        assert_eq!(c.route, RoutePolicy::Threshold);
+        assert_eq!(c.npu_lock, LockMode::Wait);
+    }
+
+    #[test]
+    fn route_and_lock() {
+        let (c, bad) = parse(&[("ORK_ROUTE", "Cost"), ("ORK_NPU_LOCK", "cpu")]);
+        assert!(bad.is_empty());
+        assert_eq!(c.route, RoutePolicy::Cost);
+        assert_eq!(c.npu_lock, LockMode::Cpu);
+        let (c, bad) = parse(&[("ORK_ROUTE", "fast"), ("ORK_NPU_LOCK", "maybe")]);
+        assert_eq!((c.route, c.npu_lock, bad.len()), (RoutePolicy::Threshold, LockMode::Wait, 2));
     }
 
     #[test]

@@ -6,6 +6,10 @@
 #ifdef UPSTREAM
 #include "ggml.h"
 #include "ggml-backend-impl.h"
+#include "ggml-impl.h"
+#include <stdlib.h>
+/* ggml-impl.h's inline helpers reference ggml_abort; the probe links no ggml library. */
+void ggml_abort(const char * file, int line, const char * fmt, ...) { (void)file; (void)line; (void)fmt; abort(); }
 #else
 #include "ork_ggml_abi.h"
 #endif
@@ -82,5 +86,12 @@ int main(void) {
     VAL(GGML_BACKEND_BUFFER_USAGE_ANY); VAL(GGML_BACKEND_BUFFER_USAGE_WEIGHTS); VAL(GGML_BACKEND_BUFFER_USAGE_COMPUTE);
     VAL(GGML_BACKEND_DEVICE_TYPE_CPU); VAL(GGML_BACKEND_DEVICE_TYPE_GPU); VAL(GGML_BACKEND_DEVICE_TYPE_IGPU);
     VAL(GGML_BACKEND_DEVICE_TYPE_ACCEL);
+    SZ(struct ggml_hash_set); OFF(struct ggml_hash_set, used); OFF(struct ggml_hash_set, keys);
+    SZ(struct ggml_cgraph);
+    OFF(struct ggml_cgraph, size); OFF(struct ggml_cgraph, n_nodes); OFF(struct ggml_cgraph, n_leafs);
+    OFF(struct ggml_cgraph, nodes); OFF(struct ggml_cgraph, grads); OFF(struct ggml_cgraph, grad_accs);
+    OFF(struct ggml_cgraph, leafs); OFF(struct ggml_cgraph, use_counts); OFF(struct ggml_cgraph, visited_hash_set);
+    OFF(struct ggml_cgraph, order); OFF(struct ggml_cgraph, uid);
+    VAL(GGML_CGRAPH_EVAL_ORDER_LEFT_TO_RIGHT); VAL(GGML_CGRAPH_EVAL_ORDER_COUNT);
     return 0;
 }

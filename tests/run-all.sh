@@ -14,3 +14,5 @@ echo "== build libggml-ork.so (release)"
 build_plugin
 echo "== end-to-end (llama.cpp b11549 + ORK on the simulator)"
 python3 "$ROOT/tests/e2e.py"
+echo "== serving: llama-server --parallel 4, two processes, ggml-rpc-server, MUL_MAT_ID (~5 min)"
+python3 "$ROOT/tests/e2e_serving.py"

@@ -13,6 +13,7 @@
 //! `x: [M, K] f32` → per-row int8 (`quant`) → `npu::Npu::mm_run` (pack → plan → regcmd → submit →
 //! wait) → `c: [M, N] i32` → `dst: [M, N] f32 = c · a_scale[m] · w_scale[n]`.
 
+pub mod arbiter;
 pub mod gpu;
 pub mod weights;
 
@@ -68,6 +69,32 @@ pub struct Stats {
     pub npu_ns: AtomicU64,
     pub dequant_ns: AtomicU64,
     pub submits: AtomicU64,
+    /// Per phase (0 = prefill, 1 = decode): NPU runs and their time split.
+    pub phase: [PhaseStats; 2],
+    /// MUL_MAT nodes run on ggml's CPU backend inside ORK's own graph_compute (whole-graph mode,
+    /// e.g. under ggml-rpc-server), per phase; and the other ops run there.
+    pub cpu_mm: [AtomicU64; 2],
+    pub cpu_ops: AtomicU64,
+    pub cpu_ns: AtomicU64,
+    /// GPU decode runs per phase.
+    pub gpu_phase: [AtomicU64; 2],
+}
+
+/// NPU runs of one phase and where their time went.
+#[derive(Default)]
+pub struct PhaseStats {
+    pub runs: AtomicU64,
+    pub rows: AtomicU64,
+    pub quant_ns: AtomicU64,
+    /// Host side of the NPU run: activation packing, regcmd, submit ioctls.
+    pub submit_ns: AtomicU64,
+    /// Time the NPU was busy (per-core average of the interface's measured busy time).
+    pub wait_ns: AtomicU64,
+    pub dequant_ns: AtomicU64,
+    /// Time spent waiting for the arbiter (cores held by another context, or another process).
+    pub arb_ns: AtomicU64,
+    /// Runs computed on the CPU because another process held the NPU.
+    pub fallback: AtomicU64,
 }
 
 impl Stats {
@@ -93,6 +120,39 @@ impl Stats {
             ms(&self.npu_ns),
             ms(&self.dequant_ns),
         )
+    }
+
+    /// The `ORK_PROFILE=1` table: per op kind (prefill / decode MUL_MAT), which engine ran it, how
+    /// many times, and the time split.
+    pub fn profile(&self, arb: Option<&arbiter::Arbiter>) -> String {
+        let ms = |a: &AtomicU64| a.load(Relaxed) as f64 / 1e6;
+        let mut out = String::from("ORK profile (per op kind):");
+        for (i, name) in ["prefill", "decode"].iter().enumerate() {
+            let p = &self.phase[i];
+            out += &format!(
+                "\n  {name:7} MUL_MAT: npu {} runs ({} rows; act-quant {:.1} ms, submit {:.1} ms, wait {:.1} ms, dequant {:.1} ms, arbiter {:.1} ms; {} on the CPU while another process held the NPU), gpu {} runs, cpu {} runs in ORK's graph",
+                p.runs.load(Relaxed),
+                p.rows.load(Relaxed),
+                ms(&p.quant_ns),
+                ms(&p.submit_ns),
+                ms(&p.wait_ns),
+                ms(&p.dequant_ns),
+                ms(&p.arb_ns),
+                p.fallback.load(Relaxed),
+                self.gpu_phase[i].load(Relaxed),
+                self.cpu_mm[i].load(Relaxed),
+            );
+        }
+        out += &format!(
+            "\n  decode  MUL_MAT left to ggml-cpu at graph split: {} nodes; other ops run by ORK on ggml-cpu: {} ({:.1} ms)",
+            self.declined_small_m.load(Relaxed),
+            self.cpu_ops.load(Relaxed),
+            ms(&self.cpu_ns)
+        );
+        if let Some(a) = arb {
+            out += &format!("\n  {}", a.summary());
+        }
+        out
     }
 }
 
@@ -179,13 +239,34 @@ impl Device {
         quant::quantize_rows_terms(x, m, k, terms, &mut a, &mut a_scale);
         let t1 = Instant::now();
         let mut c = vec![0i32; rows * n];
-        let budget = Budget { max_cores: self.cfg.max_cores.unwrap_or(self.npu.soc().cores) };
-        match self.npu.mm_run(&w.resident, &a, rows, &mut c, budget) {
+        let phase = crate::route::Phase::of(self.cfg, m);
+        let ps = &self.stats.phase[(phase == crate::route::Phase::Decode) as usize];
+        let want = self.cfg.max_cores.unwrap_or(self.npu.soc().cores);
+        let lease = self.arbiter().acquire(phase, want);
+        let ta = Instant::now();
+        ps.arb_ns.fetch_add((ta - t1).as_nanos() as u64, Relaxed);
+        let (budget, first) = match &lease {
+            Ok(l) => (Budget { max_cores: l.count }, l.first),
+            Err(_) => (Budget { max_cores: want }, 0),
+        };
+        let mut device_ns = 0u64;
+        let mut cores = 1u64;
+        let r = match &lease {
+            Ok(_) => self.npu.mm_run_at(&w.resident, &a, rows, &mut c, budget, first),
+            Err(e) => Err(NpuError::NoDevice(e.to_string())),
+        };
+        match r {
             Ok(rs) => {
                 self.stats.submits.fetch_add(rs.submits as u64, Relaxed);
+                device_ns += rs.device_ns;
+                cores = rs.cores.max(1) as u64;
             }
             Err(e) => {
-                self.note_npu_error(&e);
+                if lease.is_ok() {
+                    self.note_npu_error(&e);
+                } else {
+                    ps.fallback.fetch_add(1, Relaxed);
+                }
                 let (q, _, _) = weights::quantize_source(src, n, k);
                 c = crate::npu::reference_mm(&a, &q, rows, k, n);
             }
@@ -199,8 +280,17 @@ impl Device {
             // NPU rows.
             let lt = LO_ACT_TERMS.min(terms);
             let mut cl = vec![0i32; lt * m * n];
-            if let Err(e) = self.npu.mm_run(lo, &a[..lt * m * k], lt * m, &mut cl, budget) {
-                self.note_npu_error(&e);
+            let r = match &lease {
+                Ok(_) => self.npu.mm_run_at(lo, &a[..lt * m * k], lt * m, &mut cl, budget, first),
+                Err(e) => Err(NpuError::NoDevice(e.to_string())),
+            };
+            if let Ok(rs) = &r {
+                device_ns += rs.device_ns;
+            }
+            if let Err(e) = r {
+                if lease.is_ok() {
+                    self.note_npu_error(&e);
+                }
                 let (q, s, col) = weights::quantize_source(src, n, k);
                 let (ql, _) = weights::quantize_residual(src, n, k, &col, &q, &s);
                 cl = crate::npu::reference_mm(&a[..lt * m * k], &ql, lt * m, k, n);
@@ -211,12 +301,35 @@ impl Device {
                 *d += e;
             }
         }
+        drop(lease);
         let t3 = Instant::now();
+        let npu_ns = (t2 - ta).as_nanos() as u64;
+        let wait = (device_ns / cores).min(npu_ns);
+        ps.runs.fetch_add(1, Relaxed);
+        ps.rows.fetch_add(m as u64, Relaxed);
+        ps.quant_ns.fetch_add((t1 - t0).as_nanos() as u64, Relaxed);
+        ps.submit_ns.fetch_add(npu_ns - wait, Relaxed);
+        ps.wait_ns.fetch_add(wait, Relaxed);
+        ps.dequant_ns.fetch_add((t3 - t2).as_nanos() as u64, Relaxed);
         self.stats.npu_matmuls.fetch_add(1, Relaxed);
         self.stats.npu_rows.fetch_add(m as u64, Relaxed);
         self.stats.quant_ns.fetch_add((t1 - t0).as_nanos() as u64, Relaxed);
         self.stats.npu_ns.fetch_add((t2 - t1).as_nanos() as u64, Relaxed);
         self.stats.dequant_ns.fetch_add((t3 - t2).as_nanos() as u64, Relaxed);
+    }
+
+    /// The process's NPU arbiter (one per process, created on first use).
+    pub fn arbiter(&self) -> &'static arbiter::Arbiter {
+        static ARB: std::sync::OnceLock<arbiter::Arbiter> = std::sync::OnceLock::new();
+        ARB.get_or_init(|| {
+            let d = self.npu.describe();
+            let kif = d.split('(').nth(1).and_then(|s| s.split(')').next()).unwrap_or("npu");
+            let name: String = format!("{}-{kif}", self.npu.soc().id.name())
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+                .collect();
+            arbiter::Arbiter::new(self.cfg, self.npu.cores(), &name)
+        })
     }
 
     fn note_npu_error(&self, e: &NpuError) {

@@ -48,3 +48,43 @@ pub(crate) fn get() -> Result<&'static GgmlApi, &'static str> {
     static API: OnceLock<Result<GgmlApi, String>> = OnceLock::new();
     API.get_or_init(resolve).as_ref().map_err(|e| e.as_str())
 }
+
+/// The functions whole-graph mode needs to hand non-matmul nodes to ggml's CPU backend (resolved
+/// separately: a host without them still gets the ACCEL device).
+pub(crate) struct CpuApi {
+    pub graph_view: unsafe extern "C" fn(*mut ggml_cgraph, i32, i32) -> ggml_cgraph,
+    pub dev_by_type: unsafe extern "C" fn(ggml_backend_dev_type) -> ggml_backend_dev_t,
+    pub dev_init: unsafe extern "C" fn(ggml_backend_dev_t, *const std::ffi::c_char) -> ggml_backend_t,
+    pub dev_backend_reg: unsafe extern "C" fn(ggml_backend_dev_t) -> ggml_backend_reg_t,
+    pub reg_get_proc_address: unsafe extern "C" fn(ggml_backend_reg_t, *const std::ffi::c_char) -> *mut c_void,
+    pub graph_compute: unsafe extern "C" fn(ggml_backend_t, *mut ggml_cgraph) -> ggml_status,
+    pub backend_free: unsafe extern "C" fn(ggml_backend_t),
+}
+
+fn resolve_cpu() -> Result<CpuApi, String> {
+    let this = libloading::os::unix::Library::this();
+    macro_rules! sym {
+        ($name:literal) => {{
+            // SAFETY: looked up by exact C name with the signature declared in
+            // ggml-headers/ork_ggml_abi.h (checked by tests/abi_drift.rs).
+            let s = unsafe { this.get(concat!($name, "\0").as_bytes()) }
+                .map_err(|e| format!("{}: {e}", $name))?;
+            *s
+        }};
+    }
+    Ok(CpuApi {
+        graph_view: sym!("ggml_graph_view"),
+        dev_by_type: sym!("ggml_backend_dev_by_type"),
+        dev_init: sym!("ggml_backend_dev_init"),
+        dev_backend_reg: sym!("ggml_backend_dev_backend_reg"),
+        reg_get_proc_address: sym!("ggml_backend_reg_get_proc_address"),
+        graph_compute: sym!("ggml_backend_graph_compute"),
+        backend_free: sym!("ggml_backend_free"),
+    })
+}
+
+/// The CPU-backend API, or why it could not be resolved.
+pub(crate) fn cpu() -> Result<&'static CpuApi, &'static str> {
+    static API: OnceLock<Result<CpuApi, String>> = OnceLock::new();
+    API.get_or_init(resolve_cpu).as_ref().map_err(|e| e.as_str())
+}

@@ -173,8 +173,110 @@ unsafe extern "C" fn reg_get_device(_reg: ggml_backend_reg_t, index: usize) -> g
     })
 }
 
-unsafe extern "C" fn reg_get_proc_address(_reg: ggml_backend_reg_t, _name: *const c_char) -> *mut c_void {
-    null_mut()
+unsafe extern "C" fn reg_get_proc_address(_reg: ggml_backend_reg_t, name: *const c_char) -> *mut c_void {
+    guard("reg_get_proc_address", null_mut(), || {
+        if name.is_null() {
+            return null_mut();
+        }
+        // SAFETY: ggml passes a NUL-terminated name.
+        match unsafe { CStr::from_ptr(name) }.to_bytes() {
+            b"ggml_backend_set_n_threads" => {
+                let f: ggml_backend_set_n_threads_t = Some(backend_set_n_threads);
+                // SAFETY: a function pointer to an extern "C" fn with the signature ggml expects.
+                unsafe { std::mem::transmute::<ggml_backend_set_n_threads_t, *mut c_void>(f) }
+            }
+            _ => null_mut(),
+        }
+    })
+}
+
+/// Per backend instance (stream) state: the CPU backend whole-graph mode hands non-matmul nodes
+/// to, created on first need, and the thread count for it.
+struct BackendCtx {
+    cpu: std::sync::Mutex<Option<CpuBackend>>,
+    n_threads: std::sync::atomic::AtomicI32,
+    logged_whole_graph: std::sync::atomic::AtomicBool,
+    logged_npu_graph: std::sync::atomic::AtomicBool,
+}
+
+struct CpuBackend {
+    backend: ggml_backend_t,
+    set_threads: ggml_backend_set_n_threads_t,
+    threads: i32,
+}
+
+// SAFETY: the CPU backend pointer is used only under the Mutex, from one graph_compute at a time.
+unsafe impl Send for CpuBackend {}
+
+impl Drop for CpuBackend {
+    fn drop(&mut self) {
+        if let Ok(c) = api::cpu() {
+            // SAFETY: created by ggml_backend_dev_init and freed once, here.
+            unsafe { (c.backend_free)(self.backend) };
+        }
+    }
+}
+
+unsafe fn backend_ctx<'a>(b: ggml_backend_t) -> &'a BackendCtx {
+    // SAFETY: only called on backends made by dev_init_backend, whose context is a BackendCtx.
+    unsafe { &*((*b).context as *const BackendCtx) }
+}
+
+unsafe extern "C" fn backend_set_n_threads(b: ggml_backend_t, n: i32) -> bool {
+    guard("backend_set_n_threads", false, || {
+        // SAFETY: the proc is handed out by our reg, so ggml calls it with our backends; check the
+        // guid anyway before touching the context.
+        if b.is_null() || unsafe { (*b).guid } != &GUID as *const ggml_guid as *mut ggml_guid {
+            return false;
+        }
+        // SAFETY: our backend.
+        let ctx = unsafe { backend_ctx(b) };
+        ctx.n_threads.store(n.max(1), Relaxed);
+        true
+    })
+}
+
+/// Runs nodes `[i0, i1)` of `g` on ggml's CPU backend (whole-graph mode).
+unsafe fn run_on_cpu(ctx: &BackendCtx, g: *mut ggml_cgraph, i0: i32, i1: i32) -> Result<(), String> {
+    let c = api::cpu().map_err(|e| format!("ggml CPU backend functions not found ({e})"))?;
+    let mut guard = ctx.cpu.lock().unwrap_or_else(|p| p.into_inner());
+    if guard.is_none() {
+        // SAFETY: ggml registry functions of the host process.
+        let dev = unsafe { (c.dev_by_type)(GGML_BACKEND_DEVICE_TYPE_CPU) };
+        if dev.is_null() {
+            return Err("no CPU device registered".into());
+        }
+        // SAFETY: a live device; NULL params as llama.cpp passes.
+        let backend = unsafe { (c.dev_init)(dev, null()) };
+        if backend.is_null() {
+            return Err("ggml_backend_dev_init(CPU) failed".into());
+        }
+        // SAFETY: the CPU reg of a live device; a NULL result means no such proc.
+        let p = unsafe { (c.reg_get_proc_address)((c.dev_backend_reg)(dev), c"ggml_backend_set_n_threads".as_ptr()) };
+        // SAFETY: the CPU backend's set_n_threads has exactly this signature (ggml-backend.h).
+        let set_threads: ggml_backend_set_n_threads_t = unsafe { std::mem::transmute::<*mut c_void, ggml_backend_set_n_threads_t>(p) };
+        *guard = Some(CpuBackend { backend, set_threads, threads: 0 });
+    }
+    let cpu = guard.as_mut().expect("CPU backend");
+    let want = match ctx.n_threads.load(Relaxed) {
+        0 => std::thread::available_parallelism().map_or(4, |n| n.get() as i32),
+        n => n,
+    };
+    if cpu.threads != want {
+        if let Some(f) = cpu.set_threads {
+            // SAFETY: the CPU backend's own proc on the CPU backend.
+            unsafe { f(cpu.backend, want) };
+        }
+        cpu.threads = want;
+    }
+    // SAFETY: a view of nodes [i0, i1) of a live graph; the CPU backend computes it in place.
+    let mut view = unsafe { (c.graph_view)(g, i0, i1) };
+    // SAFETY: as above.
+    let st = unsafe { (c.graph_compute)(cpu.backend, &mut view) };
+    if st != GGML_STATUS_SUCCESS {
+        return Err(format!("ggml-cpu returned status {st} for nodes {i0}..{i1}"));
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------- device
@@ -326,6 +428,22 @@ unsafe fn mul_mat_shape(op: &ggml_tensor) -> Option<MatMulShape> {
     })
 }
 
+/// The engine for an accepted MUL_MAT shape (`crate::route`). At graph-split time a busy NPU may
+/// send decode to the CPU (cost policy); at compute time the arbiter handles a busy NPU instead.
+fn engine_for(dev: &Device, s: &MatMulShape, at_split: bool) -> crate::route::Engine {
+    use crate::route::{Availability, MatMul};
+    match dev.cfg.route {
+        crate::config::RoutePolicy::Threshold => crate::route::choose(dev.cfg, s.m, dev.gpu_ready()).unwrap_or(crate::route::Engine::Cpu),
+        crate::config::RoutePolicy::Cost => {
+            let av = Availability { gpu: dev.gpu_ready(), npu_busy: at_split && dev.arbiter().busy() };
+            let mm = MatMul { m: s.m, k: s.k, n: s.n, ggml_type: s.weight_type };
+            let d = crate::route::decide(dev.cfg, &mm, av);
+            log::trace!("MUL_MAT {}x{}x{}: {} ({})", s.m, s.k, s.n, d.engine.name(), d.why);
+            d.engine
+        }
+    }
+}
+
 unsafe extern "C" fn dev_supports_op(_dev: ggml_backend_dev_t, op: *const ggml_tensor) -> bool {
     guard("dev_supports_op", false, || {
         let Some(dev) = device() else { return false };
@@ -343,9 +461,9 @@ unsafe extern "C" fn dev_supports_op(_dev: ggml_backend_dev_t, op: *const ggml_t
                     log::trace!("MUL_MAT {}x{}x{} declined: {why}", s.m, s.k, s.n);
                     return false;
                 }
-                match crate::route::choose(dev.cfg, s.m, dev.gpu_ready()) {
-                    Ok(crate::route::Engine::Npu | crate::route::Engine::Gpu) => true,
-                    Ok(crate::route::Engine::Cpu) | Err(_) => {
+                match engine_for(dev, &s, true) {
+                    crate::route::Engine::Npu | crate::route::Engine::Gpu => true,
+                    crate::route::Engine::Cpu => {
                         dev.stats.declined_small_m.fetch_add(1, Relaxed);
                         false
                     }
@@ -382,7 +500,12 @@ unsafe extern "C" fn dev_init_backend(dev: ggml_backend_dev_t, _params: *const c
                 graph_optimize: None,
             },
             device: dev,
-            context: null_mut(),
+            context: Box::into_raw(Box::new(BackendCtx {
+                cpu: std::sync::Mutex::new(None),
+                n_threads: std::sync::atomic::AtomicI32::new(0),
+                logged_whole_graph: std::sync::atomic::AtomicBool::new(false),
+                logged_npu_graph: std::sync::atomic::AtomicBool::new(false),
+            })) as *mut c_void,
         });
         Box::into_raw(b)
     })
@@ -582,13 +705,20 @@ unsafe extern "C" fn backend_free(b: ggml_backend_t) {
             if dev.stats.npu_matmuls.load(Relaxed) > 0 || dev.cfg.profile {
                 log::info!("{}", dev.stats.summary());
             }
+            if dev.cfg.profile {
+                log::info!("{}", dev.stats.profile(Some(dev.arbiter())));
+            }
         }
         // SAFETY: made by Box::into_raw in dev_init_backend; ggml frees each backend once.
-        drop(unsafe { Box::from_raw(b) });
+        let b = unsafe { Box::from_raw(b) };
+        if !b.context.is_null() {
+            // SAFETY: the BackendCtx boxed in dev_init_backend.
+            drop(unsafe { Box::from_raw(b.context as *mut BackendCtx) });
+        }
     })
 }
 
-unsafe extern "C" fn backend_graph_compute(_b: ggml_backend_t, g: *mut ggml_cgraph) -> ggml_status {
+unsafe extern "C" fn backend_graph_compute(b: ggml_backend_t, g: *mut ggml_cgraph) -> ggml_status {
     guard("backend_graph_compute", GGML_STATUS_FAILED, || {
         let (Some(dev), Ok(api)) = (device(), api::get()) else { return GGML_STATUS_FAILED };
         // GPU decode matmuls are batched into one submit until a node needs one of their results.
@@ -603,13 +733,74 @@ unsafe extern "C" fn backend_graph_compute(_b: ggml_backend_t, g: *mut ggml_cgra
             dev.stats.gpu_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
             dev.stats.gpu_submits.fetch_add(1, Relaxed);
             dev.stats.gpu_matmuls.fetch_add(pending.len() as u64, Relaxed);
+            for j in pending.iter() {
+                let ph = crate::route::Phase::of(dev.cfg, j.m);
+                dev.stats.gpu_phase[(ph == crate::route::Phase::Decode) as usize].fetch_add(1, Relaxed);
+            }
             pending.clear();
             pending_dst.clear();
             r.map_err(|e| e.to_string())
         };
+        // SAFETY: our backend (made by dev_init_backend).
+        let bctx = unsafe { backend_ctx(b) };
+        // Whole-graph mode (ggml-rpc-server sends whole splits with no CPU fallback): nodes ORK
+        // does not run itself are collected into runs and handed to ggml's CPU backend.
+        let npu_before = dev.stats.npu_matmuls.load(Relaxed);
+        let mut cpu_from: Option<i32> = None;
+        let mut cpu_nodes = 0u64;
+        let run_cpu = |from: &mut Option<i32>, to: i32, cpu_nodes: &mut u64, pending: &mut Vec<backend::gpu::GpuJob<'static>>, pending_dst: &mut Vec<*const ggml_tensor>| -> Result<(), String> {
+            let Some(i0) = from.take() else { return Ok(()) };
+            if *cpu_nodes == 0 {
+                return Ok(());
+            }
+            flush(pending, pending_dst)?;
+            if !bctx.logged_whole_graph.swap(true, Relaxed) {
+                log::info!("whole-graph mode (e.g. ggml-rpc-server -d ORK): ORK runs the ops it does not accelerate on ggml's CPU backend");
+            }
+            let t0 = std::time::Instant::now();
+            // SAFETY: a live graph; [i0, to) within its nodes.
+            unsafe { run_on_cpu(bctx, g, i0, to) }?;
+            dev.stats.cpu_ops.fetch_add(*cpu_nodes, Relaxed);
+            dev.stats.cpu_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+            *cpu_nodes = 0;
+            Ok(())
+        };
         // SAFETY: a live graph from the scheduler.
         let n = unsafe { (api.graph_n_nodes)(g) };
         for i in 0..n {
+            // SAFETY: index within n_nodes.
+            let node = unsafe { &*(api.graph_node)(g, i) };
+            let ours = match node.op {
+                GGML_OP_NONE | GGML_OP_RESHAPE | GGML_OP_VIEW | GGML_OP_PERMUTE | GGML_OP_TRANSPOSE => None,
+                // SAFETY: a live MUL_MAT node.
+                GGML_OP_MUL_MAT => match unsafe { mul_mat_shape(node) } {
+                    Some(s) if backend::mul_mat_unsupported(dev, &s).is_none() => {
+                        Some(engine_for(dev, &s, false) != crate::route::Engine::Cpu)
+                    }
+                    _ => Some(false),
+                },
+                _ => Some(false),
+            };
+            match ours {
+                None => continue,
+                Some(false) => {
+                    if node.op == GGML_OP_MUL_MAT {
+                        // SAFETY: as above.
+                        let m = unsafe { mul_mat_shape(node) }.map_or(1, |s| s.m);
+                        let ph = crate::route::Phase::of(dev.cfg, m);
+                        dev.stats.cpu_mm[(ph == crate::route::Phase::Decode) as usize].fetch_add(1, Relaxed);
+                    }
+                    cpu_from.get_or_insert(i);
+                    cpu_nodes += 1;
+                    continue;
+                }
+                Some(true) => {
+                    if let Err(e) = run_cpu(&mut cpu_from, i, &mut cpu_nodes, &mut pending, &mut pending_dst) {
+                        log::error!("{e}");
+                        return GGML_STATUS_FAILED;
+                    }
+                }
+            }
             // SAFETY: index within n_nodes.
             let node = unsafe { &mut *(api.graph_node)(g, i) };
             let reads_pending = node.src.iter().any(|&s| {
@@ -642,10 +833,22 @@ unsafe extern "C" fn backend_graph_compute(_b: ggml_backend_t, g: *mut ggml_cgra
                 other => {
                     // SAFETY: ggml_op_name returns a static string.
                     let name = unsafe { CStr::from_ptr((api.op_name)(other)) }.to_string_lossy();
-                    log::error!("op {name} reached the ORK backend, which runs only MUL_MAT");
+                    log::error!("op {name} reached ORK's MUL_MAT path");
                     return GGML_STATUS_FAILED;
                 }
             }
+        }
+        let ran_cpu = cpu_nodes > 0 || bctx.logged_whole_graph.load(Relaxed);
+        if let Err(e) = run_cpu(&mut cpu_from, n, &mut cpu_nodes, &mut pending, &mut pending_dst) {
+            log::error!("{e}");
+            return GGML_STATUS_FAILED;
+        }
+        let npu_now = dev.stats.npu_matmuls.load(Relaxed);
+        if ran_cpu && npu_now > npu_before && !bctx.logged_npu_graph.swap(true, Relaxed) {
+            log::info!(
+                "whole-graph mode: a graph of {n} nodes ran {} MUL_MAT on the NPU, the rest on ggml-cpu",
+                npu_now - npu_before
+            );
         }
         if let Err(e) = flush(&mut pending, &mut pending_dst) {
             log::error!("GPU decode batch failed: {e}");
@@ -692,7 +895,7 @@ unsafe fn compute_mul_mat(dev: &Device, node: &mut ggml_tensor) -> Result<Option
         unsafe { tf(row.as_ptr() as *const c_void, out.as_mut_ptr(), out.len() as i64) }
     };
     let src = WeightSource { name: "", ggml_type: w.type_ as u32, bytes, row_bytes, to_float: &to_float };
-    if let Ok(crate::route::Engine::Gpu) = crate::route::choose(dev.cfg, s.m, dev.gpu_ready()) {
+    if engine_for(dev, &s, false) == crate::route::Engine::Gpu {
         let gw = c.weights.get_or_upload_gpu(dev, w.data as usize, &src, s.n, s.k).map_err(|e| e.to_string())?;
         return Ok(Some(backend::gpu::GpuJob { w: gw, x: xs, m: s.m, dst: ds }));
     }

@@ -300,6 +300,15 @@ impl Npu {
     /// `C = A · Wᵀ`, exact int32. `a`: `[M, K]` row-major i8; `c`: `[M, N]` row-major i32
     /// (fully overwritten on success, untouched on error). Uses at most `budget.max_cores` cores.
     pub fn mm_run(&self, w: &ResidentWeight, a: &[i8], m: usize, c: &mut [i32], budget: Budget) -> Result<RunStats, NpuError> {
+        self.mm_run_at(w, a, m, c, budget, 0)
+    }
+
+    /// [`Npu::mm_run`] on the cores `first_core..first_core + budget.max_cores` (a lease from the
+    /// backend's arbiter, so concurrent matmuls use disjoint cores). The range is clamped to the
+    /// cores this `Npu` runs workers for.
+    pub fn mm_run_at(&self, w: &ResidentWeight, a: &[i8], m: usize, c: &mut [i32], budget: Budget, first_core: u32) -> Result<RunStats, NpuError> {
+        let first_core = first_core.min(self.max_cores - 1);
+        let budget = Budget { max_cores: budget.max_cores.min(self.max_cores - first_core) };
         let t0 = Instant::now();
         let (k, n) = (w.k(), w.n());
         let bad = |why: String| NpuError::BadArg { op: "mm_run", m, k, n, why };
@@ -315,7 +324,7 @@ impl Npu {
         if !Arc::ptr_eq(&w.inner.shared, &self.shared) {
             return Err(bad("weight was uploaded to another Npu".into()));
         }
-        let plan = plan::plan(&self.shared.soc, &w.inner.geom, m, budget.max_cores.min(self.max_cores));
+        let plan = plan::plan_at(&self.shared.soc, &w.inner.geom, m, budget.max_cores.min(self.max_cores), first_core);
         log::debug!(
             "mm_run M={m} K={k} N={n}: {:?}, {} cores, {} submits, {} programs",
             plan.path,

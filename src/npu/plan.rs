@@ -146,6 +146,14 @@ fn tile_rows(soc: &SocDesc, kp: usize, path: PathKind, m: usize) -> (usize, fn(u
 
 /// Builds the plan. `geom` is the weight's geometry; `max_cores` the caller's budget.
 pub fn plan(soc: &SocDesc, geom: &WeightGeometry, m: usize, max_cores: u32) -> Plan {
+    plan_at(soc, geom, m, max_cores, 0)
+}
+
+/// [`plan`] on cores `first_core..`: the caller (an arbiter partitioning the cores between
+/// concurrent matmuls) leases a contiguous range; `max_cores` is clamped to fit it.
+pub fn plan_at(soc: &SocDesc, geom: &WeightGeometry, m: usize, max_cores: u32, first_core: u32) -> Plan {
+    let first_core = first_core.min(soc.cores.saturating_sub(1));
+    let max_cores = max_cores.min(soc.cores - first_core);
     let (k, n) = (geom.k, geom.n);
     let fullk_ok = geom.sk == 1
         || (geom.fullk_tile(0).is_some() && (m == 1 || (k % 512 == 0 && k <= 4096)));
@@ -223,7 +231,7 @@ pub fn plan(soc: &SocDesc, geom: &WeightGeometry, m: usize, max_cores: u32) -> P
         if !cur.programs.is_empty() {
             submits.push(cur);
         }
-        cores.push(CorePlan { core: core as u32, segs, ncols, submits });
+        cores.push(CorePlan { core: first_core + core as u32, segs, ncols, submits });
     }
     Plan { m, k, n, path, cores }
 }

@@ -1,0 +1,316 @@
+#!/usr/bin/env python3
+"""Serving checks of libggml-ork.so inside the pinned llama.cpp tools, on the NPU simulator.
+
+1. llama-server --parallel 4: 4 concurrent clients x 8 requests; every response equals the same
+   request served alone (greedy), the server survives, RSS after equals RSS after warm-up within
+   a bound. Then decode latency of one streaming slot while another slot prefills a long prompt
+   (chunked by -b/-ub): the worst inter-token gap must stay well below the long prefill's time.
+2. Two llama-completion processes at once: both texts equal the CPU's; the log shows the
+   cross-process NPU arbitration (ORK_NPU_LOCK=wait and =cpu).
+3. ggml-rpc-server -d ORK + llama-completion --rpc: greedy text equals a local CPU run's.
+4. MUL_MAT_ID (MoE experts) is refused by ORK: test-backend-ops finds no supported case.
+Loopback only, every wait bounded. Prints PASS/FAIL lines and "N passed, M failed"; exit 1 on
+failure. Environment: LLAMA_BIN, ORK_MODELS, ORK_LIB (set by tests/run-all.sh).
+Writes the measured figures to $ORK_ENV/e2e-serving-results.md.
+"""
+import json, os, re, signal, socket, subprocess, sys, tempfile, threading, time, urllib.request
+
+BIN = os.environ["LLAMA_BIN"]
+MODELS = os.environ["ORK_MODELS"]
+LIB = os.environ["ORK_LIB"]
+OUT = os.path.join(os.environ.get("ORK_ENV", "/tmp"), "e2e-serving-results.md")
+ONLY = set(filter(None, os.environ.get("ORK_E2E_ONLY", "").split(",")))
+MODEL = os.path.join(MODELS, "smollm2-135m-Q8_0.gguf")
+PROMPT = ("The Industrial Revolution began in Britain in the late eighteenth century. Steam engines, "
+          "iron and coal changed how goods were made, and factories drew workers from the countryside "
+          "into the growing towns. Its most important consequence was")
+TOPICS = ["the printing press", "the steam locomotive", "the telegraph", "vaccination",
+          "the electric light bulb", "the telephone", "the airplane", "the internet"]
+PROMPTS = [f"Write a short paragraph for a school textbook about {t}. Explain who invented it, when it "
+           f"appeared, how it worked, and why it changed the daily lives of ordinary people. Answer:"
+           for t in TOPICS]
+
+results, figures = [], []
+
+
+def check(name, ok, detail):
+    results.append((name, ok))
+    print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+
+
+def want(name):
+    return not ONLY or any(name.startswith(o) for o in ONLY)
+
+
+def env_with(extra):
+    env = dict(os.environ)
+    for k in ("ORK_NPU", "ORK_OFF", "ORK_MINM", "ORK_DECODE", "ORK_NPU_LOCK", "ORK_LOCK_DIR", "GGML_BACKEND_PATH"):
+        env.pop(k, None)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def ork(**kw):
+    e = {"GGML_BACKEND_PATH": LIB, "ORK_NPU": "sim"}
+    e.update(kw)
+    return e
+
+
+def cpu():
+    return {"GGML_BACKEND_PATH": LIB, "ORK_OFF": "1"}
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def stop(p):
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+
+
+def completion_args(prompt, n, extra=()):
+    return [f"{BIN}/llama-completion", "-m", MODEL, "-p", prompt, "-n", str(n), "--temp", "0", "-no-cnv",
+            "-t", "2", "--no-warmup", "--seed", "1", *extra]
+
+
+def strip(text, prompt):
+    return text[len(prompt):] if text.startswith(prompt) else text
+
+
+def generate(env, n=16, extra=(), timeout=600):
+    p = subprocess.run(completion_args(PROMPT, n, extra), env=env_with(env), capture_output=True, text=True,
+                       timeout=timeout)
+    return (strip(p.stdout, PROMPT) if p.returncode == 0 else None), p.stderr
+
+
+# ------------------------------------------------------------------------------------ server
+def post(port, path, body, timeout=300):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def complete(port, prompt, n_predict=8):
+    body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "top_k": 1, "seed": 1,
+            "cache_prompt": False}
+    return post(port, "/completion", body)["content"]
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return -1
+
+
+def wait_healthy(port, proc, deadline_s=180):
+    t0 = time.time()
+    while time.time() - t0 < deadline_s:
+        if proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                if r.status == 200:
+                    return True
+        except Exception:
+            time.sleep(0.5)
+    return False
+
+
+def stream_gaps(port, prompt, n_predict, out):
+    """Streams one completion; records the arrival time of every token."""
+    body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "top_k": 1, "stream": True,
+            "cache_prompt": False}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if line.startswith("data: "):
+                out.append(time.time())
+
+
+def server_checks():
+    port = free_port()
+    log = tempfile.TemporaryFile(mode="w+")
+    args = [f"{BIN}/llama-server", "-m", MODEL, "--host", "127.0.0.1", "--port", str(port), "--parallel", "4",
+            "-c", "4096", "-t", "2", "-b", "128", "-ub", "128", "--no-warmup", "--temp", "0"]
+    proc = subprocess.Popen(args, env=env_with(ork(ORK_PROFILE=1)), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        if not wait_healthy(port, proc):
+            log.seek(0)
+            check("server/start", False, log.read()[-800:])
+            return
+        # Warm-up, then the solo references (one request at a time).
+        t0 = time.time()
+        complete(port, PROMPTS[0])
+        solo = [complete(port, p) for p in PROMPTS]
+        t_solo = time.time() - t0
+        rss_warm = rss_kib(proc.pid)
+        # 4 clients x 8 requests, each client in its own order.
+        got, errors = {}, []
+
+        def client(c):
+            try:
+                for i in range(8):
+                    j = (i + 2 * c) % 8
+                    got[(c, i)] = (j, complete(port, PROMPTS[j]))
+            except Exception as e:  # noqa: BLE001 - reported as a failure below
+                errors.append(f"client {c}: {e}")
+
+        t1 = time.time()
+        ts = [threading.Thread(target=client, args=(c,)) for c in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(timeout=900)
+        t_conc = time.time() - t1
+        same = sum(1 for (j, text) in got.values() if text == solo[j])
+        diffs = [(j, text, solo[j]) for (j, text) in got.values() if text != solo[j]]
+        alive = proc.poll() is None
+        check("server/parallel4-equal-solo", alive and not errors and len(got) == 32 and same == 32,
+              f"{same}/32 responses equal the solo ones, {len(errors)} client errors {errors[:1]}, "
+              f"server alive {alive}, concurrent {t_conc:.0f}s vs solo {t_solo:.0f}s"
+              + (f"; first diff {diffs[0]!r}" if diffs else ""))
+        figures.append(f"| llama-server --parallel 4, 4 clients x 8 requests | {same}/32 equal solo, {t_conc:.0f} s |")
+        # Leak: another identical round must not grow RSS beyond a bound.
+        complete(port, PROMPTS[1])
+        rss_after = rss_kib(proc.pid)
+        grow = rss_after - rss_warm
+        check("server/rss", alive and grow < 64 * 1024,
+              f"RSS after warm-up {rss_warm // 1024} MiB, after 33 more requests {rss_after // 1024} MiB "
+              f"(+{grow // 1024} MiB, bound 64 MiB)")
+        # Decode latency while another slot prefills a long prompt (chunked by -b/-ub 128).
+        long_prompt = " ".join(PROMPTS) * 2  # ~ 600 tokens
+        t2 = time.time()
+        complete(port, long_prompt, n_predict=1)
+        t_long = time.time() - t2
+        alone = []
+        stream_gaps(port, PROMPT, 24, alone)
+        gaps_alone = [b - a for a, b in zip(alone[1:], alone[2:])]
+        during = []
+        th = threading.Thread(target=stream_gaps, args=(port, PROMPT, 48, during))
+        th.start()
+        time.sleep(2.0)
+        t3 = time.time()
+        complete(port, long_prompt, n_predict=1)
+        t_long_busy = time.time() - t3
+        th.join(timeout=600)
+        gaps = [b - a for a, b in zip(during[1:], during[2:])]
+        base = sorted(gaps_alone)[len(gaps_alone) // 2] if gaps_alone else float("nan")
+        worst = max(gaps) if gaps else float("nan")
+        ok = bool(gaps) and worst < 0.5 * t_long
+        check("server/decode-latency-during-prefill", ok,
+              f"decode inter-token gap alone median {base * 1e3:.0f} ms; worst gap while a {t_long:.1f}s "
+              f"(~600-token) prefill runs {worst * 1e3:.0f} ms (bound: half the prefill); prefill took "
+              f"{t_long_busy:.1f}s beside the stream")
+        figures.append(f"| decode gap during a long prefill (-b/-ub 128) | median alone {base * 1e3:.0f} ms, "
+                       f"worst during {worst * 1e3:.0f} ms, long prefill alone {t_long:.1f} s |")
+    finally:
+        stop(proc)
+        log.seek(0)
+        tail = log.read()
+        prof = [l for l in tail.splitlines() if "ORK profile" in l or "MUL_MAT: npu" in l]
+        if prof:
+            print("\n".join(prof[:4]))
+        log.close()
+
+
+# ------------------------------------------------------------------------------------ two processes
+def two_process_checks(ref):
+    for mode in ("wait", "cpu"):
+        name = f"two-processes/{mode}"
+        if not want(name):
+            continue
+        with tempfile.TemporaryDirectory() as d:
+            env = env_with(ork(ORK_LOCK_DIR=d, ORK_NPU_LOCK=mode, ORK_PROFILE=1))
+            ps = [subprocess.Popen(completion_args(PROMPT, 16), env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True) for _ in range(2)]
+            outs = []
+            try:
+                for p in ps:
+                    o, e = p.communicate(timeout=600)
+                    outs.append((p.returncode, strip(o, PROMPT), e))
+            finally:
+                for p in ps:
+                    if p.poll() is None:
+                        p.kill()
+        texts_ok = all(rc == 0 and t == ref for rc, t, _ in outs)
+        arb = [l for _, _, e in outs for l in e.splitlines() if "NPU arbitration:" in l]
+        ran = [max([int(x) for x in re.findall(r"ORK ran (\d+) MUL_MAT on the NPU", e)] or [0]) for _, _, e in outs]
+        check(name, texts_ok and len(arb) >= 1 and (mode == "cpu" or all(r > 0 for r in ran)),
+              f"texts equal CPU: {[t == ref for _, t, _ in outs]}; NPU matmuls per process {ran}; "
+              f"arbitration lines: {arb[:2]}")
+
+
+# ------------------------------------------------------------------------------------ RPC
+def rpc_check(ref):
+    port = free_port()
+    log = tempfile.TemporaryFile(mode="w+")
+    srv = subprocess.Popen([f"{BIN}/ggml-rpc-server", "-H", "127.0.0.1", "-p", str(port), "-d", "ORK", "-t", "2"],
+                           env=env_with(ork()), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        t0 = time.time()
+        while time.time() - t0 < 60:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if srv.poll() is not None:
+                    break
+                time.sleep(0.3)
+        text, err = generate(cpu(), extra=("--rpc", f"127.0.0.1:{port}"))
+        time.sleep(0.5)
+        log.seek(0)
+        slog = log.read()
+        m = re.search(r"ran (\d+) MUL_MAT on the NPU", slog)
+        ok = text is not None and text == ref and m is not None and int(m.group(1)) > 0 and srv.poll() is None
+        check("rpc/greedy-equals-cpu", ok,
+              f"RPC+ORK {text!r} vs local CPU {ref!r}; server NPU matmuls in a graph: {m.group(1) if m else None}"
+              + ("" if text is not None else f"; client: {err[-400:]}"))
+    finally:
+        stop(srv)
+        log.close()
+
+
+def moe_check():
+    p = subprocess.run([f"{BIN}/test-backend-ops", "-b", "ORK", "-o", "MUL_MAT_ID"], env=env_with(ork()),
+                       capture_output=True, text=True, timeout=900)
+    mt = re.search(r"(\d+)/(\d+) tests passed", p.stdout)
+    unsupported = len(re.findall(r"not supported", p.stdout))
+    ok = p.returncode == 0 and mt is not None and mt.group(2) == "0" and unsupported > 0
+    check("moe/mul_mat_id-refused", ok,
+          f"{mt.group(0) if mt else 'no summary'}; {unsupported} MUL_MAT_ID cases not supported by ORK (ggml-cpu keeps them)")
+
+
+if __name__ == "__main__":
+    t_start = time.time()
+    if want("server"):
+        server_checks()
+    ref = None
+    if want("two-processes") or want("rpc"):
+        ref, _ = generate(cpu())
+    if want("two-processes"):
+        two_process_checks(ref)
+    if want("rpc"):
+        rpc_check(ref)
+    if want("moe"):
+        moe_check()
+    npass = sum(1 for _, ok in results if ok)
+    nfail = len(results) - npass
+    with open(OUT, "w") as f:
+        f.write("| check | figure |\n|---|---|\n" + "\n".join(figures) + "\n")
+    print(f"e2e-serving: {npass} passed, {nfail} failed ({time.time() - t_start:.0f}s)")
+    sys.exit(1 if nfail else 0)
