@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The product's own target in CI: cross-build the crate for aarch64-unknown-linux-gnu and run its
+# whole `cargo test` (unit tests incl. the NEON kernels against the scalar references, the
+# simulator's bit-exact tests, the Vulkan tests on arm64 lavapipe, the ABI drift probe compiled for
+# aarch64, doctests) under qemu-aarch64 with QEMU_CPU=cortex-a76. Idempotent; warm: ~1-3 min.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT"
+eval "$(bash tests/setup-env.sh --print-env)"
+export LLAMA_SRC LLAMA_BIN ORK_MODELS ORK_ENV
+bash tests/cross/setup.sh
+source tests/cross/env.sh
+export ORK_REQUIRE_GLSLC=${ORK_REQUIRE_GLSLC:-1}
+log=$ORK_ENV/cross-test.log
+t0=$(date +%s)
+"$CROSS_CARGO" test --target "$CROSS_TRIPLE" --no-run --quiet >"$log" 2>&1 \
+  || { tail -40 "$log"; echo "aarch64 cross build failed"; exit 1; }
+t1=$(date +%s)
+"$CROSS_CARGO" test --target "$CROSS_TRIPLE" --quiet >>"$log" 2>&1 || true
+t2=$(date +%s)
+grep -E "^(test result|running|error|failures:|---- )" "$log" || true
+if grep -qE "^test result: FAILED|^error" "$log" || ! grep -q "^test result: ok" "$log"; then
+  grep -E "panicked|FAILED|^error" "$log" | head -40
+  echo "aarch64 cargo test under qemu failed (log: $log)"; exit 1
+fi
+echo "aarch64: cross build $((t1 - t0)) s, tests under qemu $((t2 - t1)) s"
