@@ -16,7 +16,14 @@ t0=$(date +%s)
 "$CROSS_CARGO" test --target "$CROSS_TRIPLE" --no-run --quiet >"$log" 2>&1 \
   || { tail -40 "$log"; echo "aarch64 cross build failed"; exit 1; }
 t1=$(date +%s)
-"$CROSS_CARGO" test --target "$CROSS_TRIPLE" --quiet >>"$log" 2>&1 || true
+# Skipped under qemu only: Mesa 22.3's llvmpipe (LLVM 15) for arm64 aborts with "LLVM ERROR:
+# Cannot select ... v4f32 = AArch64ISD::VLSHR" while JIT-compiling the shaders that unpack f16
+# block scales (Q4_0, Q4_K, and the batch test that uses them). A bug in the emulated CPU
+# driver's compiler, not in ORK: boards run Mali drivers, and the same tests pass on x86
+# lavapipe in the main cargo test. The int8 GEMV tests do run on arm64 lavapipe here.
+VK_SKIP=${ORK_CROSS_VK_SKIP-q4_0_matches_reference q4k_matches_reference batch_one_submit_matches_single_calls_and_large_m_splits}
+skip=(); for t in $VK_SKIP; do skip+=(--skip "$t"); done
+"$CROSS_CARGO" test --target "$CROSS_TRIPLE" --no-fail-fast --quiet -- --exact "${skip[@]}" >>"$log" 2>&1 || true
 t2=$(date +%s)
 grep -E "^(test result|running|error|failures:|---- )" "$log" || true
 if grep -qE "^test result: FAILED|^error" "$log" || ! grep -q "^test result: ok" "$log"; then
