@@ -14,3 +14,12 @@ echo "== build libggml-ork.so (release)"
 build_plugin
 echo "== end-to-end (llama.cpp b11549 + ORK on the simulator)"
 python3 "$ROOT/tests/e2e.py"
+
+# ---- the product's own target: aarch64 cross build + the crate's tests under qemu ----------
+# (separate step; ~2 min warm, ~6-8 min cold incl. apt set-up; ORK_CROSS=0 skips it locally)
+if [ "${ORK_CROSS:-1}" = 0 ]; then
+  echo "== aarch64 under qemu: SKIPPED (ORK_CROSS=0)"
+else
+  echo "== aarch64: cross build + cargo test under qemu-aarch64 (tests/cross/test.sh)"
+  bash "$ROOT/tests/cross/test.sh"
+fi
