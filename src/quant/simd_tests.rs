@@ -127,6 +127,9 @@ fn quantize_row_simd_edge_rows() {
         ("NaN beside max", (0..n).map(|j| if j % 3 == 0 { f32::NAN } else { j as f32 - 18.0 }).collect()),
         ("sNaN", (0..n).map(|j| if j == 0 { f32::from_bits(0xff80_0001) } else { j as f32 * 1e30 }).collect()),
         ("tiny", (0..n).map(|j| (j as f32 - 18.0) * 1e-12).collect()),
+        // NaN in the vector body with the maximum also there: a kernel that let NaN into its
+        // lane maxima would end with the tail's maximum instead
+        ("NaN then max in body", (0..n).map(|j| match j { 0 => f32::NAN, 5 => -100.0, _ => 1.0 }).collect()),
     ];
     for (what, x) in &rows {
         check_quant(x, what);
