@@ -12,7 +12,23 @@ if grep -qE "^test result: FAILED|^error" "$ORK_ENV/cargo-test.log"; then
 fi
 echo "== build libggml-ork.so (release)"
 build_plugin
+# The remaining steps all run; the script fails at the end if any of them failed.
+failed=()
 echo "== end-to-end (llama.cpp b11549 + ORK on the simulator)"
-python3 "$ROOT/tests/e2e.py"
+python3 "$ROOT/tests/e2e.py" || failed+=(e2e)
 echo "== serving: llama-server --parallel 4, two processes, ggml-rpc-server, MUL_MAT_ID (~5 min)"
-python3 "$ROOT/tests/e2e_serving.py"
+python3 "$ROOT/tests/e2e_serving.py" || failed+=(serving)
+
+# ---- the product's own target: aarch64 cross build + the crate's tests under qemu ----------
+# (separate step; ~2 min warm, ~6-8 min cold incl. apt set-up; ORK_CROSS=0 skips it locally)
+if [ "${ORK_CROSS:-1}" = 0 ]; then
+  echo "== aarch64 under qemu: SKIPPED (ORK_CROSS=0)"
+else
+  echo "== aarch64: cross build + cargo test under qemu-aarch64 (tests/cross/test.sh)"
+  bash "$ROOT/tests/cross/test.sh" || failed+=(aarch64)
+fi
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "FAILED steps: ${failed[*]}"
+  exit 1
+fi
+echo "all steps passed"

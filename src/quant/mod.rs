@@ -6,10 +6,13 @@
 //! * Activations: **per-row symmetric int8**, the same formula per row of `x: [M, K]`.
 //! * Output: `y[m][n] = c[m][n] · a_scale[m] · w_scale[n]` with `c` the exact int32 sum.
 //!
-//! Every function has a scalar definition that the tests treat as the reference; the row loops
-//! are written so the compiler vectorises them, and rayon spreads rows over cores.
+//! Every row kernel has a scalar definition (`*_scalar`) that the tests treat as the reference.
+//! The hot row loops dispatch to SIMD versions in [`simd`] (NEON on aarch64, AVX2 on x86-64 when
+//! the CPU has it) that are bit-identical to those references, and rayon spreads rows over cores.
 
 use rayon::prelude::*;
+
+pub mod simd;
 
 /// Floor on a row's absolute maximum, so an all-zero row quantizes to zeros with a finite scale.
 pub const ABSMAX_FLOOR: f32 = 1e-9;
@@ -20,9 +23,19 @@ pub const QMAX: f32 = 127.0;
 const PAR_MIN_ELEMS: usize = 1 << 15;
 
 /// Quantizes one row. `x: [K] f32` → `q: [K] i8`; returns the dequantization scale.
+/// SIMD where the CPU has it, bit-identical to [`quantize_row_scalar`].
 #[inline]
 pub fn quantize_row(x: &[f32], q: &mut [i8]) -> f32 {
-    debug_assert_eq!(x.len(), q.len());
+    match simd::quantize_row(x, q) {
+        Some(s) => s,
+        None => quantize_row_scalar(x, q),
+    }
+}
+
+/// The reference for [`quantize_row`]: absmax over the row (NaN ignored, floored at
+/// [`ABSMAX_FLOOR`]), `q = clamp(round_half_even(v · (127 / amax)), ±127)`, NaN → 0.
+pub fn quantize_row_scalar(x: &[f32], q: &mut [i8]) -> f32 {
+    assert_eq!(x.len(), q.len());
     let mut amax = 0.0f32;
     for &v in x {
         amax = amax.max(v.abs());
@@ -124,9 +137,7 @@ pub fn dequantize_output_terms(c: &[i32], a_scale: &[f32], terms: usize, w_scale
         for t in 0..terms {
             let sa = a_scale[t * m + i];
             let cr = &c[(t * m + i) * n..(t * m + i + 1) * n];
-            for ((d, &v), &sw) in dr.iter_mut().zip(cr).zip(w_scale) {
-                *d += v as f32 * (sa * sw);
-            }
+            dequantize_row_acc(cr, sa, w_scale, dr);
         }
     };
     if m * n >= PAR_MIN_ELEMS && m > 1 {
@@ -190,17 +201,50 @@ pub fn dequantize_output(c: &[i32], a_scale: &[f32], w_scale: &[f32], dst: &mut 
     if n == 0 {
         return;
     }
-    let body = |(cr, (dr, &sa)): (&[i32], (&mut [f32], &f32))| {
-        for ((d, &v), &sw) in dr.iter_mut().zip(cr).zip(w_scale) {
-            *d = v as f32 * (sa * sw);
-        }
-    };
+    let body = |(cr, (dr, &sa)): (&[i32], (&mut [f32], &f32))| dequantize_row(cr, sa, w_scale, dr);
     if m * n >= PAR_MIN_ELEMS && m > 1 {
         c.par_chunks(n).zip(dst.par_chunks_mut(n).zip(a_scale.par_iter())).for_each(body);
     } else {
         c.chunks(n).zip(dst.chunks_mut(n).zip(a_scale.iter())).for_each(body);
     }
 }
+
+/// One output row: `d[n] = c[n] · (sa · sw[n])`. SIMD where the CPU has it, bit-identical to
+/// [`dequantize_row_scalar`].
+#[inline]
+pub fn dequantize_row(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) {
+    if simd::dequantize_row(c, sa, sw, d).is_none() {
+        dequantize_row_scalar(c, sa, sw, d);
+    }
+}
+
+/// The reference for [`dequantize_row`].
+pub fn dequantize_row_scalar(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) {
+    assert!(c.len() == d.len() && sw.len() == d.len());
+    for ((d, &v), &sw) in d.iter_mut().zip(c).zip(sw) {
+        *d = v as f32 * (sa * sw);
+    }
+}
+
+/// One term of a multi-term output row: `d[n] += c[n] · (sa · sw[n])`. SIMD where the CPU has
+/// it, bit-identical to [`dequantize_row_acc_scalar`].
+#[inline]
+pub fn dequantize_row_acc(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) {
+    if simd::dequantize_row_acc(c, sa, sw, d).is_none() {
+        dequantize_row_acc_scalar(c, sa, sw, d);
+    }
+}
+
+/// The reference for [`dequantize_row_acc`] (multiply, then add: never fused).
+pub fn dequantize_row_acc_scalar(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) {
+    assert!(c.len() == d.len() && sw.len() == d.len());
+    for ((d, &v), &sw) in d.iter_mut().zip(c).zip(sw) {
+        *d += v as f32 * (sa * sw);
+    }
+}
+
+#[cfg(test)]
+mod simd_tests;
 
 #[cfg(test)]
 mod tests {

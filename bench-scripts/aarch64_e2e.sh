@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# End-to-end on the product's target, under emulation (not in CI: minutes of qemu).
+# Upstream llama.cpp b11549 cross-built for aarch64 (tests/cross/build-llama.sh, once, ~5 min of
+# 2 cores cold) runs llama-completion under qemu-aarch64 (QEMU_CPU=cortex-a76) with the aarch64
+# release plugin (tests/cross/release.sh) on the simulated NPU, SmolLM2-135M Q8_0, greedy; the
+# text is compared with the same command natively on x86-64 with the x86 plugin.
+# Prints one summary line; outputs in $ORK_ENV/aarch64-e2e/. Usage: [N_TOKENS=16] aarch64_e2e.sh
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$ROOT/tests/common.sh"
+cd "$ROOT"
+eval "$(bash tests/cross/build-llama.sh)"            # LLAMA_BIN_AARCH64
+bash tests/cross/release.sh >/dev/null
+SO_A64=$(ls -t "$ROOT"/dist/libggml-ork-b*-aarch64.so | head -1)
+build_plugin                                        # ORK_LIB (x86-64)
+N=${N_TOKENS:-16}
+M=$ORK_MODELS/smollm2-135m-Q8_0.gguf
+# >= 32 prompt tokens so the prefill matmuls reach ORK (ORK_MINM)
+PROMPT="The Industrial Revolution began in Britain in the late eighteenth century. Steam engines, iron and coal changed how goods were made, and factories drew workers from the countryside into the growing towns. Its most important consequence was"
+OUT=$ORK_ENV/aarch64-e2e; mkdir -p "$OUT"
+args=(-m "$M" -p "$PROMPT" -n "$N" --temp 0 -no-cnv -t 2 --no-warmup --seed 1)
+
+t0=$(date +%s.%N)
+GGML_BACKEND_PATH=$ORK_LIB ORK_NPU=sim ORK_PROFILE=1 "$LLAMA_BIN/llama-completion" "${args[@]}" \
+  >"$OUT/x86_64.txt" 2>"$OUT/x86_64.log"
+t1=$(date +%s.%N)
+QEMU_CPU=cortex-a76 GGML_BACKEND_PATH=$SO_A64 ORK_NPU=sim ORK_PROFILE=1 \
+  qemu-aarch64-static "$LLAMA_BIN_AARCH64/llama-completion" "${args[@]}" \
+  >"$OUT/aarch64.txt" 2>"$OUT/aarch64.log"
+t2=$(date +%s.%N)
+
+grep -E "^ork: " "$OUT/aarch64.log" | head -5 || true
+grep -qE "ORK ran [1-9][0-9]* MUL_MAT on the NPU" "$OUT/aarch64.log" || { echo "aarch64 run: no MUL_MAT ran on ORK (log: $OUT/aarch64.log)"; exit 1; }
+if cmp -s "$OUT/x86_64.txt" "$OUT/aarch64.txt"; then same=equal; else same=DIFFERENT; diff "$OUT/x86_64.txt" "$OUT/aarch64.txt" || true; fi
+printf 'aarch64 e2e (%s tokens, %s): text %s to x86-64; wall x86-64 %.1f s, aarch64 under qemu %.1f s\n' \
+  "$N" "$(basename "$SO_A64")" "$same" "$(awk "BEGIN{print $t1 - $t0}")" "$(awk "BEGIN{print $t2 - $t1}")" | tee "$OUT/result.txt"
+echo "--- text:"; cat "$OUT/aarch64.txt"; echo

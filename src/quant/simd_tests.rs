@@ -1,0 +1,234 @@
+//! Bit-exactness of the SIMD row kernels (`quant::simd`) against the scalar references.
+//!
+//! The dispatchers (`quantize_row`, `dequantize_row`, `dequantize_row_acc`) take the SIMD path
+//! whenever the CPU has one, so comparing them with the `*_scalar` functions compares NEON (on
+//! aarch64, also under qemu) or AVX2 (x86-64) with the reference. `simd_path_is_active` makes sure
+//! that comparison is not scalar against scalar. Row lengths cover empty rows, pure tails, whole
+//! vector bodies and body + tail; inputs cover random values over the whole f32 range, random bit
+//! patterns (NaN, ±inf, subnormals), exact ties, ±0 and saturation.
+
+use super::*;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 >> 11
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 29) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    /// A value from one of several distributions, the last ones with specials.
+    fn value(&mut self, kind: u64) -> f32 {
+        match kind {
+            0 => self.unit(),
+            // wide exponent range, both signs
+            1 => self.unit() * 2f32.powi(self.below(200) as i32 - 100),
+            // activations with rare large outliers
+            2 => self.unit() * if self.below(64) == 0 { 300.0 } else { 1.0 },
+            // any bit pattern: NaNs (quiet and signalling), ±inf, subnormals, ±0
+            3 => f32::from_bits(self.next() as u32),
+            // small integers and halves: exact ties once scaled by a power-of-two inverse
+            _ => (self.below(509) as f32 - 254.0) * 0.5,
+        }
+    }
+}
+
+const LENS: &[usize] = &[0, 1, 3, 4, 5, 7, 8, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64, 65, 100, 127, 128, 129, 576, 1000, 1536];
+
+fn same_f32(a: f32, b: f32) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
+fn check_quant(x: &[f32], what: &str) {
+    let mut qs = vec![0x55u8 as i8; x.len()];
+    let mut qv = vec![0x2au8 as i8; x.len()];
+    let ss = quantize_row_scalar(x, &mut qs);
+    let sv = quantize_row(x, &mut qv);
+    assert!(same_f32(ss, sv), "{what}: scale {sv:e} != scalar {ss:e} (len {})", x.len());
+    if let Some(j) = (0..x.len()).find(|&j| qs[j] != qv[j]) {
+        panic!("{what}: q[{j}] = {} != scalar {} for x = {:e} (bits {:#x}), len {}", qv[j], qs[j], x[j], x[j].to_bits(), x.len());
+    }
+    assert!(qv.iter().all(|&v| v != -128), "{what}: -128 produced");
+}
+
+#[test]
+fn simd_path_is_active() {
+    #[cfg(target_arch = "aarch64")]
+    assert_eq!(simd::active(), Some("neon"));
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        assert_eq!(simd::active(), Some("avx2"));
+    }
+    eprintln!("quant SIMD path: {:?}", simd::active());
+}
+
+#[test]
+fn quantize_row_simd_matches_scalar_random() {
+    let mut r = Rng(0x5eed);
+    for kind in 0..5 {
+        for &n in LENS {
+            for rep in 0..6 {
+                let x: Vec<f32> = (0..n).map(|_| r.value(kind)).collect();
+                check_quant(&x, &format!("kind {kind} rep {rep}"));
+                // the same row with a few specials sprinkled in
+                let mut y = x.clone();
+                for _ in 0..(n / 16).min(4) {
+                    let j = r.below(n as u64) as usize;
+                    y[j] = [f32::NAN, -0.0, 0.0, f32::from_bits(0x7fa0_0001), f32::MIN_POSITIVE / 3.0][r.below(5) as usize];
+                }
+                check_quant(&y, &format!("kind {kind} rep {rep} + specials"));
+            }
+        }
+    }
+}
+
+#[test]
+fn quantize_row_simd_ties_to_even_known_values() {
+    // amax 127 → inv exactly 1: x rounds as it is. 40 elements = a full AVX2 body (32) + tail,
+    // two and a half NEON bodies.
+    let mut x = vec![0f32; 40];
+    let pat = [0.5f32, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -126.5, 3.49999, -0.0];
+    let want = [0i8, 2, 2, 0, -2, -2, 126, -126, 3, 0];
+    for (j, v) in x.iter_mut().enumerate() {
+        *v = pat[j % pat.len()];
+    }
+    x[39] = 127.0;
+    let mut q = vec![9i8; 40];
+    assert_eq!(quantize_row(&x, &mut q), 1.0);
+    for j in 0..39 {
+        assert_eq!(q[j], want[j % want.len()], "x[{j}] = {}", x[j]);
+    }
+    assert_eq!(q[39], 127);
+    check_quant(&x, "ties inv=1");
+    // amax 63.5 → inv exactly 2: quarters become ties.
+    let x: Vec<f32> = (0..=254).map(|k| (k as f32 - 127.0) * 0.25).chain([63.5]).collect();
+    check_quant(&x, "ties inv=2");
+    let mut q = vec![0i8; x.len()];
+    quantize_row(&x, &mut q);
+    assert_eq!(&q[0..6], &[-64, -63, -62, -62, -62, -61], "(-31.75, -31.5, ...)·2 rounded half-even");
+}
+
+#[test]
+fn quantize_row_simd_edge_rows() {
+    let n = 37; // one AVX2 body + tail; two NEON bodies + tail
+    let rows: Vec<(&str, Vec<f32>)> = vec![
+        ("zeros", vec![0.0; n]),
+        ("negative zeros", vec![-0.0; n]),
+        ("all NaN", vec![f32::NAN; n]),
+        ("+inf", (0..n).map(|j| if j == 5 { f32::INFINITY } else { j as f32 }).collect()),
+        ("-inf", (0..n).map(|j| if j == 33 { f32::NEG_INFINITY } else { -(j as f32) }).collect()),
+        ("max", (0..n).map(|j| if j % 2 == 0 { f32::MAX } else { -f32::MAX / j as f32 }).collect()),
+        ("subnormal", (0..n).map(|j| f32::from_bits(j as u32 + 1)).collect()),
+        ("NaN beside max", (0..n).map(|j| if j % 3 == 0 { f32::NAN } else { j as f32 - 18.0 }).collect()),
+        ("sNaN", (0..n).map(|j| if j == 0 { f32::from_bits(0xff80_0001) } else { j as f32 * 1e30 }).collect()),
+        ("tiny", (0..n).map(|j| (j as f32 - 18.0) * 1e-12).collect()),
+        // NaN in the vector body with the maximum also there: a kernel that let NaN into its
+        // lane maxima would end with the tail's maximum instead
+        ("NaN then max in body", (0..n).map(|j| match j { 0 => f32::NAN, 5 => -100.0, _ => 1.0 }).collect()),
+    ];
+    for (what, x) in &rows {
+        check_quant(x, what);
+    }
+    // Real values, not only agreement: an all-NaN row quantizes to zeros with the floor scale;
+    // NaN lanes never win the absmax.
+    let mut q = vec![1i8; n];
+    assert_eq!(quantize_row(&rows[2].1, &mut q), ABSMAX_FLOOR / QMAX);
+    assert!(q.iter().all(|&v| v == 0));
+    let s = quantize_row(&rows[7].1, &mut q);
+    assert_eq!(s, 17.0 / QMAX); // |1 - 18| = |35 - 18| = 17; j = 0 and 36 are NaN
+    assert_eq!((q[0], q[1], q[2], q[35], q[36]), (0, -127, -120, 127, 0)); // -16·127/17 = -119.53
+}
+
+fn check_deq(c: &[i32], sa: f32, sw: &[f32], what: &str) {
+    let mut ds = vec![0f32; c.len()];
+    let mut dv = vec![1f32; c.len()];
+    dequantize_row_scalar(c, sa, sw, &mut ds);
+    dequantize_row(c, sa, sw, &mut dv);
+    for j in 0..c.len() {
+        assert!(same_f32(ds[j], dv[j]), "{what}: d[{j}] = {:e} != scalar {:e} (c {}, sa {sa:e}, sw {:e})", dv[j], ds[j], c[j], sw[j]);
+    }
+}
+
+fn check_deq_acc(c: &[i32], sa: f32, sw: &[f32], init: &[f32], what: &str) {
+    let mut ds = init.to_vec();
+    let mut dv = init.to_vec();
+    dequantize_row_acc_scalar(c, sa, sw, &mut ds);
+    dequantize_row_acc(c, sa, sw, &mut dv);
+    for j in 0..c.len() {
+        assert!(same_f32(ds[j], dv[j]), "{what}: d[{j}] = {:e} != scalar {:e}", dv[j], ds[j]);
+    }
+}
+
+#[test]
+fn dequantize_rows_simd_match_scalar() {
+    let mut r = Rng(42);
+    let specials = [0.0f32, -0.0, f32::INFINITY, f32::NAN, f32::MIN_POSITIVE / 7.0, f32::MAX, 1e-30];
+    for &n in LENS {
+        for rep in 0..8 {
+            // int32 sums: small, large (beyond 2^24: the conversion rounds), and the extremes
+            let c: Vec<i32> = (0..n)
+                .map(|_| match r.below(4) {
+                    0 => r.below(255) as i32 - 127,
+                    1 => r.next() as i32,
+                    2 => [i32::MIN, i32::MAX, (1 << 24) + 1, -(1 << 25) - 3][r.below(4) as usize],
+                    _ => (r.below(1 << 22) as i32 - (1 << 21)) * 37,
+                })
+                .collect();
+            let init: Vec<f32> = (0..n).map(|j| if j % 11 == 3 { -0.0 } else { r.value(1) }).collect();
+            let sw: Vec<f32> = (0..n)
+                .map(|_| if rep >= 6 && r.below(8) == 0 { specials[r.below(7) as usize] } else { r.value(1).abs() })
+                .collect();
+            let sa = if rep == 7 { specials[r.below(7) as usize] } else { r.value(1).abs() };
+            check_deq(&c, sa, &sw, &format!("n {n} rep {rep}"));
+            check_deq_acc(&c, sa, &sw, &init, &format!("acc n {n} rep {rep}"));
+        }
+    }
+    // a real value: 3 · (0.5 · 0.25)
+    let mut d = [0f32; 9];
+    dequantize_row(&[3; 9], 0.5, &[0.25; 9], &mut d);
+    assert_eq!(d, [0.375; 9]);
+    dequantize_row_acc(&[-8; 9], 1.0 / 64.0, &[2.0; 9], &mut d);
+    assert_eq!(d, [0.125; 9]); // 0.375 - 8 · (2 / 64)
+}
+
+#[test]
+fn matrix_functions_match_scalar_rows() {
+    let mut r = Rng(9);
+    // below and above the parallel threshold
+    for &(m, n) in &[(3usize, 70usize), (40, 1000)] {
+        let x: Vec<f32> = (0..m * n).map(|_| r.value(2)).collect();
+        let mut q = vec![0i8; m * n];
+        let mut s = vec![0f32; m];
+        quantize_rows(&x, m, n, &mut q, &mut s);
+        for i in 0..m {
+            let mut qr = vec![0i8; n];
+            let sr = quantize_row_scalar(&x[i * n..(i + 1) * n], &mut qr);
+            assert_eq!(s[i].to_bits(), sr.to_bits());
+            assert_eq!(&q[i * n..(i + 1) * n], &qr[..]);
+        }
+        let terms = 3;
+        let c: Vec<i32> = (0..terms * m * n).map(|_| r.next() as i32 >> 8).collect();
+        let a3: Vec<f32> = (0..terms * m).map(|_| r.unit().abs() * 1e-3).collect();
+        let w: Vec<f32> = (0..n).map(|_| r.unit().abs() * 1e-2).collect();
+        let mut y = vec![0f32; m * n];
+        dequantize_output(&c[..m * n], &a3[..m], &w, &mut y);
+        let mut y3 = vec![0f32; m * n];
+        dequantize_output_terms(&c, &a3, terms, &w, &mut y3);
+        for i in 0..m {
+            let mut d = vec![0f32; n];
+            dequantize_row_scalar(&c[i * n..(i + 1) * n], a3[i], &w, &mut d);
+            assert!(d.iter().zip(&y[i * n..(i + 1) * n]).all(|(a, b)| a.to_bits() == b.to_bits()), "row {i}");
+            let mut d = vec![0f32; n];
+            for t in 0..terms {
+                let cr = &c[(t * m + i) * n..(t * m + i + 1) * n];
+                dequantize_row_acc_scalar(cr, a3[t * m + i], &w, &mut d);
+            }
+            assert!(d.iter().zip(&y3[i * n..(i + 1) * n]).all(|(a, b)| a.to_bits() == b.to_bits()), "terms row {i}");
+        }
+    }
+}
