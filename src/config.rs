@@ -60,7 +60,7 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_NPU_LOCK", default: "wait", meaning: "cross-process NPU arbitration (advisory flock per NPU, held per matmul): wait (queue behind the other process), cpu (run the matmul's int8 arithmetic on the CPU instead), off" },
     VarDoc { name: "ORK_LOCK_DIR", default: "$XDG_RUNTIME_DIR, /run/lock or /tmp", meaning: "directory of the NPU lock files (ork-npu-<soc>-<interface>.lock)" },
     VarDoc { name: "ORK_ACT_TERMS", default: "auto", meaning: "int8 terms per activation row (x ≈ Σ s_t·q_t, T·M NPU rows) for outlier-heavy hidden states: auto (3 for F32/F16/BF16 weights, else 2), 1 (plain W8A8), 2, 3" },
-    VarDoc { name: "ORK_WEIGHT_TERMS", default: "auto", meaning: "int8 terms per weight: auto (1 for Q8_0; 2 for float and sub-8-bit block types, whose precision one per-channel int8 cannot carry; a second term that does not fit the resident budget is dropped), 1, or 2" },
+    VarDoc { name: "ORK_WEIGHT_TERMS", default: "auto", meaning: "int8 terms per weight: auto (2: GGUF block scales and float mantissas need more than one per-channel int8; a second term that does not fit the resident budget is dropped), 1, or 2" },
     VarDoc { name: "ORK_SOC", default: "(device tree)", meaning: "force the SoC description: rk3588 or rk3576" },
     VarDoc { name: "ORK_NPU_MC", default: "(all cores)", meaning: "cap on NPU cores per matmul (the core budget); the planner picks within it" },
     VarDoc { name: "ORK_NO_AFFINITY", default: "0", meaning: "1 = do not pin NPU worker threads to the big CPU cores" },

@@ -108,6 +108,21 @@ for t, ntok in (("Q8_0", 16), ("Q4_K_M", 12)):
     ok = a is not None and b is not None and a == b and ran is not None and int(ran.group(1)) > 0
     check(name, ok, f"{ntok} tokens: ORK+GPU {a!r} vs CPU {b!r}; GPU matmuls: {ran.group(1) if ran else 'none'}")
 
+# 2c. no resident budget: every weight stays on the CPU (one warning each), nothing fails
+name = "fallback/no-budget"
+if want(name):
+    a, ea, _ = generate(model("Q8_0"), 8, ork(ORK_WCACHE_BUDGET_MB=0, ORK_CACHE=0))
+    b, _, _ = generate(model("Q8_0"), 8, cpu())
+    warned = len(re.findall(r"stays on the CPU", ea or ""))
+    check(name, a is not None and a == b and warned > 0,
+          f"ORK_WCACHE_BUDGET_MB=0: text {'equals' if a == b else 'differs from'} the CPU's, {warned} weights left on the CPU")
+name = "fallback/test-backend-ops-no-budget"
+if want(name):
+    p, dt = run([f"{BIN}/test-backend-ops", "-b", "ORK", "-o", "MUL_MAT"], ork(ORK_MINM=1, ORK_WCACHE_BUDGET_MB=0, ORK_CACHE=0))
+    mt = re.search(r"(\d+)/(\d+) tests passed", p.stdout)
+    ok = p.returncode == 0 and mt is not None and mt.group(1) == mt.group(2) and "FAIL" not in p.stdout
+    check(name, ok, f"{mt.group(0) if mt else 'no summary'} with nothing resident (ggml-cpu runs them inside ORK's graph), rc {p.returncode}")
+
 # 3. perplexity parity
 BOUND = {"Q8_0": 0.01, "F16": 0.01, "Q4_K_M": 0.02}
 

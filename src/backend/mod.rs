@@ -57,6 +57,8 @@ pub struct Stats {
     pub gpu_ns: AtomicU64,
     pub npu_rows: AtomicU64,
     pub npu_fallbacks: AtomicU64,
+    /// MUL_MATs sent to the CPU because their weight could not be made resident.
+    pub not_resident: AtomicU64,
     pub declined_small_m: AtomicU64,
     /// Weights packed from their source (cold), and weights loaded from the `.orkpack` cache.
     pub packed: AtomicU64,

@@ -68,12 +68,13 @@ pub fn is_float_type(ggml_type: u32) -> bool {
     matches!(ggml_type, 0 | 1 | 30)
 }
 
-/// Whether a weight gets a second int8 term by default: float sources, and block-scaled types
-/// below 8 bits (Q4_0 … Q6_K, IQ4_NL), whose per-block scales one per-channel int8 scale cannot
-/// follow (SmolLM2 Q4_K_M: perplexity +3.4 % with one term, −0.4 % with two, vs the CPU).
-/// Q8_0 keeps one term (+0.7 %).
-pub fn wants_two_terms(ggml_type: u32) -> bool {
-    ggml_type != 8
+/// Whether a weight gets a second int8 term by default: every type. GGUF weights carry a scale
+/// per block of 32 or 256 (or 11+ mantissa bits), which one per-channel int8 scale cannot follow:
+/// measured on SmolLM2 prefill, one term leaves a per-matmul NMSE of 4·10⁻⁵–4·10⁻⁴ against exact
+/// arithmetic (Q8_0; perplexity +0.7 %, Q4_K_M +3.4 %), enough to flip greedy near-ties; two
+/// terms leave ≈10⁻⁶. A second term that does not fit the resident budget is dropped.
+pub fn wants_two_terms(_ggml_type: u32) -> bool {
+    true
 }
 
 /// The second weight term: per-channel int8 of `W/col − q·s` (`q, s` the first term).
@@ -230,12 +231,28 @@ fn get_or_make<W: Made, E>(
 pub struct WeightStore {
     map: Copies<PackedWeight>,
     gpu: Copies<super::gpu::GpuWeight>,
+    /// Weights that could not be made resident (address → byte range and why): ORK declines
+    /// their MUL_MATs so ggml-cpu runs them in place, and does not retry packing every graph.
+    failed: Mutex<HashMap<usize, (Range<usize>, String)>>,
 }
 
 impl WeightStore {
     /// The packed weight at `addr`, packing it first if needed (or if the shape/type changed).
     pub fn get_or_pack(&self, dev: &Device, addr: usize, src: &WeightSource<'_>, n: usize, k: usize) -> Result<Arc<PackedWeight>, NpuError> {
-        get_or_make(&self.map, addr, src, n, k, || pack(dev, src, n, k))
+        if let Some((_, why)) = self.failed.lock().unwrap_or_else(|p| p.into_inner()).get(&addr) {
+            return Err(NpuError::NoDevice(format!("not resident: {why}")));
+        }
+        let r = get_or_make(&self.map, addr, src, n, k, || pack(dev, src, n, k));
+        if let Err(e) = &r {
+            let range = addr..addr + src.bytes.len();
+            self.failed.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, (range, e.to_string()));
+        }
+        r
+    }
+
+    /// Whether the weight at `addr` failed to become resident (its MUL_MATs stay on the CPU).
+    pub fn is_failed(&self, addr: usize) -> bool {
+        self.failed.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&addr)
     }
 
     /// The GPU copy of the weight at `addr`, uploading it first if needed.
@@ -256,11 +273,14 @@ impl WeightStore {
         m.retain(|_, e| e.range.end <= lo || e.range.start >= hi);
         let mut g = self.gpu.lock().unwrap_or_else(|p| p.into_inner());
         g.retain(|_, e| e.range.end <= lo || e.range.start >= hi);
+        let mut f = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        f.retain(|_, (r, _)| r.end <= lo || r.start >= hi);
     }
 
     pub fn clear(&self) {
         self.map.lock().unwrap_or_else(|p| p.into_inner()).clear();
         self.gpu.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.failed.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
     pub fn len(&self) -> usize {

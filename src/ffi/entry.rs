@@ -430,6 +430,47 @@ unsafe fn mul_mat_shape(op: &ggml_tensor) -> Option<MatMulShape> {
 
 /// The engine for an accepted MUL_MAT shape (`crate::route`). At graph-split time a busy NPU may
 /// send decode to the CPU (cost policy); at compute time the arbiter handles a busy NPU instead.
+/// Makes the weight of an accepted MUL_MAT resident if it is not yet; false when it cannot be
+/// (one warning per weight; the weight is remembered as not resident).
+unsafe fn npu_weight_ready(dev: &Device, node: &ggml_tensor) -> bool {
+    // SAFETY: a live MUL_MAT node whose weight is in an ORK buffer (mul_mat_unsupported held).
+    let w = unsafe { &*node.src[0] };
+    let base = if w.view_src.is_null() { w } else {
+        // SAFETY: live view source.
+        unsafe { &*w.view_src }
+    };
+    // SAFETY: our buffer (in_ork_buffer held).
+    let c = unsafe { ctx(base.buffer) };
+    if c.weights.is_failed(w.data as usize) {
+        return false;
+    }
+    // SAFETY: a live weight in our buffer.
+    match unsafe { packed_weight(c, dev, w) } {
+        Ok(_) => true,
+        Err(e) => {
+            dev.stats.not_resident.fetch_add(1, Relaxed);
+            log::warn!("MUL_MAT {} runs on the CPU: weight {} not resident on the NPU ({e})", tensor_name(node), tensor_name(w));
+            false
+        }
+    }
+}
+
+/// Whether the weight of MUL_MAT `op` is known not to fit on the NPU (it then stays on the CPU).
+unsafe fn weight_not_resident(op: &ggml_tensor) -> bool {
+    if op.src[0].is_null() {
+        return false;
+    }
+    // SAFETY: a live source tensor.
+    let w = unsafe { &*op.src[0] };
+    let base = if w.view_src.is_null() { w } else {
+        // SAFETY: live view source.
+        unsafe { &*w.view_src }
+    };
+    // SAFETY: `in_ork_buffer` says the buffer is ours; llama's weight-placement probe attaches a
+    // zero-size buffer of our type with no context, which is skipped.
+    unsafe { in_ork_buffer(w) && !(*base.buffer).context.is_null() && ctx(base.buffer).weights.is_failed(w.data as usize) }
+}
+
 fn engine_for(dev: &Device, s: &MatMulShape, at_split: bool) -> crate::route::Engine {
     use crate::route::{Availability, MatMul};
     match dev.cfg.route {
@@ -457,6 +498,11 @@ unsafe extern "C" fn dev_supports_op(_dev: ggml_backend_dev_t, op: *const ggml_t
             GGML_OP_MUL_MAT => {
                 // SAFETY: a live MUL_MAT node.
                 let Some(s) = (unsafe { mul_mat_shape(op) }) else { return false };
+                // SAFETY: a live MUL_MAT node.
+                if unsafe { weight_not_resident(op) } {
+                    log::trace!("MUL_MAT {}x{}x{} declined: weight not resident on the NPU", s.m, s.k, s.n);
+                    return false;
+                }
                 if let Some(why) = backend::mul_mat_unsupported(dev, &s) {
                     log::trace!("MUL_MAT {}x{}x{} declined: {why}", s.m, s.k, s.n);
                     return false;
@@ -774,9 +820,14 @@ unsafe extern "C" fn backend_graph_compute(b: ggml_backend_t, g: *mut ggml_cgrap
                 GGML_OP_NONE | GGML_OP_RESHAPE | GGML_OP_VIEW | GGML_OP_PERMUTE | GGML_OP_TRANSPOSE => None,
                 // SAFETY: a live MUL_MAT node.
                 GGML_OP_MUL_MAT => match unsafe { mul_mat_shape(node) } {
-                    Some(s) if backend::mul_mat_unsupported(dev, &s).is_none() => {
-                        Some(engine_for(dev, &s, false) != crate::route::Engine::Cpu)
-                    }
+                    Some(s) if backend::mul_mat_unsupported(dev, &s).is_none() => match engine_for(dev, &s, false) {
+                        crate::route::Engine::Cpu => Some(false),
+                        // A weight that cannot be made resident (budget, IOMMU) runs on ggml's CPU
+                        // backend, in place, like any op ORK does not accelerate.
+                        // SAFETY: a live MUL_MAT node ORK accepts.
+                        crate::route::Engine::Npu => Some(unsafe { npu_weight_ready(dev, node) }),
+                        crate::route::Engine::Gpu => Some(true),
+                    },
                     _ => Some(false),
                 },
                 _ => Some(false),
