@@ -169,7 +169,8 @@ impl Config {
             }
         };
         let min_m = num("ORK_MINM").map(|n| n.max(1) as usize).unwrap_or(32);
-        let max_cores = num("ORK_NPU_MC").map(|n| n as u32).filter(|&n| n >= 1);
+        let mc = num("ORK_NPU_MC");
+        let max_cores = mc.map(|n| n.min(u32::MAX as u64) as u32).filter(|&n| n >= 1);
         let wcache_budget_mb = num("ORK_WCACHE_BUDGET_MB");
         let cache_max_mb = num("ORK_CACHE_MAX_MB").unwrap_or(crate::cache::DEFAULT_MAX_MB);
         let log_level = match get("ORK_LOG").as_deref().map(|s| s.trim().to_ascii_lowercase()) {
@@ -179,6 +180,30 @@ impl Config {
                 log::LevelFilter::Info
             }),
         };
+        if mc == Some(0) {
+            bad.push("ORK_NPU_MC=0 is not a core count; using all cores".into());
+        }
+        let mut terms = |name: &str, max: u8| -> u8 {
+            match get(name).as_deref().map(str::trim) {
+                None | Some("") | Some("auto") => 0,
+                Some(v) => match v.parse::<u8>() {
+                    Ok(t) if (1..=max).contains(&t) => t,
+                    _ => {
+                        bad.push(format!("{name}={v:?} is not auto or 1..={max}; using auto"));
+                        0
+                    }
+                },
+            }
+        };
+        let weight_terms = terms("ORK_WEIGHT_TERMS", 2);
+        let act_terms = terms("ORK_ACT_TERMS", 3);
+        for name in ["ORK_OFF", "ORK_NO_AFFINITY", "ORK_PROFILE"] {
+            if let Some(v) = get(name) {
+                if !matches!(v.trim(), "" | "0" | "1" | "true" | "false" | "yes" | "no" | "on" | "off") {
+                    bad.push(format!("{name}={v:?} is not 0 or 1; taken as 0"));
+                }
+            }
+        }
         let cfg = Config {
             npu,
             off: flag(get("ORK_OFF")),
@@ -187,17 +212,8 @@ impl Config {
             route,
             npu_lock,
             lock_dir: get("ORK_LOCK_DIR").filter(|s| !s.trim().is_empty()),
-            weight_terms: match get("ORK_WEIGHT_TERMS").as_deref().map(str::trim) {
-                Some("1") => 1,
-                Some("2") => 2,
-                _ => 0,
-            },
-            act_terms: match get("ORK_ACT_TERMS").as_deref().map(str::trim) {
-                Some("1") => 1,
-                Some("2") => 2,
-                Some("3") => 3,
-                _ => 0,
-            },
+            weight_terms,
+            act_terms,
             soc: get("ORK_SOC").filter(|s| !s.trim().is_empty()),
             max_cores,
             no_affinity: flag(get("ORK_NO_AFFINITY")),
@@ -277,6 +293,9 @@ mod tests {
         assert_eq!(c.decode, DecodeSelect::Auto);
         assert_eq!(c.max_cores, None);
         assert_eq!(bad.len(), 2, "{bad:?}");
+        let (c, bad) = parse(&[("ORK_ACT_TERMS", "7"), ("ORK_WEIGHT_TERMS", "0"), ("ORK_NPU_MC", "0"), ("ORK_OFF", "2")]);
+        assert_eq!((c.act_terms, c.weight_terms, c.max_cores, c.off), (0, 0, None, false));
+        assert_eq!(bad.len(), 4, "{bad:?}");
     }
 
     #[test]

@@ -16,7 +16,9 @@ impl log::Log for StderrLog {
                 log::Level::Warn => "warning: ",
                 _ => "",
             };
-            let _ = writeln!(std::io::stderr().lock(), "ork: {lvl}{}", r.args());
+            // One write per line, so lines from several threads and from the host do not interleave.
+            let line = format!("ork: {lvl}{}\n", r.args());
+            let _ = std::io::stderr().lock().write_all(line.as_bytes());
         }
     }
     fn flush(&self) {}

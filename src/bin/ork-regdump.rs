@@ -17,6 +17,11 @@ fn usage() -> ExitCode {
     ExitCode::from(2)
 }
 
+/// Largest M, K or N `--synth` accepts (the planner's own limits are far below).
+const MAX_SYNTH: usize = 1 << 20;
+/// Largest regcmd file decoded (a 1024-program chain is under 1 MiB).
+const MAX_FILE_BYTES: u64 = 64 << 20;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.is_empty() || args[0] == "-h" || args[0] == "--help" {
@@ -30,7 +35,10 @@ fn main() -> ExitCode {
         let mut i = 4;
         while i < args.len() {
             match (args[i].as_str(), args.get(i + 1)) {
-                ("--cores", Some(v)) => cores = v.parse().unwrap_or(3),
+                ("--cores", Some(v)) => match v.parse::<u32>() {
+                    Ok(c) if (1..=3).contains(&c) => cores = c,
+                    _ => return usage(),
+                },
                 ("--soc", Some(v)) => match SocId::parse(v) {
                     Some(s) => soc = s,
                     None => return usage(),
@@ -39,8 +47,8 @@ fn main() -> ExitCode {
             }
             i += 2;
         }
-        if m == 0 || k == 0 || n == 0 || k % 32 != 0 || n % 32 != 0 {
-            eprintln!("ork-regdump: need M ≥ 1 and K, N positive multiples of 32");
+        if m == 0 || k == 0 || n == 0 || k % 32 != 0 || n % 32 != 0 || m > MAX_SYNTH || k > MAX_SYNTH || n > MAX_SYNTH {
+            eprintln!("ork-regdump: need 1 ≤ M ≤ {MAX_SYNTH} and K, N positive multiples of 32 up to {MAX_SYNTH}");
             return ExitCode::from(2);
         }
         return match plan::synth_text(&SocDesc::get(soc), m, k, n, cores) {
@@ -53,6 +61,13 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         };
+    }
+    match std::fs::metadata(&args[0]) {
+        Ok(md) if !md.is_file() || md.len() > MAX_FILE_BYTES || md.len() % 8 != 0 => {
+            eprintln!("ork-regdump: {}: not a regcmd buffer (a regular file of 64-bit entries, at most {MAX_FILE_BYTES} bytes)", args[0]);
+            return ExitCode::from(2);
+        }
+        _ => {}
     }
     match std::fs::read(&args[0]) {
         Ok(bytes) => {

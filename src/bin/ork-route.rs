@@ -18,7 +18,14 @@ enum GgufError {
     Magic([u8; 4]),
     #[error("unknown GGUF value type {0}")]
     Type(u32),
+    #[error("implausible GGUF field: {0}")]
+    Bad(String),
 }
+
+/// Longest string (key, value, tensor name) accepted from a GGUF header.
+const MAX_GGUF_STRING: u64 = 1 << 20;
+/// Largest tensor dimension accepted (ggml's `ne` is int64; no real weight comes near this).
+const MAX_DIM: u64 = 1 << 31;
 
 struct Tensor {
     name: String,
@@ -41,8 +48,11 @@ impl<R: Read> Reader<R> {
         Ok(u64::from_le_bytes(self.bytes()?))
     }
     fn string(&mut self) -> Result<String, GgufError> {
-        let n = self.u64()? as usize;
-        let mut b = vec![0u8; n];
+        let n = self.u64()?;
+        if n > MAX_GGUF_STRING {
+            return Err(GgufError::Bad(format!("string of {n} bytes")));
+        }
+        let mut b = vec![0u8; n as usize];
         self.0.read_exact(&mut b)?;
         Ok(String::from_utf8_lossy(&b).into_owned())
     }
@@ -92,7 +102,13 @@ fn read_gguf(path: &str) -> Result<Gguf, GgufError> {
     for _ in 0..nt {
         let name = r.string()?;
         let nd = r.u32()?;
+        if nd > 4 {
+            return Err(GgufError::Bad(format!("tensor {name} has {nd} dimensions")));
+        }
         let dims = (0..nd).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
+        if dims.iter().any(|&d| d > MAX_DIM) {
+            return Err(GgufError::Bad(format!("tensor {name} has dimensions {dims:?}")));
+        }
         let ggml_type = r.u32()?;
         let _offset = r.u64()?;
         tensors.push(Tensor { name, dims, ggml_type });
@@ -111,6 +127,10 @@ fn main() {
         std::process::exit(2);
     };
     let m_prefill = args.iter().position(|a| a == "--m").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(512usize);
+    if !(1..=1 << 20).contains(&m_prefill) {
+        eprintln!("ork-route: --m must be 1..=1048576 rows");
+        std::process::exit(2);
+    }
     let (kv, tensors) = match read_gguf(path) {
         Ok(x) => x,
         Err(e) => {

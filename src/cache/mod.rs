@@ -312,6 +312,14 @@ impl PackCache {
     /// payload checksum. On success the file's mtime is set to now (LRU).
     pub fn load(&self, id: &Identity) -> Result<Loaded, CacheError> {
         let path = self.path_for(id);
+        // Only a regular file (or a link to one) is an entry: opening a FIFO or a device would
+        // block or read forever.
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => return Err(CacheError::Io { op: "open", path, source: io::Error::new(io::ErrorKind::InvalidInput, "not a regular file") }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(CacheError::Absent),
+            Err(e) => return Err(io_err("stat", &path)(e)),
+        }
         let file = match File::open(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(CacheError::Absent),

@@ -85,12 +85,18 @@ impl DomainSet {
     }
 
     /// The kernel interface returned EFAULT in `d` for a reservation of `bytes`: release it and
-    /// close `d` for further weights.
-    pub fn fault(&mut self, d: DomainId, bytes: u64) {
+    /// close `d` for further weights. Returns false (and keeps `d` open) when `d` held no weight:
+    /// then the weight itself does not fit a domain, and closing domains would only burn them.
+    pub fn fault(&mut self, d: DomainId, bytes: u64) -> bool {
         self.release(d, bytes);
         let i = d.0 as usize;
+        if self.used[i] == 0 {
+            log::warn!("EFAULT in empty IOMMU domain {i} for a {} MiB weight: it does not fit a domain", bytes >> 20);
+            return false;
+        }
         self.closed[i] = true;
         log::warn!("EFAULT in IOMMU domain {i} after {} MiB; advancing", self.used[i] >> 20);
+        true
     }
 
     /// Weight bytes per opened domain.
@@ -147,8 +153,18 @@ mod tests {
     #[test]
     fn fault_closes_domain() {
         let mut s = DomainSet::new(100, 1000, 16);
+        s.reserve(10).unwrap();
         let d = s.reserve(10).unwrap();
-        s.fault(d, 10);
+        assert!(s.fault(d, 10));
         assert_eq!(s.reserve(10).unwrap(), DomainId(1));
+    }
+
+    #[test]
+    fn fault_in_an_empty_domain_keeps_it_open() {
+        let mut s = DomainSet::new(100, 1000, 16);
+        let d = s.reserve(90).unwrap();
+        assert!(!s.fault(d, 90), "the weight itself does not fit: no domain is burnt");
+        assert_eq!(s.reserve(10).unwrap(), DomainId(0));
+        assert_eq!(s.used(), &[10]);
     }
 }

@@ -287,7 +287,9 @@ impl Npu {
                 }
                 Err(KifError::Fault { .. }) => {
                     // Safety net (seed 002): the domain is fuller than our accounting knows.
-                    self.shared.domains.lock().unwrap().fault(d, size);
+                    if !self.shared.domains.lock().unwrap().fault(d, size) {
+                        return Err(NpuError::NoRoom { op, n, k, bytes: size, why: "EFAULT in an empty IOMMU domain: the weight does not fit one".into() });
+                    }
                 }
                 Err(e) => {
                     self.shared.domains.lock().unwrap().release(d, size);
