@@ -211,11 +211,14 @@ def server_checks():
         gaps = [b - a for a, b in zip(during[1:], during[2:])]
         base = sorted(gaps_alone)[len(gaps_alone) // 2] if gaps_alone else float("nan")
         worst = max(gaps) if gaps else float("nan")
-        ok = bool(gaps) and worst < 0.5 * t_long
+        # Bounded = the stream is not starved for the whole prefill: its worst gap stays under half
+        # of the prefill it ran beside (same load; the stand-alone prefill time is measured under
+        # a different machine load on a shared host, so it is only reported).
+        ok = bool(gaps) and worst < 0.5 * t_long_busy
         check("server/decode-latency-during-prefill", ok,
               f"decode inter-token gap alone median {base * 1e3:.0f} ms; worst gap while a {t_long:.1f}s "
-              f"(~600-token) prefill runs {worst * 1e3:.0f} ms (bound: half the prefill); prefill took "
-              f"{t_long_busy:.1f}s beside the stream")
+              f"(~600-token) prefill runs {worst * 1e3:.0f} ms (bound: half the prefill it ran beside, "
+              f"{t_long_busy:.1f}s)")
         figures.append(f"| decode gap during a long prefill (-b/-ub 128) | median alone {base * 1e3:.0f} ms, "
                        f"worst during {worst * 1e3:.0f} ms, long prefill alone {t_long:.1f} s |")
     finally:
