@@ -198,6 +198,10 @@ impl Arbiter {
     /// best-effort and says so once).
     fn lock_file(&self, path: &std::path::Path) -> Result<Option<nix::fcntl::Flock<File>>, ArbError> {
         use nix::fcntl::{Flock, FlockArg};
+        if let Some(dir) = path.parent() {
+            // A missing lock directory is created (like the cache directory); failure is reported below.
+            let _ = std::fs::create_dir_all(dir);
+        }
         let file = match std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(path) {
             Ok(f) => f,
             Err(e) => {

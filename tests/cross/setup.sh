@@ -5,7 +5,7 @@
 #     PATH; the cross scripts call Debian's rustc by explicit path (RUSTC=/usr/bin/rustc).
 #   - the aarch64 cross gcc/g++/binutils and cross libc (linker, cc crate, llama.cpp cross build)
 #   - qemu-user-static (runner; used WITHOUT -L: with -L every test binary hangs at its first
-#     thread spawn, see shared/reference/test-environment.md, appendix, failure 1)
+#     thread spawn, the cross ld.so meets the multiarch libc)
 #   - runtime libraries for emulated programs, always the multiarch :arm64 packages:
 #     libgomp1 (llama.cpp's ggml-cpu uses OpenMP), libvulkan1 + mesa-vulkan-drivers (lavapipe, so
 #     the Vulkan tests run under qemu too instead of being skipped)
