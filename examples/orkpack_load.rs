@@ -45,11 +45,13 @@ fn main() {
         .expect("simulator");
     let soc = npu.soc().clone();
 
+    // Entries hold tiles in the NPU's own layout (K > 1024 adds the full-K companion).
+    let tile_bytes = Npu::tile_weight(&soc, &vec![1i8; N * K], N, K).expect("tile").bytes.len();
     let mut ids: Vec<Identity> = Vec::new();
     let mut paths = Vec::new();
     for i in 0..count {
-        let tiles: Vec<u8> = (0..N * K).map(|j| (j as u32).wrapping_mul(2_654_435_761).wrapping_add(i as u32) as u8 >> 1).collect();
-        let scales = vec![0.01f32; N];
+        let tiles: Vec<u8> = (0..tile_bytes).map(|j| (j as u32).wrapping_mul(2_654_435_761).wrapping_add(i as u32) as u8 >> 1).collect();
+        let scales = vec![0.01f32; ggml_ork::cache::format::scale_count(N, K, 1)];
         let id = ggml_ork::cache::identity(&soc, 8, &tiles, K, &format!("blk.{i}.w"), N, K, 1);
         paths.push(cache.store(&id, &tiles, &scales).expect("store"));
         ids.push(id);

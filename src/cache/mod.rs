@@ -341,6 +341,14 @@ impl PackCache {
     /// went past the limit. Returns the entry's path.
     pub fn store(&self, id: &Identity, tiles: &[u8], scales: &[f32]) -> Result<PathBuf, CacheError> {
         let path = self.path_for(id);
+        let want = format::scale_count(id.n as usize, id.k as usize, id.weight_terms);
+        if scales.len() != want {
+            return Err(CacheError::Io {
+                op: "store",
+                path,
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{} scale values, the format needs {want}", scales.len())),
+            });
+        }
         let bytes = format::layout(tiles.len(), scales.len()).1 as u64;
         if bytes > self.max_bytes {
             return Err(CacheError::TooBig { bytes, limit: self.max_bytes });
