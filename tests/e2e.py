@@ -9,47 +9,19 @@ Writes the measured figures to $ORK_ENV/e2e-results.md.
 """
 import os, re, subprocess, sys, time
 
-BIN = os.environ["LLAMA_BIN"]
-MODELS = os.environ["ORK_MODELS"]
+from e2e_common import BIN, LIB, MODELS, check, cpu, env_with, figures, ork, summary, want, write_figures
+
 CORPUS = os.environ["ORK_CORPUS"]
-LIB = os.environ["ORK_LIB"]
 OUT = os.path.join(os.environ.get("ORK_ENV", "/tmp"), "e2e-results.md")
-ONLY = set(filter(None, os.environ.get("ORK_E2E_ONLY", "").split(",")))
 CHUNKS = os.environ.get("ORK_E2E_PPL_CHUNKS", "12")
 PROMPT = ("The Industrial Revolution began in Britain in the late eighteenth century. Steam engines, "
           "iron and coal changed how goods were made, and factories drew workers from the countryside "
           "into the growing towns. Its most important consequence was")
 
-results, figures = [], []
-
-
 def run(args, env_extra, timeout=1800):
-    env = dict(os.environ)
-    for k in ("ORK_NPU", "ORK_OFF", "ORK_MINM", "ORK_DECODE", "GGML_BACKEND_PATH"):
-        env.pop(k, None)
-    env.update(env_extra)
     t0 = time.time()
-    p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(args, env=env_with(env_extra), capture_output=True, text=True, timeout=timeout)
     return p, time.time() - t0
-
-
-def ork(**kw):
-    e = {"GGML_BACKEND_PATH": LIB, "ORK_NPU": "sim"}
-    e.update({k: str(v) for k, v in kw.items()})
-    return e
-
-
-def cpu():
-    return {"GGML_BACKEND_PATH": LIB, "ORK_OFF": "1"}
-
-
-def check(name, ok, detail):
-    results.append((name, ok))
-    print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
-
-
-def want(name):
-    return not ONLY or any(name.startswith(o) for o in ONLY)
 
 
 def model(t):
@@ -172,9 +144,7 @@ if want(name):
     check(name, ok, f"{passed}/{total} accepted cases passed, GPU ran {gpu.group(1) if gpu else 0}, rc {p.returncode}, {dt:.0f}s")
     figures.append(f"| test-backend-ops MUL_MAT ORK_DECODE=gpu | {passed}/{total} passed |")
 
-npass = sum(1 for _, ok in results if ok)
-nfail = len(results) - npass
-with open(OUT, "w") as f:
-    f.write("| check | figure |\n|---|---|\n" + "\n".join(figures) + "\n")
+npass, nfail = summary()
+write_figures(OUT)
 print(f"e2e: {npass} passed, {nfail} failed")
 sys.exit(1 if nfail else 0)

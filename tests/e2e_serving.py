@@ -15,11 +15,9 @@ Writes the measured figures to $ORK_ENV/e2e-serving-results.md.
 """
 import json, os, re, signal, socket, subprocess, sys, tempfile, threading, time, urllib.request
 
-BIN = os.environ["LLAMA_BIN"]
-MODELS = os.environ["ORK_MODELS"]
-LIB = os.environ["ORK_LIB"]
+from e2e_common import BIN, MODELS, check, cpu, env_with, figures, ork, summary, want, write_figures
+
 OUT = os.path.join(os.environ.get("ORK_ENV", "/tmp"), "e2e-serving-results.md")
-ONLY = set(filter(None, os.environ.get("ORK_E2E_ONLY", "").split(",")))
 MODEL = os.path.join(MODELS, "smollm2-135m-Q8_0.gguf")
 PROMPT = ("The Industrial Revolution began in Britain in the late eighteenth century. Steam engines, "
           "iron and coal changed how goods were made, and factories drew workers from the countryside "
@@ -29,36 +27,6 @@ TOPICS = ["the printing press", "the steam locomotive", "the telegraph", "vaccin
 PROMPTS = [f"Write a short paragraph for a school textbook about {t}. Explain who invented it, when it "
            f"appeared, how it worked, and why it changed the daily lives of ordinary people. Answer:"
            for t in TOPICS]
-
-results, figures = [], []
-
-
-def check(name, ok, detail):
-    results.append((name, ok))
-    print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
-
-
-def want(name):
-    return not ONLY or any(name.startswith(o) for o in ONLY)
-
-
-def env_with(extra):
-    env = dict(os.environ)
-    for k in ("ORK_NPU", "ORK_OFF", "ORK_MINM", "ORK_DECODE", "ORK_NPU_LOCK", "ORK_LOCK_DIR", "GGML_BACKEND_PATH"):
-        env.pop(k, None)
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-def ork(**kw):
-    e = {"GGML_BACKEND_PATH": LIB, "ORK_NPU": "sim"}
-    e.update(kw)
-    return e
-
-
-def cpu():
-    return {"GGML_BACKEND_PATH": LIB, "ORK_OFF": "1"}
-
 
 def free_port():
     s = socket.socket()
@@ -311,9 +279,7 @@ if __name__ == "__main__":
         rpc_check(ref)
     if want("moe"):
         moe_check()
-    npass = sum(1 for _, ok in results if ok)
-    nfail = len(results) - npass
-    with open(OUT, "w") as f:
-        f.write("| check | figure |\n|---|---|\n" + "\n".join(figures) + "\n")
+    npass, nfail = summary()
+    write_figures(OUT)
     print(f"e2e-serving: {npass} passed, {nfail} failed ({time.time() - t_start:.0f}s)")
     sys.exit(1 if nfail else 0)

@@ -373,12 +373,20 @@ unsafe fn buft_is_host_any(buft: ggml_backend_buffer_type_t) -> bool {
     }
 }
 
-/// Whether `t` lives in an ORK buffer (directly or as a view).
-unsafe fn in_ork_buffer(t: &ggml_tensor) -> bool {
-    let base = if t.view_src.is_null() { t } else {
+/// The tensor that owns `t`'s memory: `t` itself, or the tensor it is a view of.
+unsafe fn base_of(t: &ggml_tensor) -> &ggml_tensor {
+    if t.view_src.is_null() {
+        t
+    } else {
         // SAFETY: view_src is a live tensor when non-NULL.
         unsafe { &*t.view_src }
-    };
+    }
+}
+
+/// Whether `t` lives in an ORK buffer (directly or as a view).
+unsafe fn in_ork_buffer(t: &ggml_tensor) -> bool {
+    // SAFETY: a live tensor.
+    let base = unsafe { base_of(t) };
     // SAFETY: a non-NULL buffer pointer of a live tensor is a live buffer.
     !base.buffer.is_null() && unsafe { (*base.buffer).buft } == registry().buft
 }
@@ -428,17 +436,13 @@ unsafe fn mul_mat_shape(op: &ggml_tensor) -> Option<MatMulShape> {
     })
 }
 
-/// The engine for an accepted MUL_MAT shape (`crate::route`). At graph-split time a busy NPU may
-/// send decode to the CPU (cost policy); at compute time the arbiter handles a busy NPU instead.
 /// Makes the weight of an accepted MUL_MAT resident if it is not yet; false when it cannot be
 /// (one warning per weight; the weight is remembered as not resident).
 unsafe fn npu_weight_ready(dev: &Device, node: &ggml_tensor) -> bool {
     // SAFETY: a live MUL_MAT node whose weight is in an ORK buffer (mul_mat_unsupported held).
     let w = unsafe { &*node.src[0] };
-    let base = if w.view_src.is_null() { w } else {
-        // SAFETY: live view source.
-        unsafe { &*w.view_src }
-    };
+    // SAFETY: a live weight tensor.
+    let base = unsafe { base_of(w) };
     // SAFETY: our buffer (in_ork_buffer held).
     let c = unsafe { ctx(base.buffer) };
     if c.weights.is_failed(w.data as usize) {
@@ -462,15 +466,15 @@ unsafe fn weight_not_resident(op: &ggml_tensor) -> bool {
     }
     // SAFETY: a live source tensor.
     let w = unsafe { &*op.src[0] };
-    let base = if w.view_src.is_null() { w } else {
-        // SAFETY: live view source.
-        unsafe { &*w.view_src }
-    };
+    // SAFETY: a live weight tensor.
+    let base = unsafe { base_of(w) };
     // SAFETY: `in_ork_buffer` says the buffer is ours; llama's weight-placement probe attaches a
     // zero-size buffer of our type with no context, which is skipped.
     unsafe { in_ork_buffer(w) && !(*base.buffer).context.is_null() && ctx(base.buffer).weights.is_failed(w.data as usize) }
 }
 
+/// The engine for an accepted MUL_MAT shape (`crate::route`). At graph-split time a busy NPU may
+/// send decode to the CPU (cost policy); at compute time the arbiter handles a busy NPU instead.
 fn engine_for(dev: &Device, s: &MatMulShape, at_split: bool) -> crate::route::Engine {
     use crate::route::{Availability, MatMul};
     match dev.cfg.route {
@@ -684,24 +688,30 @@ fn tensor_name(t: &ggml_tensor) -> String {
     unsafe { CStr::from_ptr(t.name.as_ptr()) }.to_string_lossy().into_owned()
 }
 
-/// The packed form of weight `w` (packing it now if needed).
-unsafe fn packed_weight(c: &BufferCtx, dev: &Device, w: &ggml_tensor) -> Result<std::sync::Arc<backend::PackedWeight>, crate::npu::NpuError> {
-    let api = api::get().map_err(|e| crate::npu::NpuError::NoDevice(e.to_string()))?;
-    let (k, n) = (w.ne[0] as usize, w.ne[1] as usize);
+/// Calls `f` with the weight `w`'s GGUF bytes and ggml's row dequantizer for its type.
+unsafe fn with_weight_source<R>(w: &ggml_tensor, f: impl FnOnce(&WeightSource<'_>) -> R) -> Result<R, String> {
+    let api = api::get().map_err(|e| e.to_string())?;
+    let k = w.ne[0];
     // SAFETY: ggml helpers on a live tensor.
-    let (row_bytes, nbytes) = unsafe { ((api.row_size)(w.type_, k as i64), (api.nbytes)(w)) };
-    // SAFETY: the weight's bytes live in our buffer for its whole life.
+    let (row_bytes, nbytes) = unsafe { ((api.row_size)(w.type_, k), (api.nbytes)(w)) };
+    // SAFETY: the weight's bytes live in its buffer for the buffer's whole life.
     let bytes = unsafe { std::slice::from_raw_parts(w.data as *const u8, nbytes) };
     // SAFETY: type id of a live tensor.
-    let tf = unsafe { to_float_of(w.type_) }
-        .ok_or_else(|| crate::npu::NpuError::NoDevice(format!("no to_float for ggml type {}", w.type_)))?;
+    let tf = unsafe { to_float_of(w.type_) }.ok_or_else(|| format!("no to_float for ggml type {}", w.type_))?;
     let to_float = move |row: &[u8], out: &mut [f32]| {
         // SAFETY: `row` holds one row (K elements) of this type; `out` has K floats.
         unsafe { tf(row.as_ptr() as *const c_void, out.as_mut_ptr(), out.len() as i64) }
     };
     let name = tensor_name(w);
-    let src = WeightSource { name: &name, ggml_type: w.type_ as u32, bytes, row_bytes, to_float: &to_float };
-    c.weights.get_or_pack(dev, w.data as usize, &src, n, k)
+    Ok(f(&WeightSource { name: &name, ggml_type: w.type_ as u32, bytes, row_bytes, to_float: &to_float }))
+}
+
+/// The packed form of weight `w` (packing it now if needed).
+unsafe fn packed_weight(c: &BufferCtx, dev: &Device, w: &ggml_tensor) -> Result<std::sync::Arc<backend::PackedWeight>, crate::npu::NpuError> {
+    let (k, n) = (w.ne[0] as usize, w.ne[1] as usize);
+    // SAFETY: a live weight tensor.
+    unsafe { with_weight_source(w, |src| c.weights.get_or_pack(dev, w.data as usize, src, n, k)) }
+        .map_err(|why| crate::npu::NpuError::BadArg { op: "pack", m: 0, k, n, why })?
 }
 
 unsafe extern "C" fn buf_get_tensor(_buffer: ggml_backend_buffer_t, t: *const ggml_tensor, data: *mut c_void, offset: usize, size: usize) {
@@ -920,13 +930,10 @@ unsafe fn compute_mul_mat(dev: &Device, node: &mut ggml_tensor) -> Result<Option
     }
     // SAFETY: live source tensors of the node.
     let (w, x) = unsafe { (&*node.src[0], &*node.src[1]) };
-    let wbase = if w.view_src.is_null() { w } else {
-        // SAFETY: live view source.
-        unsafe { &*w.view_src }
-    };
+    // SAFETY: a live weight tensor.
+    let wbase = unsafe { base_of(w) };
     // SAFETY: `in_ork_buffer` held, so the buffer is ours.
     let c = unsafe { ctx(wbase.buffer) };
-    let api = api::get().map_err(|e| e.to_string())?;
     // SAFETY: contiguous f32 tensors of M·K and M·N elements (checked by mul_mat_shape); the graph
     // keeps them alive until graph_compute returns, which outlives the job.
     let (xs, ds): (&'static [f32], &'static mut [f32]) = unsafe {
@@ -935,23 +942,17 @@ unsafe fn compute_mul_mat(dev: &Device, node: &mut ggml_tensor) -> Result<Option
             std::slice::from_raw_parts_mut(node.data as *mut f32, s.m * s.n),
         )
     };
-    // SAFETY: the weight's bytes in our buffer.
-    let (row_bytes, nbytes) = unsafe { ((api.row_size)(w.type_, s.k as i64), (api.nbytes)(w)) };
-    // SAFETY: as above.
-    let bytes = unsafe { std::slice::from_raw_parts(w.data as *const u8, nbytes) };
-    // SAFETY: type id of a live tensor.
-    let tf = unsafe { to_float_of(w.type_) }.ok_or("no to_float")?;
-    let to_float = move |row: &[u8], out: &mut [f32]| {
-        // SAFETY: one row of this type into K floats.
-        unsafe { tf(row.as_ptr() as *const c_void, out.as_mut_ptr(), out.len() as i64) }
-    };
-    let src = WeightSource { name: "", ggml_type: w.type_ as u32, bytes, row_bytes, to_float: &to_float };
-    if engine_for(dev, &s, false) == crate::route::Engine::Gpu {
-        let gw = c.weights.get_or_upload_gpu(dev, w.data as usize, &src, s.n, s.k).map_err(|e| e.to_string())?;
-        return Ok(Some(backend::gpu::GpuJob { w: gw, x: xs, m: s.m, dst: ds }));
-    }
+    let gpu = engine_for(dev, &s, false) == crate::route::Engine::Gpu;
     // SAFETY: a live weight in our buffer.
-    let pw = unsafe { packed_weight(c, dev, w) }.map_err(|e| e.to_string())?;
-    dev.run_mul_mat(&pw, &src, xs, s.m, ds);
-    Ok(None)
+    unsafe {
+        with_weight_source(w, |src| {
+            if gpu {
+                let gw = c.weights.get_or_upload_gpu(dev, w.data as usize, src, s.n, s.k).map_err(|e| e.to_string())?;
+                return Ok(Some(backend::gpu::GpuJob { w: gw, x: xs, m: s.m, dst: ds }));
+            }
+            let pw = c.weights.get_or_pack(dev, w.data as usize, src, s.n, s.k).map_err(|e| e.to_string())?;
+            dev.run_mul_mat(&pw, src, xs, s.m, ds);
+            Ok(None)
+        })
+    }?
 }
