@@ -6,6 +6,12 @@ use std::env;
 use std::path::PathBuf;
 
 fn main() {
+    // AVX-512 intrinsics are stable from Rust 1.89 (MSRV is 1.85): `cfg(ork_avx512)` gates the
+    // AVX-512 quantizer kernels in src/quant/simd.rs.
+    autocfg::emit_possibility("ork_avx512");
+    if autocfg::new().probe_rustc_version(1, 89) {
+        autocfg::emit("ork_avx512");
+    }
     let header = "ggml-headers/ork_ggml_abi.h";
     println!("cargo:rerun-if-changed={header}");
     println!("cargo:rerun-if-changed=build.rs");

@@ -3,7 +3,7 @@
 #  1. examples/bench_host.rs — activation quantizers and output dequantizers vs memcpy, the
 #     quantizers vs ggml-cpu's Q8_0 from_float, packing GB/s per core and its multi-core scaling;
 #  2. bench-scripts/decode_overhead.py — per-token host overhead of ORK on SmolLM2 decode.
-# Usage: bash bench-scripts/host_bench.sh [--no-decode]   (ORK_BENCH_ROUNDS=21 paired rounds)
+# Usage: bash bench-scripts/host_bench.sh [--no-decode]   (ORK_BENCH_ROUNDS=41 paired rounds of ORK_BENCH_SAMPLE_MS=1 ms samples)
 # Writes the tables to stdout and to $ORK_ENV/bench/host-bench.md.
 source "$(dirname "$0")/lib.sh"
 bench_env

@@ -24,12 +24,70 @@ const PAR_MIN_ELEMS: usize = 1 << 15;
 
 /// Quantizes one row. `x: [K] f32` → `q: [K] i8`; returns the dequantization scale.
 /// SIMD where the CPU has it, bit-identical to [`quantize_row_scalar`].
+///
+/// A finite row (the usual case) takes the two-pass fast path: [`simd::absmax_bits`], then
+/// [`simd::quantize_row_finite`] without clamp or NaN handling; a row with a NaN or ±inf goes to
+/// the general kernel.
 #[inline]
 pub fn quantize_row(x: &[f32], q: &mut [i8]) -> f32 {
+    if let Some(a) = simd::absmax_bits(x) {
+        if a <= simd::FINITE_MAX_BITS {
+            let amax = f32::from_bits(a).max(ABSMAX_FLOOR);
+            if simd::quantize_row_finite(x, QMAX / amax, q).is_some() {
+                return amax / QMAX;
+            }
+        }
+    }
     match simd::quantize_row(x, q) {
         Some(s) => s,
         None => quantize_row_scalar(x, q),
     }
+}
+
+/// The reference for [`simd::absmax_bits`]: `max(bits(|x[j]|))`, 0 for an empty row.
+pub fn absmax_bits_scalar(x: &[f32]) -> u32 {
+    x.iter().fold(0, |m, v| m.max(v.to_bits() & 0x7fff_ffff))
+}
+
+/// The reference for [`simd::quantize_residual`]: the reference quantize formula with a given
+/// `inv`, then `r[j] = x[j] - s · (q[j] as f32)`; returns `max(bits(|r[j]|))`.
+pub fn quantize_residual_scalar(x: &[f32], inv: f32, s: f32, q: &mut [i8], r: &mut [f32]) -> u32 {
+    assert!(x.len() == q.len() && x.len() == r.len());
+    let mut m = 0u32;
+    for ((d, rr), &v) in q.iter_mut().zip(r.iter_mut()).zip(x) {
+        *d = (v * inv).round_ties_even().clamp(-QMAX, QMAX) as i8;
+        *rr = v - s * *d as f32;
+        m = m.max(rr.to_bits() & 0x7fff_ffff);
+    }
+    m
+}
+
+fn absmax_bits(x: &[f32]) -> u32 {
+    simd::absmax_bits(x).unwrap_or_else(|| absmax_bits_scalar(x))
+}
+
+fn quantize_finite(x: &[f32], inv: f32, q: &mut [i8]) {
+    if simd::quantize_row_finite(x, inv, q).is_none() {
+        for (d, &v) in q.iter_mut().zip(x) {
+            *d = (v * inv).round_ties_even().clamp(-QMAX, QMAX) as i8;
+        }
+    }
+}
+
+fn quantize_residual(x: &[f32], inv: f32, s: f32, q: &mut [i8], r: &mut [f32]) -> u32 {
+    simd::quantize_residual(x, inv, s, q, r).unwrap_or_else(|| quantize_residual_scalar(x, inv, s, q, r))
+}
+
+fn quantize_residual_inplace(r: &mut [f32], inv: f32, s: f32, q: &mut [i8]) -> u32 {
+    simd::quantize_residual_inplace(r, inv, s, q).unwrap_or_else(|| {
+        let mut m = 0u32;
+        for (d, rr) in q.iter_mut().zip(r.iter_mut()) {
+            *d = (*rr * inv).round_ties_even().clamp(-QMAX, QMAX) as i8;
+            *rr -= s * *d as f32;
+            m = m.max(rr.to_bits() & 0x7fff_ffff);
+        }
+        m
+    })
 }
 
 /// The reference for [`quantize_row`]: absmax over the row (NaN ignored, floored at
@@ -102,20 +160,127 @@ where
 /// activations (LLM hidden states) get about 7 more bits per extra term.
 pub fn quantize_rows_terms(x: &[f32], rows: usize, cols: usize, terms: usize, q: &mut [i8], scales: &mut [f32]) {
     assert!(terms >= 1, "at least one term");
+    assert_eq!(x.len(), rows * cols, "x is not [rows, cols]");
     assert_eq!(q.len(), terms * rows * cols, "q is not [T·M, K]");
     assert_eq!(scales.len(), terms * rows, "scales is not [T·M]");
-    let mut r = x.to_vec();
-    for t in 0..terms {
-        let qt = &mut q[t * rows * cols..(t + 1) * rows * cols];
-        let st = &mut scales[t * rows..(t + 1) * rows];
-        quantize_rows(&r, rows, cols, qt, st);
-        if t + 1 < terms && cols > 0 {
-            for ((rr, qr), &sc) in r.chunks_mut(cols).zip(qt.chunks(cols)).zip(st.iter()) {
-                for (d, &qv) in rr.iter_mut().zip(qr) {
-                    *d -= sc * qv as f32;
+    if terms == 1 {
+        return quantize_rows(x, rows, cols, q, scales);
+    }
+    if cols == 0 {
+        scales.iter_mut().for_each(|s| *s = ABSMAX_FLOOR / QMAX);
+        return;
+    }
+    if terms * rows * cols < PAR_MIN_ELEMS || rows < 2 || rayon::current_num_threads() < 2 {
+        with_scratch(cols, |r| {
+            for (i, xr) in x.chunks(cols).enumerate() {
+                let mut row = RowTerms::new(xr, r, terms);
+                for t in 0..terms {
+                    let at = t * rows + i;
+                    scales[at] = row.next(&mut q[at * cols..(at + 1) * cols]);
                 }
             }
+        });
+        return;
+    }
+    // Blocks of rows, a few per thread; each block gets its rows of every term's slice.
+    let per = rows.div_ceil(rayon::current_num_threads() * 4).max(1);
+    let mut q_left: Vec<&mut [i8]> = q.chunks_mut(rows * cols).collect();
+    let mut s_left: Vec<&mut [f32]> = scales.chunks_mut(rows).collect();
+    rayon::scope(|sc| {
+        for (b, xb) in x.chunks(per * cols).enumerate() {
+            let nb = xb.len() / cols;
+            let mut qb = Vec::with_capacity(terms);
+            let mut sb = Vec::with_capacity(terms);
+            for t in 0..terms {
+                let (a, rest) = std::mem::take(&mut q_left[t]).split_at_mut(nb * cols);
+                qb.push(a);
+                q_left[t] = rest;
+                let (a, rest) = std::mem::take(&mut s_left[t]).split_at_mut(nb);
+                sb.push(a);
+                s_left[t] = rest;
+            }
+            debug_assert!(b * per + nb <= rows);
+            sc.spawn(move |_| {
+                with_scratch(cols, |r| {
+                    for (i, xr) in xb.chunks(cols).enumerate() {
+                        let mut row = RowTerms::new(xr, r, terms);
+                        for t in 0..terms {
+                            sb[t][i] = row.next(&mut qb[t][i * cols..(i + 1) * cols]);
+                        }
+                    }
+                })
+            });
         }
+    });
+}
+
+thread_local! {
+    /// Per-thread residual row for [`quantize_rows_terms`] (grows to the largest K seen).
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    SCRATCH.with(|c| match c.try_borrow_mut() {
+        Ok(mut v) => {
+            if v.len() < len {
+                v.resize(len, 0.0);
+            }
+            f(&mut v[..len])
+        }
+        // re-entered on this thread (rayon work stealing inside f): a private buffer
+        Err(_) => f(&mut vec![0f32; len]),
+    })
+}
+
+/// One row of [`quantize_rows_terms`], one term per [`RowTerms::next`] call. The residual lives
+/// in a K-float scratch row; the first term reads `x` directly. While the residual stays finite
+/// each term is one fused pass (quantize + next residual + its absmax); a row with NaN or ±inf
+/// runs the reference steps (general quantizer, then `r -= s · q`), which give the same bits.
+struct RowTerms<'a> {
+    x: &'a [f32],
+    r: &'a mut [f32],
+    t: usize,
+    terms: usize,
+    /// `absmax_bits` of the next term's source (x for t = 0, r after).
+    a: u32,
+}
+
+impl<'a> RowTerms<'a> {
+    fn new(x: &'a [f32], r: &'a mut [f32], terms: usize) -> Self {
+        let a = absmax_bits(x);
+        RowTerms { x, r, t: 0, terms, a }
+    }
+
+    /// Quantizes the next term into `q` (one row of K), returns its scale.
+    #[inline]
+    fn next(&mut self, q: &mut [i8]) -> f32 {
+        let (first, last) = (self.t == 0, self.t + 1 >= self.terms);
+        self.t += 1;
+        if self.a <= simd::FINITE_MAX_BITS {
+            let amax = f32::from_bits(self.a).max(ABSMAX_FLOOR);
+            let (inv, s) = (QMAX / amax, amax / QMAX);
+            match (first, last) {
+                (true, true) => quantize_finite(self.x, inv, q),
+                (false, true) => quantize_finite(self.r, inv, q),
+                (true, false) => self.a = quantize_residual(self.x, inv, s, q, self.r),
+                (false, false) => self.a = quantize_residual_inplace(self.r, inv, s, q),
+            }
+            return s;
+        }
+        if first && last {
+            return quantize_row(self.x, q);
+        }
+        if first {
+            self.r.copy_from_slice(self.x);
+        }
+        let s = quantize_row(self.r, q);
+        if !last {
+            for (d, &qv) in self.r.iter_mut().zip(q.iter()) {
+                *d -= s * qv as f32;
+            }
+            self.a = absmax_bits(self.r);
+        }
+        s
     }
 }
 
@@ -129,22 +294,41 @@ pub fn dequantize_output_terms(c: &[i32], a_scale: &[f32], terms: usize, w_scale
     if terms == 1 {
         return dequantize_output(c, a_scale, w_scale, dst);
     }
+    if terms == 0 {
+        return dst.fill(0.0);
+    }
     if n == 0 {
         return;
     }
     let body = |(i, dr): (usize, &mut [f32])| {
-        dr.iter_mut().for_each(|d| *d = 0.0);
-        for t in 0..terms {
-            let sa = a_scale[t * m + i];
-            let cr = &c[(t * m + i) * n..(t * m + i + 1) * n];
-            dequantize_row_acc(cr, sa, w_scale, dr);
+        let row = |t: usize| &c[(t * m + i) * n..(t * m + i + 1) * n];
+        // terms 0 and 1 in one pass (= zero the row, then accumulate each), the rest accumulated
+        dequantize_row2(row(0), a_scale[i], row(1), a_scale[m + i], w_scale, dr);
+        for t in 2..terms {
+            dequantize_row_acc(row(t), a_scale[t * m + i], w_scale, dr);
         }
     };
-    if m * n >= PAR_MIN_ELEMS && m > 1 {
-        dst.par_chunks_mut(n).enumerate().for_each(body);
-    } else {
-        dst.chunks_mut(n).enumerate().for_each(body);
+    for_each_out_row(dst, n, body);
+}
+
+/// Two activation terms against a weight with a second term, in one pass:
+/// `dst = dequantize_output_terms(c, a_scale, 2, w_scale)` then `dst[m] += cl[m] · (a_scale[m] ·
+/// lo_scale)` (the second weight term meets the first activation term only), bit-identical to
+/// doing the two in turn. `c: [2·M, N]`, `a_scale: [2·M]`, `cl, dst: [M, N]`.
+pub fn dequantize_output_2lo(c: &[i32], a_scale: &[f32], w_scale: &[f32], cl: &[i32], lo_scale: &[f32], dst: &mut [f32]) {
+    let n = w_scale.len();
+    let m = a_scale.len() / 2;
+    assert_eq!(a_scale.len(), 2 * m, "a_scale is not [2·M]");
+    assert_eq!(c.len(), 2 * m * n, "c is not [2·M, N]");
+    assert!(cl.len() == m * n && dst.len() == m * n && lo_scale.len() == n, "cl/dst are not [M, N]");
+    if n == 0 {
+        return;
     }
+    let body = |(i, dr): (usize, &mut [f32])| {
+        let row = |t: usize| &c[(t * m + i) * n..(t * m + i + 1) * n];
+        dequantize_row2_lo(row(0), a_scale[i], row(1), a_scale[m + i], w_scale, &cl[i * n..(i + 1) * n], a_scale[i], lo_scale, dr);
+    };
+    for_each_out_row(dst, n, body);
 }
 
 /// Per-input-channel equalisation of a weight `[N, K]`: `col[k] = max_n |W[n][k]|` (1 for an
@@ -182,14 +366,20 @@ where
 
 /// `x[m][k] · col[k]` for `x: [M, K]` (activations entering a column-equalised weight).
 pub fn scale_columns(x: &[f32], col: &[f32]) -> Vec<f32> {
-    let k = col.len().max(1);
     let mut out = vec![0f32; x.len()];
+    scale_columns_into(x, col, &mut out);
+    out
+}
+
+/// [`scale_columns`] into a caller's buffer (`out.len() == x.len()`), e.g. a reused scratch.
+pub fn scale_columns_into(x: &[f32], col: &[f32], out: &mut [f32]) {
+    assert_eq!(out.len(), x.len(), "out is not the size of x");
+    let k = col.len().max(1);
     for (o, xr) in out.chunks_mut(k).zip(x.chunks(k)) {
         for ((d, &v), &c) in o.iter_mut().zip(xr).zip(col) {
             *d = v * c;
         }
     }
-    out
 }
 
 /// `dst[m][n] = c[m][n] · a_scale[m] · w_scale[n]`; all row-major, `c, dst: [M, N]`.
@@ -201,11 +391,17 @@ pub fn dequantize_output(c: &[i32], a_scale: &[f32], w_scale: &[f32], dst: &mut 
     if n == 0 {
         return;
     }
-    let body = |(cr, (dr, &sa)): (&[i32], (&mut [f32], &f32))| dequantize_row(cr, sa, w_scale, dr);
+    for_each_out_row(dst, n, |(i, dr)| dequantize_row(&c[i * n..(i + 1) * n], a_scale[i], w_scale, dr));
+}
+
+/// Calls `body((i, row i))` for every N-wide row of `dst: [M, N]` (N > 0), on the rayon pool
+/// when the output is large enough to pay for the dispatch.
+fn for_each_out_row(dst: &mut [f32], n: usize, body: impl Fn((usize, &mut [f32])) + Send + Sync) {
+    let m = dst.len() / n;
     if m * n >= PAR_MIN_ELEMS && m > 1 {
-        c.par_chunks(n).zip(dst.par_chunks_mut(n).zip(a_scale.par_iter())).for_each(body);
+        dst.par_chunks_mut(n).enumerate().for_each(body);
     } else {
-        c.chunks(n).zip(dst.chunks_mut(n).zip(a_scale.iter())).for_each(body);
+        dst.chunks_mut(n).enumerate().for_each(body);
     }
 }
 
@@ -232,6 +428,44 @@ pub fn dequantize_row_scalar(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) {
 pub fn dequantize_row_acc(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) {
     if simd::dequantize_row_acc(c, sa, sw, d).is_none() {
         dequantize_row_acc_scalar(c, sa, sw, d);
+    }
+}
+
+/// Two output terms at once: `d = 0`, then [`dequantize_row_acc`] with `(c0, sa0)` and
+/// `(c1, sa1)`, in one pass. SIMD where the CPU has it, bit-identical to
+/// [`dequantize_row2_scalar`].
+#[inline]
+pub fn dequantize_row2(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], d: &mut [f32]) {
+    if simd::dequantize_row2(c0, sa0, c1, sa1, sw, d).is_none() {
+        dequantize_row2_scalar(c0, sa0, c1, sa1, sw, d);
+    }
+}
+
+/// The reference for [`dequantize_row2`]: `d[j] = (0 + c0·(sa0·sw)) + c1·(sa1·sw)`.
+pub fn dequantize_row2_scalar(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], d: &mut [f32]) {
+    assert!(c0.len() == d.len() && c1.len() == d.len() && sw.len() == d.len());
+    for j in 0..d.len() {
+        d[j] = (0.0 + c0[j] as f32 * (sa0 * sw[j])) + c1[j] as f32 * (sa1 * sw[j]);
+    }
+}
+
+/// [`dequantize_row2`] and then [`dequantize_row_acc`]`(cl, sal, swl)` (a second weight term) in
+/// one pass; SIMD where the CPU has it, bit-identical to [`dequantize_row2_lo_scalar`].
+#[inline]
+#[allow(clippy::too_many_arguments)]
+pub fn dequantize_row2_lo(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], cl: &[i32], sal: f32, swl: &[f32], d: &mut [f32]) {
+    if simd::dequantize_row2_lo(c0, sa0, c1, sa1, sw, cl, sal, swl, d).is_none() {
+        dequantize_row2_lo_scalar(c0, sa0, c1, sa1, sw, cl, sal, swl, d);
+    }
+}
+
+/// The reference for [`dequantize_row2_lo`]: `d[j] = ((0 + c0·(sa0·sw)) + c1·(sa1·sw)) + cl·(sal·swl)`.
+#[allow(clippy::too_many_arguments)]
+pub fn dequantize_row2_lo_scalar(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], cl: &[i32], sal: f32, swl: &[f32], d: &mut [f32]) {
+    let n = d.len();
+    assert!(c0.len() == n && c1.len() == n && sw.len() == n && cl.len() == n && swl.len() == n);
+    for j in 0..n {
+        d[j] = ((0.0 + c0[j] as f32 * (sa0 * sw[j])) + c1[j] as f32 * (sa1 * sw[j])) + cl[j] as f32 * (sal * swl[j]);
     }
 }
 
@@ -334,5 +568,33 @@ mod tests {
         let nmse = err / tot;
         assert!(nmse < 5e-4, "nmse {nmse}");
         assert!(nmse > 0.0, "quantization must change something");
+    }
+
+    #[test]
+    fn dequantize_output_2lo_matches_two_terms_then_the_second_weight_term() {
+        // decode (M = 1, serial) and a prefill block large enough for the parallel path
+        for &(m, n) in &[(1usize, 72usize), (1, 1536), (40, 1024), (3, 5)] {
+            let mut seed = 0x2101u64 + (m * n) as u64;
+            let mut next = || {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (seed >> 33) as u32
+            };
+            let mut ci = |len: usize| -> Vec<i32> { (0..len).map(|_| (next() % 2_000_001) as i32 - 1_000_000).collect() };
+            let (c, cl) = (ci(2 * m * n), ci(m * n));
+            let mut fv = |len: usize, s: f32| -> Vec<f32> { (0..len).map(|_| (next() % 10_000 + 1) as f32 * s).collect() };
+            let (a_scale, w_scale, lo_scale) = (fv(2 * m, 1e-4), fv(n, 1e-5), fv(n, 1e-7));
+            let mut want = vec![0f32; m * n];
+            dequantize_output_terms(&c, &a_scale, 2, &w_scale, &mut want);
+            let mut extra = vec![0f32; m * n];
+            dequantize_output(&cl, &a_scale[..m], &lo_scale, &mut extra);
+            for (d, e) in want.iter_mut().zip(&extra) {
+                *d += e;
+            }
+            let mut got = vec![7f32; m * n];
+            dequantize_output_2lo(&c, &a_scale, &w_scale, &cl, &lo_scale, &mut got);
+            for j in 0..m * n {
+                assert_eq!(got[j].to_bits(), want[j].to_bits(), "m {m} n {n} j {j}");
+            }
+        }
     }
 }

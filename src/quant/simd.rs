@@ -1,12 +1,20 @@
 //! SIMD fast paths for the per-row W8A8 host arithmetic: NEON on aarch64 (every board this
-//! product runs on), AVX2 on x86-64 (this workplace, chosen at run time).
+//! product runs on), AVX2 on x86-64 (this workplace, chosen at run time), and AVX-512 (F/BW/DQ,
+//! also chosen at run time) for the finite-row quantizer kernels.
 //!
 //! Around every NPU matmul the host quantizes the activation rows (f32 → int8, one absmax scale
 //! per row) and turns the int32 results back into f32. Both are streaming loops over a few
 //! thousand elements per row, run once per matmul per token batch; on the Cortex-A76/A55 cores
 //! of an RK3588 the scalar versions cost a noticeable share of the prefill time, because
 //! `round_ties_even` and NaN-ignoring `max` do not auto-vectorise. These kernels do the same
-//! arithmetic four (NEON) or eight (AVX2) lanes at a time.
+//! arithmetic four (NEON), eight (AVX2) or sixteen (AVX-512) lanes at a time.
+//!
+//! Two kinds of quantizer kernel: the general one (`quantize_row`, any input, the reference's
+//! clamp and NaN rule in every lane) and the finite-row ones (`absmax_bits`,
+//! `quantize_row_finite`, `quantize_residual[_inplace]`) that the callers in `quant/mod.rs` use
+//! whenever the absmax pass finds no NaN/inf in the row — no clamp or NaN work per vector, and
+//! the multi-term activation quantizer's residual `r = x - s·q` (with its absmax) computed in
+//! the same pass that produces `q`.
 //!
 //! The contract is **bit-identity with the scalar references** in `quant/mod.rs`
 //! (`quantize_row_scalar`, `dequantize_row_scalar`, `dequantize_row_acc_scalar`), not mere
@@ -20,10 +28,10 @@
 //!   `roundps` with an explicit mode, then an exact conversion);
 //! * out-of-range values and ±inf saturate to ±127, NaN becomes 0, -128 is never produced.
 //!
-//! This is the one file outside the C-ABI and kernel-interface modules that holds `unsafe`:
-//! SIMD intrinsics (raw-pointer loads/stores, `target_feature` functions) are the accepted
-//! exception, kept here, small, with a `// SAFETY:` line on every block. Callers see only safe
-//! functions that return `None` when no SIMD path exists on the running CPU.
+//! Besides the C-ABI, NPU kernel-interface and Vulkan modules, this is the one file that holds
+//! `unsafe`: SIMD intrinsics (raw-pointer loads/stores, `target_feature` functions), with a
+//! `// SAFETY:` line on every block. Callers see only safe functions that return `None` when no
+//! SIMD path exists on the running CPU; `dispatch!` picks the kernel in each of them.
 
 #[cfg(target_arch = "aarch64")]
 use std::arch::aarch64::*;
@@ -32,24 +40,39 @@ use std::arch::x86_64::*;
 
 use super::{ABSMAX_FLOOR, QMAX};
 
-/// The SIMD path used on this CPU, if any: "neon", "avx2" or `None` (scalar only).
+/// The kernel for this CPU, as `Some(result)`, or `None` where no SIMD path exists: `neon` on
+/// aarch64 (the architecture's baseline), else on x86-64 `avx512` where built (`cfg(ork_avx512)`)
+/// and detected at run time, then `avx2` where detected. Each arm is evaluated only on a CPU that
+/// has its instructions, which is what the `// SAFETY:` notes at the call sites rely on; the arms
+/// for other architectures are not compiled.
+macro_rules! dispatch {
+    (neon: $neon:expr, $(avx512: $avx512:expr,)? avx2: $avx2:expr $(,)?) => {{
+        #[cfg(target_arch = "aarch64")]
+        let picked = Some($neon);
+        #[cfg(target_arch = "x86_64")]
+        #[allow(unused_labels)] // kernels without an AVX-512 arm
+        let picked = 'x86: {
+            $(
+                #[cfg(ork_avx512)]
+                if has_avx512() {
+                    break 'x86 Some($avx512);
+                }
+            )?
+            if is_x86_feature_detected!("avx2") {
+                Some($avx2)
+            } else {
+                None
+            }
+        };
+        #[cfg(not(any(target_arch = "aarch64", target_arch = "x86_64")))]
+        let picked = None;
+        picked
+    }};
+}
+
+/// The SIMD path used on this CPU, if any: "neon", "avx512", "avx2" or `None` (scalar only).
 pub fn active() -> Option<&'static str> {
-    #[cfg(target_arch = "aarch64")]
-    {
-        Some("neon")
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx2") {
-            Some("avx2")
-        } else {
-            None
-        }
-    }
-    #[cfg(not(any(target_arch = "aarch64", target_arch = "x86_64")))]
-    {
-        None
-    }
+    dispatch!(neon: "neon", avx512: "avx512", avx2: "avx2")
 }
 
 /// Scalar step shared by every kernel's tail: the reference formula for one element.
@@ -62,72 +85,157 @@ fn q1(v: f32, inv: f32) -> i8 {
 #[inline]
 pub fn quantize_row(x: &[f32], q: &mut [i8]) -> Option<f32> {
     assert_eq!(x.len(), q.len());
-    #[cfg(target_arch = "aarch64")]
-    {
-        Some(quantize_row_neon(x, q))
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 was detected on this CPU just above; lengths are equal (asserted).
-            Some(unsafe { quantize_row_avx2(x, q) })
-        } else {
-            None
-        }
-    }
-    #[cfg(not(any(target_arch = "aarch64", target_arch = "x86_64")))]
-    {
-        None
-    }
+    dispatch!(
+        neon: quantize_row_neon(x, q),
+        // SAFETY: AVX2 detected by `dispatch!`; lengths are equal (asserted).
+        avx2: unsafe { quantize_row_avx2(x, q) },
+    )
 }
 
 /// `dequantize_row_scalar`: `d[j] = c[j] as f32 * (sa * sw[j])`. `None` without a SIMD path.
 #[inline]
 pub fn dequantize_row(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) -> Option<()> {
     assert!(c.len() == d.len() && sw.len() == d.len());
-    #[cfg(target_arch = "aarch64")]
-    {
-        dequantize_row_neon(c, sa, sw, d);
-        Some(())
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 was detected on this CPU just above; lengths are equal (asserted).
-            unsafe { dequantize_row_avx2(c, sa, sw, d) };
-            Some(())
-        } else {
-            None
-        }
-    }
-    #[cfg(not(any(target_arch = "aarch64", target_arch = "x86_64")))]
-    {
-        None
-    }
+    dispatch!(
+        neon: dequantize_row_neon(c, sa, sw, d),
+        // SAFETY: AVX2 detected by `dispatch!`; lengths are equal (asserted).
+        avx2: unsafe { dequantize_row_avx2(c, sa, sw, d) },
+    )
 }
 
 /// `dequantize_row_acc_scalar`: `d[j] += c[j] as f32 * (sa * sw[j])`. `None` without SIMD.
 #[inline]
 pub fn dequantize_row_acc(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) -> Option<()> {
     assert!(c.len() == d.len() && sw.len() == d.len());
-    #[cfg(target_arch = "aarch64")]
-    {
-        dequantize_row_acc_neon(c, sa, sw, d);
-        Some(())
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 was detected on this CPU just above; lengths are equal (asserted).
-            unsafe { dequantize_row_acc_avx2(c, sa, sw, d) };
-            Some(())
-        } else {
-            None
+    dispatch!(
+        neon: dequantize_row_acc_neon(c, sa, sw, d),
+        // SAFETY: AVX2 detected by `dispatch!`; lengths are equal (asserted).
+        avx2: unsafe { dequantize_row_acc_avx2(c, sa, sw, d) },
+    )
+}
+
+/// Two terms of a multi-term output row in one pass:
+/// `d[j] = (0 + c0[j] · (sa0 · sw[j])) + c1[j] · (sa1 · sw[j])` — the zero-then-accumulate
+/// sequence of `dequantize_row_acc_scalar` twice, same operations in the same order (the `0 +`
+/// turns a -0 product into +0 as the zeroed row does). `None` without SIMD.
+#[inline]
+pub fn dequantize_row2(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], d: &mut [f32]) -> Option<()> {
+    assert!(c0.len() == d.len() && c1.len() == d.len() && sw.len() == d.len());
+    dispatch!(
+        neon: dequantize_row2_neon(c0, sa0, c1, sa1, sw, d),
+        // SAFETY: AVX2 detected by `dispatch!`; lengths are equal (asserted).
+        avx2: unsafe { dequantize_row2_avx2(c0, sa0, c1, sa1, sw, d) },
+    )
+}
+
+#[cfg(target_arch = "aarch64")]
+fn dequantize_row2_neon(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], d: &mut [f32]) {
+    let n = d.len();
+    let mut i = 0;
+    // SAFETY: NEON baseline; loads read c0/c1/sw[i..i+4], the store writes d[i..i+4], i+4 <= n
+    // and all slices have length n (asserted by the caller). mul then add, never fused.
+    unsafe {
+        let (v0, v1, z) = (vdupq_n_f32(sa0), vdupq_n_f32(sa1), vdupq_n_f32(0.0));
+        while i + 4 <= n {
+            let w = vld1q_f32(sw.as_ptr().add(i));
+            let a = vmulq_f32(vcvtq_f32_s32(vld1q_s32(c0.as_ptr().add(i))), vmulq_f32(v0, w));
+            let b = vmulq_f32(vcvtq_f32_s32(vld1q_s32(c1.as_ptr().add(i))), vmulq_f32(v1, w));
+            vst1q_f32(d.as_mut_ptr().add(i), vaddq_f32(vaddq_f32(z, a), b));
+            i += 4;
         }
     }
-    #[cfg(not(any(target_arch = "aarch64", target_arch = "x86_64")))]
-    {
-        None
+    for j in i..n {
+        d[j] = (0.0 + c0[j] as f32 * (sa0 * sw[j])) + c1[j] as f32 * (sa1 * sw[j]);
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX2; `c0`, `c1`, `sw`, `d` have equal lengths.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dequantize_row2_avx2(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], d: &mut [f32]) {
+    let n = d.len();
+    let mut i = 0;
+    // SAFETY: AVX2 enabled (caller's contract); loads read c0/c1/sw[i..i+8], the store writes
+    // d[i..i+8], i+8 <= n and all slices have length n. mul then add, never fused.
+    unsafe {
+        let (v0, v1, z) = (_mm256_set1_ps(sa0), _mm256_set1_ps(sa1), _mm256_setzero_ps());
+        while i + 8 <= n {
+            let w = _mm256_loadu_ps(sw.as_ptr().add(i));
+            let a = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256(c0.as_ptr().add(i) as *const __m256i)), _mm256_mul_ps(v0, w));
+            let b = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256(c1.as_ptr().add(i) as *const __m256i)), _mm256_mul_ps(v1, w));
+            _mm256_storeu_ps(d.as_mut_ptr().add(i), _mm256_add_ps(_mm256_add_ps(z, a), b));
+            i += 8;
+        }
+    }
+    for j in i..n {
+        d[j] = (0.0 + c0[j] as f32 * (sa0 * sw[j])) + c1[j] as f32 * (sa1 * sw[j]);
+    }
+}
+
+/// [`dequantize_row2`] plus the second weight term in the same pass:
+/// `d = ((0 + c0·(sa0·sw)) + c1·(sa1·sw)) + cl·(sal·swl)` — bit-identical to
+/// `dequantize_row2` followed by `dequantize_row_acc(cl, sal, swl)` (same operations in the same
+/// order, never fused), with one pass over `d` instead of two. `None` without SIMD.
+#[inline]
+#[allow(clippy::too_many_arguments)]
+pub fn dequantize_row2_lo(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], cl: &[i32], sal: f32, swl: &[f32], d: &mut [f32]) -> Option<()> {
+    let n = d.len();
+    assert!(c0.len() == n && c1.len() == n && sw.len() == n && cl.len() == n && swl.len() == n);
+    dispatch!(
+        neon: dequantize_row2_lo_neon(c0, sa0, c1, sa1, sw, cl, sal, swl, d),
+        // SAFETY: AVX2 detected by `dispatch!`; lengths are equal (asserted).
+        avx2: unsafe { dequantize_row2_lo_avx2(c0, sa0, c1, sa1, sw, cl, sal, swl, d) },
+    )
+}
+
+#[cfg(target_arch = "aarch64")]
+#[allow(clippy::too_many_arguments)]
+fn dequantize_row2_lo_neon(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], cl: &[i32], sal: f32, swl: &[f32], d: &mut [f32]) {
+    let n = d.len();
+    let mut i = 0;
+    // SAFETY: NEON baseline; loads read c0/c1/cl/sw/swl[i..i+4], the store writes d[i..i+4],
+    // i+4 <= n and all slices have length n (asserted by the caller). mul then add, never fused.
+    unsafe {
+        let (v0, v1, vl, z) = (vdupq_n_f32(sa0), vdupq_n_f32(sa1), vdupq_n_f32(sal), vdupq_n_f32(0.0));
+        while i + 4 <= n {
+            let w = vld1q_f32(sw.as_ptr().add(i));
+            let a = vmulq_f32(vcvtq_f32_s32(vld1q_s32(c0.as_ptr().add(i))), vmulq_f32(v0, w));
+            let b = vmulq_f32(vcvtq_f32_s32(vld1q_s32(c1.as_ptr().add(i))), vmulq_f32(v1, w));
+            let l = vmulq_f32(vcvtq_f32_s32(vld1q_s32(cl.as_ptr().add(i))), vmulq_f32(vl, vld1q_f32(swl.as_ptr().add(i))));
+            vst1q_f32(d.as_mut_ptr().add(i), vaddq_f32(vaddq_f32(vaddq_f32(z, a), b), l));
+            i += 4;
+        }
+    }
+    for j in i..n {
+        d[j] = ((0.0 + c0[j] as f32 * (sa0 * sw[j])) + c1[j] as f32 * (sa1 * sw[j])) + cl[j] as f32 * (sal * swl[j]);
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX2; `c0`, `c1`, `sw`, `cl`, `swl`, `d` have equal lengths.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dequantize_row2_lo_avx2(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], cl: &[i32], sal: f32, swl: &[f32], d: &mut [f32]) {
+    let n = d.len();
+    let mut i = 0;
+    // SAFETY: AVX2 enabled (caller's contract); loads read c0/c1/cl/sw/swl[i..i+8], the store
+    // writes d[i..i+8], i+8 <= n and all slices have length n. mul then add, never fused.
+    unsafe {
+        let (v0, v1, vl, z) = (_mm256_set1_ps(sa0), _mm256_set1_ps(sa1), _mm256_set1_ps(sal), _mm256_setzero_ps());
+        let ld = |c: &[i32], i: usize| _mm256_cvtepi32_ps(_mm256_loadu_si256(c.as_ptr().add(i) as *const __m256i));
+        while i + 8 <= n {
+            let w = _mm256_loadu_ps(sw.as_ptr().add(i));
+            let a = _mm256_mul_ps(ld(c0, i), _mm256_mul_ps(v0, w));
+            let b = _mm256_mul_ps(ld(c1, i), _mm256_mul_ps(v1, w));
+            let l = _mm256_mul_ps(ld(cl, i), _mm256_mul_ps(vl, _mm256_loadu_ps(swl.as_ptr().add(i))));
+            _mm256_storeu_ps(d.as_mut_ptr().add(i), _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(z, a), b), l));
+            i += 8;
+        }
+    }
+    for j in i..n {
+        d[j] = ((0.0 + c0[j] as f32 * (sa0 * sw[j])) + c1[j] as f32 * (sa1 * sw[j])) + cl[j] as f32 * (sal * swl[j]);
     }
 }
 
@@ -343,4 +451,410 @@ unsafe fn dequantize_row_acc_avx2(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32])
     for j in i..n {
         d[j] += c[j] as f32 * (sa * sw[j]);
     }
+}
+
+// ------------------------------------------------ finite-row fast path (all rows without NaN/inf)
+//
+// Almost every activation row is finite. For such a row, `|v · (127 / amax)|` rounds to at most
+// 127 for every element (|v| ≤ amax, and `amax · fl(127 / amax)` is within two ulps of 127), so
+// the reference's clamp and NaN rule are no-ops and the quantize pass is just multiply, round,
+// narrow. The absmax pass decides which path a row takes: it takes the integer maximum of the
+// sign-cleared bit patterns, which for finite non-negative floats orders exactly like the float
+// maximum and puts ±inf (0x7f80_0000) and every NaN (above it) on top, so one compare after the
+// pass detects a non-finite row. Such rows go through the general kernels above.
+
+/// Largest bit pattern of a finite non-negative f32 (`f32::MAX`).
+pub const FINITE_MAX_BITS: u32 = 0x7f7f_ffff;
+
+/// `max(bits(|x[j]|))` over the row (0 for an empty row); above [`FINITE_MAX_BITS`] iff the row
+/// has a NaN or ±inf. Otherwise `f32::from_bits` of it equals the reference's NaN-ignoring absmax.
+#[inline]
+pub fn absmax_bits(x: &[f32]) -> Option<u32> {
+    dispatch!(
+        neon: absmax_bits_neon(x),
+        // SAFETY: AVX-512F/BW/DQ detected by `dispatch!`.
+        avx512: unsafe { absmax_bits_avx512(x) },
+        // SAFETY: AVX2 detected by `dispatch!`.
+        avx2: unsafe { absmax_bits_avx2(x) },
+    )
+}
+
+/// `q[j] = round_half_even(x[j] · inv)` for a finite row whose `inv = 127 / max(absmax, floor)`
+/// was computed from this same row (so no clamp is needed). Equals the reference's quantize loop
+/// under that precondition; without it the result saturates to [-128, 127] but is unspecified.
+/// `None` without a SIMD path.
+#[inline]
+pub fn quantize_row_finite(x: &[f32], inv: f32, q: &mut [i8]) -> Option<()> {
+    assert_eq!(x.len(), q.len());
+    let (x, r, n) = (x.as_ptr(), std::ptr::null_mut(), x.len());
+    dispatch!(
+        // SAFETY (all three): NEON is the aarch64 baseline, AVX-512F/BW/DQ or AVX2 detected by
+        // `dispatch!`; x and q have n elements (asserted); keep = false never touches r.
+        neon: unsafe { quant_resid_neon(x, r, n, inv, 0.0, q, false) },
+        avx512: unsafe { quant_resid_avx512(x, r, n, inv, 0.0, q, false) },
+        avx2: unsafe { quant_resid_avx2(x, r, n, inv, 0.0, q, false) },
+    )
+    .map(|_| ())
+}
+
+/// [`quantize_row_finite`] plus the residual for the next term, in the same pass:
+/// `r[j] = x[j] - s · (q[j] as f32)` (multiply, then subtract: never fused). Returns
+/// [`absmax_bits`] of `r`. `None` without a SIMD path.
+#[inline]
+pub fn quantize_residual(x: &[f32], inv: f32, s: f32, q: &mut [i8], r: &mut [f32]) -> Option<u32> {
+    assert!(x.len() == q.len() && x.len() == r.len());
+    let (x, r, n) = (x.as_ptr(), r.as_mut_ptr(), x.len());
+    dispatch!(
+        // SAFETY (all three): NEON is the aarch64 baseline, AVX-512F/BW/DQ or AVX2 detected by
+        // `dispatch!`; x, q, r have n elements (asserted) and x does not alias r (&/&mut).
+        neon: unsafe { quant_resid_neon(x, r, n, inv, s, q, true) },
+        avx512: unsafe { quant_resid_avx512(x, r, n, inv, s, q, true) },
+        avx2: unsafe { quant_resid_avx2(x, r, n, inv, s, q, true) },
+    )
+}
+
+/// [`quantize_residual`] with the residual written over its input: `r ← r - s · q`.
+#[inline]
+pub fn quantize_residual_inplace(r: &mut [f32], inv: f32, s: f32, q: &mut [i8]) -> Option<u32> {
+    assert_eq!(r.len(), q.len());
+    let (p, n) = (r.as_mut_ptr(), r.len());
+    dispatch!(
+        // SAFETY (all three): NEON is the aarch64 baseline, AVX-512F/BW/DQ or AVX2 detected by
+        // `dispatch!`; source and destination are the same n-element slice, each element
+        // (vector) is read before it is written.
+        neon: unsafe { quant_resid_neon(p, p, n, inv, s, q, true) },
+        avx512: unsafe { quant_resid_avx512(p, p, n, inv, s, q, true) },
+        avx2: unsafe { quant_resid_avx2(p, p, n, inv, s, q, true) },
+    )
+}
+
+/// Scalar tail shared by the residual kernels: one element, returns `bits(|r|)` (0 without r).
+///
+/// # Safety
+/// `x.add(j)` readable; when `keep`, `r.add(j)` writable (it may equal `x`).
+#[inline(always)]
+unsafe fn resid1(x: *const f32, r: *mut f32, j: usize, inv: f32, s: f32, q: &mut [i8], keep: bool) -> u32 {
+    // SAFETY: the caller's contract.
+    let v = unsafe { *x.add(j) };
+    let qv = q1(v, inv);
+    q[j] = qv;
+    if keep {
+        let rv = v - s * qv as f32;
+        // SAFETY: the caller's contract.
+        unsafe { *r.add(j) = rv };
+        rv.to_bits() & 0x7fff_ffff
+    } else {
+        0
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+fn absmax_bits_neon(x: &[f32]) -> u32 {
+    let n = x.len();
+    let mut i = 0;
+    // SAFETY: NEON baseline; every load reads x[i..i+16] with i+16 <= n.
+    let mut m = unsafe {
+        let z = vdupq_n_u32(0);
+        let mask = vdupq_n_u32(0x7fff_ffff);
+        let (mut m0, mut m1, mut m2, mut m3) = (z, z, z, z);
+        while i + 16 <= n {
+            let p = x.as_ptr().add(i) as *const u32;
+            m0 = vmaxq_u32(m0, vandq_u32(vld1q_u32(p), mask));
+            m1 = vmaxq_u32(m1, vandq_u32(vld1q_u32(p.add(4)), mask));
+            m2 = vmaxq_u32(m2, vandq_u32(vld1q_u32(p.add(8)), mask));
+            m3 = vmaxq_u32(m3, vandq_u32(vld1q_u32(p.add(12)), mask));
+            i += 16;
+        }
+        vmaxvq_u32(vmaxq_u32(vmaxq_u32(m0, m1), vmaxq_u32(m2, m3)))
+    };
+    for &v in &x[i..] {
+        m = m.max(v.to_bits() & 0x7fff_ffff);
+    }
+    m
+}
+
+/// `q = round_half_even(src · inv)` (finite-row precondition), and when `keep`,
+/// `r = src - s · q` with the bit-absmax of r returned.
+///
+/// # Safety
+/// `src` readable for n floats, `q.len() == n`; when `keep`, `r` writable for n floats and either
+/// equal to `src` or not overlapping it.
+#[cfg(target_arch = "aarch64")]
+unsafe fn quant_resid_neon(src: *const f32, r: *mut f32, n: usize, inv: f32, s: f32, q: &mut [i8], keep: bool) -> u32 {
+    debug_assert_eq!(q.len(), n);
+    let mut i = 0;
+    // SAFETY: NEON baseline; loads read src[i..i+16], stores write q[i..i+16] and r[i..i+16],
+    // i+16 <= n (caller's contract); each r vector is stored after the src vector it replaces
+    // was loaded.
+    let mut m = unsafe {
+        let vinv = vdupq_n_f32(inv);
+        let vs = vdupq_n_f32(s);
+        let mask = vdupq_n_u32(0x7fff_ffff);
+        let mut acc = vdupq_n_u32(0);
+        while i + 16 <= n {
+            let p = src.add(i);
+            let (v0, v1, v2, v3) = (vld1q_f32(p), vld1q_f32(p.add(4)), vld1q_f32(p.add(8)), vld1q_f32(p.add(12)));
+            // fcvtns: round to nearest, ties to even (in range by the precondition).
+            let a = vcvtnq_s32_f32(vmulq_f32(v0, vinv));
+            let b = vcvtnq_s32_f32(vmulq_f32(v1, vinv));
+            let c = vcvtnq_s32_f32(vmulq_f32(v2, vinv));
+            let d = vcvtnq_s32_f32(vmulq_f32(v3, vinv));
+            let ab = vcombine_s16(vqmovn_s32(a), vqmovn_s32(b));
+            let cd = vcombine_s16(vqmovn_s32(c), vqmovn_s32(d));
+            vst1q_s8(q.as_mut_ptr().add(i), vcombine_s8(vqmovn_s16(ab), vqmovn_s16(cd)));
+            if keep {
+                let o = r.add(i);
+                let res = |v: float32x4_t, k: int32x4_t| vsubq_f32(v, vmulq_f32(vs, vcvtq_f32_s32(k)));
+                let (r0, r1, r2, r3) = (res(v0, a), res(v1, b), res(v2, c), res(v3, d));
+                vst1q_f32(o, r0);
+                vst1q_f32(o.add(4), r1);
+                vst1q_f32(o.add(8), r2);
+                vst1q_f32(o.add(12), r3);
+                let bits = |v: float32x4_t| vandq_u32(vreinterpretq_u32_f32(v), mask);
+                acc = vmaxq_u32(acc, vmaxq_u32(vmaxq_u32(bits(r0), bits(r1)), vmaxq_u32(bits(r2), bits(r3))));
+            }
+            i += 16;
+        }
+        vmaxvq_u32(acc)
+    };
+    for j in i..n {
+        // SAFETY: j < n; the caller's contract.
+        m = m.max(unsafe { resid1(src, r, j, inv, s, q, keep) });
+    }
+    m
+}
+
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn absmax_bits_avx2(x: &[f32]) -> u32 {
+    let n = x.len();
+    let mut i = 0;
+    // SAFETY: AVX2 enabled (caller's contract); loads read x[i..i+32], i+32 <= n.
+    let mut m = unsafe {
+        let mask = _mm256_set1_epi32(0x7fff_ffff);
+        let z = _mm256_setzero_si256();
+        let (mut m0, mut m1, mut m2, mut m3) = (z, z, z, z);
+        while i + 32 <= n {
+            let p = x.as_ptr().add(i) as *const __m256i;
+            m0 = _mm256_max_epu32(m0, _mm256_and_si256(_mm256_loadu_si256(p), mask));
+            m1 = _mm256_max_epu32(m1, _mm256_and_si256(_mm256_loadu_si256(p.add(1)), mask));
+            m2 = _mm256_max_epu32(m2, _mm256_and_si256(_mm256_loadu_si256(p.add(2)), mask));
+            m3 = _mm256_max_epu32(m3, _mm256_and_si256(_mm256_loadu_si256(p.add(3)), mask));
+            i += 32;
+        }
+        if i + 16 <= n {
+            let p = x.as_ptr().add(i) as *const __m256i;
+            m0 = _mm256_max_epu32(m0, _mm256_and_si256(_mm256_loadu_si256(p), mask));
+            m1 = _mm256_max_epu32(m1, _mm256_and_si256(_mm256_loadu_si256(p.add(1)), mask));
+            i += 16;
+        }
+        let m = _mm256_max_epu32(_mm256_max_epu32(m0, m1), _mm256_max_epu32(m2, m3));
+        let h = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256::<1>(m));
+        let h = _mm_max_epu32(h, _mm_shuffle_epi32::<0b01_00_11_10>(h));
+        let h = _mm_max_epu32(h, _mm_shuffle_epi32::<0b10_11_00_01>(h));
+        _mm_cvtsi128_si32(h) as u32
+    };
+    for &v in &x[i..] {
+        m = m.max(v.to_bits() & 0x7fff_ffff);
+    }
+    m
+}
+
+/// AVX2 form of `quant_resid_neon` (same contract).
+///
+/// # Safety
+/// The CPU must support AVX2; `src` readable for n floats, `q.len() == n`; when `keep`, `r`
+/// writable for n floats and either equal to `src` or not overlapping it.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quant_resid_avx2(src: *const f32, r: *mut f32, n: usize, inv: f32, s: f32, q: &mut [i8], keep: bool) -> u32 {
+    debug_assert_eq!(q.len(), n);
+    let mut i = 0;
+    // SAFETY: AVX2 enabled (caller's contract); loads read src[i..i+32], stores write q[i..i+32]
+    // and r[i..i+32], i+32 <= n; each r vector is stored after the src vector it replaces was
+    // loaded.
+    let mut m = unsafe {
+        let vinv = _mm256_set1_ps(inv);
+        let vs = _mm256_set1_ps(s);
+        let mask = _mm256_set1_epi32(0x7fff_ffff);
+        let perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let mut acc = _mm256_setzero_si256();
+        // round with an explicit mode (MXCSR-independent), then an exact conversion.
+        let g = |v: __m256| {
+            _mm256_cvtps_epi32(_mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+                v, vinv,
+            )))
+        };
+        while i + 32 <= n {
+            let p = src.add(i);
+            let (v0, v1, v2, v3) = (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24)));
+            let (a, b, c, d) = (g(v0), g(v1), g(v2), g(v3));
+            // packs work within 128-bit halves; the permute restores element order.
+            let qv = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+            _mm256_storeu_si256(q.as_mut_ptr().add(i) as *mut __m256i, _mm256_permutevar8x32_epi32(qv, perm));
+            if keep {
+                let o = r.add(i);
+                let res = |v: __m256, k: __m256i| _mm256_sub_ps(v, _mm256_mul_ps(vs, _mm256_cvtepi32_ps(k)));
+                let (r0, r1, r2, r3) = (res(v0, a), res(v1, b), res(v2, c), res(v3, d));
+                _mm256_storeu_ps(o, r0);
+                _mm256_storeu_ps(o.add(8), r1);
+                _mm256_storeu_ps(o.add(16), r2);
+                _mm256_storeu_ps(o.add(24), r3);
+                let bits = |v: __m256| _mm256_and_si256(_mm256_castps_si256(v), mask);
+                acc = _mm256_max_epu32(
+                    acc,
+                    _mm256_max_epu32(_mm256_max_epu32(bits(r0), bits(r1)), _mm256_max_epu32(bits(r2), bits(r3))),
+                );
+            }
+            i += 32;
+        }
+        let h = _mm_max_epu32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256::<1>(acc));
+        let h = _mm_max_epu32(h, _mm_shuffle_epi32::<0b01_00_11_10>(h));
+        let h = _mm_max_epu32(h, _mm_shuffle_epi32::<0b10_11_00_01>(h));
+        _mm_cvtsi128_si32(h) as u32
+    };
+    for j in i..n {
+        // SAFETY: j < n; the caller's contract.
+        m = m.max(unsafe { resid1(src, r, j, inv, s, q, keep) });
+    }
+    m
+}
+
+// ----------------------------------------- x86-64 AVX-512 (runtime-detected, finite-row kernels)
+//
+// Same arithmetic as the AVX2 kernels, sixteen lanes at a time, with the rounding mode embedded
+// in the conversion (`vcvtps2dq {rn-sae}`: ties-to-even whatever MXCSR says) and masked loads and
+// stores for the row tail instead of a scalar loop. The AVX-512 intrinsics are stable from Rust
+// 1.89; `build.rs` sets `ork_avx512` on such compilers, older ones (the crate's MSRV is 1.85)
+// build the AVX2 path only.
+
+/// Whether the AVX-512 finite-row kernels can run here (F for the arithmetic, BW for the packs,
+/// DQ for `vrangeps`, which takes max(|a|, |b|) in one instruction).
+#[cfg(all(target_arch = "x86_64", ork_avx512))]
+#[inline]
+fn has_avx512() -> bool {
+    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512dq")
+}
+
+/// `vrangeps` immediate: the larger magnitude (imm[1:0] = 11), sign cleared (imm[3:2] = 10). Used
+/// only on residuals, which are finite or ±inf (its NaN rules are not the reference's).
+#[cfg(all(target_arch = "x86_64", ork_avx512))]
+const RANGE_MAX_ABS: i32 = 0b1011;
+
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(all(target_arch = "x86_64", ork_avx512))]
+// Built only where cfg(ork_avx512) says rustc >= 1.89, whatever the declared MSRV.
+#[allow(clippy::incompatible_msrv)]
+#[target_feature(enable = "avx512f")]
+unsafe fn absmax_bits_avx512(x: &[f32]) -> u32 {
+    let n = x.len();
+    let mut i = 0;
+    let p = x.as_ptr() as *const i32;
+    // SAFETY: AVX-512F enabled (caller's contract); full loads read x[i..i+64] or x[i..i+16]
+    // within n; the masked load reads only the lanes below n (masked-off lanes never fault).
+    unsafe {
+        let mask = _mm512_set1_epi32(0x7fff_ffff);
+        let z = _mm512_setzero_si512();
+        let (mut m0, mut m1, mut m2, mut m3) = (z, z, z, z);
+        while i + 64 <= n {
+            m0 = _mm512_max_epu32(m0, _mm512_and_si512(_mm512_loadu_epi32(p.add(i)), mask));
+            m1 = _mm512_max_epu32(m1, _mm512_and_si512(_mm512_loadu_epi32(p.add(i + 16)), mask));
+            m2 = _mm512_max_epu32(m2, _mm512_and_si512(_mm512_loadu_epi32(p.add(i + 32)), mask));
+            m3 = _mm512_max_epu32(m3, _mm512_and_si512(_mm512_loadu_epi32(p.add(i + 48)), mask));
+            i += 64;
+        }
+        while i + 16 <= n {
+            m0 = _mm512_max_epu32(m0, _mm512_and_si512(_mm512_loadu_epi32(p.add(i)), mask));
+            i += 16;
+        }
+        if i < n {
+            let k: __mmask16 = ((1u32 << (n - i)) - 1) as u16;
+            m1 = _mm512_max_epu32(m1, _mm512_and_si512(_mm512_maskz_loadu_epi32(k, p.add(i)), mask));
+        }
+        _mm512_reduce_max_epu32(_mm512_max_epu32(_mm512_max_epu32(m0, m1), _mm512_max_epu32(m2, m3)))
+    }
+}
+
+/// AVX-512 form of `quant_resid_avx2` (same contract).
+///
+/// # Safety
+/// The CPU must support AVX-512F, BW and DQ; `src` readable for n floats, `q.len() == n`; when
+/// `keep`, `r` writable for n floats and either equal to `src` or not overlapping it.
+#[cfg(all(target_arch = "x86_64", ork_avx512))]
+// Built only where cfg(ork_avx512) says rustc >= 1.89, whatever the declared MSRV.
+#[allow(clippy::incompatible_msrv)]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq")]
+unsafe fn quant_resid_avx512(src: *const f32, r: *mut f32, n: usize, inv: f32, s: f32, q: &mut [i8], keep: bool) -> u32 {
+    debug_assert_eq!(q.len(), n);
+    let qp = q.as_mut_ptr();
+    let mut i = 0;
+    // SAFETY: AVX-512F/BW/DQ enabled (caller's contract); full loads and stores touch
+    // [i, i+64) or [i, i+16) within n; the masked load/stores touch only lanes below n; each r
+    // vector is stored after the src vector it replaces was loaded.
+    unsafe {
+        let vinv = _mm512_set1_ps(inv);
+        let vs = _mm512_set1_ps(s);
+        let perm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        // max |r| as a float (sign cleared); r is finite or ±inf here, never NaN.
+        let mut acc = _mm512_setzero_ps();
+        let g = |v: __m512| _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(v, vinv));
+        let res = |v: __m512, k: __m512i| _mm512_sub_ps(v, _mm512_mul_ps(vs, _mm512_cvtepi32_ps(k)));
+        let mx = |a: __m512, b: __m512| _mm512_range_ps::<RANGE_MAX_ABS>(a, b);
+        while i + 64 <= n {
+            let p = src.add(i);
+            let (v0, v1, v2, v3) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)), _mm512_loadu_ps(p.add(32)), _mm512_loadu_ps(p.add(48)));
+            let (a, b, c, d) = (g(v0), g(v1), g(v2), g(v3));
+            // packs work within 128-bit lanes; the permute restores element order.
+            let qv = _mm512_packs_epi16(_mm512_packs_epi32(a, b), _mm512_packs_epi32(c, d));
+            _mm512_storeu_si512(qp.add(i) as *mut __m512i, _mm512_permutexvar_epi32(perm, qv));
+            if keep {
+                let o = r.add(i);
+                let (r0, r1, r2, r3) = (res(v0, a), res(v1, b), res(v2, c), res(v3, d));
+                _mm512_storeu_ps(o, r0);
+                _mm512_storeu_ps(o.add(16), r1);
+                _mm512_storeu_ps(o.add(32), r2);
+                _mm512_storeu_ps(o.add(48), r3);
+                acc = mx(acc, mx(mx(r0, r1), mx(r2, r3)));
+            }
+            i += 64;
+        }
+        while i < n {
+            let k: __mmask16 = if n - i >= 16 { 0xffff } else { ((1u32 << (n - i)) - 1) as u16 };
+            let v = _mm512_maskz_loadu_ps(k, src.add(i));
+            let a = g(v);
+            // vpmovsdb: saturating narrow (in range here), stored for the active lanes only.
+            _mm512_mask_cvtsepi32_storeu_epi8(qp.add(i), k, a);
+            if keep {
+                let rv = res(v, a);
+                _mm512_mask_storeu_ps(r.add(i), k, rv);
+                acc = mx(acc, rv); // inactive lanes: 0 - s·0 = 0
+            }
+            i += 16;
+        }
+        _mm512_reduce_max_epu32(_mm512_castps_si512(acc))
+    }
+}
+
+/// Test access to each x86 ISA's finite-row kernels (the dispatchers pick only the widest one):
+/// `(absmax_bits(x), q, r)` with `r = x - s·q` when `resid`, for "avx2" or "avx512";
+/// `None` when this CPU lacks that ISA.
+#[cfg(all(test, target_arch = "x86_64"))]
+pub(crate) fn finite_kernels_isa(isa: &str, x: &[f32], inv: f32, s: f32, resid: bool) -> Option<(u32, Vec<i8>, Vec<f32>, u32)> {
+    let n = x.len();
+    let mut q = vec![0x5au8 as i8; n];
+    let mut r = vec![7f32; n];
+    let rp = if resid { r.as_mut_ptr() } else { std::ptr::null_mut() };
+    // SAFETY: each kernel runs only when its ISA was detected; q and r have n elements.
+    let (a, m) = unsafe {
+        match isa {
+            "avx2" if is_x86_feature_detected!("avx2") => (absmax_bits_avx2(x), quant_resid_avx2(x.as_ptr(), rp, n, inv, s, &mut q, resid)),
+            #[cfg(ork_avx512)]
+            "avx512" if has_avx512() => (absmax_bits_avx512(x), quant_resid_avx512(x.as_ptr(), rp, n, inv, s, &mut q, resid)),
+            _ => return None,
+        }
+    };
+    Some((a, q, r, m))
 }

@@ -36,7 +36,28 @@ impl Rng {
             _ => (self.below(509) as f32 - 254.0) * 0.5,
         }
     }
+    /// An int32 matmul sum: small, any bit pattern, one of `extremes`, or a large multiple of 37
+    /// (beyond 2^24 the conversion to f32 rounds).
+    fn sum(&mut self, extremes: [i32; 4]) -> i32 {
+        match self.below(4) {
+            0 => self.below(255) as i32 - 127,
+            1 => self.next() as i32,
+            2 => extremes[self.below(4) as usize],
+            _ => (self.below(1 << 22) as i32 - (1 << 21)) * 37,
+        }
+    }
+    fn sums(&mut self, n: usize, extremes: [i32; 4]) -> Vec<i32> {
+        (0..n).map(|_| self.sum(extremes)).collect()
+    }
+    fn special(&mut self) -> f32 {
+        SPECIALS[self.below(SPECIALS.len() as u64) as usize]
+    }
 }
+
+/// Scale values the dequantizers must carry through bit-exactly.
+const SPECIALS: [f32; 7] = [0.0, -0.0, f32::INFINITY, f32::NAN, f32::MIN_POSITIVE / 7.0, f32::MAX, 1e-30];
+/// Extreme sums for the two-term dequantizer tests.
+const TWO_TERM_EXTREMES: [i32; 4] = [i32::MIN, i32::MAX, 0, -(1 << 25) - 3];
 
 const LENS: &[usize] = &[0, 1, 3, 4, 5, 7, 8, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64, 65, 100, 127, 128, 129, 576, 1000, 1536];
 
@@ -62,7 +83,11 @@ fn simd_path_is_active() {
     assert_eq!(simd::active(), Some("neon"));
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") {
-        assert_eq!(simd::active(), Some("avx2"));
+        let avx512 = cfg!(ork_avx512)
+            && std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512dq");
+        assert_eq!(simd::active(), Some(if avx512 { "avx512" } else { "avx2" }));
     }
     eprintln!("quant SIMD path: {:?}", simd::active());
 }
@@ -167,23 +192,14 @@ fn check_deq_acc(c: &[i32], sa: f32, sw: &[f32], init: &[f32], what: &str) {
 #[test]
 fn dequantize_rows_simd_match_scalar() {
     let mut r = Rng(42);
-    let specials = [0.0f32, -0.0, f32::INFINITY, f32::NAN, f32::MIN_POSITIVE / 7.0, f32::MAX, 1e-30];
     for &n in LENS {
         for rep in 0..8 {
-            // int32 sums: small, large (beyond 2^24: the conversion rounds), and the extremes
-            let c: Vec<i32> = (0..n)
-                .map(|_| match r.below(4) {
-                    0 => r.below(255) as i32 - 127,
-                    1 => r.next() as i32,
-                    2 => [i32::MIN, i32::MAX, (1 << 24) + 1, -(1 << 25) - 3][r.below(4) as usize],
-                    _ => (r.below(1 << 22) as i32 - (1 << 21)) * 37,
-                })
-                .collect();
+            let c = r.sums(n, [i32::MIN, i32::MAX, (1 << 24) + 1, -(1 << 25) - 3]);
             let init: Vec<f32> = (0..n).map(|j| if j % 11 == 3 { -0.0 } else { r.value(1) }).collect();
             let sw: Vec<f32> = (0..n)
-                .map(|_| if rep >= 6 && r.below(8) == 0 { specials[r.below(7) as usize] } else { r.value(1).abs() })
+                .map(|_| if rep >= 6 && r.below(8) == 0 { r.special() } else { r.value(1).abs() })
                 .collect();
-            let sa = if rep == 7 { specials[r.below(7) as usize] } else { r.value(1).abs() };
+            let sa = if rep == 7 { r.special() } else { r.value(1).abs() };
             check_deq(&c, sa, &sw, &format!("n {n} rep {rep}"));
             check_deq_acc(&c, sa, &sw, &init, &format!("acc n {n} rep {rep}"));
         }
@@ -231,4 +247,239 @@ fn matrix_functions_match_scalar_rows() {
             assert!(d.iter().zip(&y3[i * n..(i + 1) * n]).all(|(a, b)| a.to_bits() == b.to_bits()), "terms row {i}");
         }
     }
+}
+
+#[test]
+fn absmax_bits_simd_matches_scalar() {
+    let mut r = Rng(0xab5);
+    for kind in 0..5 {
+        for &n in LENS {
+            for rep in 0..4 {
+                let mut x: Vec<f32> = (0..n).map(|_| r.value(kind)).collect();
+                if rep == 3 && n > 0 {
+                    let j = r.below(n as u64) as usize;
+                    x[j] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX][r.below(4) as usize];
+                }
+                let want = absmax_bits_scalar(&x);
+                if let Some(got) = simd::absmax_bits(&x) {
+                    assert_eq!(got, want, "kind {kind} n {n} rep {rep}");
+                }
+                // For a finite row the bits are the reference's NaN-ignoring absmax.
+                if want <= simd::FINITE_MAX_BITS {
+                    assert_eq!(f32::from_bits(want), x.iter().fold(0f32, |a, v| a.max(v.abs())));
+                } else {
+                    assert!(x.iter().any(|v| !v.is_finite()), "kind {kind} n {n}: non-finite flagged on a finite row");
+                }
+            }
+        }
+    }
+    assert_eq!(absmax_bits_scalar(&[]), 0);
+    assert_eq!(absmax_bits_scalar(&[-3.0, 2.0, -0.0]), 3f32.to_bits());
+}
+
+#[test]
+fn residual_kernels_match_scalar() {
+    let mut r = Rng(0x7e5);
+    for kind in [0u64, 1, 2, 4] {
+        for &n in LENS {
+            for rep in 0..4 {
+                let x: Vec<f32> = (0..n).map(|_| r.value(kind)).collect();
+                let amax = x.iter().fold(0f32, |a, v| a.max(v.abs())).max(ABSMAX_FLOOR);
+                let (inv, s) = (QMAX / amax, amax / QMAX);
+                let what = format!("kind {kind} n {n} rep {rep}");
+                // finite kernel = the reference quantizer on a finite row
+                let mut qref = vec![0i8; n];
+                assert_eq!(quantize_row_scalar(&x, &mut qref).to_bits(), s.to_bits());
+                let mut qf = vec![0x55u8 as i8; n];
+                if simd::quantize_row_finite(&x, inv, &mut qf).is_some() {
+                    assert_eq!(qf, qref, "finite {what}");
+                }
+                let (mut qs, mut rs) = (vec![0i8; n], vec![0f32; n]);
+                let ms = quantize_residual_scalar(&x, inv, s, &mut qs, &mut rs);
+                assert_eq!(qs, qref, "residual scalar q {what}");
+                for j in 0..n {
+                    assert_eq!(rs[j].to_bits(), (x[j] - s * qref[j] as f32).to_bits(), "residual scalar {what} j {j}");
+                }
+                assert_eq!(ms, absmax_bits_scalar(&rs));
+                let (mut qv, mut rv) = (vec![0x2au8 as i8; n], vec![1f32; n]);
+                if let Some(mv) = simd::quantize_residual(&x, inv, s, &mut qv, &mut rv) {
+                    assert_eq!(qv, qs, "residual q {what}");
+                    assert!(rv.iter().zip(&rs).all(|(a, b)| a.to_bits() == b.to_bits()), "residual r {what}");
+                    assert_eq!(mv, ms, "residual absmax {what}");
+                }
+                let (mut qi, mut ri) = (vec![0x2au8 as i8; n], x.clone());
+                if let Some(mi) = simd::quantize_residual_inplace(&mut ri, inv, s, &mut qi) {
+                    assert_eq!(qi, qs, "in-place q {what}");
+                    assert!(ri.iter().zip(&rs).all(|(a, b)| a.to_bits() == b.to_bits()), "in-place r {what}");
+                    assert_eq!(mi, ms, "in-place absmax {what}");
+                }
+            }
+        }
+    }
+}
+
+/// The multi-term quantizer as it was first written (copy the row, then per term the reference
+/// quantizer and `r -= s · q`), the definition `quantize_rows_terms` must keep bit for bit.
+fn terms_reference(x: &[f32], rows: usize, cols: usize, terms: usize) -> (Vec<i8>, Vec<f32>) {
+    let mut q = vec![0i8; terms * rows * cols];
+    let mut s = vec![0f32; terms * rows];
+    for i in 0..rows {
+        let mut r = x[i * cols..(i + 1) * cols].to_vec();
+        for t in 0..terms {
+            let at = t * rows + i;
+            let qr = &mut q[at * cols..(at + 1) * cols];
+            s[at] = if cols == 0 { ABSMAX_FLOOR / QMAX } else { quantize_row_scalar(&r, qr) };
+            for (d, &qv) in r.iter_mut().zip(qr.iter()) {
+                *d -= s[at] * qv as f32;
+            }
+        }
+    }
+    (q, s)
+}
+
+#[test]
+fn quantize_rows_terms_matches_reference() {
+    let mut r = Rng(0x7e2);
+    // serial and parallel (≥ 2^15 elements) paths, odd K, K below one vector
+    let shapes = [(1usize, 1usize), (1, 576), (3, 33), (5, 7), (17, 100), (64, 576), (40, 1000), (9, 1537), (2, 0)];
+    for &(m, k) in &shapes {
+        for terms in 1..=4 {
+            for kind in 0..5 {
+                let mut x: Vec<f32> = (0..m * k).map(|_| r.value(kind)).collect();
+                // specials in some rows: NaN, ±inf, f32::MAX (its residual overflows to inf)
+                if kind == 2 && m * k > 0 {
+                    for _ in 0..m.min(6) {
+                        let j = r.below((m * k) as u64) as usize;
+                        x[j] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, -f32::MAX, 0.0][r.below(6) as usize];
+                    }
+                }
+                let (qr, sr) = terms_reference(&x, m, k, terms);
+                let mut q = vec![0x33u8 as i8; terms * m * k];
+                let mut s = vec![-1f32; terms * m];
+                quantize_rows_terms(&x, m, k, terms, &mut q, &mut s);
+                let what = format!("M {m} K {k} terms {terms} kind {kind}");
+                for j in 0..s.len() {
+                    assert!(same_f32(s[j], sr[j]), "{what}: scale {j} {:e} != {:e}", s[j], sr[j]);
+                }
+                if let Some(j) = (0..q.len()).find(|&j| q[j] != qr[j]) {
+                    panic!("{what}: q[{j}] = {} != reference {}", q[j], qr[j]);
+                }
+            }
+        }
+    }
+    // real values: x = 1.3·[..] with amax 127·1.3; the second term carries what the first lost
+    let x: Vec<f32> = (0..40).map(|j| (j as f32 - 20.0) * 0.37 + if j == 3 { 127.0 } else { 0.0 }).collect();
+    let (mut q, mut s) = (vec![0i8; 80], vec![0f32; 2]);
+    quantize_rows_terms(&x, 1, 40, 2, &mut q, &mut s);
+    let y: Vec<f32> = (0..40).map(|j| s[0] * q[j] as f32 + s[1] * q[40 + j] as f32).collect();
+    let err = x.iter().zip(&y).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(err <= s[1] * 0.5 * 1.001, "two-term error {err} vs half a step {}", s[1] * 0.5);
+    assert!(s[1] < s[0] / 100.0 && s[1] > 0.0);
+}
+
+/// Every x86 ISA's finite-row kernels against the scalar references (the dispatchers above only
+/// exercise the widest ISA of this CPU).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn finite_kernels_every_x86_isa_match_scalar() {
+    let mut r = Rng(0x15a);
+    let mut ran = Vec::new();
+    for isa in ["avx2", "avx512"] {
+        for kind in 0..5u64 {
+            for &n in LENS {
+                for rep in 0..3 {
+                    let x: Vec<f32> = (0..n).map(|_| r.value(kind)).collect();
+                    let want_a = absmax_bits_scalar(&x);
+                    let amax = f32::from_bits(want_a.min(simd::FINITE_MAX_BITS)).max(ABSMAX_FLOOR);
+                    let (inv, s) = (QMAX / amax, amax / QMAX);
+                    let Some((a, q, _, _)) = simd::finite_kernels_isa(isa, &x, inv, s, false) else { continue };
+                    let what = format!("{isa} kind {kind} n {n} rep {rep}");
+                    assert_eq!(a, want_a, "absmax {what}");
+                    if want_a > simd::FINITE_MAX_BITS {
+                        continue; // random bit patterns with NaN/inf: the general kernel's case
+                    }
+                    let mut qref = vec![0i8; n];
+                    quantize_row_scalar(&x, &mut qref);
+                    assert_eq!(q, qref, "finite q {what}");
+                    let (mut qs, mut rs) = (vec![0i8; n], vec![0f32; n]);
+                    let ms = quantize_residual_scalar(&x, inv, s, &mut qs, &mut rs);
+                    let (_, qv, rv, mv) = simd::finite_kernels_isa(isa, &x, inv, s, true).unwrap();
+                    assert_eq!(qv, qs, "residual q {what}");
+                    assert!(rv.iter().zip(&rs).all(|(a, b)| a.to_bits() == b.to_bits()), "residual r {what}");
+                    assert_eq!(mv, ms, "residual absmax {what}");
+                    if !ran.contains(&isa) {
+                        ran.push(isa);
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("finite-row kernels checked: {ran:?}");
+    if std::is_x86_feature_detected!("avx2") {
+        assert!(ran.contains(&"avx2"));
+    }
+}
+
+/// Per-channel weight scales for the two-term tests: specials in repetitions 5..8.
+fn two_term_weight_scales(r: &mut Rng, n: usize, rep: usize) -> Vec<f32> {
+    (0..n).map(|_| if rep >= 5 && r.below(6) == 0 { r.special() } else { r.value(1) }).collect()
+}
+
+/// A per-row activation scale for the two-term tests: specials in repetitions 6 and 7.
+fn two_term_act_scale(r: &mut Rng, rep: usize) -> f32 {
+    if rep >= 6 && r.below(2) == 0 { r.special() } else { r.value(1) }
+}
+
+#[test]
+fn dequantize_row2_lo_matches_row2_then_accumulate() {
+    let mut r = Rng(0xd3);
+    for &n in LENS {
+        for rep in 0..8 {
+            let (c0, c1, cl) = (r.sums(n, TWO_TERM_EXTREMES), r.sums(n, TWO_TERM_EXTREMES), r.sums(n, TWO_TERM_EXTREMES));
+            let (sw, swl) = (two_term_weight_scales(&mut r, n, rep), two_term_weight_scales(&mut r, n, rep));
+            let pick = |r: &mut Rng| two_term_act_scale(r, rep);
+            let (sa0, sa1, sal) = (pick(&mut r), pick(&mut r), pick(&mut r));
+            // the definition: two terms, then the second weight term accumulated
+            let mut want = vec![3f32; n];
+            dequantize_row2_scalar(&c0, sa0, &c1, sa1, &sw, &mut want);
+            dequantize_row_acc_scalar(&cl, sal, &swl, &mut want);
+            let mut ds = vec![5f32; n];
+            dequantize_row2_lo_scalar(&c0, sa0, &c1, sa1, &sw, &cl, sal, &swl, &mut ds);
+            let mut dv = vec![6f32; n];
+            dequantize_row2_lo(&c0, sa0, &c1, sa1, &sw, &cl, sal, &swl, &mut dv);
+            for j in 0..n {
+                assert!(same_f32(ds[j], want[j]), "scalar n {n} rep {rep} j {j}");
+                assert!(same_f32(dv[j], want[j]), "simd n {n} rep {rep} j {j}: {:e} vs {:e}", dv[j], want[j]);
+            }
+        }
+    }
+}
+
+#[test]
+fn dequantize_row2_matches_zero_then_two_accumulates() {
+    let mut r = Rng(0xd2);
+    for &n in LENS {
+        for rep in 0..8 {
+            let (c0, c1) = (r.sums(n, TWO_TERM_EXTREMES), r.sums(n, TWO_TERM_EXTREMES));
+            let sw = two_term_weight_scales(&mut r, n, rep);
+            let pick = |r: &mut Rng| two_term_act_scale(r, rep);
+            let (sa0, sa1) = (pick(&mut r), pick(&mut r));
+            // the definition: a zeroed row, then two accumulates
+            let mut want = vec![0f32; n];
+            dequantize_row_acc_scalar(&c0, sa0, &sw, &mut want);
+            dequantize_row_acc_scalar(&c1, sa1, &sw, &mut want);
+            let mut ds = vec![5f32; n];
+            dequantize_row2_scalar(&c0, sa0, &c1, sa1, &sw, &mut ds);
+            let mut dv = vec![6f32; n];
+            dequantize_row2(&c0, sa0, &c1, sa1, &sw, &mut dv);
+            for j in 0..n {
+                assert!(same_f32(ds[j], want[j]), "scalar n {n} rep {rep} j {j}");
+                assert!(same_f32(dv[j], want[j]), "simd n {n} rep {rep} j {j}: {:e} vs {:e}", dv[j], want[j]);
+            }
+        }
+    }
+    // -0 products become +0, as on a zeroed row
+    let mut d = [1f32; 9];
+    dequantize_row2(&[-1; 9], 0.0, &[0; 9], 1.0, &[1.0; 9], &mut d);
+    assert!(d.iter().all(|v| v.to_bits() == 0));
 }
