@@ -9,6 +9,9 @@
 #include "common/gemv_head.glsl"
 
 layout(set = 0, binding = 0) readonly buffer Wq { uint wq[]; };
+// The I/O arena again, as vec4: activation rows start on 4-word boundaries (the host aligns
+// every arena slot to 4 words and K is a multiple of 32), so x is fetched 16 bytes at a time.
+layout(set = 1, binding = 0) readonly buffer Io4 { vec4 io4[]; };
 
 void main() {
     const uint nb = pc.k / 32; // blocks per row
@@ -39,8 +42,8 @@ void main() {
             for (uint m = 0; m < MAX_M; m++) {
                 if (m < pc.m) {
                     const uint xb = pc.x_off + m * pc.x_stride + j * 32 + 4 * p;
-                    const vec4 xl = vec4(io_f32(xb), io_f32(xb + 1), io_f32(xb + 2), io_f32(xb + 3));
-                    const vec4 xh = vec4(io_f32(xb + 16), io_f32(xb + 17), io_f32(xb + 18), io_f32(xb + 19));
+                    const vec4 xl = io4[xb >> 2];
+                    const vec4 xh = io4[(xb >> 2) + 4];
                     acc[m] += d * (dot(lo, xl) + dot(hi, xh));
                 }
             }

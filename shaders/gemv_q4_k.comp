@@ -13,6 +13,9 @@
 #include "common/gemv_head.glsl"
 
 layout(set = 0, binding = 0) readonly buffer Wq { uint wq[]; };
+// The I/O arena again, as vec4: activation rows start on 4-word boundaries (the host aligns
+// every arena slot to 4 words and K is a multiple of 256), so x is fetched 16 bytes at a time.
+layout(set = 1, binding = 0) readonly buffer Io4 { vec4 io4[]; };
 
 uint byte_of(uvec3 s, uint i) {
     return (s[i >> 2] >> (8 * (i & 3))) & 0xFFu;
@@ -54,8 +57,9 @@ void main() {
                     float sq = 0.0;
                     float sx = 0.0;
                     for (uint i = 0; i < 8; i++) {
+                        const vec4 x4 = io4[(xb >> 2) + i];
                         for (uint b = 0; b < 4; b++) {
-                            const float xv = io_f32(xb + 4 * i + b);
+                            const float xv = x4[b];
                             sq += float((words[i] >> (8 * b + shift)) & 0xFu) * xv;
                             sx += xv;
                         }
