@@ -150,6 +150,48 @@ fn bit_flips_in_the_payload_are_rejected() {
     }));
 }
 
+/// A weight whose tile sets are each over 1 MiB and not a multiple of it: the hit path imports
+/// the two terms at once and joins their checksums at the 1 MiB chunk that straddles them. A
+/// flip anywhere — first term, the straddling chunk on either side, the second term past it —
+/// is still a miss, frees what was imported, and the repacked weight computes the clean result.
+#[test]
+fn large_two_term_entries_verify_across_the_term_boundary() {
+    const BN: usize = 1056;
+    const BK: usize = 1120;
+    const BIG: &str = "blk.0.ffn_down.weight";
+    let bytes = weight_bytes(3, BN, BK);
+    let want = clean(BIG, &bytes, BN, BK);
+    let src = source(BIG, &bytes, BK);
+    let id = cache::identity(&SocDesc::get(SocId::Rk3588), GGML_TYPE_F32, &bytes, 4 * BK, BIG, BN, BK, 2);
+    let one = Npu::tile_weight(&SocDesc::get(SocId::Rk3588), &vec![0i8; BN * BK], BN, BK).unwrap().bytes.len();
+    let chunk = format::HASH_CHUNK_BYTES;
+    assert!(one > chunk && one % chunk != 0, "tile set of {one} bytes does not exercise the join");
+    let boundary = HEADER_BYTES + one;
+    let straddle_end = HEADER_BYTES + one.div_ceil(chunk) * chunk;
+    let clean_usage = {
+        let dev = uncached();
+        let _pw = pack(&dev, &src, BN, BK).unwrap();
+        dev.npu.domain_usage()
+    };
+    for pos in [HEADER_BYTES + 7, boundary - 1, boundary, straddle_end - 1, straddle_end, straddle_end + chunk + 3, HEADER_BYTES + 2 * one - 1] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dev = cached(tmp.path());
+        pack(&dev, &src, BN, BK).unwrap();
+        let path = dev.cache.as_ref().unwrap().path_for(&id);
+        let warm = cached(tmp.path());
+        let pw = pack(&warm, &src, BN, BK).unwrap();
+        assert_eq!(counts(&warm), (1, 0, 0), "clean large entry should hit");
+        assert!(observe(&warm, &pw, &src) == want, "large hit output differs from a clean pack");
+
+        rewrite(&path, |b| b[pos] ^= 0x04);
+        let dev = cached(tmp.path());
+        let pw = pack(&dev, &src, BN, BK).unwrap();
+        assert_eq!(counts(&dev), (0, 1, 1), "flip at byte {pos} (term boundary at {boundary}) was accepted");
+        assert_eq!(dev.npu.domain_usage(), clean_usage, "flip at byte {pos}: the rejected import was not freed");
+        assert!(observe(&dev, &pw, &src) == want, "flip at byte {pos}: repacked output differs");
+    }
+}
+
 #[test]
 fn wrong_container_version_is_rejected_even_when_well_sealed() {
     check_rejected("container version 2", |p, _| {

@@ -90,6 +90,66 @@ pub fn quantize_residual(src: &WeightSource<'_>, n: usize, k: usize, col: &[f32]
     })
 }
 
+/// A cache hit's weight: resident hi term, optional lo term with its row scales, row scales,
+/// column scales.
+type Imported = (Arc<ResidentWeight>, Option<(Arc<ResidentWeight>, Vec<f32>)>, Vec<f32>, Vec<f32>);
+
+/// Imports an opened cache entry (`terms` tile sets of `[N, K]`) and verifies its payload in the
+/// same pass: every piece of tiles is hashed from its device copy right after the copy
+/// (`KernelInterface::mem_import_observed`), then the scales from the mapping. Only when the
+/// hash equals the header's are the buffers kept; otherwise they are dropped (freed) and the
+/// reason returned, and the caller repacks.
+fn import_entry(dev: &Device, entry: cache::Unverified, n: usize, k: usize, terms: usize) -> Result<Imported, String> {
+    let scale_count = (entry.header().scales_bytes / 4) as usize;
+    let tiles = entry.tiles();
+    if scale_count != n + k + (terms - 1) * n || tiles.len() % terms != 0 {
+        return Err(format!("payload sizes do not match {terms} term(s)"));
+    }
+    let one = tiles.len() / terms;
+    let fail = |e: NpuError| format!("import of {} failed ({e})", entry.path().display());
+    // Imports `bytes` hashing the device copy from byte `skip` on (a retry in another domain
+    // observes from offset 0 again and starts over).
+    let import = |bytes: &[u8], skip: usize| -> Result<(Arc<ResidentWeight>, cache::format::StreamHash), NpuError> {
+        let mut hash = cache::format::StreamHash::new();
+        let r = dev.npu.upload_bytes_observed(n, k, bytes, &mut |off, piece| {
+            if off == 0 {
+                hash = cache::format::StreamHash::new();
+            }
+            if off + piece.len() > skip {
+                hash.update(&piece[skip.saturating_sub(off)..]);
+            }
+        })?;
+        Ok((r, hash))
+    };
+    // The two terms go into device memory at once (page allocation, copy and checksum of one
+    // overlap the other's). The payload checksum runs over hi ++ lo ++ tail in 1 MiB chunks:
+    // the lo term's hash starts at its first chunk boundary, and the chunk that straddles the
+    // two terms is completed from the mapped file after both imports.
+    let straddle = (cache::format::HASH_CHUNK_BYTES - one % cache::format::HASH_CHUNK_BYTES) % cache::format::HASH_CHUNK_BYTES;
+    let (hi, lo) = if terms == 2 {
+        let (hi, lo) = rayon::join(|| import(&tiles[..one], 0), || import(&tiles[one..], straddle.min(one)));
+        (hi.map_err(fail)?, Some(lo.map_err(fail)?))
+    } else {
+        (import(&tiles[..one], 0).map_err(fail)?, None)
+    };
+    let (hi, mut hash) = hi;
+    let lo = lo.map(|(lo, lo_hash)| {
+        hash.update(&tiles[one..one + straddle.min(one)]);
+        if hash.len() % cache::format::HASH_CHUNK_BYTES == 0 {
+            hash.append(lo_hash);
+        } else {
+            // lo ends inside the straddling chunk: it was all hashed from the file just now.
+            debug_assert!(lo_hash.is_empty());
+        }
+        lo
+    });
+    hash.update(entry.tail());
+    let hit = entry.accept(hash.finish()).map_err(|e| e.to_string())?;
+    let f = hit.scales();
+    let lo = lo.map(|r| (r, f[n + k..].to_vec()));
+    Ok((hi, lo, f[..n].to_vec(), f[n..n + k].to_vec()))
+}
+
 /// Cold-pack progress on stderr (large models only).
 static PROGRESS: cache::Progress = cache::Progress::new();
 
@@ -107,31 +167,25 @@ pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<
         .cache
         .as_ref()
         .map(|_| cache::identity(dev.npu.soc(), src.ggml_type, src.bytes, src.row_bytes, src.name, n, k, terms));
+    let t_hashed = Instant::now();
+    dev.stats.cache_hash_ns.fetch_add((t_hashed - t0).as_nanos() as u64, Relaxed);
     // Cache entry payload: tiles = hi tiles [++ lo tiles]; scales = row scales [N] ++ column
     // scales [K] [++ lo row scales [N]].
     if let (Some(c), Some(id)) = (&dev.cache, &id) {
-        match c.load(id) {
-            Ok(hit) => {
-                let f = hit.scales();
-                let tiles = hit.tiles();
-                let t = terms as usize;
-                if f.len() != n + k + (t - 1) * n || tiles.len() % t != 0 {
-                    log::debug!("orkpack {}: payload sizes do not match {t} term(s); repacking", src.name);
-                } else {
-                    let one = tiles.len() / t;
-                    let up = dev.npu.upload_bytes(n, k, &tiles[..one]).and_then(|hi| {
-                        let lo = if t == 2 { Some((dev.npu.upload_bytes(n, k, &tiles[one..])?, f[n + k..].to_vec())) } else { None };
-                        Ok((hi, lo))
-                    });
-                    match up {
-                        Ok((resident, lo)) => {
-                            dev.stats.cache_hits.fetch_add(1, Relaxed);
-                            dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
-                            let (scales, col_scale) = (f[..n].to_vec(), f[n..n + k].to_vec());
-                            return Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, lo });
-                        }
-                        Err(e) => log::debug!("orkpack {}: import of {} failed ({e}); repacking", src.name, hit.path().display()),
+        let opened = c.open(id);
+        let t_read = Instant::now();
+        dev.stats.cache_read_ns.fetch_add((t_read - t_hashed).as_nanos() as u64, Relaxed);
+        match opened {
+            Ok(entry) => {
+                let hit = import_entry(dev, entry, n, k, terms as usize);
+                dev.stats.cache_import_ns.fetch_add(t_read.elapsed().as_nanos() as u64, Relaxed);
+                match hit {
+                    Ok((resident, lo, scales, col_scale)) => {
+                        dev.stats.cache_hits.fetch_add(1, Relaxed);
+                        dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+                        return Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, lo });
                     }
+                    Err(why) => log::debug!("orkpack {}: {why}; repacking", src.name),
                 }
             }
             Err(CacheError::Absent) => {}
@@ -245,9 +299,18 @@ impl WeightStore {
         let r = get_or_make(&self.map, addr, src, n, k, || pack(dev, src, n, k));
         if let Err(e) = &r {
             let range = addr..addr + src.bytes.len();
+            // Never in both maps: `packed` is then enough to tell a resident weight.
+            self.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
             self.failed.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, (range, e.to_string()));
         }
         r
+    }
+
+    /// The packed weight at `addr` if it is resident already, made from an `[N, K]` weight of
+    /// `ggml_type`: one map lookup, the per-matmul path (no source needed).
+    pub fn packed(&self, addr: usize, n: usize, k: usize, ggml_type: u32) -> Option<Arc<PackedWeight>> {
+        let m = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(&addr).filter(|e| e.weight.made_from(n, k, ggml_type)).map(|e| e.weight.clone())
     }
 
     /// Whether the weight at `addr` failed to become resident (its MUL_MATs stay on the CPU).

@@ -219,6 +219,78 @@ pub fn par_hash(bytes: &[u8]) -> u128 {
     combine(bytes.len(), &chunk_digests(bytes))
 }
 
+/// [`par_hash`] computed incrementally over bytes that arrive in order, in pieces of any size:
+/// `update(a); update(b); finish()` equals `par_hash(a ++ b)`. The cache's hit path feeds it
+/// each piece of the payload right after the piece was copied into device memory, so the
+/// checksum reads the copy while it is still in the CPU cache instead of making a second pass
+/// over the mapped file.
+#[derive(Clone)]
+pub struct StreamHash {
+    chunk: xxhash_rust::xxh3::Xxh3,
+    in_chunk: usize,
+    len: usize,
+    digests: Vec<u64>,
+}
+
+impl StreamHash {
+    pub fn new() -> StreamHash {
+        StreamHash { chunk: xxhash_rust::xxh3::Xxh3::new(), in_chunk: 0, len: 0, digests: Vec::new() }
+    }
+
+    pub fn update(&mut self, mut bytes: &[u8]) {
+        self.len += bytes.len();
+        while !bytes.is_empty() {
+            let take = bytes.len().min(HASH_CHUNK_BYTES - self.in_chunk);
+            // A whole chunk in one piece: the one-shot hash (same value, no streaming state).
+            if take == HASH_CHUNK_BYTES {
+                self.digests.push(xxh3_64(&bytes[..take]));
+            } else {
+                self.chunk.update(&bytes[..take]);
+                self.in_chunk += take;
+                if self.in_chunk == HASH_CHUNK_BYTES {
+                    self.digests.push(self.chunk.digest());
+                    self.chunk.reset();
+                    self.in_chunk = 0;
+                }
+            }
+            bytes = &bytes[take..];
+        }
+    }
+
+    /// Bytes hashed so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends `other`, the hash of the bytes that follow: `a.update(x); b.update(y);
+    /// a.append(b)` equals `a.update(x ++ y)`. `self` must end on a chunk boundary (its length a
+    /// multiple of [`HASH_CHUNK_BYTES`]), so that `other`'s chunks are the concatenation's.
+    pub fn append(&mut self, other: StreamHash) {
+        assert_eq!(self.in_chunk, 0, "StreamHash::append: the first part must end on a chunk boundary");
+        self.digests.extend(other.digests);
+        self.len += other.len;
+        self.chunk = other.chunk;
+        self.in_chunk = other.in_chunk;
+    }
+
+    pub fn finish(mut self) -> u128 {
+        if self.in_chunk > 0 {
+            self.digests.push(self.chunk.digest());
+        }
+        combine(self.len, &self.digests)
+    }
+}
+
+impl Default for StreamHash {
+    fn default() -> Self {
+        StreamHash::new()
+    }
+}
+
 /// [`par_hash`] of the concatenation `a ++ b` without building it (`a` is usually large).
 fn par_hash2(a: &[u8], b: &[u8]) -> u128 {
     let full = a.len() / HASH_CHUNK_BYTES * HASH_CHUNK_BYTES;
@@ -393,11 +465,17 @@ pub fn parse_header(bytes: &[u8]) -> Result<Header, FormatError> {
 
 /// Checks a whole file image against its parsed header: exact length and payload checksum.
 pub fn verify_payload(hd: &Header, file: &[u8]) -> Result<(), FormatError> {
-    if file.len() as u64 != hd.file_bytes {
-        return Err(FormatError::Length { got: file.len(), expected: hd.file_bytes });
-    }
+    check_length(hd, file)?;
     if par_hash(&file[HEADER_BYTES..]) != hd.payload_hash {
         return Err(FormatError::PayloadChecksum);
+    }
+    Ok(())
+}
+
+/// Checks that `file` is exactly as long as its header says.
+pub fn check_length(hd: &Header, file: &[u8]) -> Result<(), FormatError> {
+    if file.len() as u64 != hd.file_bytes {
+        return Err(FormatError::Length { got: file.len(), expected: hd.file_bytes });
     }
     Ok(())
 }
@@ -419,6 +497,36 @@ pub fn scales(hd: &Header, file: &[u8]) -> Vec<f32> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn stream_hash_equals_par_hash_for_any_split() {
+        let bytes: Vec<u8> = (0..3 * HASH_CHUNK_BYTES + 12345).map(|i| (i as u32).wrapping_mul(2_654_435_761) as u8).collect();
+        for len in [0, 1, HASH_CHUNK_BYTES - 1, HASH_CHUNK_BYTES, HASH_CHUNK_BYTES + 1, bytes.len()] {
+            let b = &bytes[..len];
+            for piece in [1usize << 20, 4096, 333_333, 1 << 22, 7] {
+                if piece < 4096 && len > 2 * HASH_CHUNK_BYTES {
+                    continue; // keeps the test quick
+                }
+                let mut h = StreamHash::new();
+                for p in b.chunks(piece) {
+                    h.update(p);
+                }
+                assert_eq!(h.finish(), par_hash(b), "len {len}, pieces of {piece}");
+            }
+        }
+        for cut in [HASH_CHUNK_BYTES, 2 * HASH_CHUNK_BYTES] {
+            let (mut a, mut b) = (StreamHash::new(), StreamHash::new());
+            a.update(&bytes[..cut]);
+            b.update(&bytes[cut..]);
+            a.append(b);
+            assert_eq!(a.finish(), par_hash(&bytes), "append at {cut}");
+        }
+        let mut h = StreamHash::new();
+        h.update(&bytes[..5]);
+        h.update(&[]);
+        h.update(&bytes[5..HASH_CHUNK_BYTES + 9]);
+        assert_eq!(h.finish(), par_hash(&bytes[..HASH_CHUNK_BYTES + 9]));
+    }
 
     fn sample_id() -> Identity {
         Identity {

@@ -4,9 +4,12 @@
 //! pre-tiled int8 bytes exactly as `Npu::tile_weight` produced them and the per-channel scales,
 //! behind a one-page header ([`format`], byte layout in `FORMAT.md`). A cold start packs
 //! (dequantize → int8 → tile) and writes the file; a warm start maps the file (`mmap`, through
-//! `npu::kif::filemap`), validates it and hands the tiles to `Npu::upload_bytes`, which imports
-//! them via `KernelInterface::mem_import` (zero-copy where the kernel interface allows; the
-//! default implementation copies once into the device buffer).
+//! `npu::kif::filemap`), checks header and identity ([`PackCache::open`]) and imports the tiles
+//! through `Npu::upload_bytes_observed` / `KernelInterface::mem_import_observed`, which copies
+//! them once into device memory (no kernel interface here can map file pages into the NPU; see
+//! `kif::rknpu`'s "Import" note) and hands each piece of the device copy to the payload checksum
+//! right after copying it; the entry counts only if the checksum matches ([`Unverified::accept`]),
+//! otherwise the imported buffers are freed and the weight is repacked. The payload is read once.
 //!
 //! **Discipline: Mesa's `disk_cache`** (house style §6, design.md):
 //! * The key hashes everything that changes the bytes ([`Identity`]): the source bytes
@@ -246,6 +249,56 @@ impl Loaded {
     }
 }
 
+/// A mapped entry whose header, identity and length are checked but whose payload checksum is
+/// not yet: only [`Unverified::verify`] or [`Unverified::accept`] turn it into a [`Loaded`].
+///
+/// `accept` exists for the fused hit path: the caller imports the tiles into device memory,
+/// hashes each piece of the device copy as it lands ([`format::StreamHash`]: tiles, then
+/// [`Unverified::tail`]), and hands the hash over; the entry counts only if it equals the
+/// header's, and the caller frees what it imported otherwise. The payload is then read once
+/// instead of twice (verify, then copy).
+pub struct Unverified {
+    loaded: Loaded,
+    file: File,
+}
+
+impl Unverified {
+    /// The tiles, unverified.
+    pub fn tiles(&self) -> &[u8] {
+        self.loaded.tiles()
+    }
+    /// The payload after the tiles (padding, then the scales), unverified.
+    pub fn tail(&self) -> &[u8] {
+        let h = &self.loaded.header;
+        &self.loaded.map[(h.tiles_off + h.tiles_bytes) as usize..h.file_bytes as usize]
+    }
+    pub fn header(&self) -> &Header {
+        &self.loaded.header
+    }
+    pub fn path(&self) -> &Path {
+        &self.loaded.path
+    }
+
+    /// Verifies the payload checksum over the mapped file (all cores).
+    pub fn verify(self) -> Result<Loaded, CacheError> {
+        let hash = format::par_hash(&self.loaded.map[format::HEADER_BYTES..]);
+        self.accept(hash)
+    }
+
+    /// Accepts the entry if `payload_hash` — [`format::par_hash`] of the payload (tiles, then
+    /// [`Unverified::tail`]) as the caller read it — equals the header's. On success the file's
+    /// mtime is set to now (LRU).
+    pub fn accept(self, payload_hash: u128) -> Result<Loaded, CacheError> {
+        if payload_hash != self.loaded.header.payload_hash {
+            return Err(CacheError::Format { path: self.loaded.path, source: FormatError::PayloadChecksum });
+        }
+        if let Err(e) = self.file.set_modified(SystemTime::now()) {
+            log::trace!("orkpack: cannot update mtime of {}: {e}", self.loaded.path.display());
+        }
+        Ok(self.loaded)
+    }
+}
+
 /// Which identity field differs (for the debug line), if any.
 fn first_difference(a: &Identity, b: &Identity) -> Option<&'static str> {
     [
@@ -311,6 +364,12 @@ impl PackCache {
     /// Maps and validates the entry for `id`: header, identity (field by field), length and
     /// payload checksum. On success the file's mtime is set to now (LRU).
     pub fn load(&self, id: &Identity) -> Result<Loaded, CacheError> {
+        self.open(id)?.verify()
+    }
+
+    /// Maps the entry for `id` and checks everything but the payload checksum: header, identity
+    /// (field by field) and file length. See [`Unverified`].
+    pub fn open(&self, id: &Identity) -> Result<Unverified, CacheError> {
         let path = self.path_for(id);
         // Only a regular file (or a link to one) is an entry: opening a FIFO or a device would
         // block or read forever.
@@ -330,11 +389,8 @@ impl PackCache {
         if let Some(field) = first_difference(&header.id, &id.normalized()) {
             return Err(CacheError::Mismatch { path, field });
         }
-        format::verify_payload(&header, &map).map_err(|source| CacheError::Format { path: path.clone(), source })?;
-        if let Err(e) = file.set_modified(SystemTime::now()) {
-            log::trace!("orkpack: cannot update mtime of {}: {e}", path.display());
-        }
-        Ok(Loaded { map, header, path })
+        format::check_length(&header, &map).map_err(|source| CacheError::Format { path: path.clone(), source })?;
+        Ok(Unverified { loaded: Loaded { map, header, path }, file })
     }
 
     /// Writes the entry for `id` (temporary file, then rename), then evicts if the directory

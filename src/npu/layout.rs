@@ -152,9 +152,11 @@ pub fn tile_fast(w: &[i8], k: usize, t: &Tile, out: &mut [u8]) {
     out[..t.nc * t.kp].par_chunks_mut(kt_n * BLOCK_BYTES).enumerate().for_each(|(nt, blk)| {
         for nl in 0..BLOCK {
             let row = (t.n0 + nt * BLOCK + nl) * k + t.k0;
-            for kt in 0..kt_n {
-                let d = kt * BLOCK_BYTES + nl * BLOCK;
-                blk[d..d + BLOCK].copy_from_slice(&wb[row + kt * BLOCK..row + kt * BLOCK + BLOCK]);
+            // Fixed-size 32-byte moves (inlined), not a memmove call per block.
+            let src = wb[row..row + kt_n * BLOCK].chunks_exact(BLOCK);
+            for (d, s) in blk.chunks_exact_mut(BLOCK_BYTES).zip(src) {
+                let d: &mut [u8; BLOCK] = (&mut d[nl * BLOCK..(nl + 1) * BLOCK]).try_into().expect("32-byte block");
+                *d = s.try_into().expect("32-byte block");
             }
         }
     });

@@ -171,6 +171,9 @@ fn open_hw(kind: NpuKind) -> Result<Box<dyn KernelInterface>, NpuError> {
     }
 }
 
+/// What an observed import calls per piece: `(offset, device copy)`.
+type Observer<'a> = dyn FnMut(usize, &[u8]) + 'a;
+
 impl Npu {
     /// Opens the NPU described by `cfg`.
     pub fn open(cfg: &NpuConfig) -> Result<Arc<Npu>, NpuError> {
@@ -246,17 +249,27 @@ impl Npu {
 
     /// Uploads a tiled weight into the next IOMMU domain with room.
     pub fn upload(&self, tw: &TiledWeight) -> Result<Arc<ResidentWeight>, NpuError> {
-        self.place(tw.n, tw.k, &tw.bytes, false)
+        self.place(tw.n, tw.k, &tw.bytes, None)
     }
 
     /// Uploads pre-tiled bytes (e.g. from a disk cache) via `KernelInterface::mem_import`;
     /// the size is validated against the geometry.
     pub fn upload_bytes(&self, n: usize, k: usize, bytes: &[u8]) -> Result<Arc<ResidentWeight>, NpuError> {
-        self.place(n, k, bytes, true)
+        self.place(n, k, bytes, Some(&mut |_, _| {}))
     }
 
-    fn place(&self, n: usize, k: usize, bytes: &[u8], import: bool) -> Result<Arc<ResidentWeight>, NpuError> {
-        let op = if import { "upload_bytes" } else { "upload" };
+    /// [`upload_bytes`](Self::upload_bytes) through `KernelInterface::mem_import_observed`:
+    /// `observe(offset, device_copy)` sees every piece of `bytes`, in order, right after it was
+    /// written into device memory. If an attempt fails after observing (the IOVA window filled
+    /// up and another domain is tried) the pieces are observed again from offset 0, so an
+    /// observer that checksums them restarts when it sees offset 0.
+    pub fn upload_bytes_observed(&self, n: usize, k: usize, bytes: &[u8], observe: &mut dyn FnMut(usize, &[u8])) -> Result<Arc<ResidentWeight>, NpuError> {
+        self.place(n, k, bytes, Some(observe))
+    }
+
+    fn place(&self, n: usize, k: usize, bytes: &[u8], import: Option<&mut Observer<'_>>) -> Result<Arc<ResidentWeight>, NpuError> {
+        let mut import = import;
+        let op = if import.is_some() { "upload_bytes" } else { "upload" };
         self.check_shape(n, k)?;
         let geom = WeightGeometry::new(&self.shared.soc, n, k);
         if bytes.len() != geom.total_bytes {
@@ -272,8 +285,8 @@ impl Npu {
                 bytes: size,
                 why: format!("{e:?}"),
             })?;
-            let made = mm::ensure_scratch(&self.shared, d, self.max_cores).and_then(|_| if import {
-                kif.mem_import(bytes, d)
+            let made = mm::ensure_scratch(&self.shared, d, self.max_cores).and_then(|_| if let Some(observe) = import.as_deref_mut() {
+                kif.mem_import_observed(bytes, d, observe)
             } else {
                 kif.mem_create(bytes.len(), mem_flags::DATA, d).and_then(|mut bo| {
                     bo.bytes_mut()[..bytes.len()].copy_from_slice(bytes);

@@ -34,7 +34,7 @@
 //!   needed on the native path; [`Rknpu::set_iommu_domain`] (action 25, stock) is offered for
 //!   paths that map into "whatever domain is live" (PRIME imports). The oRKLLM-patched 0x1xx
 //!   actions are never sent (conflict 2). Ids are capped at [`MAX_DOMAINS`] (conflict 4).
-//! * **Import.** `mem_import` keeps the trait's default (create + copy + sync). A dma-heap/PRIME
+//! * **Import.** `mem_import` / `mem_import_observed` keep the trait's defaults (create + copy + sync). A dma-heap/PRIME
 //!   path would not save the copy (host bytes must land in device memory either way), needs
 //!   `DMA_BUF_IOCTL_SYNC` instead of MEM_SYNC, maps into the live domain only, and carries ork's
 //!   unconfirmed quirks (anchor buffer per domain, aliased IOVAs) — not worth it yet.
