@@ -67,6 +67,12 @@ pub struct Stats {
     pub cache_writes: AtomicU64,
     /// Weight preparation time (packing or cache loading, hashing included).
     pub pack_ns: AtomicU64,
+    /// Parts of `pack_ns` on the cache path: hashing the source bytes (the cache key), opening
+    /// entries (stat, open, map, header, identity, length), importing the tiles into device
+    /// memory with the payload checksum fused in (hits only).
+    pub cache_hash_ns: AtomicU64,
+    pub cache_read_ns: AtomicU64,
+    pub cache_import_ns: AtomicU64,
     pub quant_ns: AtomicU64,
     pub npu_ns: AtomicU64,
     pub dequant_ns: AtomicU64,
@@ -80,6 +86,46 @@ pub struct Stats {
     pub cpu_ns: AtomicU64,
     /// GPU decode runs per phase.
     pub gpu_phase: [AtomicU64; 2],
+    /// Wall time of the NPU runs inside `run_mul_mat` (arbiter, submit, device; both weight
+    /// terms): with `gpu_ns` and `cpu_ns`, the engine time taken out of a graph_compute's wall
+    /// time to get ORK's own host time (see [`GraphStats`]).
+    pub npu_run_ns: AtomicU64,
+    /// Arbiter time of the NPU runs: lease acquire (incl. the cross-process flock, and waiting
+    /// while another process holds the NPU) and release. Host work, not engine time.
+    pub arb_ns: AtomicU64,
+    /// ORK's `graph_compute` calls, by class: 0 = batches (some MUL_MAT with M > 1, or none run
+    /// by ORK), 1 = single-row graphs (every MUL_MAT ORK ran had M = 1: decode).
+    pub graph: [GraphStats; 2],
+}
+
+/// Where the wall time of a class of `graph_compute` calls went. `host = wall − engines −
+/// weight preparation` is ORK's own host time: act-quant (with the column equalisation) +
+/// dequant (`qdq_ns`) + NPU arbiter (`arb_ns`) + bookkeeping (graph walk, routing, weight
+/// lookup, GPU job batching).
+/// Deltas of the process-wide counters over each call: concurrent graph_compute calls on
+/// several threads (serving) can attribute one's work to another's span.
+#[derive(Default)]
+pub struct GraphStats {
+    pub calls: AtomicU64,
+    pub wall_ns: AtomicU64,
+    /// NPU runs + GPU batches + ggml-cpu runs inside the calls.
+    pub engine_ns: AtomicU64,
+    /// First-use weight packing / cache loads inside the calls (one-time work).
+    pub prep_ns: AtomicU64,
+    pub qdq_ns: AtomicU64,
+    pub arb_ns: AtomicU64,
+}
+
+/// The counters [`Stats::record_graph`] differences over one graph_compute call.
+#[derive(Clone, Copy, Default)]
+pub struct GraphSnap {
+    engine_ns: u64,
+    prep_ns: u64,
+    qdq_ns: u64,
+    arb_ns: u64,
+    npu_matmuls: u64,
+    npu_rows: u64,
+    gpu_matmuls: u64,
 }
 
 /// NPU runs of one phase and where their time went.
@@ -100,12 +146,43 @@ pub struct PhaseStats {
 }
 
 impl Stats {
+    /// Counters at the start of a graph_compute call.
+    pub fn graph_snap(&self) -> GraphSnap {
+        let l = |a: &AtomicU64| a.load(Relaxed);
+        GraphSnap {
+            engine_ns: l(&self.npu_run_ns) + l(&self.gpu_ns) + l(&self.cpu_ns),
+            prep_ns: l(&self.pack_ns),
+            qdq_ns: l(&self.quant_ns) + l(&self.dequant_ns),
+            arb_ns: l(&self.arb_ns),
+            npu_matmuls: l(&self.npu_matmuls),
+            npu_rows: l(&self.npu_rows),
+            gpu_matmuls: l(&self.gpu_matmuls),
+        }
+    }
+
+    /// Books one graph_compute call of `wall_ns` that started at `before`.
+    pub fn record_graph(&self, before: GraphSnap, wall_ns: u64) {
+        let now = self.graph_snap();
+        let d = |a: u64, b: u64| a.saturating_sub(b);
+        let (mm, rows) = (d(now.npu_matmuls, before.npu_matmuls), d(now.npu_rows, before.npu_rows));
+        let gpu = d(now.gpu_matmuls, before.gpu_matmuls);
+        // GPU runs are decode runs; NPU runs are single-row when rows == runs.
+        let single = (gpu > 0 || mm > 0) && rows == mm;
+        let g = &self.graph[single as usize];
+        g.calls.fetch_add(1, Relaxed);
+        g.wall_ns.fetch_add(wall_ns, Relaxed);
+        g.engine_ns.fetch_add(d(now.engine_ns, before.engine_ns), Relaxed);
+        g.prep_ns.fetch_add(d(now.prep_ns, before.prep_ns), Relaxed);
+        g.qdq_ns.fetch_add(d(now.qdq_ns, before.qdq_ns), Relaxed);
+        g.arb_ns.fetch_add(d(now.arb_ns, before.arb_ns), Relaxed);
+    }
+
     pub fn summary(&self) -> String {
         let ms = |a: &AtomicU64| a.load(Relaxed) as f64 / 1e6;
         format!(
             "ORK ran {} MUL_MAT on the NPU ({} rows, {} submits) and {} on the GPU ({} submits, {:.1} ms); {} MUL_MAT graph nodes were left to the CPU \
              (M < ORK_MINM) at graph split; {} NPU errors fell back to the CPU; weights: {} cache hits, {} packs \
-             ({} cache writes), prepared in {:.0} ms; time: act-quant {:.1} ms, npu {:.1} ms, dequant {:.1} ms",
+             ({} cache writes), prepared in {:.0} ms (source hash {:.0} ms, cache open {:.0} ms, import + verify {:.0} ms); time: act-quant {:.1} ms, npu {:.1} ms, dequant {:.1} ms",
             self.npu_matmuls.load(Relaxed),
             self.npu_rows.load(Relaxed),
             self.submits.load(Relaxed),
@@ -118,6 +195,9 @@ impl Stats {
             self.packed.load(Relaxed),
             self.cache_writes.load(Relaxed),
             ms(&self.pack_ns),
+            ms(&self.cache_hash_ns),
+            ms(&self.cache_read_ns),
+            ms(&self.cache_import_ns),
             ms(&self.quant_ns),
             ms(&self.npu_ns),
             ms(&self.dequant_ns),
@@ -151,6 +231,17 @@ impl Stats {
             self.cpu_ops.load(Relaxed),
             ms(&self.cpu_ns)
         );
+        for (i, name) in ["batches", "single-row"].iter().enumerate() {
+            let g = &self.graph[i];
+            let (wall, eng, prep, qdq, arb) = (ms(&g.wall_ns), ms(&g.engine_ns), ms(&g.prep_ns), ms(&g.qdq_ns), ms(&g.arb_ns));
+            let host = (wall - eng - prep).max(0.0);
+            out += &format!(
+                "\n  graph_compute {name}: {} calls, wall {wall:.2} ms; engines {eng:.2} ms; weight preparation {prep:.2} ms; \
+                 host {host:.3} ms = act-quant + dequant {qdq:.3} ms + arbiter {arb:.3} ms + bookkeeping {:.3} ms",
+                g.calls.load(Relaxed),
+                (host - qdq - arb).max(0.0),
+            );
+        }
         if let Some(a) = arb {
             out += &format!("\n  {}", a.summary());
         }
@@ -218,6 +309,50 @@ pub fn mul_mat_unsupported(dev: &Device, s: &MatMulShape) -> Option<String> {
     None
 }
 
+/// Per-thread buffers of [`Device::run_mul_mat`], reused from one matmul to the next so a decode
+/// matmul allocates nothing: column-scaled activations, int8 activation terms and their scales,
+/// the int32 results of both weight terms.
+#[derive(Default)]
+struct Scratch {
+    xs: Vec<f32>,
+    a: Vec<i8>,
+    a_scale: Vec<f32>,
+    c: Vec<i32>,
+    cl: Vec<i32>,
+}
+
+/// Buffers above this size are not kept between calls (large prefill batches would otherwise
+/// pin hundreds of MB per thread); decode buffers are far below it.
+const SCRATCH_KEEP_BYTES: usize = 4 << 20;
+
+impl Scratch {
+    fn kept(mut self) -> Scratch {
+        fn cap<T>(v: &mut Vec<T>) {
+            if v.capacity() * std::mem::size_of::<T>() > SCRATCH_KEEP_BYTES {
+                *v = Vec::new();
+            }
+        }
+        cap(&mut self.xs);
+        cap(&mut self.a);
+        cap(&mut self.a_scale);
+        cap(&mut self.c);
+        cap(&mut self.cl);
+        self
+    }
+}
+
+thread_local! {
+    static SCRATCH: std::cell::Cell<Scratch> = std::cell::Cell::new(Scratch::default());
+}
+
+/// The first `len` elements of `v`, grown (never shrunk) to hold them; old contents stay.
+fn scratch<T: Copy + Default>(v: &mut Vec<T>, len: usize) -> &mut [T] {
+    if v.len() < len {
+        v.resize(len, T::default());
+    }
+    &mut v[..len]
+}
+
 impl Device {
     /// Whether decode matmuls can go to the GPU.
     pub fn gpu_ready(&self) -> bool {
@@ -232,15 +367,20 @@ impl Device {
         assert_eq!(x.len(), m * k, "x is not [M, K]");
         assert_eq!(dst.len(), m * n, "dst is not [M, N]");
         let t0 = Instant::now();
-        let xs = quant::scale_columns(x, &w.col_scale);
-        let x = &xs[..];
+        // The per-thread buffers of the last call (taken out, so a re-entered call on this thread
+        // simply allocates its own); none of them needs zeroing: each is fully written below.
+        let mut sc = SCRATCH.with(|c| c.take());
         let terms = self.cfg.act_terms_for(weights::is_float_type(w.ggml_type));
         let rows = terms * m;
-        let mut a = vec![0i8; rows * k];
-        let mut a_scale = vec![0f32; rows];
-        quant::quantize_rows_terms(x, m, k, terms, &mut a, &mut a_scale);
+        let lt = LO_ACT_TERMS.min(terms);
+        let xs = scratch(&mut sc.xs, m * k);
+        quant::scale_columns_into(x, &w.col_scale, xs);
+        let a = scratch(&mut sc.a, rows * k);
+        let a_scale = scratch(&mut sc.a_scale, rows);
+        quant::quantize_rows_terms(xs, m, k, terms, a, a_scale);
+        let c = scratch(&mut sc.c, rows * n);
+        let cl = scratch(&mut sc.cl, if w.lo.is_some() { lt * m * n } else { 0 });
         let t1 = Instant::now();
-        let mut c = vec![0i32; rows * n];
         let phase = crate::route::Phase::of(self.cfg, m);
         let ps = &self.stats.phase[(phase == crate::route::Phase::Decode) as usize];
         let want = self.cfg.max_cores.unwrap_or(self.npu.soc().cores);
@@ -254,7 +394,7 @@ impl Device {
         let mut device_ns = 0u64;
         let mut cores = 1u64;
         let r = match &lease {
-            Ok(_) => self.npu.mm_run_at(&w.resident, &a, rows, &mut c, budget, first),
+            Ok(_) => self.npu.mm_run_at(&w.resident, a, rows, c, budget, first),
             Err(e) => Err(NpuError::NoDevice(e.to_string())),
         };
         match r {
@@ -270,20 +410,26 @@ impl Device {
                     ps.fallback.fetch_add(1, Relaxed);
                 }
                 let (q, _, _) = weights::quantize_source(src, n, k);
-                c = crate::npu::reference_mm(&a, &q, rows, k, n);
+                c.copy_from_slice(&crate::npu::reference_mm(a, &q, rows, k, n));
             }
         }
         let t2 = Instant::now();
-        quant::dequantize_output_terms(&c, &a_scale, terms, &w.scales, dst);
+        // The second weight term's NPU run (inside the dequant span below) counts as NPU time.
+        let mut lo_ns = 0u64;
+        // Two activation terms with a second weight term (the usual quantized-GGUF case): both
+        // weight terms' outputs are dequantized in one pass after the second NPU run.
+        let fused = terms == 2 && lt == 1 && w.lo.is_some();
+        if !fused {
+            quant::dequantize_output_terms(c, a_scale, terms, &w.scales, dst);
+        }
         if let Some((lo, lo_scales)) = &w.lo {
             // Second weight term against the first activation term only: the cross terms with
             // later activation terms sit below both terms' resolution (SmolLM2: NMSE ≤ 3e-8 with
             // them, ≤ 1.2e-6 without, against 1e-4 for one weight term) and would cost T·M more
             // NPU rows.
-            let lt = LO_ACT_TERMS.min(terms);
-            let mut cl = vec![0i32; lt * m * n];
+            let tl = Instant::now();
             let r = match &lease {
-                Ok(_) => self.npu.mm_run_at(lo, &a[..lt * m * k], lt * m, &mut cl, budget, first),
+                Ok(_) => self.npu.mm_run_at(lo, &a[..lt * m * k], lt * m, cl, budget, first),
                 Err(e) => Err(NpuError::NoDevice(e.to_string())),
             };
             if let Ok(rs) = &r {
@@ -295,16 +441,27 @@ impl Device {
                 }
                 let (q, s, col) = weights::quantize_source(src, n, k);
                 let (ql, _) = weights::quantize_residual(src, n, k, &col, &q, &s);
-                cl = crate::npu::reference_mm(&a[..lt * m * k], &ql, lt * m, k, n);
+                cl.copy_from_slice(&crate::npu::reference_mm(&a[..lt * m * k], &ql, lt * m, k, n));
             }
-            let mut extra = vec![0f32; m * n];
-            quant::dequantize_output_terms(&cl, &a_scale[..lt * m], lt, lo_scales, &mut extra);
-            for (d, e) in dst.iter_mut().zip(extra) {
-                *d += e;
+            lo_ns = tl.elapsed().as_nanos() as u64;
+            // dst += cl · (a_scale · lo_scale), multiply then add per element: the same floats as
+            // dequantizing into a temporary and adding it.
+            if fused {
+                quant::dequantize_output_2lo(c, a_scale, &w.scales, cl, lo_scales, dst);
+            } else {
+                for t in 0..lt {
+                    for (i, dr) in dst.chunks_mut(n).enumerate() {
+                        let row = (t * m + i) * n;
+                        quant::dequantize_row_acc(&cl[row..row + n], a_scale[t * m + i], lo_scales, dr);
+                    }
+                }
             }
         }
-        drop(lease);
         let t3 = Instant::now();
+        // Releasing the lease (and, for the last one, the cross-process flock) is arbiter time.
+        drop(lease);
+        let arb_ns = (ta - t1).as_nanos() as u64 + t3.elapsed().as_nanos() as u64;
+        self.stats.arb_ns.fetch_add(arb_ns, Relaxed);
         let npu_ns = (t2 - ta).as_nanos() as u64;
         let wait = (device_ns / cores).min(npu_ns);
         ps.runs.fetch_add(1, Relaxed);
@@ -312,12 +469,15 @@ impl Device {
         ps.quant_ns.fetch_add((t1 - t0).as_nanos() as u64, Relaxed);
         ps.submit_ns.fetch_add(npu_ns - wait, Relaxed);
         ps.wait_ns.fetch_add(wait, Relaxed);
-        ps.dequant_ns.fetch_add((t3 - t2).as_nanos() as u64, Relaxed);
+        let dq_ns = ((t3 - t2).as_nanos() as u64).saturating_sub(lo_ns);
+        ps.dequant_ns.fetch_add(dq_ns, Relaxed);
         self.stats.npu_matmuls.fetch_add(1, Relaxed);
         self.stats.npu_rows.fetch_add(m as u64, Relaxed);
         self.stats.quant_ns.fetch_add((t1 - t0).as_nanos() as u64, Relaxed);
-        self.stats.npu_ns.fetch_add((t2 - t1).as_nanos() as u64, Relaxed);
-        self.stats.dequant_ns.fetch_add((t3 - t2).as_nanos() as u64, Relaxed);
+        self.stats.npu_ns.fetch_add((t2 - t1).as_nanos() as u64 + lo_ns, Relaxed);
+        self.stats.dequant_ns.fetch_add(dq_ns, Relaxed);
+        self.stats.npu_run_ns.fetch_add((t2 - ta).as_nanos() as u64 + lo_ns, Relaxed);
+        SCRATCH.with(|cell| cell.set(sc.kept()));
     }
 
     /// The process's NPU arbiter (one per process, created on first use).
@@ -339,5 +499,47 @@ impl Device {
         if n < 3 {
             log::warn!("NPU matmul failed ({e}); computed on the CPU instead");
         }
+    }
+}
+
+#[cfg(test)]
+mod stats_tests {
+    use super::*;
+
+    #[test]
+    fn profile_reports_graph_host_time_without_engine_time() {
+        let s = Stats::default();
+        let ms = |v: u64| v * 1_000_000;
+        let add = |a: &AtomicU64, v: u64| a.fetch_add(v, Relaxed);
+        // a single-row graph: 2 NPU runs of M = 1, 20 ms wall, 12 ms NPU, 3 ms ggml-cpu,
+        // 1 ms act-quant + 0.5 ms dequant, 2 ms first-use packing
+        let b = s.graph_snap();
+        add(&s.npu_matmuls, 2);
+        add(&s.npu_rows, 2);
+        add(&s.npu_run_ns, ms(12));
+        add(&s.cpu_ns, ms(3));
+        add(&s.quant_ns, ms(1));
+        add(&s.dequant_ns, 500_000);
+        add(&s.pack_ns, ms(2));
+        add(&s.arb_ns, 250_000);
+        s.record_graph(b, ms(20));
+        // a batch graph: one NPU run of M = 5, 10 ms wall, 8 ms NPU
+        let b = s.graph_snap();
+        add(&s.npu_matmuls, 1);
+        add(&s.npu_rows, 5);
+        add(&s.npu_run_ns, ms(8));
+        s.record_graph(b, ms(10));
+        let p = s.profile(None);
+        let line = |k: &str| p.lines().find(|l| l.contains(k)).expect(k).trim().to_string();
+        assert_eq!(
+            line("graph_compute single-row:"),
+            "graph_compute single-row: 1 calls, wall 20.00 ms; engines 15.00 ms; weight preparation 2.00 ms; \
+             host 3.000 ms = act-quant + dequant 1.500 ms + arbiter 0.250 ms + bookkeeping 1.250 ms"
+        );
+        assert_eq!(
+            line("graph_compute batches:"),
+            "graph_compute batches: 1 calls, wall 10.00 ms; engines 8.00 ms; weight preparation 0.00 ms; \
+             host 2.000 ms = act-quant + dequant 0.000 ms + arbiter 0.000 ms + bookkeeping 2.000 ms"
+        );
     }
 }

@@ -436,25 +436,28 @@ unsafe fn mul_mat_shape(op: &ggml_tensor) -> Option<MatMulShape> {
     })
 }
 
-/// Makes the weight of an accepted MUL_MAT resident if it is not yet; false when it cannot be
-/// (one warning per weight; the weight is remembered as not resident).
-unsafe fn npu_weight_ready(dev: &Device, node: &ggml_tensor) -> bool {
+/// The resident weight of an accepted MUL_MAT, made resident first if it is not yet; None when it
+/// cannot be (one warning per weight; the weight is remembered as not resident).
+unsafe fn npu_weight(dev: &Device, node: &ggml_tensor) -> Option<std::sync::Arc<backend::PackedWeight>> {
     // SAFETY: a live MUL_MAT node whose weight is in an ORK buffer (mul_mat_unsupported held).
     let w = unsafe { &*node.src[0] };
     // SAFETY: a live weight tensor.
     let base = unsafe { base_of(w) };
     // SAFETY: our buffer (in_ork_buffer held).
     let c = unsafe { ctx(base.buffer) };
+    if let Some(pw) = c.weights.packed(w.data as usize, w.ne[1] as usize, w.ne[0] as usize, w.type_ as u32) {
+        return Some(pw);
+    }
     if c.weights.is_failed(w.data as usize) {
-        return false;
+        return None;
     }
     // SAFETY: a live weight in our buffer.
     match unsafe { packed_weight(c, dev, w) } {
-        Ok(_) => true,
+        Ok(pw) => Some(pw),
         Err(e) => {
             dev.stats.not_resident.fetch_add(1, Relaxed);
             log::warn!("MUL_MAT {} runs on the CPU: weight {} not resident on the NPU ({e})", tensor_name(node), tensor_name(w));
-            false
+            None
         }
     }
 }
@@ -690,6 +693,13 @@ fn tensor_name(t: &ggml_tensor) -> String {
 
 /// Calls `f` with the weight `w`'s GGUF bytes and ggml's row dequantizer for its type.
 unsafe fn with_weight_source<R>(w: &ggml_tensor, f: impl FnOnce(&WeightSource<'_>) -> R) -> Result<R, String> {
+    // SAFETY: forwarded contract.
+    unsafe { with_weight_source_named(w, true, f) }
+}
+
+/// [`with_weight_source`]; `named == false` leaves the source's name empty (the per-matmul path,
+/// where only the CPU fallback reads the source, and never its name: no strlen + UTF-8 check).
+unsafe fn with_weight_source_named<R>(w: &ggml_tensor, named: bool, f: impl FnOnce(&WeightSource<'_>) -> R) -> Result<R, String> {
     let api = api::get().map_err(|e| e.to_string())?;
     let k = w.ne[0];
     // SAFETY: ggml helpers on a live tensor.
@@ -702,7 +712,9 @@ unsafe fn with_weight_source<R>(w: &ggml_tensor, f: impl FnOnce(&WeightSource<'_
         // SAFETY: `row` holds one row (K elements) of this type; `out` has K floats.
         unsafe { tf(row.as_ptr() as *const c_void, out.as_mut_ptr(), out.len() as i64) }
     };
-    let name = tensor_name(w);
+    // SAFETY: ggml keeps `name` NUL-terminated within GGML_MAX_NAME; borrowed when valid UTF-8
+    // (no allocation on the per-matmul path).
+    let name = if named { unsafe { CStr::from_ptr(w.name.as_ptr()) }.to_string_lossy() } else { "".into() };
     Ok(f(&WeightSource { name: &name, ggml_type: w.type_ as u32, bytes, row_bytes, to_float: &to_float }))
 }
 
@@ -775,7 +787,11 @@ unsafe extern "C" fn backend_free(b: ggml_backend_t) {
 }
 
 unsafe extern "C" fn backend_graph_compute(b: ggml_backend_t, g: *mut ggml_cgraph) -> ggml_status {
-    guard("backend_graph_compute", GGML_STATUS_FAILED, || {
+    // Wall time of the whole call and the counters around it, for the profile's host-time
+    // lines (`Stats::record_graph`).
+    let t_graph = std::time::Instant::now();
+    let before = device().map(|d| d.stats.graph_snap());
+    let st = guard("backend_graph_compute", GGML_STATUS_FAILED, || {
         let (Some(dev), Ok(api)) = (device(), api::get()) else { return GGML_STATUS_FAILED };
         // GPU decode matmuls are batched into one submit until a node needs one of their results.
         let mut pending: Vec<backend::gpu::GpuJob<'static>> = Vec::new();
@@ -804,11 +820,29 @@ unsafe extern "C" fn backend_graph_compute(b: ggml_backend_t, g: *mut ggml_cgrap
         let npu_before = dev.stats.npu_matmuls.load(Relaxed);
         let mut cpu_from: Option<i32> = None;
         let mut cpu_nodes = 0u64;
-        let run_cpu = |from: &mut Option<i32>, to: i32, cpu_nodes: &mut u64, pending: &mut Vec<backend::gpu::GpuJob<'static>>, pending_dst: &mut Vec<*const ggml_tensor>| -> Result<(), String> {
+        // The cross-process NPU lock is kept between the NPU matmuls of this call (one flock +
+        // unlock per call, not per matmul) and let go before ggml-cpu runs and on return; taking
+        // and letting it go is arbiter time, as inside `run_mul_mat`.
+        let mut hold: Option<backend::arbiter::Hold<'static>> = None;
+        let release = |hold: &mut Option<backend::arbiter::Hold<'static>>| {
+            if let Some(h) = hold.take() {
+                let t0 = std::time::Instant::now();
+                drop(h);
+                dev.stats.arb_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+            }
+        };
+        let run_cpu = |from: &mut Option<i32>,
+                       to: i32,
+                       cpu_nodes: &mut u64,
+                       pending: &mut Vec<backend::gpu::GpuJob<'static>>,
+                       pending_dst: &mut Vec<*const ggml_tensor>,
+                       hold: &mut Option<backend::arbiter::Hold<'static>>|
+         -> Result<(), String> {
             let Some(i0) = from.take() else { return Ok(()) };
             if *cpu_nodes == 0 {
                 return Ok(());
             }
+            release(hold);
             flush(pending, pending_dst)?;
             if !bctx.logged_whole_graph.swap(true, Relaxed) {
                 log::info!("whole-graph mode (e.g. ggml-rpc-server -d ORK): ORK runs the ops it does not accelerate on ggml's CPU backend");
@@ -826,28 +860,30 @@ unsafe extern "C" fn backend_graph_compute(b: ggml_backend_t, g: *mut ggml_cgrap
         for i in 0..n {
             // SAFETY: index within n_nodes.
             let node = unsafe { &*(api.graph_node)(g, i) };
+            // Shape, route and resident weight are worked out once per node, here.
             let ours = match node.op {
-                GGML_OP_NONE | GGML_OP_RESHAPE | GGML_OP_VIEW | GGML_OP_PERMUTE | GGML_OP_TRANSPOSE => None,
+                GGML_OP_NONE | GGML_OP_RESHAPE | GGML_OP_VIEW | GGML_OP_PERMUTE | GGML_OP_TRANSPOSE => continue,
                 // SAFETY: a live MUL_MAT node.
                 GGML_OP_MUL_MAT => match unsafe { mul_mat_shape(node) } {
                     Some(s) if backend::mul_mat_unsupported(dev, &s).is_none() => match engine_for(dev, &s, false) {
-                        crate::route::Engine::Cpu => Some(false),
+                        crate::route::Engine::Cpu => Err(s.m),
                         // A weight that cannot be made resident (budget, IOMMU) runs on ggml's CPU
                         // backend, in place, like any op ORK does not accelerate.
                         // SAFETY: a live MUL_MAT node ORK accepts.
-                        crate::route::Engine::Npu => Some(unsafe { npu_weight_ready(dev, node) }),
-                        crate::route::Engine::Gpu => Some(true),
+                        crate::route::Engine::Npu => match unsafe { npu_weight(dev, node) } {
+                            Some(pw) => Ok((s, Some(pw))),
+                            None => Err(s.m),
+                        },
+                        crate::route::Engine::Gpu => Ok((s, None)),
                     },
-                    _ => Some(false),
+                    Some(s) => Err(s.m),
+                    None => Err(1),
                 },
-                _ => Some(false),
+                _ => Err(0),
             };
-            match ours {
-                None => continue,
-                Some(false) => {
+            let (s, npu_w) = match ours {
+                Err(m) => {
                     if node.op == GGML_OP_MUL_MAT {
-                        // SAFETY: as above.
-                        let m = unsafe { mul_mat_shape(node) }.map_or(1, |s| s.m);
                         let ph = crate::route::Phase::of(dev.cfg, m);
                         dev.stats.cpu_mm[(ph == crate::route::Phase::Decode) as usize].fetch_add(1, Relaxed);
                     }
@@ -855,13 +891,14 @@ unsafe extern "C" fn backend_graph_compute(b: ggml_backend_t, g: *mut ggml_cgrap
                     cpu_nodes += 1;
                     continue;
                 }
-                Some(true) => {
-                    if let Err(e) = run_cpu(&mut cpu_from, i, &mut cpu_nodes, &mut pending, &mut pending_dst) {
+                Ok(v) => {
+                    if let Err(e) = run_cpu(&mut cpu_from, i, &mut cpu_nodes, &mut pending, &mut pending_dst, &mut hold) {
                         log::error!("{e}");
                         return GGML_STATUS_FAILED;
                     }
+                    v
                 }
-            }
+            };
             // SAFETY: index within n_nodes.
             let node = unsafe { &mut *(api.graph_node)(g, i) };
             let reads_pending = node.src.iter().any(|&s| {
@@ -874,33 +911,26 @@ unsafe extern "C" fn backend_graph_compute(b: ggml_backend_t, g: *mut ggml_cgrap
                     return GGML_STATUS_FAILED;
                 }
             }
-            match node.op {
-                GGML_OP_NONE | GGML_OP_RESHAPE | GGML_OP_VIEW | GGML_OP_PERMUTE | GGML_OP_TRANSPOSE => {}
-                GGML_OP_MUL_MAT => {
-                    // SAFETY: a MUL_MAT node that supports_op accepted.
-                    let r = unsafe { compute_mul_mat(dev, node) };
-                    match r {
-                        Ok(None) => {}
-                        Ok(Some(job)) => {
-                            pending.push(job);
-                            pending_dst.push(node as *const _);
-                        }
-                        Err(e) => {
-                            log::error!("MUL_MAT {}: {e}", tensor_name(node));
-                            return GGML_STATUS_FAILED;
-                        }
-                    }
+            if npu_w.is_some() && hold.is_none() {
+                hold = Some(dev.arbiter().hold());
+            }
+            // SAFETY: a MUL_MAT node ORK accepts, with its shape and (NPU) resident weight.
+            let r = unsafe { compute_mul_mat(dev, node, &s, npu_w) };
+            match r {
+                Ok(None) => {}
+                Ok(Some(job)) => {
+                    pending.push(job);
+                    pending_dst.push(node as *const _);
                 }
-                other => {
-                    // SAFETY: ggml_op_name returns a static string.
-                    let name = unsafe { CStr::from_ptr((api.op_name)(other)) }.to_string_lossy();
-                    log::error!("op {name} reached ORK's MUL_MAT path");
+                Err(e) => {
+                    log::error!("MUL_MAT {}: {e}", tensor_name(node));
                     return GGML_STATUS_FAILED;
                 }
             }
         }
+        release(&mut hold);
         let ran_cpu = cpu_nodes > 0 || bctx.logged_whole_graph.load(Relaxed);
-        if let Err(e) = run_cpu(&mut cpu_from, n, &mut cpu_nodes, &mut pending, &mut pending_dst) {
+        if let Err(e) = run_cpu(&mut cpu_from, n, &mut cpu_nodes, &mut pending, &mut pending_dst, &mut hold) {
             log::error!("{e}");
             return GGML_STATUS_FAILED;
         }
@@ -916,24 +946,25 @@ unsafe extern "C" fn backend_graph_compute(b: ggml_backend_t, g: *mut ggml_cgrap
             return GGML_STATUS_FAILED;
         }
         GGML_STATUS_SUCCESS
-    })
+    });
+    if let (Some(dev), Some(before)) = (device(), before) {
+        dev.stats.record_graph(before, t_graph.elapsed().as_nanos() as u64);
+    }
+    st
 }
 
-/// Runs one MUL_MAT on the NPU now, or returns it as a GPU job to batch (decode routed to the
-/// GPU). The job borrows the node's activation and output memory, which ggml keeps alive for the
-/// whole graph computation.
-unsafe fn compute_mul_mat(dev: &Device, node: &mut ggml_tensor) -> Result<Option<backend::gpu::GpuJob<'static>>, String> {
-    // SAFETY: supports_op validated the node's sources and layouts.
-    let s = unsafe { mul_mat_shape(node) }.ok_or("malformed MUL_MAT")?;
-    if let Some(why) = backend::mul_mat_unsupported(dev, &s) {
-        return Err(why);
-    }
+/// Runs one MUL_MAT on the NPU now (`npu_w`: its resident weight), or returns it as a GPU job
+/// to batch (decode routed to the GPU, `npu_w` None). `s` is the node's shape, which the caller
+/// checked ORK accepts. The job borrows the node's activation and output memory, which ggml keeps
+/// alive for the whole graph computation.
+unsafe fn compute_mul_mat(
+    dev: &Device,
+    node: &mut ggml_tensor,
+    s: &MatMulShape,
+    npu_w: Option<std::sync::Arc<backend::PackedWeight>>,
+) -> Result<Option<backend::gpu::GpuJob<'static>>, String> {
     // SAFETY: live source tensors of the node.
     let (w, x) = unsafe { (&*node.src[0], &*node.src[1]) };
-    // SAFETY: a live weight tensor.
-    let wbase = unsafe { base_of(w) };
-    // SAFETY: `in_ork_buffer` held, so the buffer is ours.
-    let c = unsafe { ctx(wbase.buffer) };
     // SAFETY: contiguous f32 tensors of M·K and M·N elements (checked by mul_mat_shape); the graph
     // keeps them alive until graph_compute returns, which outlives the job.
     let (xs, ds): (&'static [f32], &'static mut [f32]) = unsafe {
@@ -942,16 +973,16 @@ unsafe fn compute_mul_mat(dev: &Device, node: &mut ggml_tensor) -> Result<Option
             std::slice::from_raw_parts_mut(node.data as *mut f32, s.m * s.n),
         )
     };
-    let gpu = engine_for(dev, &s, false) == crate::route::Engine::Gpu;
     // SAFETY: a live weight in our buffer.
     unsafe {
-        with_weight_source(w, |src| {
-            if gpu {
+        with_weight_source_named(w, npu_w.is_none(), |src| {
+            let Some(pw) = &npu_w else {
+                // SAFETY: `in_ork_buffer` held for the weight, so its buffer is ours.
+                let c = ctx(base_of(w).buffer);
                 let gw = c.weights.get_or_upload_gpu(dev, w.data as usize, src, s.n, s.k).map_err(|e| e.to_string())?;
                 return Ok(Some(backend::gpu::GpuJob { w: gw, x: xs, m: s.m, dst: ds }));
-            }
-            let pw = c.weights.get_or_pack(dev, w.data as usize, src, s.n, s.k).map_err(|e| e.to_string())?;
-            dev.run_mul_mat(&pw, src, xs, s.m, ds);
+            };
+            dev.run_mul_mat(pw, src, xs, s.m, ds);
             Ok(None)
         })
     }?
