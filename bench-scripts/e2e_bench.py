@@ -66,7 +66,8 @@ def gpu_probe(extra):
                 "-no-cnv", "-t", THREADS, "--no-warmup"], dict(extra, ORK_PROFILE="1"), timeout=900)
     if p is None or p.returncode != 0:
         return False, "probe run failed"
-    prof = [l for l in p.stderr.splitlines() if l.startswith("ork:") and "MUL_MAT" in l]
+    # llama.cpp's logger may prefix a timestamp, so "ork:" is searched, not anchored
+    prof = [l for l in p.stderr.splitlines() if "ork: " in l and "on the GPU" in l]
     last = prof[-1] if prof else ""
     m = re.search(r"(\d+)\s+(?:MUL_MAT\s+)?(?:\w+\s+){0,3}(?:on|to) the (?:GPU|Mali|Vulkan)", last, re.I) or \
         re.search(r"gpu\w*[ =:]+(\d+)", last, re.I)
