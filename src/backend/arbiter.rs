@@ -18,26 +18,44 @@
 //! wedge the IOMMU; ork shares it through a daemon). We take the simplest sound option: an
 //! advisory `flock` on one lock file per NPU (`ork-npu-<soc>-<interface>.lock` in `ORK_LOCK_DIR`,
 //! else `$XDG_RUNTIME_DIR`, `/run/lock`, `/tmp`), held while any lease of this process is live,
-//! and between the leases of one `graph_compute` call ([`Hold`]: one flock + unlock per call, not
-//! per matmul) — so two processes interleave at the granularity of one graph_compute's run of
-//! matmuls (a graph split: 1-3 matmuls in decode) instead of one starving the other for a whole
-//! generation. `ORK_NPU_LOCK=wait` (default) blocks until the other process
-//! lets go; `cpu` does not wait and runs that matmul's int8 arithmetic on the CPU instead (the
-//! same int32 result, slower); `off` skips the lock. Each process logs one line the first time
-//! arbitration made it wait or fall back, and the counts appear in the profile summary. The lock
-//! dies with its holder (the kernel drops `flock` locks on exit), so a crashed process never
-//! blocks the NPU.
+//! and between the leases of one `graph_compute` call ([`Hold`]). The lock dies with its holder
+//! (the kernel drops `flock` locks on exit), so a crashed process never blocks the NPU.
+//!
+//! *Sticky while nobody waits.* Taking and letting go of a `flock` is two syscalls; decode makes
+//! one `graph_compute` call per graph split (about 150 per SmolLM2 token), so letting go at the
+//! end of each call cost ≈ 0.25 ms per token here. The lock file's first bytes are also mapped
+//! shared ([`crate::npu::kif::shared`]) as a *want* counter: a process that finds the lock taken
+//! bumps it before it waits. At the point where the lock would be let go (the last lease or hold
+//! ends) the holder keeps it unless the counter moved since it took the lock, or it has held it
+//! for [`STICKY_MAX`] (a bound for waiters that do not signal); a watcher thread lets go of a
+//! kept lock once it has been unused for [`STICKY_IDLE`] or a waiter signals meanwhile. So an
+//! uncontended process takes the lock about once per [`STICKY_MAX`], while two processes still
+//! interleave at the granularity of one graph_compute's run of matmuls (a graph split: 1-3 matmuls
+//! in decode) instead of one starving the other for a whole generation.
+//!
+//! `ORK_NPU_LOCK=wait` (default) blocks until the other process lets go; `cpu` does not wait and
+//! runs that matmul's int8 arithmetic on the CPU instead (the same int32 result, slower); `off`
+//! skips the lock. Each process logs one line the first time arbitration made it wait or fall
+//! back, and the counts appear in the profile summary.
 
 use crate::config::{Config, LockMode};
 use crate::route::Phase;
+use crate::npu::kif::shared::SharedCounter;
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 /// How long after a decode matmul a prefill still leaves a core free for the decode stream.
 pub const DECODE_RECENT: Duration = Duration::from_millis(500);
+
+/// A kept (sticky) cross-process lock is let go at the first release point this long after it was
+/// taken, even with no waiter signalling: the bound for a waiter that does not bump the counter.
+pub const STICKY_MAX: Duration = Duration::from_millis(20);
+
+/// A kept cross-process lock unused for this long is let go by the watcher thread.
+pub const STICKY_IDLE: Duration = Duration::from_millis(10);
 
 /// Counters (in the profile summary).
 #[derive(Default, Debug)]
@@ -51,6 +69,10 @@ pub struct ArbStats {
     pub lock_fallbacks: AtomicU64,
     /// Prefill leases narrowed to leave a core to a decode stream.
     pub narrowed: AtomicU64,
+    /// Times the cross-process lock was taken (a `flock` syscall), and times it was kept at a
+    /// release point because nobody waited for it (no syscall).
+    pub lock_takes: AtomicU64,
+    pub lock_kept: AtomicU64,
 }
 
 struct State {
@@ -66,6 +88,27 @@ struct State {
     waiters: usize,
     /// Live [`Hold`]s: while any is live the cross-process lock stays taken between leases.
     holds: usize,
+    /// The lock file's shared *want* counter (None: not mapped; the lock is then never kept).
+    want: Option<SharedCounter>,
+    /// The counter's value when this process took the lock.
+    seen: u32,
+    /// When the lock was taken, and when it was last kept at a release point.
+    locked_at: Instant,
+    last_use: Instant,
+    /// The watcher thread runs (it is started the first time a lock is kept), and it sleeps
+    /// until woken (no lock kept when it last looked): only then does keeping the lock wake it
+    /// (a futex syscall), not at every release point.
+    watcher: bool,
+    watcher_asleep: bool,
+}
+
+/// What the watcher thread shares with the arbiter.
+struct Shared {
+    state: Mutex<State>,
+    /// Cores were freed (threads waiting in [`Arbiter::acquire`]).
+    freed: Condvar,
+    /// A lock was kept (wakes the watcher).
+    kept: Condvar,
 }
 
 /// The process's NPU arbiter.
@@ -73,8 +116,7 @@ pub struct Arbiter {
     cores: u32,
     mode: LockMode,
     path: Option<PathBuf>,
-    state: Mutex<State>,
-    freed: Condvar,
+    shared: Arc<Shared>,
     pub stats: ArbStats,
 }
 
@@ -87,16 +129,16 @@ pub struct Lease<'a> {
 
 impl Drop for Lease<'_> {
     fn drop(&mut self) {
-        let mut s = self.arb.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.arb.shared.state.lock().unwrap_or_else(|p| p.into_inner());
         for c in self.first..self.first + self.count {
             s.busy[c as usize] = false;
         }
         s.live -= 1;
         if s.live == 0 && s.holds == 0 {
-            s.unlock();
+            self.arb.release_point(&mut s);
         }
         if s.waiters > 0 {
-            self.arb.freed.notify_all();
+            self.arb.shared.freed.notify_all();
         }
     }
 }
@@ -108,6 +150,28 @@ impl State {
         if let Some(l) = self.lock.take() {
             self.spare = l.unlock().ok();
         }
+    }
+
+    /// Whether another process signalled that it waits for the lock since this one took it.
+    fn contended(&self) -> bool {
+        self.want.as_ref().is_none_or(|w| w.get().load(Relaxed) != self.seen)
+    }
+}
+
+/// The watcher thread: lets go of a kept lock that is unused for [`STICKY_IDLE`] or wanted by
+/// another process. Ends with the arbiter.
+fn watch(shared: Weak<Shared>) {
+    loop {
+        let Some(sh) = shared.upgrade() else { return };
+        let mut s = sh.state.lock().unwrap_or_else(|p| p.into_inner());
+        if s.lock.is_some() && s.live == 0 && s.holds == 0 && (s.contended() || s.last_use.elapsed() >= STICKY_IDLE) {
+            s.unlock();
+        }
+        // While a lock is kept, look again within STICKY_IDLE / 2; otherwise sleep until the next
+        // keep (or a second, to notice the arbiter's end).
+        let t = if s.lock.is_some() { STICKY_IDLE / 2 } else { Duration::from_secs(1) };
+        s.watcher_asleep = s.lock.is_none();
+        drop(sh.kept.wait_timeout(s, t));
     }
 }
 
@@ -122,10 +186,10 @@ pub struct Hold<'a> {
 
 impl Drop for Hold<'_> {
     fn drop(&mut self) {
-        let mut s = self.arb.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.arb.shared.state.lock().unwrap_or_else(|p| p.into_inner());
         s.holds -= 1;
         if s.holds == 0 && s.live == 0 {
-            s.unlock();
+            self.arb.release_point(&mut s);
         }
     }
 }
@@ -160,9 +224,60 @@ impl Arbiter {
             cores: cores.max(1),
             mode: cfg.npu_lock,
             path,
-            state: Mutex::new(State { busy: vec![false; cores.max(1) as usize], live: 0, lock: None, spare: None, last_decode: None, waiters: 0, holds: 0 }),
-            freed: Condvar::new(),
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    busy: vec![false; cores.max(1) as usize],
+                    live: 0,
+                    lock: None,
+                    spare: None,
+                    last_decode: None,
+                    waiters: 0,
+                    holds: 0,
+                    want: None,
+                    seen: 0,
+                    locked_at: Instant::now(),
+                    last_use: Instant::now(),
+                    watcher: false,
+                    watcher_asleep: false,
+                }),
+                freed: Condvar::new(),
+                kept: Condvar::new(),
+            }),
             stats: ArbStats::default(),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The last lease or hold of this process ended: let go of the cross-process lock, or keep it
+    /// (no syscall) while nobody waits for it (module docs).
+    fn release_point(&self, s: &mut State) {
+        if s.lock.is_none() {
+            return;
+        }
+        if s.contended() || s.locked_at.elapsed() >= STICKY_MAX {
+            s.unlock();
+            return;
+        }
+        if !s.watcher {
+            let weak = Arc::downgrade(&self.shared);
+            match std::thread::Builder::new().name("ork-npu-lock".into()).spawn(move || watch(weak)) {
+                Ok(_) => s.watcher = true,
+                Err(e) => {
+                    log::debug!("no NPU lock watcher thread ({e}); the lock is let go after each use");
+                    s.want = None;
+                    s.unlock();
+                    return;
+                }
+            }
+        }
+        s.last_use = Instant::now();
+        self.stats.lock_kept.fetch_add(1, Relaxed);
+        if s.watcher_asleep {
+            s.watcher_asleep = false;
+            self.shared.kept.notify_one();
         }
     }
 
@@ -172,7 +287,7 @@ impl Arbiter {
 
     /// Whether the NPU looks busy right now (every core leased here). Advisory: for routing.
     pub fn busy(&self) -> bool {
-        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let s = self.state();
         s.busy.iter().all(|&b| b)
     }
 
@@ -204,19 +319,19 @@ impl Arbiter {
     /// A [`Hold`] on the cross-process lock (taken lazily by the next lease, kept until the hold
     /// is dropped).
     pub fn hold(&self) -> Hold<'_> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).holds += 1;
+        self.state().holds += 1;
         Hold { arb: self }
     }
 
     /// Whether this process holds the cross-process lock now.
     pub fn locked(&self) -> bool {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).lock.is_some()
+        self.state().lock.is_some()
     }
 
     /// Takes a lease for one matmul of `phase` wanting up to `want` cores. Waits for free cores;
     /// across processes waits or (ORK_NPU_LOCK=cpu) returns [`ArbError::Busy`].
     pub fn acquire(&self, phase: Phase, want: u32) -> Result<Lease<'_>, ArbError> {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.state();
         if phase == Phase::Decode {
             s.last_decode = Some(Instant::now());
         }
@@ -227,7 +342,7 @@ impl Arbiter {
             }
             waited = true;
             s.waiters += 1;
-            s = self.freed.wait_timeout(s, Duration::from_millis(50)).map(|r| r.0).unwrap_or_else(|p| p.into_inner().0);
+            s = self.shared.freed.wait_timeout(s, Duration::from_millis(50)).map(|r| r.0).unwrap_or_else(|p| p.into_inner().0);
             s.waiters -= 1;
         };
         if waited {
@@ -238,7 +353,12 @@ impl Arbiter {
         }
         if s.live == 0 && s.lock.is_none() {
             if let Some(path) = &self.path {
-                s.lock = self.lock_file(path, &mut s.spare)?;
+                s.lock = self.lock_file(path, &mut s)?;
+                if s.lock.is_some() {
+                    s.seen = s.want.as_ref().map_or(0, |w| w.get().load(Relaxed));
+                    s.locked_at = Instant::now();
+                    self.stats.lock_takes.fetch_add(1, Relaxed);
+                }
             }
         }
         for c in first..first + count {
@@ -248,12 +368,14 @@ impl Arbiter {
         Ok(Lease { arb: self, first, count })
     }
 
-    /// Takes the cross-process lock on `spare` (the file kept from the last lease) or a freshly
+    /// Takes the cross-process lock on `s.spare` (the file kept from the last lease) or a freshly
     /// opened file (None if the file cannot be opened: arbitration then is best-effort and says
-    /// so once). When the lock is not taken (`ORK_NPU_LOCK=cpu`), the file goes back to `spare`.
-    fn lock_file(&self, path: &std::path::Path, spare: &mut Option<File>) -> Result<Option<nix::fcntl::Flock<File>>, ArbError> {
+    /// so once), mapping its want counter the first time. When the lock is not taken
+    /// (`ORK_NPU_LOCK=cpu`), the file goes back to `spare`. A process that finds the lock taken
+    /// bumps the want counter first, so a holder that keeps the lock lets go of it.
+    fn lock_file(&self, path: &std::path::Path, s: &mut State) -> Result<Option<nix::fcntl::Flock<File>>, ArbError> {
         use nix::fcntl::{Flock, FlockArg};
-        let file = match spare.take() {
+        let file = match s.spare.take() {
             Some(f) => f,
             None => {
                 if let Some(dir) = path.parent() {
@@ -270,12 +392,20 @@ impl Arbiter {
                 }
             }
         };
+        if s.want.is_none() {
+            s.want = SharedCounter::open(&file)
+                .map_err(|e| log::debug!("NPU lock file {}: no shared want counter ({e}); the lock is let go after each use", path.display()))
+                .ok();
+        }
         let file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(l) => return Ok(Some(l)),
             Err((f, _)) => f,
         };
+        if let Some(w) = &s.want {
+            w.get().fetch_add(1, Relaxed);
+        }
         if self.mode == LockMode::Cpu {
-            *spare = Some(file);
+            s.spare = Some(file);
             if self.stats.lock_fallbacks.fetch_add(1, Relaxed) == 0 {
                 log::info!("NPU arbitration: another process holds {}; running matmuls on the CPU while it does (ORK_NPU_LOCK=cpu)", path.display());
             }
@@ -301,12 +431,15 @@ impl Arbiter {
         let s = &self.stats;
         format!(
             "arbiter: {} waits for cores held by another context, {} prefill leases narrowed for a decode stream, \
-             {} waits for another process ({:.1} ms), {} matmuls on the CPU while another process held the NPU",
+             {} waits for another process ({:.1} ms), {} matmuls on the CPU while another process held the NPU; \
+             cross-process lock taken {} times, kept {} times with nobody waiting",
             s.core_waits.load(Relaxed),
             s.narrowed.load(Relaxed),
             s.lock_waits.load(Relaxed),
             s.lock_wait_ns.load(Relaxed) as f64 / 1e6,
-            s.lock_fallbacks.load(Relaxed)
+            s.lock_fallbacks.load(Relaxed),
+            s.lock_takes.load(Relaxed),
+            s.lock_kept.load(Relaxed)
         )
     }
 }
@@ -392,61 +525,105 @@ mod tests {
         assert_eq!(l.count, 3);
     }
 
-    #[test]
-    fn lock_is_released_between_leases_and_taken_again_with_the_kept_file() {
+    /// A foreign holder that does not signal (another open file description, as an older ork
+    /// would be): the lock it frees is taken again with the kept file.
+    fn foreign(a: &Arbiter) -> Result<nix::fcntl::Flock<File>, nix::errno::Errno> {
         use nix::fcntl::{Flock, FlockArg};
-        let dir = tempfile::tempdir().unwrap();
-        let a = Arbiter::new(&cfg(dir.path(), "cpu"), 3, "t");
-        let other = || File::open(a.lock_path().unwrap()).unwrap();
-        for _ in 0..3 {
-            let l = a.acquire(Phase::Decode, 1).unwrap();
-            // held: another open file description cannot take it
-            let f = match Flock::lock(other(), FlockArg::LockExclusiveNonblock) {
-                Ok(_) => panic!("lock not held during a lease"),
-                Err((f, _)) => f,
-            };
-            drop(f);
-            drop(l);
-            // released: another holder takes it, and this arbiter then falls back
-            let held = Flock::lock(other(), FlockArg::LockExclusiveNonblock).map_err(|e| e.1).expect("lock released after the lease");
-            assert!(matches!(a.acquire(Phase::Decode, 1), Err(ArbError::Busy(_))));
-            drop(held);
-        }
-        assert_eq!(a.stats.lock_fallbacks.load(Relaxed), 3);
+        Flock::lock(File::open(a.lock_path().unwrap()).unwrap(), FlockArg::LockExclusiveNonblock).map_err(|e| e.1)
     }
 
     #[test]
-    fn a_hold_keeps_the_lock_between_leases_and_releases_it_when_dropped() {
-        use nix::fcntl::{Flock, FlockArg};
+    fn an_uncontended_lock_is_kept_between_leases_and_let_go_when_another_process_asks() {
         let dir = tempfile::tempdir().unwrap();
         let a = Arbiter::new(&cfg(dir.path(), "cpu"), 3, "t");
-        let other = || Flock::lock(File::open(a.lock_path().unwrap()).unwrap(), FlockArg::LockExclusiveNonblock).map_err(|e| e.1);
+        // The other process: its own arbiter on the same lock file.
+        let b = Arbiter::new(&cfg(dir.path(), "cpu"), 3, "t");
+        for round in 0..3 {
+            for _ in 0..5 {
+                let l = a.acquire(Phase::Decode, 1).unwrap();
+                assert!(foreign(&a).is_err(), "lock not held during a lease");
+                drop(l);
+                // nobody asked: kept, with no syscall, between leases
+                assert!(a.locked());
+            }
+            // b finds it taken: falls back (cpu mode) and signals
+            assert!(matches!(b.acquire(Phase::Decode, 1), Err(ArbError::Busy(_))));
+            // a lets go at its next release point...
+            drop(a.acquire(Phase::Decode, 1).unwrap());
+            assert!(!a.locked(), "round {round}: a waiter signalled, the lock must go");
+            // ...and b takes it; now a finds it taken
+            let l = b.acquire(Phase::Decode, 1).unwrap();
+            assert!(matches!(a.acquire(Phase::Decode, 1), Err(ArbError::Busy(_))));
+            drop(l);
+            assert!(!b.locked(), "a signalled while b held it");
+        }
+        assert_eq!(a.stats.lock_takes.load(Relaxed), 3, "one flock per round, not per lease");
+        assert!(a.stats.lock_kept.load(Relaxed) >= 15);
+        assert_eq!((a.stats.lock_fallbacks.load(Relaxed), b.stats.lock_fallbacks.load(Relaxed)), (3, 3));
+    }
+
+    #[test]
+    fn a_kept_lock_is_let_go_when_idle_and_after_sticky_max() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Arbiter::new(&cfg(dir.path(), "cpu"), 3, "t");
+        drop(a.acquire(Phase::Decode, 1).unwrap());
+        assert!(a.locked());
+        // the watcher lets an unused kept lock go: a waiter that does not signal gets it
+        let t0 = Instant::now();
+        while a.locked() {
+            assert!(t0.elapsed() < Duration::from_secs(5), "kept lock never let go while idle");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(t0.elapsed() >= STICKY_IDLE / 2, "{:?}", t0.elapsed());
+        drop(foreign(&a).expect("free after the idle release"));
+        // in continuous use, a lock taken STICKY_MAX ago goes at the next release point
+        let h = a.hold();
+        drop(a.acquire(Phase::Decode, 1).unwrap());
+        // the lock was taken before this instant
+        let t0 = Instant::now();
+        while t0.elapsed() < STICKY_MAX {
+            drop(a.acquire(Phase::Decode, 1).unwrap());
+            assert!(a.locked());
+        }
+        drop(a.acquire(Phase::Decode, 1).unwrap());
+        drop(h);
+        assert!(!a.locked(), "held past STICKY_MAX");
+        assert_eq!(a.stats.lock_takes.load(Relaxed), 2);
+    }
+
+    #[test]
+    fn a_hold_keeps_the_lock_between_leases_and_a_signal_releases_it_with_the_hold() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Arbiter::new(&cfg(dir.path(), "cpu"), 3, "t");
+        let b = Arbiter::new(&cfg(dir.path(), "cpu"), 3, "t");
         File::create(a.lock_path().unwrap()).unwrap();
         for _ in 0..2 {
             let h = a.hold();
             // a hold alone takes nothing: a graph without NPU matmuls never touches the lock
             assert!(!a.locked());
-            drop(other().expect("free while only a hold is live"));
+            drop(foreign(&a).expect("free while only a hold is live"));
             for _ in 0..3 {
                 let l = a.acquire(Phase::Decode, 1).unwrap();
-                assert!(other().is_err(), "lock not held during a lease");
                 drop(l);
                 // between the leases of a hold the lock stays with this process
                 assert!(a.locked());
-                assert!(other().is_err(), "lock released between leases of a hold");
             }
+            // another process asks while the hold is live: the lock goes with the hold
+            assert!(matches!(b.acquire(Phase::Decode, 1), Err(ArbError::Busy(_))));
+            drop(a.acquire(Phase::Decode, 1).unwrap());
+            assert!(a.locked(), "never let go inside a hold");
             drop(h);
             assert!(!a.locked());
-            // released with the hold: another holder takes it, and this arbiter then falls back
-            let held = other().expect("lock released with the hold");
+            let held = foreign(&a).expect("lock released with the hold");
             let h = a.hold();
             assert!(matches!(a.acquire(Phase::Decode, 1), Err(ArbError::Busy(_))));
             drop(h);
             drop(held);
         }
-        // two holds (two contexts' graph_compute calls): the lock goes with the last one
+        // two holds (two contexts' graph_compute calls): nothing is let go before the last one
         let (h1, h2) = (a.hold(), a.hold());
         drop(a.acquire(Phase::Decode, 1).unwrap());
+        assert!(matches!(b.acquire(Phase::Decode, 1), Err(ArbError::Busy(_))));
         drop(h1);
         assert!(a.locked());
         drop(h2);
@@ -471,5 +648,44 @@ mod tests {
         assert_eq!(a.stats.lock_waits.load(Relaxed), 1);
         drop(l);
         t.join().unwrap();
+    }
+
+    #[test]
+    fn a_waiting_process_gets_the_lock_from_a_busy_or_idle_holder_quickly() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Arc::new(Arbiter::new(&cfg(dir.path(), "wait"), 3, "t"));
+        let b = Arbiter::new(&cfg(dir.path(), "wait"), 3, "t");
+        // idle holder: the watcher lets go once b signals
+        drop(a.acquire(Phase::Decode, 1).unwrap());
+        assert!(a.locked());
+        let t0 = Instant::now();
+        drop(b.acquire(Phase::Decode, 1).unwrap());
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+        // busy holder: decode-like graph_compute calls with gaps for CPU ops in between
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let t = {
+            let (a, stop) = (a.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Relaxed) {
+                    let h = a.hold();
+                    for _ in 0..3 {
+                        drop(a.acquire(Phase::Decode, 1).unwrap());
+                    }
+                    drop(h);
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        for _ in 0..5 {
+            let t0 = Instant::now();
+            let l = b.acquire(Phase::Decode, 1).unwrap();
+            assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+            drop(l);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        stop.store(true, Relaxed);
+        t.join().unwrap();
+        assert!(b.stats.lock_waits.load(Relaxed) >= 1);
     }
 }

@@ -21,6 +21,8 @@ pub mod rocket;
 pub mod drm;
 /// Read-only mappings of files on disk (the `.orkpack` cache).
 pub mod filemap;
+/// A counter shared between processes through a mapped file (NPU arbitration).
+pub mod shared;
 
 use std::fmt;
 
