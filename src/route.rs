@@ -199,14 +199,50 @@ pub struct MatMul {
     pub ggml_type: u32,
 }
 
-/// A routing decision with its reason.
+/// A routing decision with its reason ([`Decision::why`] spells it out; nothing is formatted on
+/// the per-matmul path).
 #[derive(Clone, Debug)]
 pub struct Decision {
     pub engine: Engine,
     pub phase: Phase,
-    pub why: String,
+    pub reason: Reason,
     /// Predicted seconds on (npu, cpu, gpu) with the split overhead included.
     pub predicted: (f64, f64, f64),
+}
+
+/// Why a [`Decision`] went the way it did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// Threshold policy, prefill: M ≥ ORK_MINM.
+    Prefill { m: usize, min_m: usize },
+    /// Threshold policy, decode: M < ORK_MINM and ORK_DECODE picked this engine.
+    DecodeNpu { m: usize },
+    DecodeGpu { m: usize },
+    DecodeGpuMissing,
+    DecodeCpu { m: usize },
+    /// Cost policy: the fastest of `candidates` engines.
+    Cost { candidates: usize, npu_busy: bool },
+}
+
+impl Decision {
+    /// The reason in words, with the predicted times.
+    pub fn why(&self) -> String {
+        let us = |s: f64| if s.is_finite() { format!("{:.0} µs", s * 1e6) } else { "n/a".into() };
+        let times = format!("npu {}, cpu {}, gpu {}", us(self.predicted.0), us(self.predicted.1), us(self.predicted.2));
+        let why = match self.reason {
+            Reason::Prefill { m, min_m } => format!("prefill: M={m} >= ORK_MINM={min_m}"),
+            Reason::DecodeNpu { m } => format!("decode: M={m} < ORK_MINM, ORK_DECODE=npu"),
+            Reason::DecodeGpu { m } => format!("decode: M={m} < ORK_MINM, ORK_DECODE=gpu"),
+            Reason::DecodeGpuMissing => "decode: ORK_DECODE=gpu but no GPU engine".into(),
+            Reason::DecodeCpu { m } => format!("decode: M={m} < ORK_MINM, ORK_DECODE=auto|cpu (ggml-cpu reads the GGUF in place)"),
+            Reason::Cost { candidates, npu_busy } => format!(
+                "{}: cost model picks the fastest of {candidates} candidates{}",
+                self.phase.name(),
+                if npu_busy { ", NPU busy" } else { "" }
+            ),
+        };
+        format!("{why} [{times}]")
+    }
 }
 
 fn cost_model_for(cfg: &Config) -> CostModel {
@@ -235,34 +271,35 @@ pub fn decide_with(cfg: &Config, model: &CostModel, mm: &MatMul, av: Availabilit
     let t_cpu = model.cpu_s(mm.m, mm.k, mm.n, mm.ggml_type);
     let t_gpu = split(model.gpu_s(mm.m, mm.k, mm.n, mm.ggml_type));
     let predicted = (t_npu, t_cpu, if av.gpu { t_gpu } else { f64::INFINITY });
-    let us = |s: f64| if s.is_finite() { format!("{:.0} µs", s * 1e6) } else { "n/a".into() };
-    let times = format!("npu {}, cpu {}, gpu {}", us(predicted.0), us(predicted.1), us(predicted.2));
-    let d = |engine, why: String| Decision { engine, phase, why: format!("{why} [{times}]"), predicted };
+    let d = |engine, reason| Decision { engine, phase, reason, predicted };
     match (cfg.route, phase) {
-        (RoutePolicy::Threshold, Phase::Prefill) => d(Engine::Npu, format!("prefill: M={} >= ORK_MINM={}", mm.m, cfg.min_m)),
+        (RoutePolicy::Threshold, Phase::Prefill) => d(Engine::Npu, Reason::Prefill { m: mm.m, min_m: cfg.min_m }),
         (RoutePolicy::Threshold, Phase::Decode) => match cfg.decode {
-            DecodeSelect::Npu => d(Engine::Npu, format!("decode: M={} < ORK_MINM, ORK_DECODE=npu", mm.m)),
-            DecodeSelect::Gpu if av.gpu => d(Engine::Gpu, format!("decode: M={} < ORK_MINM, ORK_DECODE=gpu", mm.m)),
-            DecodeSelect::Gpu => d(Engine::Cpu, "decode: ORK_DECODE=gpu but no GPU engine".into()),
-            DecodeSelect::Cpu | DecodeSelect::Auto => {
-                d(Engine::Cpu, format!("decode: M={} < ORK_MINM, ORK_DECODE=auto|cpu (ggml-cpu reads the GGUF in place)", mm.m))
-            }
+            DecodeSelect::Npu => d(Engine::Npu, Reason::DecodeNpu { m: mm.m }),
+            DecodeSelect::Gpu if av.gpu => d(Engine::Gpu, Reason::DecodeGpu { m: mm.m }),
+            DecodeSelect::Gpu => d(Engine::Cpu, Reason::DecodeGpuMissing),
+            DecodeSelect::Cpu | DecodeSelect::Auto => d(Engine::Cpu, Reason::DecodeCpu { m: mm.m }),
         },
         (RoutePolicy::Cost, phase) => {
-            let mut cands: Vec<(Engine, f64)> = vec![(Engine::Cpu, t_cpu)];
+            // Candidates in a fixed order; the first of equal times wins.
+            let mut best = (Engine::Cpu, t_cpu);
+            let mut candidates = 1;
             let npu_ok = phase == Phase::Prefill || matches!(cfg.decode, DecodeSelect::Auto | DecodeSelect::Npu);
-            if npu_ok && !(phase == Phase::Decode && av.npu_busy) {
-                cands.push((Engine::Npu, t_npu));
+            let only_cpu = phase == Phase::Decode && cfg.decode == DecodeSelect::Cpu;
+            let npu_busy = phase == Phase::Decode && av.npu_busy;
+            if npu_ok && !npu_busy && !only_cpu {
+                candidates += 1;
+                if t_npu < best.1 {
+                    best = (Engine::Npu, t_npu);
+                }
             }
             if phase == Phase::Decode && av.gpu && matches!(cfg.decode, DecodeSelect::Auto | DecodeSelect::Gpu) {
-                cands.push((Engine::Gpu, t_gpu));
+                candidates += 1;
+                if t_gpu < best.1 {
+                    best = (Engine::Gpu, t_gpu);
+                }
             }
-            if phase == Phase::Decode && cfg.decode == DecodeSelect::Cpu {
-                cands.retain(|c| c.0 == Engine::Cpu);
-            }
-            let best = cands.iter().copied().fold((Engine::Cpu, f64::INFINITY), |a, b| if b.1 < a.1 { b } else { a });
-            let busy = if phase == Phase::Decode && av.npu_busy { ", NPU busy" } else { "" };
-            d(best.0, format!("{}: cost model picks the fastest of {} candidates{busy}", phase.name(), cands.len()))
+            d(best.0, Reason::Cost { candidates, npu_busy })
         }
     }
 }
@@ -363,7 +400,7 @@ mod tests {
                 for gpu in [false, true] {
                     let d = decide(&c, &MatMul { m, k: 2048, n: 2048, ggml_type: 8 }, Availability { gpu, npu_busy: false });
                     let want = choose(&c, m, gpu).unwrap_or(Engine::Cpu);
-                    assert_eq!(d.engine, want, "{env:?} m={m} gpu={gpu}: {}", d.why);
+                    assert_eq!(d.engine, want, "{env:?} m={m} gpu={gpu}: {}", d.why());
                 }
             }
         }

@@ -175,7 +175,7 @@ fn main() {
             if t.name == "output.weight" {
                 head = Some((k, n, t.ggml_type));
             }
-            (p.engine, d.engine, format!("{} | {}", p.why, d.why))
+            (p.engine, d.engine, format!("{} | {}", p.why(), d.why()))
         };
         *counts.entry((pre.name(), dec.name())).or_default() += 1;
         println!("{:<28} {:>14} {:>7} | {:<8} {:<8} | {why}", t.name, format!("{k} x {n}"), type_name(t.ggml_type), pre.name(), dec.name());

@@ -478,15 +478,34 @@ unsafe fn weight_not_resident(op: &ggml_tensor) -> bool {
 
 /// The engine for an accepted MUL_MAT shape (`crate::route`). At graph-split time a busy NPU may
 /// send decode to the CPU (cost policy); at compute time the arbiter handles a busy NPU instead.
+/// Cost decisions run the NPU planner, so they are remembered per thread by shape and
+/// availability (the configuration is fixed for the process): the scheduler and graph_compute
+/// ask again for every node of every token.
 fn engine_for(dev: &Device, s: &MatMulShape, at_split: bool) -> crate::route::Engine {
-    use crate::route::{Availability, MatMul};
+    use crate::route::{Availability, Engine, MatMul};
+    type Key = (usize, usize, usize, u32, bool, bool);
+    thread_local! {
+        static ROUTES: std::cell::RefCell<std::collections::HashMap<Key, Engine>> = Default::default();
+    }
     match dev.cfg.route {
-        crate::config::RoutePolicy::Threshold => crate::route::choose(dev.cfg, s.m, dev.gpu_ready()).unwrap_or(crate::route::Engine::Cpu),
+        crate::config::RoutePolicy::Threshold => crate::route::choose(dev.cfg, s.m, dev.gpu_ready()).unwrap_or(Engine::Cpu),
         crate::config::RoutePolicy::Cost => {
             let av = Availability { gpu: dev.gpu_ready(), npu_busy: at_split && dev.arbiter().busy() };
+            let key = (s.m, s.k, s.n, s.weight_type, av.gpu, av.npu_busy);
+            if let Some(e) = ROUTES.with(|r| r.borrow().get(&key).copied()) {
+                return e;
+            }
             let mm = MatMul { m: s.m, k: s.k, n: s.n, ggml_type: s.weight_type };
             let d = crate::route::decide(dev.cfg, &mm, av);
-            log::trace!("MUL_MAT {}x{}x{}: {} ({})", s.m, s.k, s.n, d.engine.name(), d.why);
+            log::trace!("MUL_MAT {}x{}x{}: {} ({})", s.m, s.k, s.n, d.engine.name(), d.why());
+            ROUTES.with(|r| {
+                let mut r = r.borrow_mut();
+                // Prefill brings many M values; a bounded memo is enough for the repeats.
+                if r.len() >= 4096 {
+                    r.clear();
+                }
+                r.insert(key, d.engine);
+            });
             d.engine
         }
     }
