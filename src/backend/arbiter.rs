@@ -105,6 +105,8 @@ struct State {
 /// What the watcher thread shares with the arbiter.
 struct Shared {
     state: Mutex<State>,
+    /// [`STICKY_IDLE`] (tests set their own).
+    sticky_idle: Duration,
     /// Cores were freed (threads waiting in [`Arbiter::acquire`]).
     freed: Condvar,
     /// A lock was kept (wakes the watcher).
@@ -117,6 +119,8 @@ pub struct Arbiter {
     mode: LockMode,
     path: Option<PathBuf>,
     shared: Arc<Shared>,
+    /// [`STICKY_MAX`] (tests set their own).
+    sticky_max: Duration,
     pub stats: ArbStats,
 }
 
@@ -164,12 +168,12 @@ fn watch(shared: Weak<Shared>) {
     loop {
         let Some(sh) = shared.upgrade() else { return };
         let mut s = sh.state.lock().unwrap_or_else(|p| p.into_inner());
-        if s.lock.is_some() && s.live == 0 && s.holds == 0 && (s.contended() || s.last_use.elapsed() >= STICKY_IDLE) {
+        if s.lock.is_some() && s.live == 0 && s.holds == 0 && (s.contended() || s.last_use.elapsed() >= sh.sticky_idle) {
             s.unlock();
         }
-        // While a lock is kept, look again within STICKY_IDLE / 2; otherwise sleep until the next
+        // While a lock is kept, look again within sticky_idle / 2; otherwise sleep until the next
         // keep (or a second, to notice the arbiter's end).
-        let t = if s.lock.is_some() { STICKY_IDLE / 2 } else { Duration::from_secs(1) };
+        let t = if s.lock.is_some() { sh.sticky_idle / 2 } else { Duration::from_secs(1) };
         s.watcher_asleep = s.lock.is_none();
         drop(sh.kept.wait_timeout(s, t));
     }
@@ -224,7 +228,9 @@ impl Arbiter {
             cores: cores.max(1),
             mode: cfg.npu_lock,
             path,
+            sticky_max: STICKY_MAX,
             shared: Arc::new(Shared {
+                sticky_idle: STICKY_IDLE,
                 state: Mutex::new(State {
                     busy: vec![false; cores.max(1) as usize],
                     live: 0,
@@ -247,6 +253,16 @@ impl Arbiter {
         }
     }
 
+    /// The same with other keep bounds (tests: long ones, so a preempted test thread does not see
+    /// a lock let go by timing).
+    #[cfg(test)]
+    fn with_sticky(cfg: &Config, cores: u32, lock_name: &str, max: Duration, idle: Duration) -> Arbiter {
+        let mut a = Arbiter::new(cfg, cores, lock_name);
+        a.sticky_max = max;
+        Arc::get_mut(&mut a.shared).expect("no watcher yet").sticky_idle = idle;
+        a
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -257,7 +273,7 @@ impl Arbiter {
         if s.lock.is_none() {
             return;
         }
-        if s.contended() || s.locked_at.elapsed() >= STICKY_MAX {
+        if s.contended() || s.locked_at.elapsed() >= self.sticky_max {
             s.unlock();
             return;
         }
@@ -525,6 +541,11 @@ mod tests {
         assert_eq!(l.count, 3);
     }
 
+    /// An arbiter whose kept lock goes only when asked (bounds far beyond any test's run).
+    fn long_sticky(dir: &std::path::Path, mode: &str) -> Arbiter {
+        Arbiter::with_sticky(&cfg(dir, mode), 3, "t", Duration::from_secs(600), Duration::from_secs(600))
+    }
+
     /// A foreign holder that does not signal (another open file description, as an older ork
     /// would be): the lock it frees is taken again with the kept file.
     fn foreign(a: &Arbiter) -> Result<nix::fcntl::Flock<File>, nix::errno::Errno> {
@@ -535,9 +556,9 @@ mod tests {
     #[test]
     fn an_uncontended_lock_is_kept_between_leases_and_let_go_when_another_process_asks() {
         let dir = tempfile::tempdir().unwrap();
-        let a = Arbiter::new(&cfg(dir.path(), "cpu"), 3, "t");
+        let a = long_sticky(dir.path(), "cpu");
         // The other process: its own arbiter on the same lock file.
-        let b = Arbiter::new(&cfg(dir.path(), "cpu"), 3, "t");
+        let b = long_sticky(dir.path(), "cpu");
         for round in 0..3 {
             for _ in 0..5 {
                 let l = a.acquire(Phase::Decode, 1).unwrap();
@@ -565,7 +586,8 @@ mod tests {
     #[test]
     fn a_kept_lock_is_let_go_when_idle_and_after_sticky_max() {
         let dir = tempfile::tempdir().unwrap();
-        let a = Arbiter::new(&cfg(dir.path(), "cpu"), 3, "t");
+        let (max, idle) = (Duration::from_millis(400), Duration::from_millis(200));
+        let a = Arbiter::with_sticky(&cfg(dir.path(), "cpu"), 3, "t", max, idle);
         drop(a.acquire(Phase::Decode, 1).unwrap());
         assert!(a.locked());
         // the watcher lets an unused kept lock go: a waiter that does not signal gets it
@@ -574,28 +596,28 @@ mod tests {
             assert!(t0.elapsed() < Duration::from_secs(5), "kept lock never let go while idle");
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert!(t0.elapsed() >= STICKY_IDLE / 2, "{:?}", t0.elapsed());
+        assert!(t0.elapsed() >= idle / 2, "{:?}", t0.elapsed());
         drop(foreign(&a).expect("free after the idle release"));
         // in continuous use, a lock taken STICKY_MAX ago goes at the next release point
         let h = a.hold();
         drop(a.acquire(Phase::Decode, 1).unwrap());
         // the lock was taken before this instant
         let t0 = Instant::now();
-        while t0.elapsed() < STICKY_MAX {
+        while t0.elapsed() < max {
             drop(a.acquire(Phase::Decode, 1).unwrap());
             assert!(a.locked());
         }
         drop(a.acquire(Phase::Decode, 1).unwrap());
         drop(h);
-        assert!(!a.locked(), "held past STICKY_MAX");
+        assert!(!a.locked(), "held past sticky_max");
         assert_eq!(a.stats.lock_takes.load(Relaxed), 2);
     }
 
     #[test]
     fn a_hold_keeps_the_lock_between_leases_and_a_signal_releases_it_with_the_hold() {
         let dir = tempfile::tempdir().unwrap();
-        let a = Arbiter::new(&cfg(dir.path(), "cpu"), 3, "t");
-        let b = Arbiter::new(&cfg(dir.path(), "cpu"), 3, "t");
+        let a = long_sticky(dir.path(), "cpu");
+        let b = long_sticky(dir.path(), "cpu");
         File::create(a.lock_path().unwrap()).unwrap();
         for _ in 0..2 {
             let h = a.hold();
