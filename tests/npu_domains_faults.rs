@@ -96,6 +96,33 @@ fn more_than_16_domains_is_no_room() {
     assert!(matches!(err, NpuError::NoRoom { .. }), "{err}");
 }
 
+#[test]
+fn a_failed_sync_frees_the_new_buffer_on_both_upload_paths() {
+    let soc = rk3588();
+    let sim = std::sync::Arc::new(ggml_ork::npu::kif::sim::SimKif::with_faults(soc.clone(), SimFaults::default()));
+    let npu = Npu::with_kif(sim.clone(), soc, &NpuConfig::default()).unwrap();
+    let mut rng = Rng::new(6);
+    let (k, n) = (256, 64);
+    let w = rng.i8s(n * k);
+    let tw = Npu::tile_weight(npu.soc(), &w, n, k).unwrap();
+    // The first upload also makes the per-core scratch buffers: count from after it.
+    let first = npu.upload(&tw).unwrap();
+    let live = sim.live_bos();
+    sim.set_faults(SimFaults { sync_fail_every: Some(1), ..SimFaults::default() });
+    for _ in 0..3 {
+        assert!(npu.upload(&tw).is_err(), "upload must fail when its sync fails");
+        assert!(npu.upload_bytes(n, k, &tw.bytes).is_err(), "import must fail when its sync fails");
+        assert_eq!(sim.live_bos(), live, "a failed upload left a buffer behind");
+    }
+    sim.set_faults(SimFaults::default());
+    let again = npu.upload(&tw).unwrap();
+    let a = rng.i8s(3 * k);
+    let mut c = vec![0; 3 * n];
+    npu.mm_run(&again, &a, 3, &mut c, Budget { max_cores: 3 }).unwrap();
+    assert_eq!(c, reference_mm(&a, &w, 3, k, n));
+    drop((first, again));
+}
+
 fn faulty_runs(faults: SimFaults, expect: fn(&KifError) -> bool) {
     let (sim, npu) = sim_npu(rk3588(), faults);
     let mut rng = Rng::new(5);
@@ -142,8 +169,11 @@ fn reset_is_an_error_and_recovers() {
 
 #[test]
 fn fault_spec_parses() {
-    let f = SimFaults::parse("efault_after_mb:64|timeout_every:7,reset_every:11").unwrap();
-    assert_eq!(f, SimFaults { efault_after_bytes: Some(64 * MIB), timeout_every: Some(7), reset_every: Some(11) });
+    let f = SimFaults::parse("efault_after_mb:64|timeout_every:7,reset_every:11, sync_fail_every:3").unwrap();
+    assert_eq!(
+        f,
+        SimFaults { efault_after_bytes: Some(64 * MIB), timeout_every: Some(7), reset_every: Some(11), sync_fail_every: Some(3) }
+    );
     assert!(SimFaults::parse("bogus:1").is_err());
     assert!(SimFaults::parse("timeout_every").is_err());
 }

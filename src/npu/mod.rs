@@ -290,7 +290,14 @@ impl Npu {
             } else {
                 kif.mem_create(bytes.len(), mem_flags::DATA, d).and_then(|mut bo| {
                     bo.bytes_mut()[..bytes.len()].copy_from_slice(bytes);
-                    kif.mem_sync(&bo, SyncDir::ToDevice).map(|_| bo)
+                    match kif.mem_sync(&bo, SyncDir::ToDevice) {
+                        Ok(()) => Ok(bo),
+                        Err(e) => {
+                            // The buffer is not handed out: free it (a Bo is not freed on drop).
+                            let _ = kif.mem_destroy(bo);
+                            Err(e)
+                        }
+                    }
                 })
             });
             match made {

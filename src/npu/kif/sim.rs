@@ -26,8 +26,9 @@
 //! Fault injection ([`SimFaults`], set from tests or from `ORK_SIM_FAULT`, e.g.
 //! `efault_after_mb:64,timeout_every:7,reset_every:11`): EFAULT once a domain holds more than
 //! a given number of bytes (a smaller window), a timeout on every n-th submit, a soft reset on
-//! every n-th submit. A faulted submit runs only part of its programs first, so a caller that
-//! ignored the error would read wrong results.
+//! every n-th submit, a failed cache sync on every n-th sync (`sync_fail_every:N`). A faulted
+//! submit runs only part of its programs first, so a caller that ignored the error would read
+//! wrong results.
 //!
 //! Unsafe: the arena hands out raw mappings like a device would; the only unsafe blocks turn
 //! arena pointers into slices (each with a `// SAFETY:` line).
@@ -65,6 +66,8 @@ pub struct SimFaults {
     pub timeout_every: Option<u32>,
     /// Every n-th submit is hit by a soft reset.
     pub reset_every: Option<u32>,
+    /// Every n-th cache sync fails (EIO, as a kernel whose SYNC ioctl fails would report).
+    pub sync_fail_every: Option<u32>,
 }
 
 impl SimFaults {
@@ -83,6 +86,7 @@ impl SimFaults {
                 "efault_after_mb" => f.efault_after_bytes = Some(n << 20),
                 "timeout_every" => f.timeout_every = Some(n.max(1) as u32),
                 "reset_every" => f.reset_every = Some(n.max(1) as u32),
+                "sync_fail_every" => f.sync_fail_every = Some(n.max(1) as u32),
                 other => return Err(KifError::Invalid(format!("ORK_SIM_FAULT: unknown key `{other}`"))),
             }
         }
@@ -174,6 +178,7 @@ pub struct SimKif {
     faults: Mutex<SimFaults>,
     next_handle: AtomicU32,
     submits: AtomicU64,
+    syncs: AtomicU64,
     programs_run: AtomicU64,
 }
 
@@ -196,6 +201,7 @@ impl SimKif {
             faults: Mutex::new(faults),
             next_handle: AtomicU32::new(1),
             submits: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
             programs_run: AtomicU64::new(0),
         }
     }
@@ -288,6 +294,10 @@ impl KernelInterface for SimKif {
         if sb.flags & mem_flags::CACHEABLE == 0 {
             // The vendor kernel refuses SYNC on objects created without CACHEABLE (S4).
             return Err(KifError::Invalid(format!("sim mem_sync: handle {} is not CACHEABLE (EINVAL)", bo.handle)));
+        }
+        let nth = self.syncs.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.faults.lock().unwrap().sync_fail_every.is_some_and(|e| nth % e as u64 == 0) {
+            return Err(KifError::Sys { op: "sim mem_sync (injected)", source: nix::Error::EIO });
         }
         Ok(())
     }
