@@ -173,7 +173,7 @@ pub fn tile_weight_ref(geom: &WeightGeometry, w: &[i8]) -> Vec<u8> {
 
 /// Builds the whole blob for `w: [N, K]` row-major i8 (fast path).
 pub fn tile_weight_fast(geom: &WeightGeometry, w: &[i8]) -> Vec<u8> {
-    let mut out = vec![0u8; geom.total_bytes];
+    let mut out = crate::quant::par_zeroed::<u8>(geom.total_bytes);
     let mut rest: &mut [u8] = &mut out;
     let mut parts = Vec::new();
     for t in geom.all_tiles() {

@@ -106,6 +106,15 @@ pub fn quantize_row_scalar(x: &[f32], q: &mut [i8]) -> f32 {
     amax / QMAX
 }
 
+/// `len` zeroed elements, zeroed on all rayon threads: a large `vec![0; len]` is zeroed by one
+/// thread (a recycled heap block is memset by calloc), the serial step that kept weight packing
+/// from scaling with cores.
+pub fn par_zeroed<T: Copy + Default + Send + Sync>(len: usize) -> Vec<T> {
+    let mut v = Vec::new();
+    rayon::iter::repeat_n(T::default(), len).collect_into_vec(&mut v);
+    v
+}
+
 /// Quantizes `x: [rows, cols] f32` row-major into `q: [rows, cols] i8` and `scales: [rows]`.
 pub fn quantize_rows(x: &[f32], rows: usize, cols: usize, q: &mut [i8], scales: &mut [f32]) {
     assert_eq!(x.len(), rows * cols, "x is not [rows, cols]");
@@ -133,7 +142,7 @@ pub fn quantize_weight<F>(n: usize, k: usize, row: F) -> (Vec<i8>, Vec<f32>)
 where
     F: Fn(usize, &mut [f32]) + Sync,
 {
-    let mut q = vec![0i8; n * k];
+    let mut q = par_zeroed::<i8>(n * k);
     let mut scales = vec![0f32; n];
     if k == 0 {
         return (q, scales);
