@@ -567,20 +567,32 @@ mod tests {
                 // nobody asked: kept, with no syscall, between leases
                 assert!(a.locked());
             }
-            // b finds it taken: falls back (cpu mode) and signals
-            assert!(matches!(b.acquire(Phase::Decode, 1), Err(ArbError::Busy(_))));
-            // a lets go at its next release point...
-            drop(a.acquire(Phase::Decode, 1).unwrap());
-            assert!(!a.locked(), "round {round}: a waiter signalled, the lock must go");
-            // ...and b takes it; now a finds it taken
-            let l = b.acquire(Phase::Decode, 1).unwrap();
+            // b finds it taken: falls back (cpu mode) and signals; a lets go at its next release
+            // point. (a's watcher thread may let go first — it starts on a's first keep and can
+            // run late — and a then takes the lock again with the signal already seen; b's next
+            // attempt signals again.) So b has the lock within three attempts.
+            let mut got = None;
+            for _ in 0..3 {
+                match b.acquire(Phase::Decode, 1) {
+                    Ok(l) => {
+                        got = Some(l);
+                        break;
+                    }
+                    Err(ArbError::Busy(_)) => drop(a.acquire(Phase::Decode, 1).unwrap()),
+                }
+            }
+            let l = got.unwrap_or_else(|| panic!("round {round}: b signalled three times and never got the lock"));
+            assert!(!a.locked());
+            // now a finds it taken
             assert!(matches!(a.acquire(Phase::Decode, 1), Err(ArbError::Busy(_))));
             drop(l);
             assert!(!b.locked(), "a signalled while b held it");
         }
-        assert_eq!(a.stats.lock_takes.load(Relaxed), 3, "one flock per round, not per lease");
+        let takes = a.stats.lock_takes.load(Relaxed);
+        assert!((3..=6).contains(&takes), "one flock per round, not per lease: {takes}");
         assert!(a.stats.lock_kept.load(Relaxed) >= 15);
-        assert_eq!((a.stats.lock_fallbacks.load(Relaxed), b.stats.lock_fallbacks.load(Relaxed)), (3, 3));
+        assert_eq!(a.stats.lock_fallbacks.load(Relaxed), 3);
+        assert!((3..=6).contains(&b.stats.lock_fallbacks.load(Relaxed)));
     }
 
     #[test]
