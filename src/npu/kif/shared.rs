@@ -1,7 +1,7 @@
 //! A 32-bit counter in a shared mapping of a small file, for signals between the processes that
 //! share an NPU lock file (the arbiter's "someone is waiting" counter, `crate::backend::arbiter`).
 //!
-//! The first [`SharedCounter::LEN`] bytes of the file are mapped `MAP_SHARED`; every process that
+//! The first `SharedCounter::LEN` bytes of the file are mapped `MAP_SHARED`; every process that
 //! maps the same file sees the same page (page cache), so an atomic on it is an atomic between
 //! processes, with no syscall. The file is grown to `LEN` bytes if shorter and never shrunk;
 //! nothing else is stored in it (the lock itself is `flock` on the same file).
