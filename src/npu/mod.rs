@@ -31,7 +31,7 @@ pub mod soc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use kif::{mem_flags, KernelInterface, KifError, SyncDir};
+use kif::{KernelInterface, KifError};
 use layout::WeightGeometry;
 use mm::{Shared, WeightInner};
 
@@ -249,13 +249,13 @@ impl Npu {
 
     /// Uploads a tiled weight into the next IOMMU domain with room.
     pub fn upload(&self, tw: &TiledWeight) -> Result<Arc<ResidentWeight>, NpuError> {
-        self.place(tw.n, tw.k, &tw.bytes, None)
+        self.place("upload", tw.n, tw.k, &tw.bytes, &mut |_, _| {})
     }
 
     /// Uploads pre-tiled bytes (e.g. from a disk cache) via `KernelInterface::mem_import`;
     /// the size is validated against the geometry.
     pub fn upload_bytes(&self, n: usize, k: usize, bytes: &[u8]) -> Result<Arc<ResidentWeight>, NpuError> {
-        self.place(n, k, bytes, Some(&mut |_, _| {}))
+        self.place("upload_bytes", n, k, bytes, &mut |_, _| {})
     }
 
     /// [`upload_bytes`](Self::upload_bytes) through `KernelInterface::mem_import_observed`:
@@ -264,12 +264,13 @@ impl Npu {
     /// up and another domain is tried) the pieces are observed again from offset 0, so an
     /// observer that checksums them restarts when it sees offset 0.
     pub fn upload_bytes_observed(&self, n: usize, k: usize, bytes: &[u8], observe: &mut dyn FnMut(usize, &[u8])) -> Result<Arc<ResidentWeight>, NpuError> {
-        self.place(n, k, bytes, Some(observe))
+        self.place("upload_bytes", n, k, bytes, observe)
     }
 
-    fn place(&self, n: usize, k: usize, bytes: &[u8], import: Option<&mut Observer<'_>>) -> Result<Arc<ResidentWeight>, NpuError> {
-        let mut import = import;
-        let op = if import.is_some() { "upload_bytes" } else { "upload" };
+    /// Both upload paths: reserve room in a domain, then `KernelInterface::mem_import_observed`
+    /// (create, copy, sync; the buffer is freed if the sync fails), moving on to the next domain
+    /// on EFAULT.
+    fn place(&self, op: &'static str, n: usize, k: usize, bytes: &[u8], observe: &mut Observer<'_>) -> Result<Arc<ResidentWeight>, NpuError> {
         self.check_shape(n, k)?;
         let geom = WeightGeometry::new(&self.shared.soc, n, k);
         if bytes.len() != geom.total_bytes {
@@ -285,21 +286,7 @@ impl Npu {
                 bytes: size,
                 why: format!("{e:?}"),
             })?;
-            let made = mm::ensure_scratch(&self.shared, d, self.max_cores).and_then(|_| if let Some(observe) = import.as_deref_mut() {
-                kif.mem_import_observed(bytes, d, observe)
-            } else {
-                kif.mem_create(bytes.len(), mem_flags::DATA, d).and_then(|mut bo| {
-                    bo.bytes_mut()[..bytes.len()].copy_from_slice(bytes);
-                    match kif.mem_sync(&bo, SyncDir::ToDevice) {
-                        Ok(()) => Ok(bo),
-                        Err(e) => {
-                            // The buffer is not handed out: free it (a Bo is not freed on drop).
-                            let _ = kif.mem_destroy(bo);
-                            Err(e)
-                        }
-                    }
-                })
-            });
+            let made = mm::ensure_scratch(&self.shared, d, self.max_cores).and_then(|_| kif.mem_import_observed(bytes, d, observe));
             match made {
                 Ok(bo) => {
                     let inner = WeightInner { n, k, geom, bo: Some(bo), domain: d, reserved_bytes: size, shared: self.shared.clone() };
