@@ -402,21 +402,21 @@ impl Arbiter {
                     // A missing lock directory is created (like the cache directory); failure is reported below.
                     let _ = std::fs::create_dir_all(dir);
                 }
-                match std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(path) {
+                let f = match std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(path) {
                     Ok(f) => f,
                     Err(e) => {
                         static ONCE: std::sync::Once = std::sync::Once::new();
                         ONCE.call_once(|| log::warn!("cannot open NPU lock file {} ({e}); no cross-process arbitration", path.display()));
                         return Ok(None);
                     }
-                }
+                };
+                // Mapped once per opened file (not retried at every lock take when it fails).
+                s.want = SharedCounter::open(&f)
+                    .map_err(|e| log::debug!("NPU lock file {}: no shared want counter ({e}); the lock is let go after each use", path.display()))
+                    .ok();
+                f
             }
         };
-        if s.want.is_none() {
-            s.want = SharedCounter::open(&file)
-                .map_err(|e| log::debug!("NPU lock file {}: no shared want counter ({e}); the lock is let go after each use", path.display()))
-                .ok();
-        }
         let file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(l) => return Ok(Some(l)),
             Err((f, _)) => f,
