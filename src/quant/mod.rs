@@ -55,7 +55,7 @@ pub fn quantize_residual_scalar(x: &[f32], inv: f32, s: f32, q: &mut [i8], r: &m
     assert!(x.len() == q.len() && x.len() == r.len());
     let mut m = 0u32;
     for ((d, rr), &v) in q.iter_mut().zip(r.iter_mut()).zip(x) {
-        *d = (v * inv).round_ties_even().clamp(-QMAX, QMAX) as i8;
+        *d = q1(v, inv);
         *rr = v - s * *d as f32;
         m = m.max(rr.to_bits() & 0x7fff_ffff);
     }
@@ -66,10 +66,17 @@ fn absmax_bits(x: &[f32]) -> u32 {
     simd::absmax_bits(x).unwrap_or_else(|| absmax_bits_scalar(x))
 }
 
+/// The reference formula for one element, `clamp(round_half_even(v · inv), ±127)`: every scalar
+/// loop here and every SIMD kernel's tail.
+#[inline(always)]
+pub(crate) fn q1(v: f32, inv: f32) -> i8 {
+    (v * inv).round_ties_even().clamp(-QMAX, QMAX) as i8
+}
+
 fn quantize_finite(x: &[f32], inv: f32, q: &mut [i8]) {
     if simd::quantize_row_finite(x, inv, q).is_none() {
         for (d, &v) in q.iter_mut().zip(x) {
-            *d = (v * inv).round_ties_even().clamp(-QMAX, QMAX) as i8;
+            *d = q1(v, inv);
         }
     }
 }
@@ -80,13 +87,9 @@ fn quantize_residual(x: &[f32], inv: f32, s: f32, q: &mut [i8], r: &mut [f32]) -
 
 fn quantize_residual_inplace(r: &mut [f32], inv: f32, s: f32, q: &mut [i8]) -> u32 {
     simd::quantize_residual_inplace(r, inv, s, q).unwrap_or_else(|| {
-        let mut m = 0u32;
-        for (d, rr) in q.iter_mut().zip(r.iter_mut()) {
-            *d = (*rr * inv).round_ties_even().clamp(-QMAX, QMAX) as i8;
-            *rr -= s * *d as f32;
-            m = m.max(rr.to_bits() & 0x7fff_ffff);
-        }
-        m
+        // No SIMD path: the reference on a copy of the source.
+        let x = r.to_vec();
+        quantize_residual_scalar(&x, inv, s, q, r)
     })
 }
 
@@ -101,7 +104,7 @@ pub fn quantize_row_scalar(x: &[f32], q: &mut [i8]) -> f32 {
     let amax = amax.max(ABSMAX_FLOOR);
     let inv = QMAX / amax;
     for (d, &v) in q.iter_mut().zip(x) {
-        *d = (v * inv).round_ties_even().clamp(-QMAX, QMAX) as i8;
+        *d = q1(v, inv);
     }
     amax / QMAX
 }

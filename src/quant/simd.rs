@@ -38,7 +38,7 @@ use std::arch::aarch64::*;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use super::{ABSMAX_FLOOR, QMAX};
+use super::{q1, ABSMAX_FLOOR, QMAX};
 
 /// The kernel for this CPU, as `Some(result)`, or `None` where no SIMD path exists: `neon` on
 /// aarch64 (the architecture's baseline), else on x86-64 `avx512` where built (`cfg(ork_avx512)`)
@@ -73,12 +73,6 @@ macro_rules! dispatch {
 /// The SIMD path used on this CPU, if any: "neon", "avx512", "avx2" or `None` (scalar only).
 pub fn active() -> Option<&'static str> {
     dispatch!(neon: "neon", avx512: "avx512", avx2: "avx2")
-}
-
-/// Scalar step shared by every kernel's tail: the reference formula for one element.
-#[inline(always)]
-fn q1(v: f32, inv: f32) -> i8 {
-    (v * inv).round_ties_even().clamp(-QMAX, QMAX) as i8
 }
 
 /// `quantize_row_scalar` on SIMD lanes. `None` when this CPU has no SIMD path.
