@@ -221,6 +221,7 @@ pub fn pack_a_fast(a: &[i8], k: usize, b: &ABlock, out: &mut [u8]) {
 
 /// Adds an int32 output block `src: [mc][s]` (little-endian bytes, first `nc` of each row valid)
 /// into `dst: [mc][ldd]` i32 at column `col0`.
+#[allow(clippy::too_many_arguments)] // BLAS-style block arguments
 pub fn add_c_block(src: &[u8], mc: usize, nc: usize, s: usize, dst: &mut [i32], ldd: usize, row0: usize, col0: usize) {
     for r in 0..mc {
         let srow = &src[r * s * 4..r * s * 4 + nc * 4];

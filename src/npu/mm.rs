@@ -131,9 +131,8 @@ fn new_set(kif: &dyn KernelInterface, domain: DomainId) -> Result<ScratchSet, Ki
 pub(crate) fn ensure_scratch(shared: &Shared, domain: DomainId, cores: u32) -> Result<(), KifError> {
     for c in &shared.cores[..cores as usize] {
         let mut g = c.lock().unwrap_or_else(|p| p.into_inner());
-        if !g.sets.contains_key(&domain.0) {
-            let set = new_set(&*shared.kif, domain)?;
-            g.sets.insert(domain.0, set);
+        if let std::collections::hash_map::Entry::Vacant(e) = g.sets.entry(domain.0) {
+            e.insert(new_set(&*shared.kif, domain)?);
         }
     }
     Ok(())
@@ -150,9 +149,8 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
     let domain = w.domain;
     let sub_err = |source: KifError| NpuError::Submit { op: "mm_run", m, k, n, core, source };
     let mut guard = shared.cores[core as usize].lock().unwrap_or_else(|p| p.into_inner());
-    if !guard.sets.contains_key(&domain.0) {
-        let set = new_set(kif, domain).map_err(sub_err)?;
-        guard.sets.insert(domain.0, set);
+    if let std::collections::hash_map::Entry::Vacant(e) = guard.sets.entry(domain.0) {
+        e.insert(new_set(kif, domain).map_err(sub_err)?);
     }
     let set = guard.sets.get_mut(&domain.0).expect("scratch set");
     let mut res = CoreResult { local: vec![0i32; m * plan.ncols], submits: 0, programs: 0, device_ns: 0 };

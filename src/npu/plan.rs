@@ -122,8 +122,11 @@ pub fn core_count(soc: &SocDesc, n: usize, max_cores: u32) -> u32 {
     nc
 }
 
+/// Rows per program, and the schedule of a program (from its M offset and row count).
+type RowSchedule = (usize, fn(usize, usize) -> Schedule);
+
 /// Rows per program and schedule for a program contracting `kp` (K-slice or full-K).
-fn tile_rows(soc: &SocDesc, kp: usize, path: PathKind, m: usize) -> (usize, fn(usize, usize) -> Schedule) {
+fn tile_rows(soc: &SocDesc, kp: usize, path: PathKind, m: usize) -> RowSchedule {
     let bank = soc.cbuf_bank_bytes as usize;
     let template = |mc: usize, _k: usize| Schedule::template(mc as u32);
     let sched = |mc: usize, k: usize| Schedule::scheduler(mc as u32, k as u32).expect("mc within the scheduler cap");
@@ -188,7 +191,7 @@ pub fn plan_at(soc: &SocDesc, geom: &WeightGeometry, m: usize, max_cores: u32, f
                 PathKind::FullK => vec![geom.fullk_tile(ns).expect("full-K tile")],
                 PathKind::KSplit => (0..geom.sk).map(|ks| geom.tile(ns, ks)).collect(),
             };
-            let rows_of: Vec<(usize, fn(usize, usize) -> Schedule)> =
+            let rows_of: Vec<RowSchedule> =
                 ktiles.iter().map(|t| tile_rows(soc, t.kp, path, m)).collect();
             let mtile = rows_of.iter().map(|r| r.0).min().unwrap_or(1).max(1);
             let mut m0 = 0;
