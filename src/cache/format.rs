@@ -9,7 +9,18 @@
 //! without another copy (rknpu-facts §7.3 does the same with its one-page per-weight header).
 
 use rayon::prelude::*;
-use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
+use std::hash::Hasher as _;
+use twox_hash::{XxHash3_128, XxHash3_64};
+
+/// XXH3-64 of `b` (seed 0, default secret).
+fn xxh3_64(b: &[u8]) -> u64 {
+    XxHash3_64::oneshot(b)
+}
+
+/// XXH3-128 of `b` (seed 0, default secret).
+fn xxh3_128(b: &[u8]) -> u128 {
+    XxHash3_128::oneshot(b)
+}
 
 /// `b"ORKPACK\0"` at offset 0.
 pub const MAGIC: [u8; 8] = *b"ORKPACK\0";
@@ -214,7 +225,7 @@ fn combine(len: usize, digests: &[u64]) -> u128 {
 
 /// The hash used for source bytes and payloads: xxh3-128 over (byte length as u64 LE, then the
 /// xxh3-64 of every 1 MiB chunk as u64 LE). Chunking lets every core hash at once; xxh3 runs
-/// near memory bandwidth (SSE2/AVX2 on x86-64, NEON on aarch64).
+/// near memory bandwidth (SIMD chosen at run time: AVX2/SSE2 on x86-64, NEON on aarch64).
 pub fn par_hash(bytes: &[u8]) -> u128 {
     combine(bytes.len(), &chunk_digests(bytes))
 }
@@ -226,7 +237,7 @@ pub fn par_hash(bytes: &[u8]) -> u128 {
 /// over the mapped file.
 #[derive(Clone)]
 pub struct StreamHash {
-    chunk: xxhash_rust::xxh3::Xxh3,
+    chunk: XxHash3_64,
     in_chunk: usize,
     len: usize,
     digests: Vec<u64>,
@@ -234,7 +245,7 @@ pub struct StreamHash {
 
 impl StreamHash {
     pub fn new() -> StreamHash {
-        StreamHash { chunk: xxhash_rust::xxh3::Xxh3::new(), in_chunk: 0, len: 0, digests: Vec::new() }
+        StreamHash { chunk: XxHash3_64::new(), in_chunk: 0, len: 0, digests: Vec::new() }
     }
 
     pub fn update(&mut self, mut bytes: &[u8]) {
@@ -245,11 +256,11 @@ impl StreamHash {
             if take == HASH_CHUNK_BYTES {
                 self.digests.push(xxh3_64(&bytes[..take]));
             } else {
-                self.chunk.update(&bytes[..take]);
+                self.chunk.write(&bytes[..take]);
                 self.in_chunk += take;
                 if self.in_chunk == HASH_CHUNK_BYTES {
-                    self.digests.push(self.chunk.digest());
-                    self.chunk.reset();
+                    self.digests.push(self.chunk.finish());
+                    self.chunk = XxHash3_64::new();
                     self.in_chunk = 0;
                 }
             }
@@ -279,7 +290,7 @@ impl StreamHash {
 
     pub fn finish(mut self) -> u128 {
         if self.in_chunk > 0 {
-            self.digests.push(self.chunk.digest());
+            self.digests.push(self.chunk.finish());
         }
         combine(self.len, &self.digests)
     }
@@ -526,6 +537,24 @@ mod tests {
         h.update(&[]);
         h.update(&bytes[5..HASH_CHUNK_BYTES + 9]);
         assert_eq!(h.finish(), par_hash(&bytes[..HASH_CHUNK_BYTES + 9]));
+    }
+
+    /// The cache's hashes are XXH3 exactly (caches written by any build stay valid, whichever
+    /// XXH3 implementation or SIMD kernel computes them): the published empty-input vectors,
+    /// and `par_hash` / `StreamHash` of a 2.5 MiB input (the SIMD long-input path, three chunks)
+    /// pinned to the value another XXH3 implementation gives.
+    #[test]
+    fn hashes_are_xxh3_with_pinned_values() {
+        assert_eq!(xxh3_64(b""), 0x2d06_8005_38d3_94c2);
+        assert_eq!(xxh3_128(b""), 0x99aa_06d3_0147_98d8_6001_c324_468d_497f);
+        let p: Vec<u8> = (0..(5usize << 19) + 17).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        const WANT: u128 = 0x8aba_2746_a145_1a45_3a60_bcec_5a79_80fd;
+        assert_eq!(par_hash(&p), WANT);
+        let mut s = StreamHash::new();
+        for piece in p.chunks(300_007) {
+            s.update(piece);
+        }
+        assert_eq!(s.finish(), WANT);
     }
 
     fn sample_id() -> Identity {
