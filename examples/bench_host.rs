@@ -14,8 +14,10 @@
 //! 3. Output dequantization int32 → f32, `quant::dequantize_output` and
 //!    `quant::dequantize_output_split`, vs a `memcpy` of the same input bytes (`M·N·4`, or
 //!    `2M·N·4` for the split form). Target ≥ 70 %.
-//! 4. Weight packing (to_float → column-equalised per-channel int8 → tile:
-//!    `backend::weights::quantize_source` + `npu::Npu::tile_weight`) in GB/s of int8 weight
+//! 4. Weight packing (to_float → column-equalised per-channel int8 → tile, one term:
+//!    `backend::weights::pack_source`, the backend's packing, which quantizes and tiles each
+//!    32-row block while it is in cache; before 2026-11-29 19:30Z the separate
+//!    `quantize_source` + `npu::Npu::tile_weight`, same bytes) in GB/s of int8 weight
 //!    produced per core (target ≥ 1 GB/s), and its speed-up on all cores (target ≥ 1.8× on 2).
 //!
 //! Everything in 1–3 runs in a one-thread rayon pool: the comparison is per core, the way ggml-cpu
@@ -39,9 +41,8 @@ use std::hint::black_box;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use ggml_ork::backend::weights::{quantize_source, WeightSource};
+use ggml_ork::backend::weights::{pack_source, WeightSource};
 use ggml_ork::npu::soc::{SocDesc, SocId};
-use ggml_ork::npu::Npu;
 use ggml_ork::quant;
 
 /// ggml type id of Q8_0 (ggml.h `GGML_TYPE_Q8_0`).
@@ -362,9 +363,7 @@ fn main() {
             None => (WeightSource { name: "", ggml_type: 0, bytes: &f32_bytes, row_bytes: k * 4, to_float: &f32_row }, "f32"),
         };
         let pack = || {
-            let (q, s, c) = quantize_source(&src, n, k);
-            let t = Npu::tile_weight(&soc, &q, n, k).expect("tile_weight");
-            black_box((t, s, c));
+            black_box(pack_source(&soc, &src, n, k, 1).expect("pack_source"));
         };
         let all = rayon::ThreadPoolBuilder::new().num_threads(ncpu).build().unwrap();
         let mut p1 = || one.install(pack);

@@ -68,3 +68,65 @@ fn pack_a_fast_equals_reference() {
         assert_eq!(x, y);
     }
 }
+
+/// The backend's fused packing (`pack_source`: one 32-row block at a time, quantized and tiled
+/// while in cache) gives exactly the bytes and scales of the separate steps — column scales,
+/// `quantize_source`, `quantize_residual`, `Npu::tile_weight` of each term — over multi-slice and
+/// full-K geometries, one and two terms, rows with outliers, zeros, and non-finite values.
+#[test]
+fn fused_packing_equals_quantize_then_tile() {
+    use ggml_ork::backend::weights::{pack_source, quantize_residual, quantize_source, WeightSource};
+    let mut rng = Rng::new(77);
+    let mut soc = rk3588();
+    for case in 0..40 {
+        soc.k_slice = 32 * rng.range(1, 4) as u32;
+        soc.n_max_per_program = 32 * rng.range(1, 4) as u32;
+        soc.fullk_ceiling = if case % 3 == 0 { 0 } else { 10752 };
+        let (n, k) = (32 * rng.range(1, 7), 32 * rng.range(1, 7));
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| {
+                let (r, c) = (i / k, i % k);
+                let u = rng.next_u64();
+                let v = ((u >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0;
+                match (case % 5, r % 7, c % 13) {
+                    (_, 3, _) => 0.0,                           // an all-zero row
+                    (_, _, 5) => v * 300.0,                     // an outlier column
+                    (4, 2, 1) if r < 32 => f32::NAN,            // non-finite values in some cases
+                    (4, 5, 2) if r < 64 => f32::INFINITY,
+                    _ => v,
+                }
+            })
+            .collect();
+        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let to_float = |b: &[u8], out: &mut [f32]| {
+            for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        };
+        let src = WeightSource { name: "w", ggml_type: 0, bytes: &bytes, row_bytes: k * 4, to_float: &to_float };
+        let (q, s, col) = quantize_source(&src, n, k);
+        let (ql, sl) = quantize_residual(&src, n, k, &col, &q, &s);
+        let want_hi = Npu::tile_weight(&soc, &q, n, k).unwrap().bytes;
+        let want_lo = Npu::tile_weight(&soc, &ql, n, k).unwrap().bytes;
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for terms in [1, 2] {
+            let what = format!("case {case} N={n} K={k} terms {terms} k_slice {} n_slice {}", soc.k_slice, soc.n_max_per_program);
+            let p = pack_source(&soc, &src, n, k, terms).unwrap();
+            assert_eq!(p.tiles.len(), terms, "{what}");
+            assert!(p.tiles[0].bytes == want_hi, "hi tiles differ: {what}");
+            assert_eq!(bits(&p.scales), bits(&s), "{what}");
+            assert_eq!(bits(&p.col_scale), bits(&col), "{what}");
+            if terms == 2 {
+                assert!(p.tiles[1].bytes == want_lo, "lo tiles differ: {what}");
+                assert_eq!(bits(&p.lo_scales), bits(&sl), "{what}");
+            } else {
+                assert!(p.lo_scales.is_empty());
+            }
+        }
+    }
+    // A shape the NPU cannot hold is an error, as for tile_weight.
+    let bytes = vec![0u8; 33 * 64 * 4];
+    let to_float = |_: &[u8], out: &mut [f32]| out.fill(1.0);
+    let src = WeightSource { name: "w", ggml_type: 0, bytes: &bytes, row_bytes: 64 * 4, to_float: &to_float };
+    assert!(pack_source(&rk3588(), &src, 33, 64, 1).is_err());
+}

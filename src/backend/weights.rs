@@ -63,6 +63,54 @@ pub fn quantize_source(src: &WeightSource<'_>, n: usize, k: usize) -> (Vec<i8>, 
     (q, rs, col)
 }
 
+/// A source weight packed for the NPU: `terms` tiled blobs (the first term, then the residual
+/// term), the first term's row scales `[N]`, the column equalisation `[K]`, and the second
+/// term's row scales `[N]` (empty for one term).
+pub struct PackedSource {
+    pub tiles: Vec<crate::npu::TiledWeight>,
+    pub scales: Vec<f32>,
+    pub col_scale: Vec<f32>,
+    pub lo_scales: Vec<f32>,
+}
+
+/// [`quantize_source`] (and, for `terms == 2`, [`quantize_residual`]) followed by
+/// `Npu::tile_weight` of each term, fused: the column scales in a first pass over the source,
+/// then each 32-row block is dequantized, equalised, quantized (both terms) and tiled while its
+/// rows are in the CPU cache (`Npu::tile_weight_with`). One dequantization pass fewer than the
+/// separate steps for two terms, and no untiled `[N, K]` int8 copy. Bit-identical to them
+/// (tested). `terms`: 1 or 2.
+pub fn pack_source(soc: &crate::npu::soc::SocDesc, src: &WeightSource<'_>, n: usize, k: usize, terms: usize) -> Result<PackedSource, NpuError> {
+    assert!(terms == 1 || terms == 2, "one or two weight terms");
+    let row = |r: usize, out: &mut [f32]| (src.to_float)(&src.bytes[r * src.row_bytes..(r + 1) * src.row_bytes], out);
+    let col_scale = quant::column_scales(n, k, row);
+    let inv: Vec<f32> = col_scale.iter().map(|&c| 1.0 / c).collect();
+    let block = crate::npu::layout::BLOCK;
+    let (tiles, per_block) = Npu::tile_weight_with(soc, n, k, terms, |b, rows| {
+        let mut buf = vec![0f32; k];
+        let mut s = [[0f32; crate::npu::layout::BLOCK]; 2];
+        let (hi, lo) = rows.split_at_mut(block * k);
+        for nl in 0..block {
+            row(b * block + nl, &mut buf);
+            // the operations of quantize_source and quantize_residual, in their order
+            for (v, &i) in buf.iter_mut().zip(&inv) {
+                *v *= i;
+            }
+            let q = &mut hi[nl * k..(nl + 1) * k];
+            s[0][nl] = quant::quantize_row(&buf, q);
+            if terms == 2 {
+                for (v, &qv) in buf.iter_mut().zip(q.iter()) {
+                    *v -= s[0][nl] * qv as f32;
+                }
+                s[1][nl] = quant::quantize_row(&buf, &mut lo[nl * k..(nl + 1) * k]);
+            }
+        }
+        s
+    })?;
+    let scales = per_block.iter().flat_map(|s| s[0]).collect();
+    let lo_scales = if terms == 2 { per_block.iter().flat_map(|s| s[1]).collect() } else { Vec::new() };
+    Ok(PackedSource { tiles, scales, col_scale, lo_scales })
+}
+
 /// ggml float source types (F32, F16, BF16): 8+ mantissa bits that one int8 term cannot carry.
 pub fn is_float_type(ggml_type: u32) -> bool {
     matches!(ggml_type, 0 | 1 | 30)
@@ -192,19 +240,18 @@ pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<
             Err(e) => log::debug!("orkpack {}: {e}; repacking", src.name),
         }
     }
-    let (q, scales, col_scale) = quantize_source(src, n, k);
-    let tiled = Npu::tile_weight(dev.npu.soc(), &q, n, k)?;
-    let resident = dev.npu.upload(&tiled)?;
-    let mut blob_tiles = tiled.bytes;
+    let PackedSource { tiles, scales, col_scale, lo_scales } = pack_source(dev.npu.soc(), src, n, k, if terms == 2 { 2 } else { 1 })?;
+    let mut tiles = tiles.into_iter();
+    let hi = tiles.next().expect("the first term's tiles");
+    let resident = dev.npu.upload(&hi)?;
+    let mut blob_tiles = hi.bytes;
     let mut blob_f: Vec<f32> = scales.iter().chain(col_scale.iter()).copied().collect();
-    let lo = if terms == 2 {
-        let (ql, sl) = quantize_residual(src, n, k, &col_scale, &q, &scales);
-        let tl = Npu::tile_weight(dev.npu.soc(), &ql, n, k)?;
-        match dev.npu.upload(&tl) {
+    let lo = match tiles.next() {
+        Some(tl) => match dev.npu.upload(&tl) {
             Ok(r) => {
                 blob_tiles.extend_from_slice(&tl.bytes);
-                blob_f.extend_from_slice(&sl);
-                Some((r, sl))
+                blob_f.extend_from_slice(&lo_scales);
+                Some((r, lo_scales))
             }
             // Out of resident budget: the weight keeps one term (less precise, still on the NPU).
             Err(e @ NpuError::NoRoom { .. }) => {
@@ -212,9 +259,8 @@ pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<
                 None
             }
             Err(e) => return Err(e),
-        }
-    } else {
-        None
+        },
+        None => None,
     };
     let stored_id = id.map(|mut i| {
         i.weight_terms = 1 + lo.is_some() as u32;

@@ -162,6 +162,42 @@ pub fn tile_fast(w: &[i8], k: usize, t: &Tile, out: &mut [u8]) {
     });
 }
 
+/// The regions of a blob that N-block `b` (weight rows `[32·b, 32·b + 32)`) owns: one per tile
+/// of its N-slice (K-slice tiles, then the full-K tile), `kp/32 · BLOCK_BYTES` bytes each, with
+/// the tile. Blocks own disjoint regions, so they can be filled in parallel.
+pub type BlockRegions<'a> = Vec<(&'a Tile, &'a mut [u8])>;
+
+/// Splits `blob` (`geom.total_bytes`) into every N-block's [`BlockRegions`], in block order.
+/// Tile padding belongs to no block.
+pub fn split_blocks<'a>(geom: &'a WeightGeometry, blob: &'a mut [u8]) -> Vec<BlockRegions<'a>> {
+    let mut blocks: Vec<BlockRegions<'a>> = (0..geom.n / BLOCK).map(|_| Vec::new()).collect();
+    let mut rest: &mut [u8] = blob;
+    for t in geom.all_tiles() {
+        let (head, tail) = std::mem::take(&mut rest).split_at_mut(t.padded_bytes);
+        rest = tail;
+        let kt_n = t.kp / BLOCK;
+        for (nt, region) in head[..t.nc * t.kp].chunks_mut(kt_n * BLOCK_BYTES).enumerate() {
+            blocks[t.n0 / BLOCK + nt].push((t, region));
+        }
+    }
+    blocks
+}
+
+/// Tiles one N-block: `rows: [32, K]` row-major i8 (the block's weight rows) into its regions.
+/// Together over all blocks: the same bytes as [`tile_ref`] over all tiles.
+pub fn tile_block(rows: &[i8], k: usize, regions: &mut [(&Tile, &mut [u8])]) {
+    let rb: &[u8] = bytemuck::cast_slice(rows);
+    for (t, region) in regions.iter_mut() {
+        for nl in 0..BLOCK {
+            let src = rb[nl * k + t.k0..nl * k + t.k0 + t.kp].chunks_exact(BLOCK);
+            for (d, s) in region.chunks_exact_mut(BLOCK_BYTES).zip(src) {
+                let d: &mut [u8; BLOCK] = (&mut d[nl * BLOCK..(nl + 1) * BLOCK]).try_into().expect("32-byte block");
+                *d = s.try_into().expect("32-byte block");
+            }
+        }
+    }
+}
+
 /// Builds the whole blob for `w: [N, K]` row-major i8 (scalar reference).
 pub fn tile_weight_ref(geom: &WeightGeometry, w: &[i8]) -> Vec<u8> {
     let mut out = vec![0u8; geom.total_bytes];

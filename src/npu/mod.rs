@@ -247,6 +247,45 @@ impl Npu {
         Ok(TiledWeight { n, k, bytes: layout::tile_weight_fast(&geom, w) })
     }
 
+    /// Builds `terms` tiled blobs of `[N, K]` together, one 32-row N-block at a time (on all
+    /// cores): `fill(b, rows)` writes the int8 rows `[32·b, 32·b + 32)` of every term into
+    /// `rows: [terms, 32, K]` (term-major) and returns what the caller keeps for the block
+    /// (e.g. its row scales); the rows are tiled while they are still in the CPU cache. No
+    /// untiled `[N, K]` copy is ever made. Returns the blobs (term order) and `fill`'s results
+    /// in block order. Same bytes as [`Npu::tile_weight`] of each term's whole matrix.
+    pub fn tile_weight_with<R: Send>(
+        soc: &soc::SocDesc,
+        n: usize,
+        k: usize,
+        terms: usize,
+        fill: impl Fn(usize, &mut [i8]) -> R + Sync,
+    ) -> Result<(Vec<TiledWeight>, Vec<R>), NpuError> {
+        check_shape_soc(soc, n, k)?;
+        let geom = WeightGeometry::new(soc, n, k);
+        let mut blobs: Vec<Vec<u8>> = (0..terms).map(|_| crate::quant::par_zeroed::<u8>(geom.total_bytes)).collect();
+        let mut split: Vec<_> = blobs.iter_mut().map(|b| layout::split_blocks(&geom, b).into_iter()).collect();
+        // Per block: every term's regions.
+        let blocks: Vec<Vec<layout::BlockRegions<'_>>> =
+            (0..n / layout::BLOCK).map(|_| split.iter_mut().map(|it| it.next().expect("one region set per block")).collect()).collect();
+        let block_rows = layout::BLOCK * k;
+        use rayon::prelude::*;
+        let results = blocks
+            .into_par_iter()
+            .enumerate()
+            .map_init(
+                || vec![0i8; terms * block_rows],
+                |rows, (b, mut regions)| {
+                    let r = fill(b, rows);
+                    for (t, reg) in regions.iter_mut().enumerate() {
+                        layout::tile_block(&rows[t * block_rows..(t + 1) * block_rows], k, reg);
+                    }
+                    r
+                },
+            )
+            .collect();
+        Ok((blobs.into_iter().map(|bytes| TiledWeight { n, k, bytes }).collect(), results))
+    }
+
     /// Uploads a tiled weight into the next IOMMU domain with room.
     pub fn upload(&self, tw: &TiledWeight) -> Result<Arc<ResidentWeight>, NpuError> {
         self.place("upload", tw.n, tw.k, &tw.bytes, &mut |_, _| {})
