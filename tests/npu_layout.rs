@@ -6,16 +6,22 @@ use common::{rk3588, Rng};
 use ggml_ork::npu::layout::{self, ABlock, WeightGeometry};
 use ggml_ork::npu::Npu;
 
+/// An RK3588 description with small random K- and N-slices (so multi-slice geometries stay
+/// cheap), full-K tiles on or off, and a random `[N, K]` of up to `max_blocks` 32-blocks a side.
+fn small_slices(rng: &mut Rng, fullk: bool, max_blocks: usize) -> (ggml_ork::npu::soc::SocDesc, usize, usize) {
+    let mut soc = rk3588();
+    soc.k_slice = 32 * rng.range(1, 4) as u32;
+    soc.n_max_per_program = 32 * rng.range(1, 4) as u32;
+    soc.fullk_ceiling = if fullk { 10752 } else { 0 };
+    let (n, k) = (32 * rng.range(1, max_blocks), 32 * rng.range(1, max_blocks));
+    (soc, n, k)
+}
+
 #[test]
 fn tile_fast_equals_reference() {
     let mut rng = Rng::new(31);
-    let mut soc = rk3588();
     for case in 0..60 {
-        // Small slice sizes so multi-slice geometries stay cheap.
-        soc.k_slice = 32 * rng.range(1, 4) as u32;
-        soc.n_max_per_program = 32 * rng.range(1, 4) as u32;
-        soc.fullk_ceiling = if case % 2 == 0 { 10752 } else { 0 };
-        let (n, k) = (32 * rng.range(1, 9), 32 * rng.range(1, 9));
+        let (soc, n, k) = small_slices(&mut rng, case % 2 == 0, 9);
         let w = rng.i8s(n * k);
         let g = WeightGeometry::new(&soc, n, k);
         let want = layout::tile_weight_ref(&g, &w);
@@ -77,12 +83,8 @@ fn pack_a_fast_equals_reference() {
 fn fused_packing_equals_quantize_then_tile() {
     use ggml_ork::backend::weights::{pack_source, quantize_residual, quantize_source, WeightSource};
     let mut rng = Rng::new(77);
-    let mut soc = rk3588();
     for case in 0..40 {
-        soc.k_slice = 32 * rng.range(1, 4) as u32;
-        soc.n_max_per_program = 32 * rng.range(1, 4) as u32;
-        soc.fullk_ceiling = if case % 3 == 0 { 0 } else { 10752 };
-        let (n, k) = (32 * rng.range(1, 7), 32 * rng.range(1, 7));
+        let (soc, n, k) = small_slices(&mut rng, case % 3 != 0, 7);
         let w: Vec<f32> = (0..n * k)
             .map(|i| {
                 let (r, c) = (i / k, i % k);
