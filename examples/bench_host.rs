@@ -16,7 +16,7 @@
 //!    `2M·N·4` for the split form). Target ≥ 70 %.
 //! 4. Weight packing (to_float → column-equalised per-channel int8 → tile, one term:
 //!    `backend::weights::pack_source`, the backend's packing, which quantizes and tiles each
-//!    32-row block while it is in cache; before 2026-11-29 19:30Z the separate
+//!    32-row block while it is in cache; before commit bd138d2 the separate
 //!    `quantize_source` + `npu::Npu::tile_weight`, same bytes) in GB/s of int8 weight
 //!    produced per core (target ≥ 1 GB/s), and its speed-up on all cores (target ≥ 1.8× on 2).
 //!

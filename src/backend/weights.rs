@@ -56,11 +56,25 @@ pub fn quantize_source(src: &WeightSource<'_>, n: usize, k: usize) -> (Vec<i8>, 
     let inv: Vec<f32> = col.iter().map(|&c| 1.0 / c).collect();
     let (q, rs) = quant::quantize_weight(n, k, |r, out| {
         row(r, out);
-        for (v, &i) in out.iter_mut().zip(&inv) {
-            *v *= i;
-        }
+        equalise_row(out, &inv);
     });
     (q, rs, col)
+}
+
+/// `v[j] ← v[j] · inv[j]`: a dequantized weight row divided by the column equalisation (as its
+/// reciprocal). The first step of both weight terms, in every packing path.
+fn equalise_row(v: &mut [f32], inv: &[f32]) {
+    for (v, &i) in v.iter_mut().zip(inv) {
+        *v *= i;
+    }
+}
+
+/// `v[j] ← v[j] − s · q[j]` (multiply, then subtract; never fused): what the first int8 term
+/// `(q, s)` leaves of an equalised row, which the second term quantizes.
+fn residual_row(v: &mut [f32], s: f32, q: &[i8]) {
+    for (v, &qv) in v.iter_mut().zip(q) {
+        *v -= s * qv as f32;
+    }
 }
 
 /// A source weight packed for the NPU: `terms` tiled blobs (the first term, then the residual
@@ -81,6 +95,8 @@ pub struct PackedSource {
 /// (tested). `terms`: 1 or 2.
 pub fn pack_source(soc: &crate::npu::soc::SocDesc, src: &WeightSource<'_>, n: usize, k: usize, terms: usize) -> Result<PackedSource, NpuError> {
     assert!(terms == 1 || terms == 2, "one or two weight terms");
+    // A shape the NPU cannot hold fails before any pass over the source.
+    crate::npu::check_shape_soc(soc, n, k)?;
     let row = |r: usize, out: &mut [f32]| (src.to_float)(&src.bytes[r * src.row_bytes..(r + 1) * src.row_bytes], out);
     let col_scale = quant::column_scales(n, k, row);
     let inv: Vec<f32> = col_scale.iter().map(|&c| 1.0 / c).collect();
@@ -90,17 +106,13 @@ pub fn pack_source(soc: &crate::npu::soc::SocDesc, src: &WeightSource<'_>, n: us
         let mut s = [[0f32; crate::npu::layout::BLOCK]; 2];
         let (hi, lo) = rows.split_at_mut(block * k);
         for nl in 0..block {
+            // quantize_source's steps, then quantize_residual's, on the same row
             row(b * block + nl, &mut buf);
-            // the operations of quantize_source and quantize_residual, in their order
-            for (v, &i) in buf.iter_mut().zip(&inv) {
-                *v *= i;
-            }
+            equalise_row(&mut buf, &inv);
             let q = &mut hi[nl * k..(nl + 1) * k];
             s[0][nl] = quant::quantize_row(&buf, q);
             if terms == 2 {
-                for (v, &qv) in buf.iter_mut().zip(q.iter()) {
-                    *v -= s[0][nl] * qv as f32;
-                }
+                residual_row(&mut buf, s[0][nl], q);
                 s[1][nl] = quant::quantize_row(&buf, &mut lo[nl * k..(nl + 1) * k]);
             }
         }
@@ -131,10 +143,8 @@ pub fn quantize_residual(src: &WeightSource<'_>, n: usize, k: usize, col: &[f32]
     let inv: Vec<f32> = col.iter().map(|&c| 1.0 / c).collect();
     quant::quantize_weight(n, k, |r, out| {
         (src.to_float)(&src.bytes[r * src.row_bytes..(r + 1) * src.row_bytes], out);
-        let qr = &q[r * k..(r + 1) * k];
-        for ((v, &i), &qv) in out.iter_mut().zip(&inv).zip(qr) {
-            *v = *v * i - s[r] * qv as f32;
-        }
+        equalise_row(out, &inv);
+        residual_row(out, s[r], &q[r * k..(r + 1) * k]);
     })
 }
 

@@ -21,8 +21,11 @@
 //! * **Version by fingerprint.** A stale cache must never survive a change of tiling or
 //!   quantization. Besides the container version ([`format::CONTAINER_VERSION`]), the header
 //!   carries [`layout_fingerprint`] (a hash of `Npu::tile_weight`'s output on fixed probe
-//!   weights that cross the K-slice and N-slice boundaries) and [`quant_fingerprint`] (the same
-//!   for `quant::quantize_weight`, plus `QMAX` / `ABSMAX_FLOOR`). They are derived from the code
+//!   weights that cross the K-slice and N-slice boundaries; it runs the same block tiler that
+//!   the packer uses) and [`quant_fingerprint`] (the same for the weight quantization rule —
+//!   `weights::quantize_source` and `quantize_residual`, plus `QMAX` / `ABSMAX_FLOOR` — with
+//!   the fused packer `weights::pack_source` checked against it on the probe: should the two
+//!   ever differ, the fused output joins the hash). They are derived from the code
 //!   at run time, so nobody has to remember to bump a constant (the reference implementation's
 //!   `ORK_PACK_FORMAT_VERSION`, rknpu-facts §7.2, relied on that). Cost: ~0.5 ms once per SoC.
 //! * Files are written to a temporary name in the same directory and published with
@@ -195,11 +198,54 @@ pub fn quant_fingerprint() -> u64 {
         h.write(&crate::quant::QMAX.to_bits().to_le_bytes());
         h.write(&crate::quant::ABSMAX_FLOOR.to_bits().to_le_bytes());
         h.write(bytemuck::cast_slice(&q));
-        for v in s {
+        for v in &s {
             h.write(&v.to_bits().to_le_bytes());
+        }
+        // The backend writes entries through the fused packer (`weights::pack_source`), which
+        // must give exactly these bytes (tested). Should it ever differ, its output joins the
+        // hash, so that entries made by one rule are never taken for the other's; while they
+        // agree, nothing is added and existing caches keep their fingerprint.
+        if let Some(fused) = fused_probe_difference(&src, N, K, (&q, &s, &col), (&ql, &sl)) {
+            h.write(&fused);
         }
         h.finish()
     })
+}
+
+/// The fused packer's result on the quantization probe (its 8 rows repeated to one 32-row
+/// block, on the RK3588 layout) when it differs from the reference steps' `(q, s, col)` and
+/// `(ql, sl)`, tiled the same way; `None` when they agree.
+fn fused_probe_difference(src: &crate::backend::WeightSource<'_>, n: usize, k: usize, hi: (&[i8], &[f32], &[f32]), lo: (&[i8], &[f32])) -> Option<Vec<u8>> {
+    const ROWS: usize = crate::npu::layout::BLOCK;
+    let soc = SocDesc::get(SocId::Rk3588);
+    let bytes: Vec<u8> = (0..ROWS).flat_map(|r| src.bytes[(r % n) * src.row_bytes..(r % n + 1) * src.row_bytes].iter().copied()).collect();
+    let block = crate::backend::WeightSource { bytes: &bytes, ..*src };
+    let mut out = Vec::new();
+    let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect::<Vec<u8>>();
+    match crate::backend::weights::pack_source(&soc, &block, ROWS, k, 2) {
+        Ok(p) => {
+            let rep_i8 = |q: &[i8]| (0..ROWS).flat_map(|r| q[(r % n) * k..(r % n + 1) * k].iter().copied()).collect::<Vec<i8>>();
+            let rep_f32 = |v: &[f32]| (0..ROWS).map(|r| v[r % n]).collect::<Vec<f32>>();
+            let tiled = |q: &[i8]| Npu::tile_weight(&soc, &rep_i8(q), ROWS, k).map(|t| t.bytes).unwrap_or_default();
+            let same = p.tiles.len() == 2
+                && p.tiles[0].bytes == tiled(hi.0)
+                && p.tiles[1].bytes == tiled(lo.0)
+                && f32s(&p.scales) == f32s(&rep_f32(hi.1))
+                && f32s(&p.col_scale) == f32s(hi.2)
+                && f32s(&p.lo_scales) == f32s(&rep_f32(lo.1));
+            if same {
+                return None;
+            }
+            for t in &p.tiles {
+                out.extend_from_slice(&t.bytes);
+            }
+            out.extend(f32s(&p.scales));
+            out.extend(f32s(&p.col_scale));
+            out.extend(f32s(&p.lo_scales));
+        }
+        Err(e) => out.extend_from_slice(e.to_string().as_bytes()),
+    }
+    Some(out)
 }
 
 /// The quantization parameters recorded in headers.
@@ -592,6 +638,17 @@ mod tests {
         c.k_slice /= 2;
         assert_ne!(layout_fingerprint(&c), layout_fingerprint(&a), "a K-slice change must change the layout fingerprint");
         assert_eq!(quant_fingerprint(), quant_fingerprint());
+    }
+
+    /// The fingerprints' values, pinned: a change of tiling or of the weight quantization rule
+    /// (in the reference steps or in the fused packer, which joins the hash when it differs from
+    /// them) changes them and makes every existing cache entry a miss. When this fails on
+    /// purpose, update the values and say in the change that caches will be repacked once.
+    #[test]
+    fn fingerprints_are_pinned() {
+        assert_eq!(layout_fingerprint(&SocDesc::get(SocId::Rk3588)), 0x5d00_2399_2bb3_79e2);
+        assert_eq!(layout_fingerprint(&SocDesc::get(SocId::Rk3576)), 0xece6_d8b7_ed81_8f98);
+        assert_eq!(quant_fingerprint(), 0xb2bb_9853_9898_0c71);
     }
 
     #[test]

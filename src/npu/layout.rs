@@ -20,8 +20,11 @@
 //! * **Activations** are flat row-major `[mc][Kp]` i8 blocks (§3.1), copied from the caller's
 //!   `[M, K]` matrix. **Outputs** are dense `[mc][s]` int32 blocks (§3.3).
 //!
-//! Every packer has a scalar reference (`*_ref`) and a fast path (rayon over N-blocks / rows,
-//! 32-byte copies); the tests check them byte for byte.
+//! Every packer has a scalar reference (`*_ref`) and a fast path; the tests check them byte for
+//! byte. The fast weight tiler works one 32-row N-block at a time ([`split_blocks`] hands each
+//! block its regions of the blob, [`tile_block`] fills them with 32-byte moves), which lets
+//! `Npu::tile_weight_with` tile a block's rows right after they were quantized, while they are in
+//! the CPU cache; `Npu::tile_weight` is that tiler over a whole matrix.
 
 use rayon::prelude::*;
 
@@ -145,23 +148,6 @@ pub fn tile_ref(w: &[i8], k: usize, t: &Tile, out: &mut [u8]) {
     }
 }
 
-/// Fast tiler of one tile (rayon over N-blocks, 32-byte row copies); same bytes as [`tile_ref`].
-pub fn tile_fast(w: &[i8], k: usize, t: &Tile, out: &mut [u8]) {
-    let kt_n = t.kp / BLOCK;
-    let wb: &[u8] = bytemuck::cast_slice(w);
-    out[..t.nc * t.kp].par_chunks_mut(kt_n * BLOCK_BYTES).enumerate().for_each(|(nt, blk)| {
-        for nl in 0..BLOCK {
-            let row = (t.n0 + nt * BLOCK + nl) * k + t.k0;
-            // Fixed-size 32-byte moves (inlined), not a memmove call per block.
-            let src = wb[row..row + kt_n * BLOCK].chunks_exact(BLOCK);
-            for (d, s) in blk.chunks_exact_mut(BLOCK_BYTES).zip(src) {
-                let d: &mut [u8; BLOCK] = (&mut d[nl * BLOCK..(nl + 1) * BLOCK]).try_into().expect("32-byte block");
-                *d = s.try_into().expect("32-byte block");
-            }
-        }
-    });
-}
-
 /// The regions of a blob that N-block `b` (weight rows `[32·b, 32·b + 32)`) owns: one per tile
 /// of its N-slice (K-slice tiles, then the full-K tile), `kp/32 · BLOCK_BYTES` bytes each, with
 /// the tile. Blocks own disjoint regions, so they can be filled in parallel.
@@ -204,20 +190,6 @@ pub fn tile_weight_ref(geom: &WeightGeometry, w: &[i8]) -> Vec<u8> {
     for t in geom.all_tiles() {
         tile_ref(w, geom.k, t, &mut out[t.offset..t.offset + t.padded_bytes]);
     }
-    out
-}
-
-/// Builds the whole blob for `w: [N, K]` row-major i8 (fast path).
-pub fn tile_weight_fast(geom: &WeightGeometry, w: &[i8]) -> Vec<u8> {
-    let mut out = crate::quant::par_zeroed::<u8>(geom.total_bytes);
-    let mut rest: &mut [u8] = &mut out;
-    let mut parts = Vec::new();
-    for t in geom.all_tiles() {
-        let (head, tail) = rest.split_at_mut(t.padded_bytes);
-        parts.push((t, head));
-        rest = tail;
-    }
-    parts.into_par_iter().for_each(|(t, buf)| tile_fast(w, geom.k, t, buf));
     out
 }
 

@@ -243,8 +243,9 @@ impl Npu {
         if w.len() != n * k {
             return Err(NpuError::BadArg { op: "tile_weight", m: 0, k, n, why: format!("w has {} elements, not N·K", w.len()) });
         }
-        let geom = WeightGeometry::new(soc, n, k);
-        Ok(TiledWeight { n, k, bytes: layout::tile_weight_fast(&geom, w) })
+        let rows = layout::BLOCK * k;
+        let (mut t, _) = Self::tile_weight_with(soc, n, k, 1, |b, out| out.copy_from_slice(&w[b * rows..(b + 1) * rows]))?;
+        Ok(t.remove(0))
     }
 
     /// Builds `terms` tiled blobs of `[N, K]` together, one 32-row N-block at a time (on all
@@ -427,13 +428,18 @@ impl Npu {
     }
 }
 
-fn check_shape_soc(soc: &soc::SocDesc, n: usize, k: usize) -> Result<(), NpuError> {
+pub(crate) fn check_shape_soc(soc: &soc::SocDesc, n: usize, k: usize) -> Result<(), NpuError> {
     let uns = |why: String| Err(NpuError::Unsupported { op: "check_shape", m: 0, k, n, why });
     if n == 0 || k == 0 {
         return uns("empty weight".into());
     }
     if k % soc.k_align as usize != 0 || n % soc.n_align as usize != 0 {
         return uns(format!("K must be a multiple of {} and N of {}", soc.k_align, soc.n_align));
+    }
+    // The tile layout works in 32×32 blocks: every shape and slice is a whole number of them.
+    let b = layout::BLOCK;
+    if k % b != 0 || n % b != 0 || soc.k_slice as usize % b != 0 || soc.n_max_per_program as usize % b != 0 || soc.k_slice == 0 {
+        return uns(format!("K, N and the SoC's K/N slices must be non-zero multiples of {b}"));
     }
     let bytes = WeightGeometry::new(soc, n, k).total_bytes as u64;
     if bytes > soc.domain_cap_bytes.max(1) && bytes > soc.iova_window_bytes / 2 {
