@@ -132,4 +132,7 @@ fn fused_packing_equals_quantize_then_tile() {
     let to_float = |_: &[u8], out: &mut [f32]| out.fill(1.0);
     let src = WeightSource { name: "w", ggml_type: 0, bytes: &bytes, row_bytes: 64 * 4, to_float: &to_float };
     assert!(pack_source(&rk3588(), &src, 33, 64, 1).is_err());
+    // so is a term count other than 1 or 2
+    assert!(pack_source(&rk3588(), &src, 32, 64, 3).is_err());
+    assert!(pack_source(&rk3588(), &src, 32, 64, 0).is_err());
 }

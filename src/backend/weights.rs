@@ -92,9 +92,11 @@ pub struct PackedSource {
 /// then each 32-row block is dequantized, equalised, quantized (both terms) and tiled while its
 /// rows are in the CPU cache (`Npu::tile_weight_with`). One dequantization pass fewer than the
 /// separate steps for two terms, and no untiled `[N, K]` int8 copy. Bit-identical to them
-/// (tested). `terms`: 1 or 2.
+/// (tested). `terms`: 1 or 2 (anything else is `NpuError::BadArg`).
 pub fn pack_source(soc: &crate::npu::soc::SocDesc, src: &WeightSource<'_>, n: usize, k: usize, terms: usize) -> Result<PackedSource, NpuError> {
-    assert!(terms == 1 || terms == 2, "one or two weight terms");
+    if !(1..=2).contains(&terms) {
+        return Err(NpuError::BadArg { op: "pack_source", m: 0, k, n, why: format!("{terms} weight terms (1 or 2)") });
+    }
     // A shape the NPU cannot hold fails before any pass over the source.
     crate::npu::check_shape_soc(soc, n, k)?;
     let row = |r: usize, out: &mut [f32]| (src.to_float)(&src.bytes[r * src.row_bytes..(r + 1) * src.row_bytes], out);
