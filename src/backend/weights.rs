@@ -31,6 +31,23 @@ pub struct WeightSource<'a> {
     pub to_float: &'a (dyn Fn(&[u8], &mut [f32]) + Sync),
 }
 
+impl WeightSource<'_> {
+    /// Row `r`'s source bytes (`row_bytes` of them).
+    pub fn row(&self, r: usize) -> &[u8] {
+        &self.bytes[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// Dequantizes row `r` into `out: [K] f32`.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        (self.to_float)(self.row(r), out)
+    }
+}
+
+/// `1 / col[k]`: the column equalisation as the factors the weight rows are multiplied by.
+fn reciprocals(col: &[f32]) -> Vec<f32> {
+    col.iter().map(|&c| 1.0 / c).collect()
+}
+
 /// A weight made resident on the NPU: int8 per-channel, tiled, with its channel scales.
 pub struct PackedWeight {
     pub n: usize,
@@ -51,11 +68,10 @@ pub struct PackedWeight {
 /// `(q: [N, K] i8, row_scales: [N] f32, col_scale: [K] f32)` with
 /// `W[n][k] ≈ q[n][k] · row_scales[n] · col_scale[k]`.
 pub fn quantize_source(src: &WeightSource<'_>, n: usize, k: usize) -> (Vec<i8>, Vec<f32>, Vec<f32>) {
-    let row = |r: usize, out: &mut [f32]| (src.to_float)(&src.bytes[r * src.row_bytes..(r + 1) * src.row_bytes], out);
-    let col = quant::column_scales(n, k, row);
-    let inv: Vec<f32> = col.iter().map(|&c| 1.0 / c).collect();
+    let col = quant::column_scales(n, k, |r, out| src.dequantize_row(r, out));
+    let inv = reciprocals(&col);
     let (q, rs) = quant::quantize_weight(n, k, |r, out| {
-        row(r, out);
+        src.dequantize_row(r, out);
         equalise_row(out, &inv);
     });
     (q, rs, col)
@@ -99,9 +115,8 @@ pub fn pack_source(soc: &crate::npu::soc::SocDesc, src: &WeightSource<'_>, n: us
     }
     // A shape the NPU cannot hold fails before any pass over the source.
     crate::npu::check_shape_soc(soc, n, k)?;
-    let row = |r: usize, out: &mut [f32]| (src.to_float)(&src.bytes[r * src.row_bytes..(r + 1) * src.row_bytes], out);
-    let col_scale = quant::column_scales(n, k, row);
-    let inv: Vec<f32> = col_scale.iter().map(|&c| 1.0 / c).collect();
+    let col_scale = quant::column_scales(n, k, |r, out| src.dequantize_row(r, out));
+    let inv = reciprocals(&col_scale);
     let block = crate::npu::layout::BLOCK;
     let (tiles, per_block) = Npu::tile_weight_with(soc, n, k, terms, |b, rows| {
         let mut buf = vec![0f32; k];
@@ -109,7 +124,7 @@ pub fn pack_source(soc: &crate::npu::soc::SocDesc, src: &WeightSource<'_>, n: us
         let (hi, lo) = rows.split_at_mut(block * k);
         for nl in 0..block {
             // quantize_source's steps, then quantize_residual's, on the same row
-            row(b * block + nl, &mut buf);
+            src.dequantize_row(b * block + nl, &mut buf);
             equalise_row(&mut buf, &inv);
             let q = &mut hi[nl * k..(nl + 1) * k];
             s[0][nl] = quant::quantize_row(&buf, q);
@@ -142,9 +157,9 @@ pub fn wants_two_terms(_ggml_type: u32) -> bool {
 /// The second weight term: per-channel int8 of `W/col − q·s` (`q, s` the first term).
 /// Returns `(q_lo: [N, K] i8, s_lo: [N] f32)`.
 pub fn quantize_residual(src: &WeightSource<'_>, n: usize, k: usize, col: &[f32], q: &[i8], s: &[f32]) -> (Vec<i8>, Vec<f32>) {
-    let inv: Vec<f32> = col.iter().map(|&c| 1.0 / c).collect();
+    let inv = reciprocals(col);
     quant::quantize_weight(n, k, |r, out| {
-        (src.to_float)(&src.bytes[r * src.row_bytes..(r + 1) * src.row_bytes], out);
+        src.dequantize_row(r, out);
         equalise_row(out, &inv);
         residual_row(out, s[r], &q[r * k..(r + 1) * k]);
     })
@@ -252,7 +267,7 @@ pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<
             Err(e) => log::debug!("orkpack {}: {e}; repacking", src.name),
         }
     }
-    let PackedSource { tiles, scales, col_scale, lo_scales } = pack_source(dev.npu.soc(), src, n, k, if terms == 2 { 2 } else { 1 })?;
+    let PackedSource { tiles, scales, col_scale, lo_scales } = pack_source(dev.npu.soc(), src, n, k, terms as usize)?;
     let mut tiles = tiles.into_iter();
     let hi = tiles.next().expect("the first term's tiles");
     let resident = dev.npu.upload(&hi)?;

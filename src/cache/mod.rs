@@ -161,8 +161,10 @@ fn compute_layout_fingerprint(soc: &SocDesc) -> u64 {
     h.finish()
 }
 
-/// Fingerprint of the weight quantization rule: xxh3 of `quant::quantize_weight` on fixed probe
-/// rows (ties, zeros, outliers, tiny values) and of its constants.
+/// Fingerprint of the weight quantization rule: xxh3 of what `weights::quantize_source` and
+/// `quantize_residual` give on fixed probe rows (ties, zeros, outliers, tiny values) and of the
+/// quantizer's constants; the fused packer is checked against them on the same rows (see
+/// [`fused_probe_difference`]).
 pub fn quant_fingerprint() -> u64 {
     static FP: OnceLock<u64> = OnceLock::new();
     *FP.get_or_init(|| {
@@ -205,45 +207,43 @@ pub fn quant_fingerprint() -> u64 {
         // must give exactly these bytes (tested). Should it ever differ, its output joins the
         // hash, so that entries made by one rule are never taken for the other's; while they
         // agree, nothing is added and existing caches keep their fingerprint.
-        if let Some(fused) = fused_probe_difference(&src, N, K, (&q, &s, &col), (&ql, &sl)) {
+        if let Some(fused) = fused_probe_difference(&src, N, K) {
             h.write(&fused);
         }
         h.finish()
     })
 }
 
-/// The fused packer's result on the quantization probe (its 8 rows repeated to one 32-row
-/// block, on the RK3588 layout) when it differs from the reference steps' `(q, s, col)` and
-/// `(ql, sl)`, tiled the same way; `None` when they agree.
-fn fused_probe_difference(src: &crate::backend::WeightSource<'_>, n: usize, k: usize, hi: (&[i8], &[f32], &[f32]), lo: (&[i8], &[f32])) -> Option<Vec<u8>> {
+/// The fused packer's result on the quantization probe (its `n` rows repeated to one 32-row
+/// block, on the RK3588 layout) when it differs from the reference steps on the same block
+/// (`quantize_source`, `quantize_residual`, each term tiled by `Npu::tile_weight`); `None` when
+/// they agree.
+fn fused_probe_difference(src: &crate::backend::WeightSource<'_>, n: usize, k: usize) -> Option<Vec<u8>> {
+    use crate::backend::weights::{pack_source, quantize_residual, quantize_source};
     const ROWS: usize = crate::npu::layout::BLOCK;
     let soc = SocDesc::get(SocId::Rk3588);
-    let bytes: Vec<u8> = (0..ROWS).flat_map(|r| src.bytes[(r % n) * src.row_bytes..(r % n + 1) * src.row_bytes].iter().copied()).collect();
+    let bytes: Vec<u8> = (0..ROWS).flat_map(|r| src.row(r % n).iter().copied()).collect();
     let block = crate::backend::WeightSource { bytes: &bytes, ..*src };
-    let mut out = Vec::new();
     let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect::<Vec<u8>>();
-    match crate::backend::weights::pack_source(&soc, &block, ROWS, k, 2) {
-        Ok(p) => {
-            let rep_i8 = |q: &[i8]| (0..ROWS).flat_map(|r| q[(r % n) * k..(r % n + 1) * k].iter().copied()).collect::<Vec<i8>>();
-            let rep_f32 = |v: &[f32]| (0..ROWS).map(|r| v[r % n]).collect::<Vec<f32>>();
-            let tiled = |q: &[i8]| Npu::tile_weight(&soc, &rep_i8(q), ROWS, k).map(|t| t.bytes).unwrap_or_default();
-            let same = p.tiles.len() == 2
-                && p.tiles[0].bytes == tiled(hi.0)
-                && p.tiles[1].bytes == tiled(lo.0)
-                && f32s(&p.scales) == f32s(&rep_f32(hi.1))
-                && f32s(&p.col_scale) == f32s(hi.2)
-                && f32s(&p.lo_scales) == f32s(&rep_f32(lo.1));
-            if same {
-                return None;
-            }
-            for t in &p.tiles {
-                out.extend_from_slice(&t.bytes);
-            }
-            out.extend(f32s(&p.scales));
-            out.extend(f32s(&p.col_scale));
-            out.extend(f32s(&p.lo_scales));
-        }
-        Err(e) => out.extend_from_slice(e.to_string().as_bytes()),
+    let p = match pack_source(&soc, &block, ROWS, k, 2) {
+        Ok(p) => p,
+        Err(e) => return Some(e.to_string().into_bytes()),
+    };
+    let (q, s, col) = quantize_source(&block, ROWS, k);
+    let (ql, sl) = quantize_residual(&block, ROWS, k, &col, &q, &s);
+    let tiled = |q: &[i8]| Npu::tile_weight(&soc, q, ROWS, k).map(|t| t.bytes).unwrap_or_default();
+    let same = p.tiles.len() == 2
+        && p.tiles[0].bytes == tiled(&q)
+        && p.tiles[1].bytes == tiled(&ql)
+        && f32s(&p.scales) == f32s(&s)
+        && f32s(&p.col_scale) == f32s(&col)
+        && f32s(&p.lo_scales) == f32s(&sl);
+    if same {
+        return None;
+    }
+    let mut out: Vec<u8> = p.tiles.iter().flat_map(|t| t.bytes.iter().copied()).collect();
+    for v in [&p.scales, &p.col_scale, &p.lo_scales] {
+        out.extend(f32s(v));
     }
     Some(out)
 }
