@@ -73,6 +73,12 @@ pub struct Stats {
     pub cache_hash_ns: AtomicU64,
     pub cache_read_ns: AtomicU64,
     pub cache_import_ns: AtomicU64,
+    /// Parts of `pack_ns` on the cold path (packs only): dequantize + quantize + tile
+    /// (`weights::pack_source`), the upload of the tiles into device memory (`Npu::upload`: page
+    /// allocation + one copy, the same work a hit's import does), and writing the cache entry.
+    pub cold_pack_ns: AtomicU64,
+    pub cold_upload_ns: AtomicU64,
+    pub cache_store_ns: AtomicU64,
     pub quant_ns: AtomicU64,
     pub npu_ns: AtomicU64,
     pub dequant_ns: AtomicU64,
@@ -182,7 +188,8 @@ impl Stats {
         format!(
             "ORK ran {} MUL_MAT on the NPU ({} rows, {} submits) and {} on the GPU ({} submits, {:.1} ms); {} MUL_MAT graph nodes were left to the CPU \
              (M < ORK_MINM) at graph split; {} NPU errors fell back to the CPU; weights: {} cache hits, {} packs \
-             ({} cache writes), prepared in {:.0} ms (source hash {:.0} ms, cache open {:.0} ms, import + verify {:.0} ms); time: act-quant {:.1} ms, npu {:.1} ms, dequant {:.1} ms",
+             ({} cache writes), prepared in {:.0} ms (source hash {:.0} ms, cache open {:.0} ms, import + verify {:.0} ms; \
+             packing {:.0} ms, upload {:.0} ms, cache write {:.0} ms); time: act-quant {:.1} ms, npu {:.1} ms, dequant {:.1} ms",
             self.npu_matmuls.load(Relaxed),
             self.npu_rows.load(Relaxed),
             self.submits.load(Relaxed),
@@ -198,6 +205,9 @@ impl Stats {
             ms(&self.cache_hash_ns),
             ms(&self.cache_read_ns),
             ms(&self.cache_import_ns),
+            ms(&self.cold_pack_ns),
+            ms(&self.cold_upload_ns),
+            ms(&self.cache_store_ns),
             ms(&self.quant_ns),
             ms(&self.npu_ns),
             ms(&self.dequant_ns),

@@ -267,19 +267,16 @@ pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<
             Err(e) => log::debug!("orkpack {}: {e}; repacking", src.name),
         }
     }
+    let t_pack = Instant::now();
     let PackedSource { tiles, scales, col_scale, lo_scales } = pack_source(dev.npu.soc(), src, n, k, terms as usize)?;
+    let t_packed = Instant::now();
+    dev.stats.cold_pack_ns.fetch_add((t_packed - t_pack).as_nanos() as u64, Relaxed);
     let mut tiles = tiles.into_iter();
     let hi = tiles.next().expect("the first term's tiles");
     let resident = dev.npu.upload(&hi)?;
-    let mut blob_tiles = hi.bytes;
-    let mut blob_f: Vec<f32> = scales.iter().chain(col_scale.iter()).copied().collect();
     let lo = match tiles.next() {
         Some(tl) => match dev.npu.upload(&tl) {
-            Ok(r) => {
-                blob_tiles.extend_from_slice(&tl.bytes);
-                blob_f.extend_from_slice(&lo_scales);
-                Some((r, lo_scales))
-            }
+            Ok(r) => Some((r, tl)),
             // Out of resident budget: the weight keeps one term (less precise, still on the NPU).
             Err(e @ NpuError::NoRoom { .. }) => {
                 log::warn!("weight {}: second int8 term not resident ({e}); one term", src.name);
@@ -289,6 +286,15 @@ pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<
         },
         None => None,
     };
+    let t_uploaded = Instant::now();
+    dev.stats.cold_upload_ns.fetch_add((t_uploaded - t_packed).as_nanos() as u64, Relaxed);
+    let mut blob_tiles = hi.bytes;
+    let mut blob_f: Vec<f32> = scales.iter().chain(col_scale.iter()).copied().collect();
+    let lo = lo.map(|(r, tl)| {
+        blob_tiles.extend_from_slice(&tl.bytes);
+        blob_f.extend_from_slice(&lo_scales);
+        (r, lo_scales)
+    });
     let stored_id = id.map(|mut i| {
         i.weight_terms = 1 + lo.is_some() as u32;
         i
@@ -301,6 +307,7 @@ pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<
             Err(e) => log::debug!("orkpack {}: not cached: {e}", src.name),
         }
     }
+    dev.stats.cache_store_ns.fetch_add(t_uploaded.elapsed().as_nanos() as u64, Relaxed);
     dev.stats.packed.fetch_add(1, Relaxed);
     dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
     PROGRESS.packed(src.bytes.len() as u64);
