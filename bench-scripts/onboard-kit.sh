@@ -19,6 +19,8 @@
 #   8 regdump    ork-regdump --synth M K N for a few shapes (golden regcmd streams)
 #   9 bench      llama-bench arms (CPU / ORK / all-NPU / GPU decode), -t 4 on the big cores
 #  10 rkllm      rkllm's demo on a .rkllm model when the model and librkllmrt.so are present
+#  11 cache      .orkpack cold vs warm weight preparation (bench-scripts/orkpack_warm.sh) on the
+#                board's NPU, -t 4 on the big cores: the speed-up and its upload bound
 #
 # --dry-run (automatic without a board) runs every step that can run here — the checks read what
 # exists, the build, the regcmd capture, the arms on the simulator with short settings — and says
@@ -269,6 +271,29 @@ else
   printf 'The Industrial Revolution began in\nexit\n' | RKLLM_LOG_LEVEL=1 timeout 600 $TASKSET "$RKLLM_DEMO" "$RKLLM_MODEL" 64 512 >"$WORK/rkllm.txt" 2>&1
   grep -iE "prefill|generate|token.?s|tokens/s|memory" "$WORK/rkllm.txt" | tail -20 | block
   status "rkllm" RAN "$(basename "$RKLLM_MODEL") with $RKLIB — compare its prefill/generate tokens/s with the ORK rows of step 9 (same model family and size)"
+fi
+
+# ------------------------------------------------------------------ 11 cache
+say "## 11. .orkpack cache: cold vs warm weight preparation"
+if [[ $SKIP_BENCH == 1 ]]; then
+  status "cache" SKIPPED "--skip-bench"
+elif [[ $BUILT != 1 ]]; then
+  status "cache" SKIPPED "build failed"
+elif [[ -z "${LLAMA_BIN:-}" || ! -x "$LLAMA_BIN/llama-completion" || ! -f "${MODEL:-}" ]]; then
+  status "cache" SKIPPED "no llama-completion or model (LLAMA_BIN=${LLAMA_BIN:-unset}, model=${MODEL:-unset})"
+else
+  if [[ $DRY == 1 ]]; then
+    CACHE_ENV=(ORKPACK_NPU=sim ORKPACK_THREADS=2 ORKPACK_SKIP_LOAD=1)
+  else
+    CACHE_ENV=(ORKPACK_NPU=auto ORKPACK_THREADS="$THREADS" ORKPACK_TASKSET="$TASKSET" ORKPACK_SKIP_LOAD=1)
+  fi
+  if env "${CACHE_ENV[@]}" LLAMA_BIN="$LLAMA_BIN" bash "$ROOT/bench-scripts/orkpack_warm.sh" "$MODEL" >"$WORK/cache.txt" 2>&1; then
+    grep -E '^(model|cold|warm|cache|generated|weight preparation|bound):?' "$WORK/cache.txt" | block
+    status "cache" RAN "$(grep -o 'cold / median warm[^(]*([^)]*): [0-9.]*x' "$WORK/cache.txt" | tail -1)$( [[ $DRY == 1 ]] && echo " — SIMULATED NPU")"
+  else
+    tail -20 "$WORK/cache.txt" | block
+    status "cache" FAIL "orkpack_warm.sh failed (log above)"
+  fi
 fi
 
 # ------------------------------------------------------------------ summary

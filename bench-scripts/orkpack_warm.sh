@@ -13,14 +13,23 @@
 #    (page allocation + one copy), which a hit pays as well: cold / upload bounds the speed-up.
 # 2. Runs `examples/orkpack_load.rs` (interleaved rounds, medians): warm cache load vs plain
 #    mmap + touch of the same bytes, and the backend's hit path vs its floor.
+#
+# Env: ORKPACK_NPU (default sim; the on-board kit passes auto, the board's NPU), ORKPACK_THREADS
+# (llama.cpp -t, default 2), ORKPACK_TASKSET (a command prefix such as "taskset -c 4-7"),
+# ORKPACK_SKIP_LOAD=1 skips part 2 (the kit: it measures the simulator's device memory).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-eval "$(bash tests/setup-env.sh --print-env)"
+# The pinned llama.cpp and the model from the environment cache, unless LLAMA_BIN is given.
+[ -n "${LLAMA_BIN:-}" ] || eval "$(bash tests/setup-env.sh --print-env)"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
+NPU=${ORKPACK_NPU:-sim} THREADS=${ORKPACK_THREADS:-2} TASKSET=${ORKPACK_TASKSET:-}
 cargo build --release --lib --example orkpack_load 2>&1 | tail -1
-cp "$CARGO_TARGET_DIR/release/libggml_ork.so" "$CARGO_TARGET_DIR/release/libggml-ork.so"
+# copy + rename (new inode): never rewrite a .so that a running process has mapped
+cp -f "$CARGO_TARGET_DIR/release/libggml_ork.so" "$CARGO_TARGET_DIR/release/.libggml-ork.so.new"
+mv -f "$CARGO_TARGET_DIR/release/.libggml-ork.so.new" "$CARGO_TARGET_DIR/release/libggml-ork.so"
 
-MODEL=${1:-$ORK_MODELS/smollm2-135m-Q8_0.gguf}
+MODEL=${1:-${ORK_MODELS:-}/smollm2-135m-Q8_0.gguf}
+[ -f "$MODEL" ] || { echo "orkpack_warm: no model at $MODEL (pass one)" >&2; exit 1; }
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 PROMPT="The history of the printing press begins in the fifteenth century, when Johannes Gutenberg \
@@ -30,8 +39,8 @@ few decades printing shops had spread across Europe, and books became far cheape
 run() {
     local tag=$1
     local t0=$(date +%s.%N)
-    GGML_BACKEND_PATH="$CARGO_TARGET_DIR/release/libggml-ork.so" ORK_NPU=sim ORK_CACHE_DIR="$WORK/cache" \
-        "$LLAMA_BIN/llama-completion" -m "$MODEL" -p "$PROMPT" -n 16 --temp 0 -no-cnv -t 2 \
+    GGML_BACKEND_PATH="$CARGO_TARGET_DIR/release/libggml-ork.so" ORK_NPU=$NPU ORK_CACHE_DIR="$WORK/cache" \
+        $TASKSET "$LLAMA_BIN/llama-completion" -m "$MODEL" -p "$PROMPT" -n 16 --temp 0 -no-cnv -t "$THREADS" \
         >"$WORK/$tag.out" 2>"$WORK/$tag.err" </dev/null
     local t1=$(date +%s.%N)
     local line
@@ -46,7 +55,7 @@ run() {
     eval "${tag}_hits=$hits ${tag}_packs=$packs ${tag}_ms=$ms ${tag}_upload=$upload"
 }
 
-echo "model: $MODEL"
+echo "model: $MODEL; ORK_NPU=$NPU, -t $THREADS${TASKSET:+ under $TASKSET}"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs"
 run cold
 for w in warm warm2 warm3; do
@@ -67,6 +76,7 @@ if [ "${cold_upload:-0}" -gt 0 ]; then
         "cold / upload = $(echo "scale=1; $cold_ms / $cold_upload" | bc)x is the largest speed-up possible on this machine"
 fi
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+[ "${ORKPACK_SKIP_LOAD:-0}" = 1 ] && exit 0
 echo
 SIZE_MB=$(du -sm "$WORK/cache" | cut -f1)
 "$CARGO_TARGET_DIR/release/examples/orkpack_load" "$(( SIZE_MB > 64 ? SIZE_MB : 64 ))" 7
