@@ -66,7 +66,7 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_NO_AFFINITY", default: "0", meaning: "1 = do not pin NPU worker threads to the big CPU cores" },
     VarDoc { name: "ORK_WCACHE_BUDGET_MB", default: "RAM - 1024", meaning: "resident weight budget; weights past it stay on the CPU" },
     VarDoc { name: "ORK_CACHE", default: "1", meaning: "0 = do not read or write .orkpack files" },
-    VarDoc { name: "ORK_CACHE_MAX_MB", default: "8192", meaning: "size limit of the .orkpack cache directory; least-recently-used entries are removed past it" },
+    VarDoc { name: "ORK_CACHE_MAX_MB", default: "8192", meaning: "size limit of the .orkpack cache directory; least-recently-used entries not in use are removed past it, and when that is not enough the new entry is not written (one warning)" },
     VarDoc { name: "ORK_CACHE_DIR", default: "$XDG_CACHE_HOME/ggml-ork or ~/.cache/ggml-ork", meaning: "where .orkpack files live" },
     VarDoc { name: "ORK_VK_DEVICE", default: "(first Mali)", meaning: "Vulkan device for GPU decode, by index or name substring" },
     VarDoc { name: "ORK_PROFILE", default: "0", meaning: "1 = print per-engine counts and time split when the backend is freed" },

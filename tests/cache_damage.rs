@@ -335,3 +335,57 @@ fn eviction_removes_least_recently_used_entries() {
         Err(CacheError::TooBig { .. })
     ));
 }
+
+/// Sets the mtime of every entry in `dir` to an hour ago (a later start of the program).
+fn age_entries(dir: &Path) {
+    for sub in fs::read_dir(dir).unwrap().flatten() {
+        for f in fs::read_dir(sub.path()).into_iter().flatten().flatten() {
+            let old = SystemTime::now() - Duration::from_secs(3600);
+            fs::File::options().write(true).open(f.path()).unwrap().set_modified(old).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_model_larger_than_the_limit_keeps_a_stable_cached_part() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let tmp = tempfile::tempdir().unwrap();
+    let floats = format::scale_count(N, K, 2);
+    let per_entry = format::layout(2 * N * K, floats).1 as u64;
+    // Room for 3.5 entries; the "model" has 5 weights, and two entries of another model
+    // (not used for an hour) are in the directory first.
+    let limit = 3 * per_entry + per_entry / 2;
+    let model: Vec<(String, Vec<u8>)> = (0..5).map(|i| (format!("blk.{i}.ffn_up.weight"), weight_bytes(100 + i, N, K))).collect();
+    for i in 0..2 {
+        prime(tmp.path(), SocId::Rk3588, &format!("other.{i}"), &weight_bytes(200 + i, N, K));
+    }
+    age_entries(tmp.path());
+    let clean_out: Vec<_> = model.iter().map(|(name, bytes)| clean(name, bytes, N, K)).collect();
+    let start = |run: usize| {
+        let dev = device(Some(tmp.path()), SocId::Rk3588, limit);
+        for ((name, bytes), want) in model.iter().zip(&clean_out) {
+            let src = source(name, bytes, K);
+            let pw = pack(&dev, &src, N, K).unwrap();
+            assert_eq!(&observe(&dev, &pw, &src), want, "run {run}, {name}: output equals a clean pack");
+        }
+        let s = &dev.stats;
+        (s.cache_hits.load(Relaxed), s.packed.load(Relaxed), s.cache_writes.load(Relaxed))
+    };
+    // First start: the other model's entries are evicted for this one; 3 entries fit; the
+    // last two are not written (writing them would evict this model's own first weights).
+    assert_eq!(start(1), (0, 5, 3), "first start: hits, packs, writes");
+    assert!(PackCache::new(tmp.path(), u64::MAX).disk_bytes() <= limit);
+    // Later starts hit the same three and neither write nor evict: no thrashing.
+    for run in 2..4 {
+        age_entries(tmp.path());
+        assert_eq!(start(run), (3, 2, 0), "start {run}: hits, packs, writes");
+    }
+    let c = PackCache::new(tmp.path(), u64::MAX);
+    let cached: Vec<bool> =
+        model.iter().map(|(name, bytes)| c.load(&id_of(SocId::Rk3588, name, bytes)).is_ok()).collect();
+    assert_eq!(cached, [true, true, true, false, false]);
+    // A store that cannot make room says so.
+    let (name, bytes) = &model[4];
+    let full = PackCache::new(tmp.path(), limit).store(&id_of(SocId::Rk3588, name, bytes), &vec![0; 2 * N * K], &vec![1.0; floats]);
+    assert!(matches!(full, Err(CacheError::Full { .. })), "{full:?}");
+}

@@ -98,6 +98,26 @@ if want(name):
     ok = p.returncode == 0 and mt is not None and mt.group(1) == mt.group(2) and "FAIL" not in p.stdout
     check(name, ok, f"{mt.group(0) if mt else 'no summary'} with nothing resident (ggml-cpu runs them inside ORK's graph), rc {p.returncode}")
 
+# 2d. a cache limit smaller than the packed model (311 MB here): the first start caches what fits
+# and warns once; later starts hit exactly those entries and neither write nor evict (before,
+# every start evicted the model's own first entries to write its last ones: zero hits, a full
+# repack and rewrite each time). The text is the same in every start.
+name = "cache/over-limit"
+if want(name):
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        starts = []
+        for _ in range(3):
+            a, ea, _ = generate(model("Q8_0"), 8, ork(ORK_CACHE_DIR=d, ORK_CACHE_MAX_MB=150))
+            m = re.search(r"weights: (\d+) cache hits, (\d+) packs \((\d+) cache writes\)", ea or "")
+            starts.append((a, tuple(int(g) for g in m.groups()) if m else None, len(re.findall(r"orkpack cache full", ea or ""))))
+        (a1, s1, w1), (a2, s2, w2), (a3, s3, w3) = starts
+        ok = (None not in (s1, s2, s3) and a1 is not None and a1 == a2 == a3
+              and s1[0] == 0 and 0 < s1[2] < s1[1] and w1 == 1
+              and s2 == s3 and s2[0] == s1[2] and s2[2] == 0 and s2[0] + s2[1] == s1[1])
+        check(name, ok, f"ORK_CACHE_MAX_MB=150: hits/packs/writes {s1}, {s2}, {s3}; 'cache full' warnings {w1}, {w2}, {w3}; "
+                        f"text {'identical' if a1 == a2 == a3 else 'DIFFERS'}")
+
 # 3. perplexity parity
 BOUND = {"Q8_0": 0.01, "F16": 0.01, "Q4_K_M": 0.02}
 

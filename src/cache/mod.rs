@@ -37,11 +37,14 @@
 //!   (and rewrites). Nothing here panics on file contents (the parser is fuzzed), and writing
 //!   errors never fail a load.
 //! * **Size limit, LRU.** A hit sets the file's mtime to now (atime is unreliable under
-//!   `noatime`/`relatime`); when a store takes the directory past the limit
-//!   (`ORK_CACHE_MAX_MB`), the oldest-mtime files are removed until it is at 90 % of it. The
-//!   directory size is scanned once per process and then tracked; other processes' writes are
-//!   seen at the next scan. Removing a file another process has mapped is safe (unlink keeps
-//!   the mapping valid).
+//!   `noatime`/`relatime`); when a store would take the directory past the limit
+//!   (`ORK_CACHE_MAX_MB`), the oldest-mtime files are removed until it is at 90 % of it — but
+//!   never entries in use (mtime since shortly before this process opened the cache): if that
+//!   is not enough the entry is not written ([`CacheError::Full`]), so a model larger than the
+//!   limit keeps a stable cached part instead of evicting its own first weights at every start.
+//!   Stores leave [`DISK_RESERVE_BYTES`] free on the filesystem. The directory size is scanned
+//!   once per process and then tracked; other processes' writes are seen at the next scan.
+//!   Removing a file another process has mapped is safe (unlink keeps the mapping valid).
 //!
 //! **Hash choice: XXH3 (`twox-hash`).** The source hash reads every weight byte at load
 //! (hundreds of MB), so it must run near memory bandwidth: XXH3 does, and `twox-hash` picks its
@@ -67,7 +70,7 @@ use std::fs::{self, File};
 use std::hash::Hasher as _;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -79,6 +82,12 @@ pub const DEFAULT_MAX_MB: u64 = 8192;
 const STALE_TMP: Duration = Duration::from_secs(3600);
 /// Eviction brings the directory down to this fraction of the limit (hysteresis).
 const EVICT_TARGET_PERCENT: u64 = 90;
+/// Entries touched since this long before a cache was opened count as in use and are never
+/// evicted by its stores (covers filesystems whose timestamps are coarse, e.g. FAT's 2 s, and
+/// the kernel's coarse clock lagging `SystemTime::now`).
+const IN_USE_MARGIN: Duration = Duration::from_secs(2);
+/// A store never leaves less free space than this on the cache's filesystem.
+pub const DISK_RESERVE_BYTES: u64 = 1 << 30;
 
 /// Why a cache operation did not produce a file. On load every one of these is a miss.
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +102,15 @@ pub enum CacheError {
     Mismatch { path: PathBuf, field: &'static str },
     #[error("orkpack store: {bytes} bytes exceed the cache limit of {limit} bytes")]
     TooBig { bytes: u64, limit: u64 },
+    /// The entry would fit the limit only by evicting entries in use (touched by this process,
+    /// or by another one since shortly before this cache was opened): not written, so a model
+    /// larger than the limit keeps a stable cached part instead of evicting its own first
+    /// weights at every start.
+    #[error("orkpack store: cache full ({used} of {limit} bytes hold entries in use; {bytes} more do not fit)")]
+    Full { bytes: u64, used: u64, limit: u64 },
+    /// Writing the entry would leave less than [`DISK_RESERVE_BYTES`] free on the filesystem.
+    #[error("orkpack store: {avail} bytes free on the cache's filesystem; writing {bytes} would leave less than {reserve}")]
+    DiskFull { bytes: u64, avail: u64, reserve: u64 },
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> CacheError + 'a {
@@ -372,6 +390,13 @@ pub struct PackCache {
     /// Bytes in the directory as last scanned plus what this process stored since (None until
     /// the first store).
     size_bytes: Mutex<Option<u64>>,
+    /// Entries with an mtime from here on are in use (see [`CacheError::Full`]).
+    in_use_since: SystemTime,
+    /// Set when eviction found nothing more it may remove: later stores that do not fit are
+    /// refused without scanning the directory again.
+    no_evictable: AtomicBool,
+    /// Whether the one warning about a full cache or disk was printed.
+    warned_full: AtomicBool,
 }
 
 /// Distinguishes temporary files of threads in one process.
@@ -379,7 +404,15 @@ static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
 impl PackCache {
     pub fn new(dir: impl Into<PathBuf>, max_bytes: u64) -> PackCache {
-        PackCache { dir: dir.into(), max_bytes, size_bytes: Mutex::new(None) }
+        let now = SystemTime::now();
+        PackCache {
+            dir: dir.into(),
+            max_bytes,
+            size_bytes: Mutex::new(None),
+            in_use_since: now.checked_sub(IN_USE_MARGIN).unwrap_or(now),
+            no_evictable: AtomicBool::new(false),
+            warned_full: AtomicBool::new(false),
+        }
     }
 
     /// The cache the configuration asks for: None when `ORK_CACHE=0` or no directory resolves.
@@ -443,8 +476,11 @@ impl PackCache {
         Ok(Unverified { loaded: Loaded { map, header, path }, file })
     }
 
-    /// Writes the entry for `id` (temporary file, then rename), then evicts if the directory
-    /// went past the limit. Returns the entry's path.
+    /// Writes the entry for `id` (temporary file, then rename) after making room for it: when
+    /// the directory would go past the limit, least-recently-used entries not in use are
+    /// evicted first; if that is not enough the entry is not written ([`CacheError::Full`]),
+    /// nor when the filesystem would be left with less than [`DISK_RESERVE_BYTES`] free
+    /// ([`CacheError::DiskFull`]). Returns the entry's path.
     pub fn store(&self, id: &Identity, tiles: &[u8], scales: &[f32]) -> Result<PathBuf, CacheError> {
         let path = self.path_for(id);
         let want = format::scale_count(id.n as usize, id.k as usize, id.weight_terms);
@@ -461,6 +497,8 @@ impl PackCache {
         }
         let parent = path.parent().expect("entry paths have a fan-out directory");
         fs::create_dir_all(parent).map_err(io_err("mkdir", parent))?;
+        self.check_disk(parent, bytes)?;
+        self.make_room(bytes)?;
         // Same directory as the target, so rename(2) is atomic; unique per process and thread.
         let tmp = parent.join(format!(
             ".{}.tmp.{}.{}",
@@ -481,20 +519,68 @@ impl PackCache {
             let _ = fs::remove_file(&tmp);
             return Err(io_err("rename", &path)(e));
         }
-        self.account(bytes);
+        if let Some(s) = self.size_bytes.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            *s += bytes;
+        }
         Ok(path)
     }
 
-    /// Adds `bytes` to the tracked directory size; evicts when over the limit.
-    fn account(&self, bytes: u64) {
+    /// Room for `bytes` more under the limit: evicts least-recently-used entries that are not
+    /// in use down to 90 % of the limit (hysteresis) when needed; `Full` when even that leaves
+    /// too little.
+    fn make_room(&self, bytes: u64) -> Result<(), CacheError> {
         let mut size = self.size_bytes.lock().unwrap_or_else(|p| p.into_inner());
-        let total = match *size {
-            Some(s) => s + bytes,
-            None => self.scan().iter().map(|e| e.bytes).sum(), // includes the new file
+        let total = *size.get_or_insert_with(|| self.scan().iter().map(|e| e.bytes).sum());
+        if total + bytes <= self.max_bytes {
+            return Ok(());
+        }
+        let left = if self.no_evictable.load(Relaxed) {
+            total
+        } else {
+            let target = (self.max_bytes / 100 * EVICT_TARGET_PERCENT).saturating_sub(bytes);
+            let left = self.evict(target, Some(self.in_use_since));
+            *size = Some(left);
+            left
         };
-        *size = Some(total);
-        if total > self.max_bytes {
-            *size = Some(self.evict_to(self.max_bytes / 100 * EVICT_TARGET_PERCENT));
+        if left + bytes <= self.max_bytes {
+            return Ok(());
+        }
+        self.no_evictable.store(true, Relaxed);
+        self.warn_full(&format!(
+            "orkpack cache full: {} MB of ORK_CACHE_MAX_MB={} hold weights in use; weights packed from now on are not cached \
+             and are packed again at the next start (the packed model needs about 2 bytes per weight: raise ORK_CACHE_MAX_MB)",
+            left >> 20,
+            self.max_bytes >> 20
+        ));
+        Err(CacheError::Full { bytes, used: left, limit: self.max_bytes })
+    }
+
+    /// `DiskFull` when writing `bytes` into `dir` would leave less than [`DISK_RESERVE_BYTES`]
+    /// free. A filesystem that cannot say is not checked.
+    fn check_disk(&self, dir: &Path, bytes: u64) -> Result<(), CacheError> {
+        let Ok(st) = nix::sys::statvfs::statvfs(dir) else { return Ok(()) };
+        // fsblkcnt_t / c_ulong: u64 on the 64-bit targets, narrower elsewhere.
+        #[allow(clippy::unnecessary_cast)]
+        let avail = (st.blocks_available() as u64).saturating_mul(st.fragment_size() as u64);
+        if avail >= bytes.saturating_add(DISK_RESERVE_BYTES) {
+            return Ok(());
+        }
+        self.warn_full(&format!(
+            "orkpack cache not written: {} MB free on the filesystem of {} (a store keeps {} MB free); weights not cached \
+             are packed again at the next start (set ORK_CACHE_DIR elsewhere, or ORK_CACHE=0)",
+            avail >> 20,
+            self.dir.display(),
+            DISK_RESERVE_BYTES >> 20
+        ));
+        Err(CacheError::DiskFull { bytes, avail, reserve: DISK_RESERVE_BYTES })
+    }
+
+    /// One warning per process about entries not written for want of room; debug lines after.
+    fn warn_full(&self, msg: &str) {
+        if self.warned_full.swap(true, Relaxed) {
+            log::debug!("{msg}");
+        } else {
+            log::warn!("{msg}");
         }
     }
 
@@ -532,6 +618,11 @@ impl PackCache {
     /// most `target_bytes`, and temporary files abandoned for over an hour. Returns the bytes
     /// left. Files another process removed meanwhile are skipped.
     pub fn evict_to(&self, target_bytes: u64) -> u64 {
+        self.evict(target_bytes, None)
+    }
+
+    /// [`evict_to`](Self::evict_to), keeping every entry whose mtime is at or after `keep_since`.
+    fn evict(&self, target_bytes: u64, keep_since: Option<SystemTime>) -> u64 {
         let now = SystemTime::now();
         let mut entries = self.scan();
         entries.retain(|e| {
@@ -542,7 +633,7 @@ impl PackCache {
             !stale
         });
         let mut total: u64 = entries.iter().map(|e| e.bytes).sum();
-        entries.retain(|e| !e.tmp);
+        entries.retain(|e| !e.tmp && keep_since.is_none_or(|t| e.mtime < t));
         entries.sort_by_key(|e| e.mtime);
         let mut removed = 0usize;
         for e in entries {
