@@ -64,7 +64,7 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_SOC", default: "(device tree)", meaning: "force the SoC description: rk3588 or rk3576" },
     VarDoc { name: "ORK_NPU_MC", default: "(all cores)", meaning: "cap on NPU cores per matmul (the core budget); the planner picks within it" },
     VarDoc { name: "ORK_NO_AFFINITY", default: "0", meaning: "1 = do not pin NPU worker threads to the big CPU cores" },
-    VarDoc { name: "ORK_WCACHE_BUDGET_MB", default: "RAM - 1024", meaning: "resident weight budget; weights past it stay on the CPU" },
+    VarDoc { name: "ORK_WCACHE_BUDGET_MB", default: "RAM - 1024 - ORK buffers", meaning: "resident weight budget (MiB); weights past it keep one int8 term, then stay on the CPU" },
     VarDoc { name: "ORK_CACHE", default: "1", meaning: "0 = do not read or write .orkpack files" },
     VarDoc { name: "ORK_CACHE_MAX_MB", default: "8192", meaning: "size limit of the .orkpack cache directory; least-recently-used entries not in use are removed past it, and when that is not enough the new entry is not written (one warning)" },
     VarDoc { name: "ORK_CACHE_DIR", default: "$XDG_CACHE_HOME/ggml-ork or ~/.cache/ggml-ork", meaning: "where .orkpack files live" },

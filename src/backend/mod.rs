@@ -90,6 +90,12 @@ pub struct Stats {
     pub cpu_mm: [AtomicU64; 2],
     pub cpu_ops: AtomicU64,
     pub cpu_ns: AtomicU64,
+    /// Host bytes of ORK's live buffers (the GGUF weights the CPU also reads live there); the
+    /// default residency budget is lowered by them (see [`Device::host_buffers_changed`]).
+    pub host_buffer_bytes: AtomicU64,
+    /// Weights kept to one int8 term, and weights left on the CPU, for want of resident budget.
+    pub one_term_for_budget: AtomicU64,
+    pub not_resident_weights: AtomicU64,
     /// GPU decode runs per phase.
     pub gpu_phase: [AtomicU64; 2],
     /// Wall time of the NPU runs inside `run_mul_mat` (arbiter, submit, device; both weight
@@ -189,7 +195,7 @@ impl Stats {
             "ORK ran {} MUL_MAT on the NPU ({} rows, {} submits) and {} on the GPU ({} submits, {:.1} ms); {} MUL_MAT graph nodes were left to the CPU \
              (M < ORK_MINM) at graph split; {} NPU errors fell back to the CPU; weights: {} cache hits, {} packs \
              ({} cache writes), prepared in {:.0} ms (source hash {:.0} ms, cache open {:.0} ms, import + verify {:.0} ms; \
-             packing {:.0} ms, upload {:.0} ms, cache write {:.0} ms); time: act-quant {:.1} ms, npu {:.1} ms, dequant {:.1} ms",
+             packing {:.0} ms, upload {:.0} ms, cache write {:.0} ms){}; time: act-quant {:.1} ms, npu {:.1} ms, dequant {:.1} ms",
             self.npu_matmuls.load(Relaxed),
             self.npu_rows.load(Relaxed),
             self.submits.load(Relaxed),
@@ -208,6 +214,13 @@ impl Stats {
             ms(&self.cold_pack_ns),
             ms(&self.cold_upload_ns),
             ms(&self.cache_store_ns),
+            match (self.one_term_for_budget.load(Relaxed), self.not_resident_weights.load(Relaxed)) {
+                (0, 0) => String::new(),
+                (one, cpu) => format!(
+                    "; {one} weights kept one int8 term for want of resident budget and {cpu} were not made resident (their MUL_MATs run on the CPU; \
+                     budget: ORK_WCACHE_BUDGET_MB, default RAM - 1 GiB - ORK buffers)"
+                ),
+            },
             ms(&self.quant_ns),
             ms(&self.npu_ns),
             ms(&self.dequant_ns),
@@ -364,6 +377,27 @@ fn scratch<T: Copy + Default>(v: &mut Vec<T>, len: usize) -> &mut [T] {
 }
 
 impl Device {
+    /// ORK's buffers grew (`delta > 0`) or shrank by `|delta|` host bytes. Unless
+    /// `ORK_WCACHE_BUDGET_MB` sets the residency budget, it becomes RAM − 1 GiB − those bytes:
+    /// on the board's unified memory the packed copy and the GGUF weights (kept for the CPU's
+    /// decode and fallbacks) share the same RAM, and a budget of RAM − 1 GiB alone would let the
+    /// packed copy of a large model push the process into the OOM killer. Weights past the
+    /// budget keep one term or stay on the CPU (one warning each kind).
+    pub fn host_buffers_changed(&self, delta: i64) {
+        let now = if delta >= 0 {
+            self.stats.host_buffer_bytes.fetch_add(delta as u64, Relaxed) + delta as u64
+        } else {
+            let d = delta.unsigned_abs();
+            self.stats.host_buffer_bytes.fetch_sub(d, Relaxed).saturating_sub(d)
+        };
+        if self.cfg.wcache_budget_mb.is_some() {
+            return;
+        }
+        let budget = crate::npu::domain::default_budget_bytes().saturating_sub(now);
+        self.npu.set_residency_budget(budget);
+        log::debug!("resident weight budget {} MiB (RAM - 1 GiB - {} MiB of ORK buffers)", budget >> 20, now >> 20);
+    }
+
     /// Whether decode matmuls can go to the GPU.
     pub fn gpu_ready(&self) -> bool {
         self.vk.is_some()

@@ -279,7 +279,11 @@ pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<
             Ok(r) => Some((r, tl)),
             // Out of resident budget: the weight keeps one term (less precise, still on the NPU).
             Err(e @ NpuError::NoRoom { .. }) => {
-                log::warn!("weight {}: second int8 term not resident ({e}); one term", src.name);
+                if dev.stats.one_term_for_budget.fetch_add(1, Relaxed) == 0 {
+                    log::warn!("weight {}: second int8 term not resident ({e}); one term (further such weights: debug log, count at exit)", src.name);
+                } else {
+                    log::debug!("weight {}: second int8 term not resident ({e}); one term", src.name);
+                }
                 None
             }
             Err(e) => return Err(e),

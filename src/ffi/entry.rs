@@ -619,6 +619,9 @@ unsafe extern "C" fn buft_alloc_buffer(buft: ggml_backend_buffer_type_t, size: u
             log::error!("cannot allocate a {size}-byte ORK buffer");
             return null_mut();
         }
+        if let Some(dev) = device() {
+            dev.host_buffers_changed(layout.size() as i64);
+        }
         let ctx = Box::new(BufferCtx { base, layout, weights: WeightStore::default() });
         let iface = ggml_backend_buffer_i {
             free_buffer: Some(buf_free),
@@ -652,6 +655,9 @@ unsafe extern "C" fn buf_free(buffer: ggml_backend_buffer_t) {
         c.weights.clear();
         // SAFETY: allocated with this layout in alloc_buffer.
         unsafe { std::alloc::dealloc(c.base, c.layout) };
+        if let Some(dev) = device() {
+            dev.host_buffers_changed(-(c.layout.size() as i64));
+        }
     })
 }
 
@@ -701,7 +707,12 @@ unsafe fn prepack(c: &BufferCtx, t: &ggml_tensor) {
     }
     // SAFETY: a live weight tensor in our buffer.
     if let Err(e) = unsafe { packed_weight(c, dev, t) } {
-        log::warn!("weight {} stays on the CPU: {e}", tensor_name(t));
+        // One warning; the rest at debug level and counted in the summary line.
+        if dev.stats.not_resident_weights.fetch_add(1, Relaxed) == 0 {
+            log::warn!("weight {} stays on the CPU: {e} (further weights that stay on the CPU: debug log, count at exit)", tensor_name(t));
+        } else {
+            log::debug!("weight {} stays on the CPU: {e}", tensor_name(t));
+        }
     }
 }
 
@@ -789,7 +800,9 @@ unsafe extern "C" fn backend_get_name(_b: ggml_backend_t) -> *const c_char {
 unsafe extern "C" fn backend_free(b: ggml_backend_t) {
     guard("backend_free", (), || {
         if let Some(dev) = device() {
-            if dev.stats.npu_matmuls.load(Relaxed) > 0 || dev.cfg.profile {
+            let s = &dev.stats;
+            let fell_short = s.not_resident_weights.load(Relaxed) + s.one_term_for_budget.load(Relaxed) > 0;
+            if s.npu_matmuls.load(Relaxed) > 0 || dev.cfg.profile || fell_short {
                 log::info!("{}", dev.stats.summary());
             }
             if dev.cfg.profile {

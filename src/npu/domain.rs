@@ -12,8 +12,9 @@
 //! * an EFAULT from the kernel interface anyway is a safety net: the domain is closed for
 //!   weights and the cursor moves on (done by the caller via [`DomainSet::fault`]);
 //! * a residency budget caps the total (RAM − 1 GiB by default, `ORK_WCACHE_BUDGET_MB`
-//!   overrides, seed 002); a weight that does not fit is refused so the backend keeps it on the
-//!   CPU.
+//!   overrides, seed 002; the backend lowers the default by its own host buffers through
+//!   `Npu::set_residency_budget`); a weight that does not fit is refused so the backend keeps it
+//!   on the CPU.
 //!
 //! Scratch buffers (regcmd, tasks, activations, outputs) live in each domain outside the cap's
 //! accounting: the cap leaves about 1 GiB of the window for them.
@@ -77,6 +78,17 @@ impl DomainSet {
         }
     }
 
+    /// The residency budget in bytes.
+    pub fn budget_bytes(&self) -> u64 {
+        self.budget_bytes
+    }
+
+    /// Sets the residency budget. Weights already resident stay (a lower budget only refuses
+    /// later reservations).
+    pub fn set_budget(&mut self, bytes: u64) {
+        self.budget_bytes = bytes;
+    }
+
     /// Undoes a reservation (the allocation failed or the weight was freed).
     pub fn release(&mut self, d: DomainId, bytes: u64) {
         let i = d.0 as usize;
@@ -130,6 +142,18 @@ pub fn default_budget_bytes() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lowered_budget_refuses_later_weights_only() {
+        let mut s = DomainSet::new(1000, 100, 16);
+        s.reserve(60).unwrap();
+        s.set_budget(80);
+        assert_eq!(s.reserve(30), Err(PlaceError::Budget { resident: 60, budget: 80 }));
+        assert_eq!(s.reserve(20), Ok(DomainId(0)));
+        assert_eq!((s.resident_bytes(), s.budget_bytes()), (80, 80));
+        s.set_budget(200);
+        assert_eq!(s.reserve(30), Ok(DomainId(0)));
+    }
 
     #[test]
     fn advances_at_cap_and_balances() {

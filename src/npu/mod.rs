@@ -292,6 +292,17 @@ impl Npu {
         self.place("upload", tw.n, tw.k, &tw.bytes, &mut |_, _| {})
     }
 
+    /// The residency budget for weights in bytes (see [`domain`]).
+    pub fn residency_budget(&self) -> u64 {
+        self.shared.domains.lock().unwrap().budget_bytes()
+    }
+
+    /// Sets the residency budget (policy: the backend lowers it by the host memory its weight
+    /// buffers take). Resident weights stay; later uploads past it fail with `NoRoom`.
+    pub fn set_residency_budget(&self, bytes: u64) {
+        self.shared.domains.lock().unwrap().set_budget(bytes);
+    }
+
     /// Uploads pre-tiled bytes (e.g. from a disk cache) via `KernelInterface::mem_import`;
     /// the size is validated against the geometry.
     pub fn upload_bytes(&self, n: usize, k: usize, bytes: &[u8]) -> Result<Arc<ResidentWeight>, NpuError> {
