@@ -68,6 +68,56 @@ fn an_explicit_budget_is_kept() {
     let dev = Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: None };
     dev.host_buffers_changed(1 << 40);
     assert_eq!(dev.npu.residency_budget(), 64 << 20, "ORK_WCACHE_BUDGET_MB wins");
+    dev.host_buffers_changed(-(1 << 40));
     let w = weight_bytes(3, N, K);
     assert!(pack(&dev, &source("w", &w, K), N, K).unwrap().lo.is_some());
+}
+
+/// A device with an explicit residency budget of `budget` bytes and a cache in `dir`.
+fn device_with_budget(budget: u64, dir: &std::path::Path) -> Device {
+    let (cfg, _) = Config::from_lookup(|k| (k == "ORK_WCACHE_BUDGET_MB").then(|| (budget >> 20).max(1).to_string()));
+    let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), max_cores: None, pin_cpus: vec![], wcache_budget_bytes: Some(budget) })
+        .expect("simulator opens");
+    let cache = Some(ggml_ork::cache::PackCache::new(dir, u64::MAX));
+    Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache }
+}
+
+#[test]
+fn a_model_too_large_for_two_terms_keeps_one_term_everywhere() {
+    const BN: usize = 1024;
+    const BK: usize = 1024;
+    let term = {
+        let t = Npu::tile_weight(&SocDesc::get(SocId::Rk3588), &vec![0i8; BN * BK], BN, BK).unwrap().bytes.len() as u64;
+        t.div_ceil(PAGE_BYTES) * PAGE_BYTES
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let model: Vec<(String, Vec<u8>)> = (0..3).map(|i| (format!("blk.{i}.ffn_up.weight"), weight_bytes(40 + i, BN, BK))).collect();
+    let src_total: u64 = model.iter().map(|(_, b)| b.len() as u64).sum();
+    // Room for four terms of three weights: one term each, plus one second term.
+    let start = |run: &str| {
+        let dev = device_with_budget(4 * term, tmp.path());
+        dev.host_buffers_changed(src_total as i64);
+        // Every weight stays resident until the start ends, as in a process.
+        let pws: Vec<_> = model
+            .iter()
+            .map(|(name, bytes)| pack(&dev, &source(name, bytes, BK), BN, BK).unwrap_or_else(|e| panic!("{run}: {name} not resident: {e}")))
+            .collect();
+        let out: Vec<(bool, Vec<u32>)> =
+            pws.iter().zip(&model).map(|(pw, (name, bytes))| (pw.lo.is_some(), observe(&dev, pw, &source(name, bytes, BK)).1)).collect();
+        assert!(dev.npu.resident_bytes() <= 4 * term, "{run}: within the budget");
+        assert_eq!(dev.stats.one_term_for_budget.load(Relaxed), 2, "{run}");
+        (out, dev.stats.cache_hits.load(Relaxed), dev.stats.cache_writes.load(Relaxed))
+    };
+    let (cold, hits, writes) = start("cold");
+    assert_eq!(cold.iter().map(|o| o.0).collect::<Vec<_>>(), [true, false, false], "second terms: first weight only");
+    assert_eq!((hits, writes), (0, 3));
+    // A warm start hits the two-term entries and imports what the budget allows: same terms,
+    // same results bit for bit, nothing repacked.
+    let (warm, hits, writes) = start("warm");
+    assert_eq!((hits, writes), (3, 0));
+    assert_eq!(warm, cold, "warm start: same terms and results");
+    // Without a budget limit the same entries give two terms everywhere.
+    let dev = device_with_budget(1 << 40, tmp.path());
+    let (name, bytes) = &model[2];
+    assert!(pack(&dev, &source(name, bytes, BK), BN, BK).unwrap().lo.is_some());
 }

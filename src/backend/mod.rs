@@ -96,6 +96,9 @@ pub struct Stats {
     /// Weights kept to one int8 term, and weights left on the CPU, for want of resident budget.
     pub one_term_for_budget: AtomicU64,
     pub not_resident_weights: AtomicU64,
+    /// Source bytes of the weights `weights::pack` was called for: with `host_buffer_bytes`,
+    /// an estimate of what is still to be placed (see `weights::second_term_fits`).
+    pub placed_src_bytes: AtomicU64,
     /// GPU decode runs per phase.
     pub gpu_phase: [AtomicU64; 2],
     /// Wall time of the NPU runs inside `run_mul_mat` (arbiter, submit, device; both weight

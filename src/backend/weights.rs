@@ -165,6 +165,28 @@ pub fn quantize_residual(src: &WeightSource<'_>, n: usize, k: usize, col: &[f32]
     })
 }
 
+/// Whether a weight's second int8 term may become resident now, `new_bytes` being what is about
+/// to be placed with it (the second term, plus the first when that is not resident yet). It must leave
+/// room for one term of every weight not placed yet — estimated from the ORK buffer bytes whose
+/// weights `pack` has not seen, at this weight's int8-bytes-per-source-byte ratio — so that a
+/// model too large for two terms everywhere keeps one term everywhere (and two where room is
+/// left) instead of two terms on its first layers and none on its last.
+fn second_term_fits(dev: &Device, src_bytes: usize, n: usize, k: usize, new_bytes: usize) -> bool {
+    let rest_src = dev.stats.host_buffer_bytes.load(Relaxed).saturating_sub(dev.stats.placed_src_bytes.load(Relaxed));
+    let rest_int8 = (rest_src as f64 * (n * k) as f64 / src_bytes.max(1) as f64) as u64;
+    dev.npu.resident_bytes() + new_bytes as u64 + rest_int8 <= dev.npu.residency_budget()
+}
+
+/// A weight keeps one int8 term for want of budget: one warning per process, then debug lines
+/// (the count is in the exit line).
+fn note_one_term(dev: &Device, name: &str, why: &str) {
+    if dev.stats.one_term_for_budget.fetch_add(1, Relaxed) == 0 {
+        log::warn!("weight {name}: second int8 term not resident ({why}); one term (further such weights: debug log, count at exit)");
+    } else {
+        log::debug!("weight {name}: second int8 term not resident ({why}); one term");
+    }
+}
+
 /// A cache hit's weight: resident hi term, optional lo term with its row scales, row scales,
 /// column scales.
 type Imported = (Arc<ResidentWeight>, Option<(Arc<ResidentWeight>, Vec<f32>)>, Vec<f32>, Vec<f32>);
@@ -174,7 +196,7 @@ type Imported = (Arc<ResidentWeight>, Option<(Arc<ResidentWeight>, Vec<f32>)>, V
 /// (`KernelInterface::mem_import_observed`), then the scales from the mapping. Only when the
 /// hash equals the header's are the buffers kept; otherwise they are dropped (freed) and the
 /// reason returned, and the caller repacks.
-fn import_entry(dev: &Device, entry: cache::Unverified, n: usize, k: usize, terms: usize) -> Result<Imported, String> {
+fn import_entry(dev: &Device, entry: cache::Unverified, src: &WeightSource<'_>, n: usize, k: usize, terms: usize) -> Result<Imported, String> {
     let scale_count = (entry.header().scales_bytes / 4) as usize;
     let tiles = entry.tiles();
     if scale_count != n + k + (terms - 1) * n || tiles.len() % terms != 0 {
@@ -201,23 +223,35 @@ fn import_entry(dev: &Device, entry: cache::Unverified, n: usize, k: usize, term
     // the lo term's hash starts at its first chunk boundary, and the chunk that straddles the
     // two terms is completed from the mapped file after both imports.
     let straddle = (cache::format::HASH_CHUNK_BYTES - one % cache::format::HASH_CHUNK_BYTES) % cache::format::HASH_CHUNK_BYTES;
-    let (hi, lo) = if terms == 2 {
+    let want_lo = terms == 2 && second_term_fits(dev, src.bytes.len(), n, k, 2 * one);
+    let (hi, lo) = if want_lo {
         let (hi, lo) = rayon::join(|| import(&tiles[..one], 0), || import(&tiles[one..], straddle.min(one)));
-        (hi.map_err(fail)?, Some(lo.map_err(fail)?))
+        (hi, Some(lo))
     } else {
-        (import(&tiles[..one], 0).map_err(fail)?, None)
+        (import(&tiles[..one], 0), None)
     };
-    let (hi, mut hash) = hi;
-    let lo = lo.map(|(lo, lo_hash)| {
-        hash.update(&tiles[one..one + straddle.min(one)]);
-        if hash.len() % cache::format::HASH_CHUNK_BYTES == 0 {
-            hash.append(lo_hash);
-        } else {
-            // lo ends inside the straddling chunk: it was all hashed from the file just now.
-            debug_assert!(lo_hash.is_empty());
+    let (hi, mut hash) = hi.map_err(fail)?;
+    let lo = match lo {
+        Some(Ok((lo, lo_hash))) => {
+            hash.update(&tiles[one..one + straddle.min(one)]);
+            if hash.len() % cache::format::HASH_CHUNK_BYTES == 0 {
+                hash.append(lo_hash);
+            } else {
+                // lo ends inside the straddling chunk: it was all hashed from the file just now.
+                debug_assert!(lo_hash.is_empty());
+            }
+            Some(lo)
         }
-        lo
-    });
+        Some(Err(e)) if !matches!(e, NpuError::NoRoom { .. }) => return Err(fail(e)),
+        // No room for the second term (by the budget rule or the domains): the weight keeps its
+        // first term; the second is still checksummed, from the mapping.
+        Some(Err(_)) | None if terms == 2 => {
+            hash.update(&tiles[one..]);
+            note_one_term(dev, src.name, "resident budget");
+            None
+        }
+        _ => None,
+    };
     hash.update(entry.tail());
     let hit = entry.accept(hash.finish()).map_err(|e| e.to_string())?;
     let f = hit.scales();
@@ -233,6 +267,7 @@ static PROGRESS: cache::Progress = cache::Progress::new();
 /// write the entry. `src`: `[N, K]` weight of any supported ggml type.
 pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<PackedWeight, NpuError> {
     let t0 = Instant::now();
+    dev.stats.placed_src_bytes.fetch_add(src.bytes.len() as u64, Relaxed);
     let terms: u32 = match dev.cfg.weight_terms {
         0 if wants_two_terms(src.ggml_type) => 2,
         0 => 1,
@@ -252,7 +287,7 @@ pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<
         dev.stats.cache_read_ns.fetch_add((t_read - t_hashed).as_nanos() as u64, Relaxed);
         match opened {
             Ok(entry) => {
-                let hit = import_entry(dev, entry, n, k, terms as usize);
+                let hit = import_entry(dev, entry, src, n, k, terms as usize);
                 dev.stats.cache_import_ns.fetch_add(t_read.elapsed().as_nanos() as u64, Relaxed);
                 match hit {
                     Ok((resident, lo, scales, col_scale)) => {
@@ -274,16 +309,17 @@ pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<
     let mut tiles = tiles.into_iter();
     let hi = tiles.next().expect("the first term's tiles");
     let resident = dev.npu.upload(&hi)?;
-    let lo = match tiles.next() {
-        Some(tl) => match dev.npu.upload(&tl) {
-            Ok(r) => Some((r, tl)),
-            // Out of resident budget: the weight keeps one term (less precise, still on the NPU).
+    let lo_tiles = tiles.next();
+    let lo = match &lo_tiles {
+        // Out of resident budget: the weight keeps one term (less precise, still on the NPU).
+        Some(tl) if !second_term_fits(dev, src.bytes.len(), n, k, tl.bytes.len()) => {
+            note_one_term(dev, src.name, "resident budget");
+            None
+        }
+        Some(tl) => match dev.npu.upload(tl) {
+            Ok(r) => Some(r),
             Err(e @ NpuError::NoRoom { .. }) => {
-                if dev.stats.one_term_for_budget.fetch_add(1, Relaxed) == 0 {
-                    log::warn!("weight {}: second int8 term not resident ({e}); one term (further such weights: debug log, count at exit)", src.name);
-                } else {
-                    log::debug!("weight {}: second int8 term not resident ({e}); one term", src.name);
-                }
+                note_one_term(dev, src.name, &e.to_string());
                 None
             }
             Err(e) => return Err(e),
@@ -292,17 +328,16 @@ pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<
     };
     let t_uploaded = Instant::now();
     dev.stats.cold_upload_ns.fetch_add((t_uploaded - t_packed).as_nanos() as u64, Relaxed);
+    // The entry holds every term packed, resident or not: a later start imports what its
+    // budget allows, without repacking.
     let mut blob_tiles = hi.bytes;
     let mut blob_f: Vec<f32> = scales.iter().chain(col_scale.iter()).copied().collect();
-    let lo = lo.map(|(r, tl)| {
+    if let Some(tl) = &lo_tiles {
         blob_tiles.extend_from_slice(&tl.bytes);
         blob_f.extend_from_slice(&lo_scales);
-        (r, lo_scales)
-    });
-    let stored_id = id.map(|mut i| {
-        i.weight_terms = 1 + lo.is_some() as u32;
-        i
-    });
+    }
+    let lo = lo.map(|r| (r, lo_scales));
+    let stored_id = id;
     if let (Some(c), Some(id)) = (&dev.cache, &stored_id) {
         match c.store(id, &blob_tiles, &blob_f) {
             Ok(_) => {

@@ -297,6 +297,11 @@ impl Npu {
         self.shared.domains.lock().unwrap().budget_bytes()
     }
 
+    /// Weight bytes resident now (page-rounded, all domains).
+    pub fn resident_bytes(&self) -> u64 {
+        self.shared.domains.lock().unwrap().resident_bytes()
+    }
+
     /// Sets the residency budget (policy: the backend lowers it by the host memory its weight
     /// buffers take). Resident weights stay; later uploads past it fail with `NoRoom`.
     pub fn set_residency_budget(&self, bytes: u64) {
