@@ -337,8 +337,7 @@ pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<
         blob_f.extend_from_slice(&lo_scales);
     }
     let lo = lo.map(|r| (r, lo_scales));
-    let stored_id = id;
-    if let (Some(c), Some(id)) = (&dev.cache, &stored_id) {
+    if let (Some(c), Some(id)) = (&dev.cache, &id) {
         match c.store(id, &blob_tiles, &blob_f) {
             Ok(_) => {
                 dev.stats.cache_writes.fetch_add(1, Relaxed);
