@@ -20,7 +20,9 @@ Both arms run with OMP_WAIT_POLICY=passive (override with ORK_BENCH_OMP_WAIT): l
 OpenMP threads otherwise spin between graph computations, and on 2 shared cores that spinning
 starves everything else (measured: CPU-only decode 343 ms per token spinning vs 15.6 ms passive
 at load 3-7), which made any ratio against it meaningless.
-Env: LLAMA_BIN, BENCH_MODEL, ORK_LIB; DECODE_TOKENS (default 40), REPEATS (default 3, median).
+Env: LLAMA_BIN, BENCH_MODEL, ORK_LIB; DECODE_TOKENS (default 40), REPEATS (default 3, median);
+BENCH_NPU (ORK_NPU of the ORK arm, default sim; the on-board kit passes auto), BENCH_THREADS
+(llama.cpp -t, default 2), BENCH_TASKSET (a command prefix, e.g. "taskset -c 4-7").
 """
 import os, re, statistics, subprocess, sys
 
@@ -28,6 +30,9 @@ BIN, MODEL, LIB = os.environ["LLAMA_BIN"], os.environ["BENCH_MODEL"], os.environ
 NTOK = int(os.environ.get("DECODE_TOKENS", "40"))
 REPEATS = int(os.environ.get("REPEATS", "3"))
 OMP_WAIT = os.environ.get("ORK_BENCH_OMP_WAIT", "passive")
+NPU = os.environ.get("BENCH_NPU", "sim")
+THREADS = os.environ.get("BENCH_THREADS", "2")
+TASKSET = os.environ.get("BENCH_TASKSET", "").split()
 
 
 def last(pattern, text):
@@ -36,13 +41,13 @@ def last(pattern, text):
 
 
 def once(ntok, cpu=False):
-    env = dict(os.environ, GGML_BACKEND_PATH=LIB, ORK_NPU="sim", ORK_MINM="1", ORK_PROFILE="1", OMP_WAIT_POLICY=OMP_WAIT)
+    env = dict(os.environ, GGML_BACKEND_PATH=LIB, ORK_NPU=NPU, ORK_MINM="1", ORK_PROFILE="1", OMP_WAIT_POLICY=OMP_WAIT)
     for k in ("ORK_OFF", "ORK_DECODE"):
         env.pop(k, None)
     if cpu:
         env["ORK_OFF"] = "1"
-    p = subprocess.run([f"{BIN}/llama-completion", "-m", MODEL, "-p", "Once upon a time", "-n", str(ntok),
-                        "--temp", "0", "-no-cnv", "-t", "2", "--no-warmup", "--seed", "1"],
+    p = subprocess.run(TASKSET + [f"{BIN}/llama-completion", "-m", MODEL, "-p", "Once upon a time", "-n", str(ntok),
+                        "--temp", "0", "-no-cnv", "-t", THREADS, "--no-warmup", "--seed", "1"],
                        env=env, capture_output=True, text=True, timeout=1800)
     err = p.stderr
     ev = last(r"\beval time =\s*([0-9.]+) ms /\s*(\d+) runs", err)
@@ -72,7 +77,8 @@ book_cpu = statistics.median(r["book"] / r["cpu"] for r in runs)
 ratio = statistics.median(r["host"] / r["total"] for r in runs)
 pess = statistics.median(r["host"] / max(r["total"] - r["engines"], 1e-9) for r in runs)
 ok = lambda v: "met" if v <= 0.02 else "MISSED"
-print(f"decode overhead (SmolLM2 Q8_0, ORK_MINM=1, {NTOK} tokens, median of {REPEATS}, NPU = simulator, "
+print(f"decode overhead ({os.path.basename(MODEL)}, ORK_MINM=1, {NTOK} tokens, median of {REPEATS}, -t {THREADS}, "
+      f"NPU = {'simulator' if NPU == 'sim' else 'ORK_NPU=' + NPU}, "
       f"OMP_WAIT_POLICY={OMP_WAIT}):")
 print("| measurement | result | target | verdict | detail |")
 print("|---|---:|---|---|---|")

@@ -21,6 +21,9 @@
 #  10 rkllm      rkllm's demo on a .rkllm model when the model and librkllmrt.so are present
 #  11 cache      .orkpack cold vs warm weight preparation (bench-scripts/orkpack_warm.sh) on the
 #                board's NPU, -t 4 on the big cores: the speed-up and its upload bound
+#  12 host       bench-scripts/host_bench.sh on the big cores: the NEON quantizers/dequantizers vs
+#                memcpy and ggml-cpu, packing per core and its scaling, ORK's per-token host time
+#                in decode with the real NPU (the ratios this workplace can only proxy)
 #
 # --dry-run (automatic without a board) runs every step that can run here — the checks read what
 # exists, the build, the regcmd capture, the arms on the simulator with short settings — and says
@@ -293,6 +296,30 @@ else
   else
     tail -20 "$WORK/cache.txt" | block
     status "cache" FAIL "orkpack_warm.sh failed (log above)"
+  fi
+fi
+
+# ------------------------------------------------------------------ 12 host
+say "## 12. host-side benchmarks (quantizers, packing, decode host time)"
+if [[ $SKIP_BENCH == 1 ]]; then
+  status "host" SKIPPED "--skip-bench"
+elif [[ $BUILT != 1 ]]; then
+  status "host" SKIPPED "build failed"
+elif [[ -z "${LLAMA_BIN:-}" || ! -x "$LLAMA_BIN/llama-completion" || ! -f "${MODEL:-}" ]]; then
+  status "host" SKIPPED "no llama-completion or model (LLAMA_BIN=${LLAMA_BIN:-unset}, model=${MODEL:-unset})"
+else
+  if [[ $DRY == 1 ]]; then
+    # Short settings; the decode figure comes from the simulator.
+    HOST_ENV=(BENCH_NPU=sim BENCH_THREADS=2 ORK_BENCH_ROUNDS=9 REPEATS=1 DECODE_TOKENS=12)
+  else
+    HOST_ENV=(BENCH_NPU=auto BENCH_THREADS="$THREADS" BENCH_TASKSET="$TASKSET" REPEATS=3 DECODE_TOKENS=40)
+  fi
+  if env "${HOST_ENV[@]}" BENCH_MODEL="$MODEL" $TASKSET bash "$ROOT/bench-scripts/host_bench.sh" >"$WORK/host.txt" 2>"$WORK/host.err"; then
+    grep -E '^\||^## |^bench_host|^decode overhead|targets missed' "$WORK/host.txt" | raw >/dev/null
+    status "host" RAN "$(grep -Eo '[0-9]+ of [0-9]+ targets missed' "$WORK/host.txt" | tail -1)$( [[ $DRY == 1 ]] && echo " — this host's CPU, short settings, SIMULATED NPU for the decode figure" || echo " — under $TASKSET")"
+  else
+    tail -20 "$WORK/host.err" | block
+    status "host" FAIL "host_bench.sh failed (log above)"
   fi
 fi
 

@@ -389,3 +389,28 @@ fn a_model_larger_than_the_limit_keeps_a_stable_cached_part() {
     let full = PackCache::new(tmp.path(), limit).store(&id_of(SocId::Rk3588, name, bytes), &vec![0; 2 * N * K], &vec![1.0; floats]);
     assert!(matches!(full, Err(CacheError::Full { .. })), "{full:?}");
 }
+
+#[test]
+fn a_store_that_eviction_cannot_make_room_for_removes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let floats = format::scale_count(N, K, 2);
+    let per_entry = format::layout(N * K, floats).1 as u64;
+    // A small entry of another model, unused for an hour: the only one that may be evicted.
+    let small = id_of(SocId::Rk3588, "other", &weight_bytes(300, N, K));
+    let small_path = PackCache::new(tmp.path(), u64::MAX).store(&small, &[7u8; 64], &vec![1.0; floats]).unwrap();
+    let old = SystemTime::now() - Duration::from_secs(3600);
+    fs::File::options().write(true).open(&small_path).unwrap().set_modified(old).unwrap();
+    // Room for two entries and the small one; this process stores two, then a third needs a
+    // whole entry freed: evicting the small one would not do, so it stays and the store is
+    // refused — and so is every later store of this process, even one that would fit.
+    let c = PackCache::new(tmp.path(), 2 * per_entry + 2 * format::HEADER_BYTES as u64 + 4096);
+    let ids: Vec<_> = (0..3).map(|i| id_of(SocId::Rk3588, &format!("w{i}"), &weight_bytes(310 + i, N, K))).collect();
+    for id in &ids[..2] {
+        c.store(id, &vec![1u8; N * K], &vec![1.0; floats]).unwrap();
+    }
+    let third = c.store(&ids[2], &vec![1u8; N * K], &vec![1.0; floats]);
+    assert!(matches!(third, Err(CacheError::Full { .. })), "{third:?}");
+    assert!(small_path.exists(), "nothing evicted for a refused store");
+    let tiny = c.store(&id_of(SocId::Rk3588, "tiny", &weight_bytes(320, N, K)), &[1u8; 64], &vec![1.0; floats]);
+    assert!(matches!(tiny, Err(CacheError::Full { .. })), "refusals are final for the process: {tiny:?}");
+}

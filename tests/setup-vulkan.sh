@@ -9,7 +9,9 @@ log() { echo "[setup-vulkan] $*" >&2; }
 
 pkgs=()
 ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 || pkgs+=(mesa-vulkan-drivers)
-ldconfig -p | grep -q 'libvulkan\.so\.1' || pkgs+=(libvulkan1)
+# grep without -q reads to the end: with pipefail, -q's early exit could SIGPIPE the producer and
+# make a present library look absent (a spurious apt-get update + install).
+ldconfig -p | grep 'libvulkan\.so\.1' >/dev/null || pkgs+=(libvulkan1)
 [ -e /usr/include/vulkan/vulkan.h ] || pkgs+=(libvulkan-dev)
 command -v glslc >/dev/null || pkgs+=(glslc)
 command -v vulkaninfo >/dev/null || pkgs+=(vulkan-tools)
@@ -22,7 +24,7 @@ if [ ${#pkgs[@]} -gt 0 ]; then
 fi
 
 # Sanity: the loader must see a device (lavapipe prints "llvmpipe").
-if vulkaninfo --summary 2>/dev/null | grep -q 'deviceName'; then
+if vulkaninfo --summary 2>/dev/null | grep 'deviceName' >/dev/null; then
   log "$(vulkaninfo --summary 2>/dev/null | grep deviceName | sed 's/^ *//' | tr '\n' ' ')"
 else
   log "vulkaninfo sees no device"; exit 1

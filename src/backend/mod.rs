@@ -99,6 +99,8 @@ pub struct Stats {
     /// Source bytes of the weights `weights::pack` was called for: with `host_buffer_bytes`,
     /// an estimate of what is still to be placed (see `weights::second_term_fits`).
     pub placed_src_bytes: AtomicU64,
+    /// One int8 term's resident bytes of those weights (their tiled size).
+    pub placed_term_bytes: AtomicU64,
     /// GPU decode runs per phase.
     pub gpu_phase: [AtomicU64; 2],
     /// Wall time of the NPU runs inside `run_mul_mat` (arbiter, submit, device; both weight

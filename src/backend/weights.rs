@@ -166,15 +166,22 @@ pub fn quantize_residual(src: &WeightSource<'_>, n: usize, k: usize, col: &[f32]
 }
 
 /// Whether a weight's second int8 term may become resident now, `new_bytes` being what is about
-/// to be placed with it (the second term, plus the first when that is not resident yet). It must leave
-/// room for one term of every weight not placed yet — estimated from the ORK buffer bytes whose
-/// weights `pack` has not seen, at this weight's int8-bytes-per-source-byte ratio — so that a
-/// model too large for two terms everywhere keeps one term everywhere (and two where room is
-/// left) instead of two terms on its first layers and none on its last.
-fn second_term_fits(dev: &Device, src_bytes: usize, n: usize, k: usize, new_bytes: usize) -> bool {
-    let rest_src = dev.stats.host_buffer_bytes.load(Relaxed).saturating_sub(dev.stats.placed_src_bytes.load(Relaxed));
-    let rest_int8 = (rest_src as f64 * (n * k) as f64 / src_bytes.max(1) as f64) as u64;
-    dev.npu.resident_bytes() + new_bytes as u64 + rest_int8 <= dev.npu.residency_budget()
+/// to be placed with it (the second term, plus the first when that is not resident yet). It must
+/// leave room for one term of every weight not placed yet, so that a model too large for two
+/// terms everywhere keeps one term everywhere (the second going to the weights placed last,
+/// as room allows) instead of two terms on its first layers and none on its last. The rest is
+/// estimated from the ORK buffer bytes whose weights `pack` has not seen, on the safe side: at
+/// this weight's parameters per source byte and the larger of two resident bytes per parameter
+/// (a K-split layout plus a full-K copy) and the ratio of the weights seen so far, plus 1/32
+/// for tile padding.
+fn second_term_fits(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, new_bytes: usize) -> bool {
+    let s = &dev.stats;
+    let placed_src = s.placed_src_bytes.load(Relaxed).max(1);
+    let rest_src = s.host_buffer_bytes.load(Relaxed).saturating_sub(placed_src) as f64;
+    let seen = s.placed_term_bytes.load(Relaxed) as f64 / placed_src as f64;
+    let bound = 2.0 * (n * k) as f64 / src.bytes.len().max(1) as f64;
+    let rest_resident = (rest_src * seen.max(bound) * 33.0 / 32.0) as u64;
+    dev.npu.resident_bytes() + new_bytes as u64 + rest_resident <= dev.npu.residency_budget()
 }
 
 /// A weight keeps one int8 term for want of budget: one warning per process, then debug lines
@@ -223,7 +230,7 @@ fn import_entry(dev: &Device, entry: cache::Unverified, src: &WeightSource<'_>, 
     // the lo term's hash starts at its first chunk boundary, and the chunk that straddles the
     // two terms is completed from the mapped file after both imports.
     let straddle = (cache::format::HASH_CHUNK_BYTES - one % cache::format::HASH_CHUNK_BYTES) % cache::format::HASH_CHUNK_BYTES;
-    let want_lo = terms == 2 && second_term_fits(dev, src.bytes.len(), n, k, 2 * one);
+    let want_lo = terms == 2 && second_term_fits(dev, src, n, k, 2 * one);
     let (hi, lo) = if want_lo {
         let (hi, lo) = rayon::join(|| import(&tiles[..one], 0), || import(&tiles[one..], straddle.min(one)));
         (hi, Some(lo))
@@ -267,7 +274,16 @@ static PROGRESS: cache::Progress = cache::Progress::new();
 /// write the entry. `src`: `[N, K]` weight of any supported ggml type.
 pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<PackedWeight, NpuError> {
     let t0 = Instant::now();
+    let term_bytes = dev.npu.term_bytes(n, k);
     dev.stats.placed_src_bytes.fetch_add(src.bytes.len() as u64, Relaxed);
+    dev.stats.placed_term_bytes.fetch_add(term_bytes, Relaxed);
+    // Not even one term fits the residency budget: the weight stays on the CPU, without
+    // opening its cache entry or packing it for nothing.
+    let (resident, budget) = (dev.npu.resident_bytes(), dev.npu.residency_budget());
+    if resident + term_bytes > budget {
+        let why = format!("residency budget: {} of {} MiB in use", resident >> 20, budget >> 20);
+        return Err(NpuError::NoRoom { op: "pack", n, k, bytes: term_bytes, why });
+    }
     let terms: u32 = match dev.cfg.weight_terms {
         0 if wants_two_terms(src.ggml_type) => 2,
         0 => 1,
@@ -312,7 +328,7 @@ pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<
     let lo_tiles = tiles.next();
     let lo = match &lo_tiles {
         // Out of resident budget: the weight keeps one term (less precise, still on the NPU).
-        Some(tl) if !second_term_fits(dev, src.bytes.len(), n, k, tl.bytes.len()) => {
+        Some(tl) if !second_term_fits(dev, src, n, k, tl.bytes.len()) => {
             note_one_term(dev, src.name, "resident budget");
             None
         }

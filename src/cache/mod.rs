@@ -38,13 +38,15 @@
 //!   errors never fail a load.
 //! * **Size limit, LRU.** A hit sets the file's mtime to now (atime is unreliable under
 //!   `noatime`/`relatime`); when a store would take the directory past the limit
-//!   (`ORK_CACHE_MAX_MB`), the oldest-mtime files are removed until it is at 90 % of it — but
-//!   never entries in use (mtime since shortly before this process opened the cache): if that
-//!   is not enough the entry is not written ([`CacheError::Full`]), so a model larger than the
-//!   limit keeps a stable cached part instead of evicting its own first weights at every start.
-//!   Stores leave [`DISK_RESERVE_BYTES`] free on the filesystem. The directory size is scanned
-//!   once per process and then tracked; other processes' writes are seen at the next scan.
-//!   Removing a file another process has mapped is safe (unlink keeps the mapping valid).
+//!   (`ORK_CACHE_MAX_MB`) or leave less than [`DISK_RESERVE_BYTES`] free on its filesystem, the
+//!   oldest-mtime files are removed (for the limit until it is at 90 % of it) — but never
+//!   entries in use (mtime since shortly before this process opened the cache), and nothing at
+//!   all when that would not be enough: then the entry is not written ([`CacheError::Full`],
+//!   [`CacheError::DiskFull`]), nor any later one of this process, so a model larger than the
+//!   room keeps a stable cached prefix (in load order) instead of evicting its own first
+//!   weights at every start. The directory size is scanned once per process and then tracked;
+//!   other processes' writes are seen at the next scan. Removing a file another process has
+//!   mapped is safe (unlink keeps the mapping valid).
 //!
 //! **Hash choice: XXH3 (`twox-hash`).** The source hash reads every weight byte at load
 //! (hundreds of MB), so it must run near memory bandwidth: XXH3 does, and `twox-hash` picks its
@@ -70,7 +72,7 @@ use std::fs::{self, File};
 use std::hash::Hasher as _;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -88,6 +90,17 @@ const EVICT_TARGET_PERCENT: u64 = 90;
 const IN_USE_MARGIN: Duration = Duration::from_secs(2);
 /// A store never leaves less free space than this on the cache's filesystem.
 pub const DISK_RESERVE_BYTES: u64 = 1 << 30;
+/// `PackCache::refusal` values.
+const REFUSED_FULL: u8 = 1;
+const REFUSED_DISK: u8 = 2;
+
+/// Bytes available to this user on the filesystem of `dir` (None when it cannot say).
+fn disk_available(dir: &Path) -> Option<u64> {
+    let st = nix::sys::statvfs::statvfs(dir).ok()?;
+    // fsblkcnt_t / c_ulong: u64 on the 64-bit targets, narrower elsewhere.
+    #[allow(clippy::unnecessary_cast)]
+    Some((st.blocks_available() as u64).saturating_mul(st.fragment_size() as u64))
+}
 
 /// Why a cache operation did not produce a file. On load every one of these is a miss.
 #[derive(Debug, thiserror::Error)]
@@ -392,9 +405,8 @@ pub struct PackCache {
     size_bytes: Mutex<Option<u64>>,
     /// Entries with an mtime from here on are in use (see [`CacheError::Full`]).
     in_use_since: SystemTime,
-    /// Set when eviction found nothing more it may remove: later stores that do not fit are
-    /// refused without scanning the directory again.
-    no_evictable: AtomicBool,
+    /// Why stores are refused from now on (0 = they are not; see [`PackCache::make_room`]).
+    refusal: AtomicU8,
     /// Whether the one warning about a full cache or disk was printed.
     warned_full: AtomicBool,
 }
@@ -410,7 +422,7 @@ impl PackCache {
             max_bytes,
             size_bytes: Mutex::new(None),
             in_use_since: now.checked_sub(IN_USE_MARGIN).unwrap_or(now),
-            no_evictable: AtomicBool::new(false),
+            refusal: AtomicU8::new(0),
             warned_full: AtomicBool::new(false),
         }
     }
@@ -496,9 +508,17 @@ impl PackCache {
             return Err(CacheError::TooBig { bytes, limit: self.max_bytes });
         }
         let parent = path.parent().expect("entry paths have a fan-out directory");
-        fs::create_dir_all(parent).map_err(io_err("mkdir", parent))?;
-        self.check_disk(parent, bytes)?;
-        self.make_room(bytes)?;
+        let r = fs::create_dir_all(parent).map_err(io_err("mkdir", parent)).and_then(|_| self.make_room(parent, bytes));
+        r.and_then(|_| self.write_entry(id, &path, parent, bytes, tiles, scales)).inspect_err(|e| {
+            // An unwritable directory or a failing disk: one warning (room refusals warn in make_room).
+            if let CacheError::Io { .. } = e {
+                self.warn_once(&format!("orkpack cache not written: {e}; weights not cached are packed again at the next start"));
+            }
+        })
+    }
+
+    /// Writes a temporary file in `parent` and renames it to `path` (room already made).
+    fn write_entry(&self, id: &Identity, path: &Path, parent: &Path, bytes: u64, tiles: &[u8], scales: &[f32]) -> Result<PathBuf, CacheError> {
         // Same directory as the target, so rename(2) is atomic; unique per process and thread.
         let tmp = parent.join(format!(
             ".{}.tmp.{}.{}",
@@ -515,68 +535,89 @@ impl PackCache {
             let _ = fs::remove_file(&tmp);
             return Err(io_err("write", &tmp)(e));
         }
-        if let Err(e) = fs::rename(&tmp, &path) {
+        if let Err(e) = fs::rename(&tmp, path) {
             let _ = fs::remove_file(&tmp);
-            return Err(io_err("rename", &path)(e));
+            return Err(io_err("rename", path)(e));
         }
         if let Some(s) = self.size_bytes.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
             *s += bytes;
         }
-        Ok(path)
+        Ok(path.to_owned())
     }
 
-    /// Room for `bytes` more under the limit: evicts least-recently-used entries that are not
-    /// in use down to 90 % of the limit (hysteresis) when needed; `Full` when even that leaves
-    /// too little.
-    fn make_room(&self, bytes: u64) -> Result<(), CacheError> {
+    /// Room for `bytes` more: under the limit, and leaving [`DISK_RESERVE_BYTES`] free on the
+    /// filesystem. When either needs it, least-recently-used entries not in use are evicted
+    /// (for the limit down to 90 % of it: hysteresis) — but only when evicting them all would
+    /// be enough; otherwise nothing is removed and the store is refused (`Full` / `DiskFull`).
+    /// A refusal is final for this process: every later store is refused too, so the cached
+    /// part of a model larger than the room stays a prefix in load order, which the next start
+    /// hits (touching it into use) before it stores anything — no churn from start to start.
+    fn make_room(&self, dir: &Path, bytes: u64) -> Result<(), CacheError> {
         let mut size = self.size_bytes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = self.refused(bytes, *size) {
+            return Err(e);
+        }
         let total = *size.get_or_insert_with(|| self.scan().iter().map(|e| e.bytes).sum());
-        if total + bytes <= self.max_bytes {
+        let over = (total + bytes).saturating_sub(self.max_bytes);
+        let avail = disk_available(dir);
+        let disk_short = avail.map_or(0, |a| bytes.saturating_add(DISK_RESERVE_BYTES).saturating_sub(a));
+        if over == 0 && disk_short == 0 {
             return Ok(());
         }
-        let left = if self.no_evictable.load(Relaxed) {
-            total
-        } else {
-            let target = (self.max_bytes / 100 * EVICT_TARGET_PERCENT).saturating_sub(bytes);
-            let left = self.evict(target, Some(self.in_use_since));
-            *size = Some(left);
-            left
+        let (total, candidates) = self.eviction_candidates(Some(self.in_use_since));
+        let evictable: u64 = candidates.iter().map(|e| e.bytes).sum();
+        if evictable < over.max(disk_short) {
+            *size = Some(total);
+            let e = if over > 0 {
+                CacheError::Full { bytes, used: total, limit: self.max_bytes }
+            } else {
+                CacheError::DiskFull { bytes, avail: avail.unwrap_or(0), reserve: DISK_RESERVE_BYTES }
+            };
+            self.refuse(&e);
+            return Err(e);
+        }
+        let mut target = total - disk_short;
+        if over > 0 {
+            target = target.min((self.max_bytes / 100 * EVICT_TARGET_PERCENT).saturating_sub(bytes));
+        }
+        *size = Some(self.remove_until(total, candidates, target));
+        Ok(())
+    }
+
+    /// The error of an earlier refusal in this process, if any (see [`Self::make_room`]).
+    fn refused(&self, bytes: u64, size: Option<u64>) -> Option<CacheError> {
+        match self.refusal.load(Relaxed) {
+            REFUSED_FULL => Some(CacheError::Full { bytes, used: size.unwrap_or(0), limit: self.max_bytes }),
+            REFUSED_DISK => Some(CacheError::DiskFull { bytes, avail: disk_available(&self.dir).unwrap_or(0), reserve: DISK_RESERVE_BYTES }),
+            _ => None,
+        }
+    }
+
+    /// Records a refusal and prints the one warning about it.
+    fn refuse(&self, e: &CacheError) {
+        let msg = match e {
+            CacheError::Full { used, limit, .. } => {
+                self.refusal.store(REFUSED_FULL, Relaxed);
+                format!(
+                    "orkpack cache full: {} MB of ORK_CACHE_MAX_MB={} hold weights in use; weights packed from now on are not cached \
+                     and are packed again at the next start (the packed model needs about 2 bytes per weight: raise ORK_CACHE_MAX_MB)",
+                    used >> 20,
+                    limit >> 20
+                )
+            }
+            _ => {
+                self.refusal.store(REFUSED_DISK, Relaxed);
+                format!(
+                    "orkpack cache not written: {e}; weights packed from now on are not cached and are packed again at the next \
+                     start (free space, set ORK_CACHE_DIR elsewhere, or ORK_CACHE=0)"
+                )
+            }
         };
-        if left + bytes <= self.max_bytes {
-            return Ok(());
-        }
-        self.no_evictable.store(true, Relaxed);
-        self.warn_full(&format!(
-            "orkpack cache full: {} MB of ORK_CACHE_MAX_MB={} hold weights in use; weights packed from now on are not cached \
-             and are packed again at the next start (the packed model needs about 2 bytes per weight: raise ORK_CACHE_MAX_MB)",
-            left >> 20,
-            self.max_bytes >> 20
-        ));
-        Err(CacheError::Full { bytes, used: left, limit: self.max_bytes })
+        self.warn_once(&msg);
     }
 
-    /// `DiskFull` when writing `bytes` into `dir` would leave less than [`DISK_RESERVE_BYTES`]
-    /// free. A filesystem that cannot say is not checked.
-    fn check_disk(&self, dir: &Path, bytes: u64) -> Result<(), CacheError> {
-        let Ok(st) = nix::sys::statvfs::statvfs(dir) else { return Ok(()) };
-        // fsblkcnt_t / c_ulong: u64 on the 64-bit targets, narrower elsewhere.
-        #[allow(clippy::unnecessary_cast)]
-        let avail = (st.blocks_available() as u64).saturating_mul(st.fragment_size() as u64);
-        if avail >= bytes.saturating_add(DISK_RESERVE_BYTES) {
-            return Ok(());
-        }
-        self.warn_full(&format!(
-            "orkpack cache not written: {} MB free on the filesystem of {} (a store keeps {} MB free); weights not cached \
-             are packed again at the next start (set ORK_CACHE_DIR elsewhere, or ORK_CACHE=0)",
-            avail >> 20,
-            self.dir.display(),
-            DISK_RESERVE_BYTES >> 20
-        ));
-        Err(CacheError::DiskFull { bytes, avail, reserve: DISK_RESERVE_BYTES })
-    }
-
-    /// One warning per process about entries not written for want of room; debug lines after.
-    fn warn_full(&self, msg: &str) {
+    /// One warning per process about entries not written (room, disk, I/O); debug lines after.
+    fn warn_once(&self, msg: &str) {
         if self.warned_full.swap(true, Relaxed) {
             log::debug!("{msg}");
         } else {
@@ -623,6 +664,13 @@ impl PackCache {
 
     /// [`evict_to`](Self::evict_to), keeping every entry whose mtime is at or after `keep_since`.
     fn evict(&self, target_bytes: u64, keep_since: Option<SystemTime>) -> u64 {
+        let (total, candidates) = self.eviction_candidates(keep_since);
+        self.remove_until(total, candidates, target_bytes)
+    }
+
+    /// Removes temporary files abandoned for over an hour; returns the bytes of everything left
+    /// and the entries that may be evicted (mtime before `keep_since`), oldest first.
+    fn eviction_candidates(&self, keep_since: Option<SystemTime>) -> (u64, Vec<DirEntryInfo>) {
         let now = SystemTime::now();
         let mut entries = self.scan();
         entries.retain(|e| {
@@ -632,11 +680,16 @@ impl PackCache {
             }
             !stale
         });
-        let mut total: u64 = entries.iter().map(|e| e.bytes).sum();
+        let total: u64 = entries.iter().map(|e| e.bytes).sum();
         entries.retain(|e| !e.tmp && keep_since.is_none_or(|t| e.mtime < t));
         entries.sort_by_key(|e| e.mtime);
+        (total, entries)
+    }
+
+    /// Removes `candidates` in order until `total` is at most `target_bytes`; returns the new total.
+    fn remove_until(&self, mut total: u64, candidates: Vec<DirEntryInfo>, target_bytes: u64) -> u64 {
         let mut removed = 0usize;
-        for e in entries {
+        for e in candidates {
             if total <= target_bytes {
                 break;
             }

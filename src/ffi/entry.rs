@@ -801,8 +801,10 @@ unsafe extern "C" fn backend_free(b: ggml_backend_t) {
     guard("backend_free", (), || {
         if let Some(dev) = device() {
             let s = &dev.stats;
-            let fell_short = s.not_resident_weights.load(Relaxed) + s.one_term_for_budget.load(Relaxed) > 0;
-            if s.npu_matmuls.load(Relaxed) > 0 || dev.cfg.profile || fell_short {
+            // Whenever there is something to report: NPU work, or weights prepared (packed,
+            // loaded from the cache, or left on the CPU) even if no ubatch reached ORK_MINM.
+            let weights = s.packed.load(Relaxed) + s.cache_hits.load(Relaxed) + s.not_resident_weights.load(Relaxed);
+            if s.npu_matmuls.load(Relaxed) > 0 || dev.cfg.profile || weights > 0 {
                 log::info!("{}", dev.stats.summary());
             }
             if dev.cfg.profile {

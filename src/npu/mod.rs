@@ -297,6 +297,13 @@ impl Npu {
         self.shared.domains.lock().unwrap().budget_bytes()
     }
 
+    /// Bytes one int8 term of an `[N, K]` weight reserves when resident: its tiled layout
+    /// (K-split tiles, plus the full-K copy where the plan uses one), page-rounded.
+    pub fn term_bytes(&self, n: usize, k: usize) -> u64 {
+        let geom = WeightGeometry::new(&self.shared.soc, n, k);
+        (geom.total_bytes as u64).div_ceil(kif::sim::PAGE_BYTES) * kif::sim::PAGE_BYTES
+    }
+
     /// Weight bytes resident now (page-rounded, all domains).
     pub fn resident_bytes(&self) -> u64 {
         self.shared.domains.lock().unwrap().resident_bytes()
