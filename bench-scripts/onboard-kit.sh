@@ -276,52 +276,62 @@ else
   status "rkllm" RAN "$(basename "$RKLLM_MODEL") with $RKLIB — compare its prefill/generate tokens/s with the ORK rows of step 9 (same model family and size)"
 fi
 
+# Steps 11-12: benchmark scripts run with llama-completion on the model of step 9.
+# bench_script NAME LOG KEEP WRITER -- ENV... -- SCRIPT ARGS...: skips with the reason when
+# --skip-bench, a failed build or no llama-completion / model; else runs SCRIPT under ENV (and the
+# big-core taskset on a board), writes the lines `KEEP report` keeps from its output into the
+# report with WRITER (block: as a code block, raw: as markdown), and reports the step RAN with
+# `KEEP verdict`, or FAIL with the log's tail.
+bench_script() {
+  local name=$1 log=$2 keep=$3 writer=$4; shift 5
+  local envs=()
+  while [[ $1 != -- ]]; do envs+=("$1"); shift; done
+  shift
+  if [[ $SKIP_BENCH == 1 ]]; then status "$name" SKIPPED "--skip-bench"; return; fi
+  if [[ $BUILT != 1 ]]; then status "$name" SKIPPED "build failed"; return; fi
+  if [[ -z "${LLAMA_BIN:-}" || ! -x "$LLAMA_BIN/llama-completion" || ! -f "${MODEL:-}" ]]; then
+    status "$name" SKIPPED "no llama-completion or model (LLAMA_BIN=${LLAMA_BIN:-unset}, model=${MODEL:-unset})"
+    return
+  fi
+  if env "${envs[@]}" LLAMA_BIN="$LLAMA_BIN" BENCH_MODEL="$MODEL" $TASKSET bash "$@" >"$log" 2>&1; then
+    $keep report <"$log" | $writer >/dev/null
+    status "$name" RAN "$($keep verdict <"$log")$( [[ $DRY == 1 ]] && echo " — SIMULATED NPU, this host's CPU" || echo " — under ${TASKSET:-no taskset}")"
+  else
+    tail -20 "$log" | block
+    status "$name" FAIL "$(basename "$1") failed (log above)"
+  fi
+}
+
 # ------------------------------------------------------------------ 11 cache
 say "## 11. .orkpack cache: cold vs warm weight preparation"
-if [[ $SKIP_BENCH == 1 ]]; then
-  status "cache" SKIPPED "--skip-bench"
-elif [[ $BUILT != 1 ]]; then
-  status "cache" SKIPPED "build failed"
-elif [[ -z "${LLAMA_BIN:-}" || ! -x "$LLAMA_BIN/llama-completion" || ! -f "${MODEL:-}" ]]; then
-  status "cache" SKIPPED "no llama-completion or model (LLAMA_BIN=${LLAMA_BIN:-unset}, model=${MODEL:-unset})"
+cache_lines() {
+  case $1 in
+    report) grep -E '^(model|cold|warm|cache|generated|weight preparation|bound):?' ;;
+    verdict) grep -o 'cold / median warm[^(]*([^)]*): [0-9.]*x' | tail -1 ;;
+  esac
+}
+if [[ $DRY == 1 ]]; then
+  CACHE_ENV=(ORKPACK_NPU=sim ORKPACK_THREADS=2 ORKPACK_SKIP_LOAD=1)
 else
-  if [[ $DRY == 1 ]]; then
-    CACHE_ENV=(ORKPACK_NPU=sim ORKPACK_THREADS=2 ORKPACK_SKIP_LOAD=1)
-  else
-    CACHE_ENV=(ORKPACK_NPU=auto ORKPACK_THREADS="$THREADS" ORKPACK_TASKSET="$TASKSET" ORKPACK_SKIP_LOAD=1)
-  fi
-  if env "${CACHE_ENV[@]}" LLAMA_BIN="$LLAMA_BIN" bash "$ROOT/bench-scripts/orkpack_warm.sh" "$MODEL" >"$WORK/cache.txt" 2>&1; then
-    grep -E '^(model|cold|warm|cache|generated|weight preparation|bound):?' "$WORK/cache.txt" | block
-    status "cache" RAN "$(grep -o 'cold / median warm[^(]*([^)]*): [0-9.]*x' "$WORK/cache.txt" | tail -1)$( [[ $DRY == 1 ]] && echo " — SIMULATED NPU")"
-  else
-    tail -20 "$WORK/cache.txt" | block
-    status "cache" FAIL "orkpack_warm.sh failed (log above)"
-  fi
+  CACHE_ENV=(ORKPACK_NPU=auto ORKPACK_THREADS="$THREADS" ORKPACK_SKIP_LOAD=1)
 fi
+bench_script cache "$WORK/cache.txt" cache_lines block -- "${CACHE_ENV[@]}" -- "$ROOT/bench-scripts/orkpack_warm.sh" "${MODEL:-}"
 
 # ------------------------------------------------------------------ 12 host
 say "## 12. host-side benchmarks (quantizers, packing, decode host time)"
-if [[ $SKIP_BENCH == 1 ]]; then
-  status "host" SKIPPED "--skip-bench"
-elif [[ $BUILT != 1 ]]; then
-  status "host" SKIPPED "build failed"
-elif [[ -z "${LLAMA_BIN:-}" || ! -x "$LLAMA_BIN/llama-completion" || ! -f "${MODEL:-}" ]]; then
-  status "host" SKIPPED "no llama-completion or model (LLAMA_BIN=${LLAMA_BIN:-unset}, model=${MODEL:-unset})"
+host_lines() {
+  case $1 in
+    report) grep -E '^\||^## |^bench_host|^decode overhead|targets missed' ;;
+    verdict) grep -Eo '[0-9]+ of [0-9]+ targets missed' | tail -1 ;;
+  esac
+}
+if [[ $DRY == 1 ]]; then
+  # Short settings; the decode figure comes from the simulator.
+  HOST_ENV=(BENCH_NPU=sim BENCH_THREADS=2 ORK_BENCH_ROUNDS=9 REPEATS=1 DECODE_TOKENS=12)
 else
-  if [[ $DRY == 1 ]]; then
-    # Short settings; the decode figure comes from the simulator.
-    HOST_ENV=(BENCH_NPU=sim BENCH_THREADS=2 ORK_BENCH_ROUNDS=9 REPEATS=1 DECODE_TOKENS=12)
-  else
-    HOST_ENV=(BENCH_NPU=auto BENCH_THREADS="$THREADS" BENCH_TASKSET="$TASKSET" REPEATS=3 DECODE_TOKENS=40)
-  fi
-  if env "${HOST_ENV[@]}" BENCH_MODEL="$MODEL" $TASKSET bash "$ROOT/bench-scripts/host_bench.sh" >"$WORK/host.txt" 2>"$WORK/host.err"; then
-    grep -E '^\||^## |^bench_host|^decode overhead|targets missed' "$WORK/host.txt" | raw >/dev/null
-    status "host" RAN "$(grep -Eo '[0-9]+ of [0-9]+ targets missed' "$WORK/host.txt" | tail -1)$( [[ $DRY == 1 ]] && echo " — this host's CPU, short settings, SIMULATED NPU for the decode figure" || echo " — under $TASKSET")"
-  else
-    tail -20 "$WORK/host.err" | block
-    status "host" FAIL "host_bench.sh failed (log above)"
-  fi
+  HOST_ENV=(BENCH_NPU=auto BENCH_THREADS="$THREADS" BENCH_TASKSET="$TASKSET" REPEATS=3 DECODE_TOKENS=40)
 fi
+bench_script host "$WORK/host.txt" host_lines raw -- "${HOST_ENV[@]}" -- "$ROOT/bench-scripts/host_bench.sh"
 
 # ------------------------------------------------------------------ summary
 {
