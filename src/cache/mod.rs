@@ -505,7 +505,9 @@ impl PackCache {
         }
         let bytes = format::layout(tiles.len(), scales.len()).1 as u64;
         if bytes > self.max_bytes {
-            return Err(CacheError::TooBig { bytes, limit: self.max_bytes });
+            let e = CacheError::TooBig { bytes, limit: self.max_bytes };
+            self.warn_once(&format!("{e} (ORK_CACHE_MAX_MB): such weights are not cached and are packed again at every start"));
+            return Err(e);
         }
         let parent = path.parent().expect("entry paths have a fan-out directory");
         let r = fs::create_dir_all(parent).map_err(io_err("mkdir", parent)).and_then(|_| self.make_room(parent, bytes));
