@@ -118,6 +118,15 @@ fn a_model_too_large_for_two_terms_keeps_one_term_everywhere() {
     let (warm, hits, writes) = start("warm");
     assert_eq!((hits, writes), (3, 0));
     assert_eq!(warm, cold, "warm start: same terms and results");
+    // When ORK's buffers announced their weights (ggml's tensor initialisation), the rest is
+    // known exactly and the second term goes to the first weight placed.
+    let tmp2 = tempfile::tempdir().unwrap();
+    let dev = device_with_budget(4 * term, tmp2.path());
+    dev.host_buffers_changed(src_total as i64);
+    dev.stats.expected_term_bytes.store(3 * term, Relaxed);
+    let pws: Vec<_> = model.iter().map(|(name, bytes)| pack(&dev, &source(name, bytes, BK), BN, BK).unwrap()).collect();
+    assert_eq!(pws.iter().map(|pw| pw.lo.is_some()).collect::<Vec<_>>(), [true, false, false], "exact rest: first weight");
+    drop(pws);
     // Without a budget limit the same entries give two terms everywhere.
     let dev = device_with_budget(1 << 40, tmp.path());
     let (name, bytes) = &model[2];

@@ -101,6 +101,9 @@ pub struct Stats {
     pub placed_src_bytes: AtomicU64,
     /// One int8 term's resident bytes of those weights (their tiled size).
     pub placed_term_bytes: AtomicU64,
+    /// One int8 term's resident bytes of every weight in ORK's live buffers, summed as ggml
+    /// initialises their tensors (before any is loaded); 0 when unknown.
+    pub expected_term_bytes: AtomicU64,
     /// GPU decode runs per phase.
     pub gpu_phase: [AtomicU64; 2],
     /// Wall time of the NPU runs inside `run_mul_mat` (arbiter, submit, device; both weight

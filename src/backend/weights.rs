@@ -168,19 +168,24 @@ pub fn quantize_residual(src: &WeightSource<'_>, n: usize, k: usize, col: &[f32]
 /// Whether a weight's second int8 term may become resident now, `new_bytes` being what is about
 /// to be placed with it (the second term, plus the first when that is not resident yet). It must
 /// leave room for one term of every weight not placed yet, so that a model too large for two
-/// terms everywhere keeps one term everywhere (the second going to the weights placed last,
-/// as room allows) instead of two terms on its first layers and none on its last. The rest is
-/// estimated from the ORK buffer bytes whose weights `pack` has not seen, on the safe side: at
-/// this weight's parameters per source byte and the larger of two resident bytes per parameter
-/// (a K-split layout plus a full-K copy) and the ratio of the weights seen so far, plus 1/32
-/// for tile padding.
+/// terms everywhere keeps one term everywhere (second terms where room is left) instead of two
+/// terms on its first layers and none on its last. That rest is known exactly when ORK's
+/// buffers announced their weights (`Stats::expected_term_bytes`, from ggml's tensor
+/// initialisation); otherwise it is estimated from the ORK buffer bytes not packed yet, on the
+/// safe side: this weight's parameters per source byte, the larger of two resident bytes per
+/// parameter (K-split layout plus a full-K copy) and the ratio seen so far, and 1/32 for padding.
 fn second_term_fits(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, new_bytes: usize) -> bool {
     let s = &dev.stats;
-    let placed_src = s.placed_src_bytes.load(Relaxed).max(1);
-    let rest_src = s.host_buffer_bytes.load(Relaxed).saturating_sub(placed_src) as f64;
-    let seen = s.placed_term_bytes.load(Relaxed) as f64 / placed_src as f64;
-    let bound = 2.0 * (n * k) as f64 / src.bytes.len().max(1) as f64;
-    let rest_resident = (rest_src * seen.max(bound) * 33.0 / 32.0) as u64;
+    let expected = s.expected_term_bytes.load(Relaxed);
+    let rest_resident = if expected > 0 {
+        expected.saturating_sub(s.placed_term_bytes.load(Relaxed))
+    } else {
+        let placed_src = s.placed_src_bytes.load(Relaxed).max(1);
+        let rest_src = s.host_buffer_bytes.load(Relaxed).saturating_sub(placed_src) as f64;
+        let seen = s.placed_term_bytes.load(Relaxed) as f64 / placed_src as f64;
+        let bound = 2.0 * (n * k) as f64 / src.bytes.len().max(1) as f64;
+        (rest_src * seen.max(bound) * 33.0 / 32.0) as u64
+    };
     dev.npu.resident_bytes() + new_bytes as u64 + rest_resident <= dev.npu.residency_budget()
 }
 

@@ -373,7 +373,11 @@ impl Unverified {
         if payload_hash != self.loaded.header.payload_hash {
             return Err(CacheError::Format { path: self.loaded.path, source: FormatError::PayloadChecksum });
         }
-        if let Err(e) = self.file.set_modified(SystemTime::now()) {
+        // UTIME_NOW needs write permission only (an explicit time needs ownership), so hits in
+        // a cache directory shared by several users also mark their entries in use.
+        use std::os::fd::AsRawFd;
+        let (omit, now) = (nix::sys::time::TimeSpec::UTIME_OMIT, nix::sys::time::TimeSpec::UTIME_NOW);
+        if let Err(e) = nix::sys::stat::futimens(self.file.as_raw_fd(), &omit, &now) {
             log::trace!("orkpack: cannot update mtime of {}: {e}", self.loaded.path.display());
         }
         Ok(self.loaded)

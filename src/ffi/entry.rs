@@ -607,6 +607,8 @@ struct BufferCtx {
     base: *mut u8,
     layout: std::alloc::Layout,
     weights: WeightStore,
+    /// This buffer's share of `Stats::expected_term_bytes`.
+    expected_term_bytes: std::sync::atomic::AtomicU64,
 }
 
 unsafe extern "C" fn buft_alloc_buffer(buft: ggml_backend_buffer_type_t, size: usize) -> ggml_backend_buffer_t {
@@ -622,11 +624,11 @@ unsafe extern "C" fn buft_alloc_buffer(buft: ggml_backend_buffer_type_t, size: u
         if let Some(dev) = device() {
             dev.host_buffers_changed(layout.size() as i64);
         }
-        let ctx = Box::new(BufferCtx { base, layout, weights: WeightStore::default() });
+        let ctx = Box::new(BufferCtx { base, layout, weights: WeightStore::default(), expected_term_bytes: Default::default() });
         let iface = ggml_backend_buffer_i {
             free_buffer: Some(buf_free),
             get_base: Some(buf_get_base),
-            init_tensor: None,
+            init_tensor: Some(buf_init_tensor),
             memset_tensor: Some(buf_memset_tensor),
             set_tensor: Some(buf_set_tensor),
             get_tensor: Some(buf_get_tensor),
@@ -657,7 +659,36 @@ unsafe extern "C" fn buf_free(buffer: ggml_backend_buffer_t) {
         unsafe { std::alloc::dealloc(c.base, c.layout) };
         if let Some(dev) = device() {
             dev.host_buffers_changed(-(c.layout.size() as i64));
+            dev.stats.expected_term_bytes.fetch_sub(c.expected_term_bytes.load(Relaxed), Relaxed);
         }
+    })
+}
+
+/// ggml initialises every tensor placed in the buffer before loading any: a tensor that looks
+/// like a MUL_MAT weight ORK can hold (named `*.weight`, not a view; the checks of `prepack`)
+/// adds one int8 term's resident bytes to `Stats::expected_term_bytes`, which the second-term
+/// rule of the residency budget reads.
+unsafe extern "C" fn buf_init_tensor(buffer: ggml_backend_buffer_t, t: *mut ggml_tensor) -> ggml_status {
+    guard("buf_init_tensor", GGML_STATUS_SUCCESS, || {
+        let (Some(dev), Ok(api)) = (device(), api::get()) else { return GGML_STATUS_SUCCESS };
+        // SAFETY: ggml passes a live tensor of this buffer.
+        let t = unsafe { &*t };
+        // SAFETY: ggml helper on a live tensor.
+        let weight_like = t.view_src.is_null()
+            && t.ne[2] == 1
+            && t.ne[3] == 1
+            && t.ne[1] >= 2
+            && unsafe { (api.is_contiguous)(t) }
+            && tensor_name(t).ends_with(".weight")
+            && backend::WEIGHT_TYPES.iter().any(|&(ty, _)| ty == t.type_ as u32);
+        let (k, n) = (t.ne[0] as usize, t.ne[1] as usize);
+        if weight_like && dev.npu.check_shape(n, k).is_ok() {
+            let bytes = dev.npu.term_bytes(n, k);
+            // SAFETY: our buffer.
+            unsafe { ctx(buffer) }.expected_term_bytes.fetch_add(bytes, Relaxed);
+            dev.stats.expected_term_bytes.fetch_add(bytes, Relaxed);
+        }
+        GGML_STATUS_SUCCESS
     })
 }
 
