@@ -349,27 +349,29 @@ pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<
     };
     let t_uploaded = Instant::now();
     dev.stats.cold_upload_ns.fetch_add((t_uploaded - t_packed).as_nanos() as u64, Relaxed);
-    // The entry holds every term packed, resident or not: a later start imports what its
-    // budget allows, without repacking.
-    let mut blob_tiles = hi.bytes;
-    let mut blob_f: Vec<f32> = scales.iter().chain(col_scale.iter()).copied().collect();
-    if let Some(tl) = &lo_tiles {
-        blob_tiles.extend_from_slice(&tl.bytes);
-        blob_f.extend_from_slice(&lo_scales);
-    }
-    let lo = lo.map(|r| (r, lo_scales));
+    let mut cached = false;
     if let (Some(c), Some(id)) = (&dev.cache, &id) {
+        // The entry holds every term packed, resident or not: a later start imports what its
+        // budget allows, without repacking.
+        let mut blob_tiles = hi.bytes;
+        let mut blob_f: Vec<f32> = scales.iter().chain(col_scale.iter()).copied().collect();
+        if let Some(tl) = &lo_tiles {
+            blob_tiles.extend_from_slice(&tl.bytes);
+            blob_f.extend_from_slice(&lo_scales);
+        }
         match c.store(id, &blob_tiles, &blob_f) {
             Ok(_) => {
                 dev.stats.cache_writes.fetch_add(1, Relaxed);
+                cached = true;
             }
             Err(e) => log::debug!("orkpack {}: not cached: {e}", src.name),
         }
     }
+    let lo = lo.map(|r| (r, lo_scales));
     dev.stats.cache_store_ns.fetch_add(t_uploaded.elapsed().as_nanos() as u64, Relaxed);
     dev.stats.packed.fetch_add(1, Relaxed);
     dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
-    PROGRESS.packed(src.bytes.len() as u64);
+    PROGRESS.packed(src.bytes.len() as u64, cached);
     Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, lo })
 }
 

@@ -411,8 +411,10 @@ pub struct PackCache {
     in_use_since: SystemTime,
     /// Why stores are refused from now on (0 = they are not; see [`PackCache::make_room`]).
     refusal: AtomicU8,
-    /// Whether the one warning about a full cache or disk was printed.
+    /// Whether the one warning about a full cache, disk or I/O error was printed, and the one
+    /// about entries larger than the whole limit.
     warned_full: AtomicBool,
+    warned_too_big: AtomicBool,
 }
 
 /// Distinguishes temporary files of threads in one process.
@@ -428,6 +430,7 @@ impl PackCache {
             in_use_since: now.checked_sub(IN_USE_MARGIN).unwrap_or(now),
             refusal: AtomicU8::new(0),
             warned_full: AtomicBool::new(false),
+            warned_too_big: AtomicBool::new(false),
         }
     }
 
@@ -510,7 +513,7 @@ impl PackCache {
         let bytes = format::layout(tiles.len(), scales.len()).1 as u64;
         if bytes > self.max_bytes {
             let e = CacheError::TooBig { bytes, limit: self.max_bytes };
-            self.warn_once(&format!("{e} (ORK_CACHE_MAX_MB): such weights are not cached and are packed again at every start"));
+            self.warn_once(&self.warned_too_big, &format!("{e} (ORK_CACHE_MAX_MB): weights this large are not cached and are packed again at every start"));
             return Err(e);
         }
         let parent = path.parent().expect("entry paths have a fan-out directory");
@@ -518,7 +521,7 @@ impl PackCache {
         r.and_then(|_| self.write_entry(id, &path, parent, bytes, tiles, scales)).inspect_err(|e| {
             // An unwritable directory or a failing disk: one warning (room refusals warn in make_room).
             if let CacheError::Io { .. } = e {
-                self.warn_once(&format!("orkpack cache not written: {e}; weights not cached are packed again at the next start"));
+                self.warn_once(&self.warned_full, &format!("orkpack cache not written: {e}; weights not cached are packed again at the next start"));
             }
         })
     }
@@ -619,12 +622,12 @@ impl PackCache {
                 )
             }
         };
-        self.warn_once(&msg);
+        self.warn_once(&self.warned_full, &msg);
     }
 
-    /// One warning per process about entries not written (room, disk, I/O); debug lines after.
-    fn warn_once(&self, msg: &str) {
-        if self.warned_full.swap(true, Relaxed) {
+    /// One warning per process and kind (`flag`) about entries not written; debug lines after.
+    fn warn_once(&self, flag: &AtomicBool, msg: &str) {
+        if flag.swap(true, Relaxed) {
             log::debug!("{msg}");
         } else {
             log::warn!("{msg}");
@@ -744,7 +747,8 @@ impl Progress {
     }
 
     /// Records `bytes` more source bytes packed; returns the line printed, if any.
-    pub fn packed(&self, bytes: u64) -> Option<String> {
+    /// `cached`: whether the weight's entry was written (the line says later runs load them).
+    pub fn packed(&self, bytes: u64, cached: bool) -> Option<String> {
         let start = *self.start.get_or_init(Instant::now);
         let done = self.done_bytes.fetch_add(bytes, Relaxed) + bytes;
         let mut last = self.last_line.lock().unwrap_or_else(|p| p.into_inner());
@@ -754,7 +758,8 @@ impl Progress {
         }
         *last = (done, Some(Instant::now()));
         let secs = start.elapsed().as_secs_f64();
-        let line = format!("packing weights for the NPU: {} MB done in {secs:.1} s ({:.0} MB/s); later runs load them from the .orkpack cache", done >> 20, (done >> 20) as f64 / secs.max(1e-3));
+        let later = if cached { "; later runs load them from the .orkpack cache" } else { "" };
+        let line = format!("packing weights for the NPU: {} MB done in {secs:.1} s ({:.0} MB/s){later}", done >> 20, (done >> 20) as f64 / secs.max(1e-3));
         log::info!("{line}");
         Some(line)
     }
@@ -804,9 +809,10 @@ mod tests {
     #[test]
     fn progress_prints_only_for_large_totals() {
         let p = Progress::new();
-        assert!(p.packed(100 << 20).is_none());
-        assert!(p.packed(100 << 20).is_none());
-        assert!(p.packed(100 << 20).is_some(), "300 MB packed should print a line");
-        assert!(p.packed(300 << 20).is_none(), "at most one line per second");
+        assert!(p.packed(100 << 20, true).is_none());
+        assert!(p.packed(100 << 20, true).is_none());
+        let line = p.packed(100 << 20, false).expect("300 MB packed should print a line");
+        assert!(!line.contains("later runs"), "{line}");
+        assert!(p.packed(300 << 20, true).is_none(), "at most one line per second");
     }
 }
