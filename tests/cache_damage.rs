@@ -414,3 +414,19 @@ fn a_store_that_eviction_cannot_make_room_for_removes_nothing() {
     let tiny = c.store(&id_of(SocId::Rk3588, "tiny", &weight_bytes(320, N, K)), &[1u8; 64], &vec![1.0; floats]);
     assert!(matches!(tiny, Err(CacheError::Full { .. })), "refusals are final for the process: {tiny:?}");
 }
+
+#[test]
+fn weights_outside_model_buffers_bypass_the_cache() {
+    use ggml_ork::backend::weights::pack_with;
+    let tmp = tempfile::tempdir().unwrap();
+    let bytes = weight_bytes(400, N, K);
+    let dev = cached(tmp.path());
+    pack_with(&dev, &source(NAME, &bytes, K), N, K, false).unwrap();
+    assert_eq!(PackCache::new(tmp.path(), u64::MAX).disk_bytes(), 0, "nothing written");
+    // A valid entry is not read either.
+    prime(tmp.path(), SocId::Rk3588, NAME, &bytes);
+    let dev = cached(tmp.path());
+    pack_with(&dev, &source(NAME, &bytes, K), N, K, false).unwrap();
+    let s = &dev.stats;
+    assert_eq!((s.cache_hits.load(std::sync::atomic::Ordering::Relaxed), s.packed.load(std::sync::atomic::Ordering::Relaxed)), (0, 1));
+}

@@ -278,6 +278,14 @@ static PROGRESS: cache::Progress = cache::Progress::new();
 /// validate → `Npu::upload_bytes`), else dequantize → per-channel int8 → tile → upload, then
 /// write the entry. `src`: `[N, K]` weight of any supported ggml type.
 pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<PackedWeight, NpuError> {
+    pack_with(dev, src, n, k, true)
+}
+
+/// [`pack`]; `use_cache == false` neither reads nor writes the `.orkpack` cache (weights that are
+/// not a model's, e.g. test-backend-ops' random ones, which would only fill it with entries
+/// that never hit).
+pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_cache: bool) -> Result<PackedWeight, NpuError> {
+    let cache = if use_cache { dev.cache.as_ref() } else { None };
     let t0 = Instant::now();
     let term_bytes = dev.npu.term_bytes(n, k);
     dev.stats.placed_src_bytes.fetch_add(src.bytes.len() as u64, Relaxed);
@@ -294,15 +302,12 @@ pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<
         0 => 1,
         t => t as u32,
     };
-    let id = dev
-        .cache
-        .as_ref()
-        .map(|_| cache::identity(dev.npu.soc(), src.ggml_type, src.bytes, src.row_bytes, src.name, n, k, terms));
+    let id = cache.map(|_| cache::identity(dev.npu.soc(), src.ggml_type, src.bytes, src.row_bytes, src.name, n, k, terms));
     let t_hashed = Instant::now();
     dev.stats.cache_hash_ns.fetch_add((t_hashed - t0).as_nanos() as u64, Relaxed);
     // Cache entry payload: tiles = hi tiles [++ lo tiles]; scales = row scales [N] ++ column
     // scales [K] [++ lo row scales [N]].
-    if let (Some(c), Some(id)) = (&dev.cache, &id) {
+    if let (Some(c), Some(id)) = (cache, &id) {
         let opened = c.open(id);
         let t_read = Instant::now();
         dev.stats.cache_read_ns.fetch_add((t_read - t_hashed).as_nanos() as u64, Relaxed);
@@ -350,7 +355,7 @@ pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<
     let t_uploaded = Instant::now();
     dev.stats.cold_upload_ns.fetch_add((t_uploaded - t_packed).as_nanos() as u64, Relaxed);
     let mut cached = false;
-    if let (Some(c), Some(id)) = (&dev.cache, &id) {
+    if let (Some(c), Some(id)) = (cache, &id) {
         // The entry holds every term packed, resident or not: a later start imports what its
         // budget allows, without repacking.
         let mut blob_tiles = hi.bytes;
@@ -433,11 +438,12 @@ pub struct WeightStore {
 
 impl WeightStore {
     /// The packed weight at `addr`, packing it first if needed (or if the shape/type changed).
-    pub fn get_or_pack(&self, dev: &Device, addr: usize, src: &WeightSource<'_>, n: usize, k: usize) -> Result<Arc<PackedWeight>, NpuError> {
+    /// `use_cache`: whether the weight may come from / go to the `.orkpack` cache ([`pack_with`]).
+    pub fn get_or_pack(&self, dev: &Device, addr: usize, src: &WeightSource<'_>, n: usize, k: usize, use_cache: bool) -> Result<Arc<PackedWeight>, NpuError> {
         if let Some((_, why)) = self.failed.lock().unwrap_or_else(|p| p.into_inner()).get(&addr) {
             return Err(NpuError::NoDevice(format!("not resident: {why}")));
         }
-        let r = get_or_make(&self.map, addr, src, n, k, || pack(dev, src, n, k));
+        let r = get_or_make(&self.map, addr, src, n, k, || pack_with(dev, src, n, k, use_cache));
         if let Err(e) = &r {
             let range = addr..addr + src.bytes.len();
             // Never in both maps: `packed` is then enough to tell a resident weight.

@@ -779,11 +779,15 @@ unsafe fn with_weight_source_named<R>(w: &ggml_tensor, named: bool, f: impl FnOn
     Ok(f(&WeightSource { name: &name, ggml_type: w.type_ as u32, bytes, row_bytes, to_float: &to_float }))
 }
 
-/// The packed form of weight `w` (packing it now if needed).
+/// The packed form of weight `w` (packing it now if needed). Only weights of buffers ggml marks
+/// as a model's weights use the `.orkpack` cache (test-backend-ops' random weights would fill it
+/// with entries that never hit).
 unsafe fn packed_weight(c: &BufferCtx, dev: &Device, w: &ggml_tensor) -> Result<std::sync::Arc<backend::PackedWeight>, crate::npu::NpuError> {
     let (k, n) = (w.ne[0] as usize, w.ne[1] as usize);
+    // SAFETY: a live tensor's buffer pointer (checked for NULL) points to a live buffer.
+    let model_weight = !w.buffer.is_null() && unsafe { (*w.buffer).usage } == GGML_BACKEND_BUFFER_USAGE_WEIGHTS;
     // SAFETY: a live weight tensor.
-    unsafe { with_weight_source(w, |src| c.weights.get_or_pack(dev, w.data as usize, src, n, k)) }
+    unsafe { with_weight_source(w, |src| c.weights.get_or_pack(dev, w.data as usize, src, n, k, model_weight)) }
         .map_err(|why| crate::npu::NpuError::BadArg { op: "pack", m: 0, k, n, why })?
 }
 
