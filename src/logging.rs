@@ -32,3 +32,13 @@ pub fn init(level: log::LevelFilter) {
         log::set_max_level(level);
     }
 }
+
+/// For a condition that repeats per weight: a warning the `first` time (with `more` appended,
+/// e.g. where the repeats go), a debug line of `msg` after.
+pub fn warn_first(first: bool, msg: &str, more: &str) {
+    if first {
+        log::warn!("{msg}{more}");
+    } else {
+        log::debug!("{msg}");
+    }
+}

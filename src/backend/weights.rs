@@ -192,11 +192,11 @@ fn second_term_fits(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, ne
 /// A weight keeps one int8 term for want of budget: one warning per process, then debug lines
 /// (the count is in the exit line).
 fn note_one_term(dev: &Device, name: &str, why: &str) {
-    if dev.stats.one_term_for_budget.fetch_add(1, Relaxed) == 0 {
-        log::warn!("weight {name}: second int8 term not resident ({why}); one term (further such weights: debug log, count at exit)");
-    } else {
-        log::debug!("weight {name}: second int8 term not resident ({why}); one term");
-    }
+    crate::logging::warn_first(
+        dev.stats.one_term_for_budget.fetch_add(1, Relaxed) == 0,
+        &format!("weight {name}: second int8 term not resident ({why}); one term"),
+        " (further such weights: debug log, count at exit)",
+    );
 }
 
 /// A cache hit's weight: resident hi term, optional lo term with its row scales, row scales,

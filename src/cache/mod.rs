@@ -627,11 +627,7 @@ impl PackCache {
 
     /// One warning per process and kind (`flag`) about entries not written; debug lines after.
     fn warn_once(&self, flag: &AtomicBool, msg: &str) {
-        if flag.swap(true, Relaxed) {
-            log::debug!("{msg}");
-        } else {
-            log::warn!("{msg}");
-        }
+        crate::logging::warn_first(!flag.swap(true, Relaxed), msg, "");
     }
 
     /// Every entry and temporary file in the directory.
@@ -668,12 +664,7 @@ impl PackCache {
     /// most `target_bytes`, and temporary files abandoned for over an hour. Returns the bytes
     /// left. Files another process removed meanwhile are skipped.
     pub fn evict_to(&self, target_bytes: u64) -> u64 {
-        self.evict(target_bytes, None)
-    }
-
-    /// [`evict_to`](Self::evict_to), keeping every entry whose mtime is at or after `keep_since`.
-    fn evict(&self, target_bytes: u64, keep_since: Option<SystemTime>) -> u64 {
-        let (total, candidates) = self.eviction_candidates(keep_since);
+        let (total, candidates) = self.eviction_candidates(None);
         self.remove_until(total, candidates, target_bytes)
     }
 

@@ -665,24 +665,23 @@ unsafe extern "C" fn buf_free(buffer: ggml_backend_buffer_t) {
 }
 
 /// ggml initialises every tensor placed in the buffer before loading any: a tensor that looks
-/// like a MUL_MAT weight ORK can hold (named `*.weight`, not a view; the checks of `prepack`)
+/// like a MUL_MAT weight ORK can hold (named `*.weight`, not a view, `holdable_weight_shape`)
 /// adds one int8 term's resident bytes to `Stats::expected_term_bytes`, which the second-term
 /// rule of the residency budget reads.
 unsafe extern "C" fn buf_init_tensor(buffer: ggml_backend_buffer_t, t: *mut ggml_tensor) -> ggml_status {
     guard("buf_init_tensor", GGML_STATUS_SUCCESS, || {
-        let (Some(dev), Ok(api)) = (device(), api::get()) else { return GGML_STATUS_SUCCESS };
+        let Some(dev) = device() else { return GGML_STATUS_SUCCESS };
         // SAFETY: ggml passes a live tensor of this buffer.
         let t = unsafe { &*t };
-        // SAFETY: ggml helper on a live tensor.
-        let weight_like = t.view_src.is_null()
-            && t.ne[2] == 1
-            && t.ne[3] == 1
-            && t.ne[1] >= 2
-            && unsafe { (api.is_contiguous)(t) }
-            && tensor_name(t).ends_with(".weight")
-            && backend::WEIGHT_TYPES.iter().any(|&(ty, _)| ty == t.type_ as u32);
-        let (k, n) = (t.ne[0] as usize, t.ne[1] as usize);
-        if weight_like && dev.npu.check_shape(n, k).is_ok() {
+        // Graph tensors of compute buffers come here too, at every graph allocation: the name
+        // test first, without allocating.
+        // SAFETY: ggml keeps `name` NUL-terminated within GGML_MAX_NAME.
+        let named_weight = unsafe { CStr::from_ptr(t.name.as_ptr()) }.to_bytes().ends_with(b".weight");
+        if !named_weight || !t.view_src.is_null() {
+            return GGML_STATUS_SUCCESS;
+        }
+        // SAFETY: a live tensor.
+        if let Some((n, k)) = unsafe { holdable_weight_shape(dev, t) } {
             let bytes = dev.npu.term_bytes(n, k);
             // SAFETY: our buffer.
             unsafe { ctx(buffer) }.expected_term_bytes.fetch_add(bytes, Relaxed);
@@ -727,24 +726,33 @@ unsafe extern "C" fn buf_set_tensor(buffer: ggml_backend_buffer_t, t: *mut ggml_
 /// Packs a weight that was just written, if it looks like a MUL_MAT weight ORK can run.
 unsafe fn prepack(c: &BufferCtx, t: &ggml_tensor) {
     let Some(dev) = device() else { return };
-    let Ok(api) = api::get() else { return };
-    // SAFETY: ggml helper on a live tensor.
-    if t.ne[2] != 1 || t.ne[3] != 1 || t.ne[1] < 2 || !unsafe { (api.is_contiguous)(t) } {
-        return;
-    }
-    let (k, n) = (t.ne[0] as usize, t.ne[1] as usize);
-    if !backend::WEIGHT_TYPES.iter().any(|&(ty, _)| ty == t.type_ as u32) || dev.npu.check_shape(n, k).is_err() {
+    // SAFETY: a live tensor.
+    if unsafe { holdable_weight_shape(dev, t) }.is_none() {
         return;
     }
     // SAFETY: a live weight tensor in our buffer.
     if let Err(e) = unsafe { packed_weight(c, dev, t) } {
         // One warning; the rest at debug level and counted in the summary line.
-        if dev.stats.not_resident_weights.fetch_add(1, Relaxed) == 0 {
-            log::warn!("weight {} stays on the CPU: {e} (further weights that stay on the CPU: debug log, count at exit)", tensor_name(t));
-        } else {
-            log::debug!("weight {} stays on the CPU: {e}", tensor_name(t));
-        }
+        crate::logging::warn_first(
+            dev.stats.not_resident_weights.fetch_add(1, Relaxed) == 0,
+            &format!("weight {} stays on the CPU: {e}", tensor_name(t)),
+            " (further weights that stay on the CPU: debug log, count at exit)",
+        );
     }
+}
+
+/// `(N, K)` of `t` when it looks like a MUL_MAT weight ORK can hold: 2-D with at least two
+/// rows, contiguous, of a type ORK packs, of a shape the NPU takes. The test of `prepack` and of
+/// the weight count in `buf_init_tensor`.
+unsafe fn holdable_weight_shape(dev: &Device, t: &ggml_tensor) -> Option<(usize, usize)> {
+    let api = api::get().ok()?;
+    // SAFETY: ggml helper on a live tensor (forwarded contract).
+    if t.ne[2] != 1 || t.ne[3] != 1 || t.ne[1] < 2 || !unsafe { (api.is_contiguous)(t) } {
+        return None;
+    }
+    let (k, n) = (t.ne[0] as usize, t.ne[1] as usize);
+    let packs = backend::WEIGHT_TYPES.iter().any(|&(ty, _)| ty == t.type_ as u32);
+    (packs && dev.npu.check_shape(n, k).is_ok()).then_some((n, k))
 }
 
 fn tensor_name(t: &ggml_tensor) -> String {

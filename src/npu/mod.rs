@@ -300,8 +300,7 @@ impl Npu {
     /// Bytes one int8 term of an `[N, K]` weight reserves when resident: its tiled layout
     /// (K-split tiles, plus the full-K copy where the plan uses one), page-rounded.
     pub fn term_bytes(&self, n: usize, k: usize) -> u64 {
-        let geom = WeightGeometry::new(&self.shared.soc, n, k);
-        (geom.total_bytes as u64).div_ceil(kif::sim::PAGE_BYTES) * kif::sim::PAGE_BYTES
+        reserved_bytes(&WeightGeometry::new(&self.shared.soc, n, k))
     }
 
     /// Weight bytes resident now (page-rounded, all domains).
@@ -339,7 +338,7 @@ impl Npu {
         if bytes.len() != geom.total_bytes {
             return Err(NpuError::BadBlob { op, n, k, got: bytes.len(), expected: geom.total_bytes });
         }
-        let size = (geom.total_bytes as u64).div_ceil(kif::sim::PAGE_BYTES) * kif::sim::PAGE_BYTES;
+        let size = reserved_bytes(&geom);
         let kif = &*self.shared.kif;
         loop {
             let d = self.shared.domains.lock().unwrap().reserve(size).map_err(|e| NpuError::NoRoom {
@@ -449,6 +448,11 @@ impl Npu {
     pub fn cores(&self) -> u32 {
         self.cores
     }
+}
+
+/// What a weight of `geom` reserves in its domain: its tiled bytes, page-rounded.
+fn reserved_bytes(geom: &WeightGeometry) -> u64 {
+    (geom.total_bytes as u64).div_ceil(kif::sim::PAGE_BYTES) * kif::sim::PAGE_BYTES
 }
 
 pub(crate) fn check_shape_soc(soc: &soc::SocDesc, n: usize, k: usize) -> Result<(), NpuError> {
