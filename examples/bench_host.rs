@@ -15,9 +15,9 @@
 //!    `quant::dequantize_output_split`, vs a `memcpy` of the same input bytes (`M·N·4`, or
 //!    `2M·N·4` for the split form). Target ≥ 70 %.
 //! 4. Weight packing (to_float → column-equalised per-channel int8 → tile, one term:
-//!    `backend::weights::pack_source`, the backend's packing, which quantizes and tiles each
+//!    `pack::pack_source`, the backend's packing, which quantizes and tiles each
 //!    32-row block while it is in cache; before commit bd138d2 the separate
-//!    `quantize_source` + `npu::Npu::tile_weight`, same bytes) in GB/s of int8 weight
+//!    `quantize_source` + `npu::npu::layout::tile_weight`, same bytes) in GB/s of int8 weight
 //!    produced per core (target ≥ 1 GB/s), and its speed-up on all cores (target ≥ 1.8× on 2).
 //!
 //! Everything in 1–3 runs in a one-thread rayon pool: the comparison is per core, the way ggml-cpu
@@ -41,7 +41,7 @@ use std::hint::black_box;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use ggml_ork::backend::weights::{pack_source, WeightSource};
+use ggml_ork::pack::{pack_source, WeightSource};
 use ggml_ork::npu::soc::{SocDesc, SocId};
 use ggml_ork::quant;
 

@@ -73,7 +73,7 @@ fn main() {
     let mut i = 0usize;
     while file_bytes < (total_mb as u64) << 20 {
         let (n, k) = SHAPES[i % SHAPES.len()];
-        let one = Npu::tile_weight(&soc, &vec![1i8; n * k], n, k).expect("tile").bytes.len();
+        let one = ggml_ork::npu::layout::tile_weight(&soc, &vec![1i8; n * k], n, k).expect("tile").bytes.len();
         let row_bytes = k / 32 * 34;
         let src: Vec<u8> = (0..n * row_bytes).map(|j| (j as u32).wrapping_mul(2_654_435_761).wrapping_add(i as u32) as u8).collect();
         let tiles: Vec<u8> = (0..2 * one).map(|j| ((j as u32).wrapping_mul(40_503).wrapping_add(i as u32) >> 3) as u8).collect();
@@ -93,7 +93,7 @@ fn main() {
     let touch = || {
         for w in &weights {
             let f = File::open(&w.path).unwrap();
-            let m = ggml_ork::npu::kif::filemap::map_file_readonly(&f).unwrap();
+            let m = ggml_ork::os::filemap::map_file_readonly(&f).unwrap();
             // The same parallelism as the checksum (1 MiB pieces on the rayon pool).
             let acc = m
                 .par_chunks(format::HASH_CHUNK_BYTES)

@@ -43,6 +43,9 @@ pub enum LockMode {
     Off,
 }
 
+/// `ORK_CACHE_MAX_MB`'s default: the size limit of the `.orkpack` directory in MiB.
+pub const DEFAULT_CACHE_MAX_MB: u64 = 8192;
+
 /// One documented variable: name, default, meaning.
 pub struct VarDoc {
     pub name: &'static str,
@@ -56,7 +59,7 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_OFF", default: "0", meaning: "1 = register no device: the same binary runs everything on the CPU (A/B runs)" },
     VarDoc { name: "ORK_MINM", default: "32", meaning: "minimum M (tokens in the ubatch) for a MUL_MAT to go to the NPU; smaller M follows ORK_DECODE" },
     VarDoc { name: "ORK_DECODE", default: "auto", meaning: "engine for MUL_MAT below ORK_MINM: auto, npu, gpu, cpu (auto = cpu until the GPU path is routed)" },
-    VarDoc { name: "ORK_ROUTE", default: "threshold", meaning: "routing policy: threshold (M >= ORK_MINM on the NPU, else ORK_DECODE) or cost (the cost model of src/route.rs picks the fastest available engine per MUL_MAT, ORK_MINM still the NPU floor)" },
+    VarDoc { name: "ORK_ROUTE", default: "threshold", meaning: "routing policy: threshold (M >= ORK_MINM on the NPU, else ORK_DECODE) or cost (the cost model of src/route/mod.rs picks the fastest available engine per MUL_MAT, ORK_MINM still the NPU floor)" },
     VarDoc { name: "ORK_NPU_LOCK", default: "wait", meaning: "cross-process NPU arbitration (advisory flock per NPU, held per matmul): wait (queue behind the other process), cpu (run the matmul's int8 arithmetic on the CPU instead), off" },
     VarDoc { name: "ORK_LOCK_DIR", default: "$XDG_RUNTIME_DIR, /run/lock or /tmp", meaning: "directory of the NPU lock files (ork-npu-<soc>-<interface>.lock)" },
     VarDoc { name: "ORK_ACT_TERMS", default: "auto", meaning: "int8 terms per activation row (x ≈ Σ s_t·q_t, T·M NPU rows) for outlier-heavy hidden states: auto (3 for F32/F16/BF16 weights, else 2), 1 (plain W8A8), 2, 3" },
@@ -172,7 +175,7 @@ impl Config {
         let mc = num("ORK_NPU_MC");
         let max_cores = mc.map(|n| n.min(u32::MAX as u64) as u32).filter(|&n| n >= 1);
         let wcache_budget_mb = num("ORK_WCACHE_BUDGET_MB");
-        let cache_max_mb = num("ORK_CACHE_MAX_MB").unwrap_or(crate::cache::DEFAULT_MAX_MB);
+        let cache_max_mb = num("ORK_CACHE_MAX_MB").unwrap_or(DEFAULT_CACHE_MAX_MB);
         let log_level = match get("ORK_LOG").as_deref().map(|s| s.trim().to_ascii_lowercase()) {
             None => log::LevelFilter::Info,
             Some(s) => s.parse().unwrap_or_else(|_| {
@@ -232,6 +235,19 @@ impl Config {
     pub fn act_terms_for(&self, float_source: bool) -> usize {
         match self.act_terms {
             0 if float_source => 3,
+            0 => 2,
+            t => t as usize,
+        }
+    }
+
+    /// Int8 terms per weight (`ORK_WEIGHT_TERMS`): auto gives every type two. GGUF weights carry
+    /// a scale per block of 32 or 256 (or 11+ mantissa bits), which one per-channel int8 scale
+    /// cannot follow: measured on SmolLM2 prefill, one term leaves a per-matmul NMSE of
+    /// 4·10⁻⁵–4·10⁻⁴ against exact arithmetic (Q8_0; perplexity +0.7 %, Q4_K_M +3.4 %), enough to
+    /// flip greedy near-ties; two terms leave ≈10⁻⁶. A second term that does not fit the resident
+    /// budget is dropped where it is placed, not here.
+    pub fn weight_terms(&self) -> usize {
+        match self.weight_terms {
             0 => 2,
             t => t as usize,
         }

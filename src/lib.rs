@@ -16,12 +16,14 @@
 //! * [`config`] — every `ORK_*` variable, parsed once.
 #![deny(unsafe_op_in_unsafe_fn)]
 
-pub mod npu;
-pub mod backend;
-pub mod cache;
-pub mod config;
-pub mod ffi;
 pub mod logging;
+pub mod config;
+pub mod os;
 pub mod quant;
-pub mod route;
+pub mod npu;
 pub mod vk;
+pub mod pack;
+pub mod cache;
+pub mod route;
+pub mod backend;
+pub mod ffi;

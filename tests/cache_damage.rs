@@ -10,7 +10,7 @@ use ggml_ork::backend::weights::pack;
 use ggml_ork::cache::format::{self, HEADER_BYTES};
 use ggml_ork::cache::{self, CacheError, PackCache};
 use ggml_ork::npu::soc::{SocDesc, SocId};
-use ggml_ork::npu::Npu;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -38,11 +38,11 @@ fn assert_entry_is_clean(dir: &Path, bytes: &[u8]) {
     let hit = c.load(&id_of(SocId::Rk3588, NAME, bytes)).expect("rewritten entry is valid");
     let src = source(NAME, bytes, K);
     // F32 source: two weight terms; payload = hi tiles ++ lo tiles, scales ++ col ++ lo scales.
-    let (q, scales, col) = ggml_ork::backend::weights::quantize_source(&src, N, K);
-    let (ql, sl) = ggml_ork::backend::weights::quantize_residual(&src, N, K, &col, &q, &scales);
+    let (q, scales, col) = ggml_ork::pack::quantize_source(&src, N, K);
+    let (ql, sl) = ggml_ork::pack::quantize_residual(&src, N, K, &col, &q, &scales);
     let soc = SocDesc::get(SocId::Rk3588);
-    let mut tiles = Npu::tile_weight(&soc, &q, N, K).unwrap().bytes;
-    tiles.extend_from_slice(&Npu::tile_weight(&soc, &ql, N, K).unwrap().bytes);
+    let mut tiles = ggml_ork::npu::layout::tile_weight(&soc, &q, N, K).unwrap().bytes;
+    tiles.extend_from_slice(&ggml_ork::npu::layout::tile_weight(&soc, &ql, N, K).unwrap().bytes);
     assert_eq!(hit.tiles(), &tiles[..]);
     let f: Vec<f32> = scales.iter().chain(&col).chain(&sl).copied().collect();
     assert_eq!(hit.scales(), f);
@@ -163,7 +163,7 @@ fn large_two_term_entries_verify_across_the_term_boundary() {
     let want = clean(BIG, &bytes, BN, BK);
     let src = source(BIG, &bytes, BK);
     let id = cache::identity(&SocDesc::get(SocId::Rk3588), GGML_TYPE_F32, &bytes, 4 * BK, BIG, BN, BK, 2);
-    let one = Npu::tile_weight(&SocDesc::get(SocId::Rk3588), &vec![0i8; BN * BK], BN, BK).unwrap().bytes.len();
+    let one = ggml_ork::npu::layout::tile_weight(&SocDesc::get(SocId::Rk3588), &vec![0i8; BN * BK], BN, BK).unwrap().bytes.len();
     let chunk = format::HASH_CHUNK_BYTES;
     assert!(one > chunk && one % chunk != 0, "tile set of {one} bytes does not exercise the join");
     let boundary = HEADER_BYTES + one;

@@ -25,7 +25,7 @@ fn fill(npu: &Npu, rng: &mut Rng, count: usize, n: usize, k: usize) -> Vec<W> {
     (0..count)
         .map(|_| {
             let w = rng.i8s(n * k);
-            let rw = npu.upload(&Npu::tile_weight(npu.soc(), &w, n, k).unwrap()).unwrap();
+            let rw = npu.upload(&ggml_ork::npu::layout::tile_weight(npu.soc(), &w, n, k).unwrap()).unwrap();
             W { w, rw }
         })
         .collect()
@@ -82,7 +82,7 @@ fn residency_budget_refuses_with_no_room() {
     let mut rng = Rng::new(3);
     let _a = fill(&npu, &mut rng, 1, 256, 2048);
     let w = rng.i8s(256 * 2048);
-    let err = npu.upload(&Npu::tile_weight(npu.soc(), &w, 256, 2048).unwrap()).err().expect("over budget");
+    let err = npu.upload(&ggml_ork::npu::layout::tile_weight(npu.soc(), &w, 256, 2048).unwrap()).err().expect("over budget");
     assert!(matches!(err, NpuError::NoRoom { .. }), "{err}");
 }
 
@@ -92,7 +92,7 @@ fn more_than_16_domains_is_no_room() {
     let mut rng = Rng::new(4);
     let _ws = fill(&npu, &mut rng, 16, 256, 2048);
     let w = rng.i8s(256 * 2048);
-    let err = npu.upload(&Npu::tile_weight(npu.soc(), &w, 256, 2048).unwrap()).err().expect("17th domain");
+    let err = npu.upload(&ggml_ork::npu::layout::tile_weight(npu.soc(), &w, 256, 2048).unwrap()).err().expect("17th domain");
     assert!(matches!(err, NpuError::NoRoom { .. }), "{err}");
 }
 
@@ -104,7 +104,7 @@ fn a_failed_sync_frees_the_new_buffer_on_both_upload_paths() {
     let mut rng = Rng::new(6);
     let (k, n) = (256, 64);
     let w = rng.i8s(n * k);
-    let tw = Npu::tile_weight(npu.soc(), &w, n, k).unwrap();
+    let tw = ggml_ork::npu::layout::tile_weight(npu.soc(), &w, n, k).unwrap();
     // The first upload also makes the per-core scratch buffers: count from after it.
     let first = npu.upload(&tw).unwrap();
     let live = sim.live_bos();
@@ -128,7 +128,7 @@ fn faulty_runs(faults: SimFaults, expect: fn(&KifError) -> bool) {
     let mut rng = Rng::new(5);
     let (k, n) = (2080, 256); // K-split: several submits per core
     let w = rng.i8s(n * k);
-    let rw = npu.upload(&Npu::tile_weight(npu.soc(), &w, n, k).unwrap()).unwrap();
+    let rw = npu.upload(&ggml_ork::npu::layout::tile_weight(npu.soc(), &w, n, k).unwrap()).unwrap();
     let (mut ok, mut failed) = (0, 0);
     for i in 0..30 {
         let m = 1 + i % 9;

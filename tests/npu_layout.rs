@@ -4,7 +4,7 @@ mod common;
 
 use common::{rk3588, Rng};
 use ggml_ork::npu::layout::{self, ABlock, WeightGeometry};
-use ggml_ork::npu::Npu;
+
 
 /// An RK3588 description with small random K- and N-slices (so multi-slice geometries stay
 /// cheap), full-K tiles on or off, and a random `[N, K]` of up to `max_blocks` 32-blocks a side.
@@ -25,8 +25,8 @@ fn block_tiler_equals_reference() {
         let w = rng.i8s(n * k);
         let g = WeightGeometry::new(&soc, n, k);
         let want = layout::tile_weight_ref(&g, &w);
-        // The block tiler (Npu::tile_weight = tile_weight_with over the whole matrix), full i8 range.
-        assert_eq!(Npu::tile_weight(&soc, &w, n, k).unwrap().bytes, want, "N={n} K={k}");
+        // The block tiler (npu::layout::tile_weight = tile_weight_with over the whole matrix), full i8 range.
+        assert_eq!(ggml_ork::npu::layout::tile_weight(&soc, &w, n, k).unwrap().bytes, want, "N={n} K={k}");
         let expect_size: usize = g.tiles.iter().map(|t| (t.kp * t.nc).div_ceil(4096) * 4096).sum::<usize>()
             + g.fullk.iter().map(|t| (k * t.nc).div_ceil(4096) * 4096).sum::<usize>();
         assert_eq!(g.total_bytes, expect_size);
@@ -51,10 +51,10 @@ fn tile_weight_is_deterministic_and_checks_shapes() {
     let soc = rk3588();
     let mut rng = Rng::new(37);
     let w = rng.i8s(64 * 2048);
-    assert_eq!(Npu::tile_weight(&soc, &w, 64, 2048).unwrap(), Npu::tile_weight(&soc, &w, 64, 2048).unwrap());
-    assert!(Npu::tile_weight(&soc, &w, 64, 2047).is_err());
-    assert!(Npu::tile_weight(&soc, &w[1..], 64, 2048).is_err());
-    assert!(Npu::tile_weight(&soc, &w, 48, 2048).is_err());
+    assert_eq!(ggml_ork::npu::layout::tile_weight(&soc, &w, 64, 2048).unwrap(), ggml_ork::npu::layout::tile_weight(&soc, &w, 64, 2048).unwrap());
+    assert!(ggml_ork::npu::layout::tile_weight(&soc, &w, 64, 2047).is_err());
+    assert!(ggml_ork::npu::layout::tile_weight(&soc, &w[1..], 64, 2048).is_err());
+    assert!(ggml_ork::npu::layout::tile_weight(&soc, &w, 48, 2048).is_err());
 }
 
 #[test]
@@ -78,11 +78,11 @@ fn pack_a_fast_equals_reference() {
 
 /// The backend's fused packing (`pack_source`: one 32-row block at a time, quantized and tiled
 /// while in cache) gives exactly the bytes and scales of the separate steps — column scales,
-/// `quantize_source`, `quantize_residual`, `Npu::tile_weight` of each term — over multi-slice and
+/// `quantize_source`, `quantize_residual`, `npu::layout::tile_weight` of each term — over multi-slice and
 /// full-K geometries, one and two terms, rows with outliers, zeros, and non-finite values.
 #[test]
 fn fused_packing_equals_quantize_then_tile() {
-    use ggml_ork::backend::weights::{pack_source, quantize_residual, quantize_source, WeightSource};
+    use ggml_ork::pack::{pack_source, quantize_residual, quantize_source, WeightSource};
     let mut rng = Rng::new(77);
     for case in 0..40 {
         let (soc, n, k) = small_slices(&mut rng, case % 3 != 0, 7);
@@ -109,8 +109,8 @@ fn fused_packing_equals_quantize_then_tile() {
         let src = WeightSource { name: "w", ggml_type: 0, bytes: &bytes, row_bytes: k * 4, to_float: &to_float };
         let (q, s, col) = quantize_source(&src, n, k);
         let (ql, sl) = quantize_residual(&src, n, k, &col, &q, &s);
-        let want_hi = Npu::tile_weight(&soc, &q, n, k).unwrap().bytes;
-        let want_lo = Npu::tile_weight(&soc, &ql, n, k).unwrap().bytes;
+        let want_hi = ggml_ork::npu::layout::tile_weight(&soc, &q, n, k).unwrap().bytes;
+        let want_lo = ggml_ork::npu::layout::tile_weight(&soc, &ql, n, k).unwrap().bytes;
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for terms in [1, 2] {
             let what = format!("case {case} N={n} K={k} terms {terms} k_slice {} n_slice {}", soc.k_slice, soc.n_max_per_program);

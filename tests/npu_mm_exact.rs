@@ -10,7 +10,7 @@ use ggml_ork::npu::{reference_mm, Budget, Npu};
 
 fn check(npu: &Npu, rng: &mut Rng, m: usize, k: usize, n: usize, cores: u32) -> ggml_ork::npu::RunStats {
     let w = rng.i8s(n * k);
-    let tw = Npu::tile_weight(npu.soc(), &w, n, k).unwrap();
+    let tw = ggml_ork::npu::layout::tile_weight(npu.soc(), &w, n, k).unwrap();
     let rw = npu.upload(&tw).unwrap();
     let a = rng.i8s(m * k);
     let mut c = vec![i32::MIN; m * n];
@@ -28,7 +28,7 @@ fn random_small_shapes_10k() {
         let k = 32 * rng.range(1, 12);
         let n = 32 * rng.range(1, 10);
         let w = rng.i8s(n * k);
-        let rw = npu.upload(&Npu::tile_weight(npu.soc(), &w, n, k).unwrap()).unwrap();
+        let rw = npu.upload(&ggml_ork::npu::layout::tile_weight(npu.soc(), &w, n, k).unwrap()).unwrap();
         for _ in 0..25 {
             let m = if rng.range(0, 4) == 0 { 1 } else { rng.range(1, 70) };
             let cores = rng.range(1, 3) as u32;
@@ -121,7 +121,7 @@ fn tiled_bytes_roundtrip_via_import() {
     let mut rng = Rng::new(23);
     let (m, k, n) = (6, 2048, 96);
     let w = rng.i8s(n * k);
-    let tw = Npu::tile_weight(npu.soc(), &w, n, k).unwrap();
+    let tw = ggml_ork::npu::layout::tile_weight(npu.soc(), &w, n, k).unwrap();
     let rw = npu.upload_bytes(n, k, &tw.bytes).unwrap();
     assert!(npu.upload_bytes(n, k, &tw.bytes[1..]).is_err());
     let a = rng.i8s(m * k);

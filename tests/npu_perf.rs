@@ -4,7 +4,7 @@ mod common;
 
 use common::{rk3588, sim_npu, Rng};
 use ggml_ork::npu::kif::sim::SimFaults;
-use ggml_ork::npu::{reference_mm, Budget, Npu};
+use ggml_ork::npu::{reference_mm, Budget};
 
 #[test]
 #[ignore]
@@ -14,7 +14,7 @@ fn smollm135m_prefill_shapes() {
     let m = 128;
     for (n, k) in [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)] {
         let w = rng.i8s(n * k);
-        let rw = npu.upload(&Npu::tile_weight(npu.soc(), &w, n, k).unwrap()).unwrap();
+        let rw = npu.upload(&ggml_ork::npu::layout::tile_weight(npu.soc(), &w, n, k).unwrap()).unwrap();
         let a = rng.i8s(m * k);
         let mut c = vec![0; m * n];
         let t = std::time::Instant::now();

@@ -18,7 +18,7 @@ const K: usize = 160;
 
 /// Bytes one int8 term of an `[N, K]` weight reserves (its tiles, page-rounded).
 fn term_bytes() -> u64 {
-    let tiles = Npu::tile_weight(&SocDesc::get(SocId::Rk3588), &vec![0i8; N * K], N, K).unwrap().bytes.len() as u64;
+    let tiles = ggml_ork::npu::layout::tile_weight(&SocDesc::get(SocId::Rk3588), &vec![0i8; N * K], N, K).unwrap().bytes.len() as u64;
     tiles.div_ceil(PAGE_BYTES) * PAGE_BYTES
 }
 
@@ -87,7 +87,7 @@ fn a_model_too_large_for_two_terms_keeps_one_term_everywhere() {
     const BN: usize = 1024;
     const BK: usize = 1024;
     let term = {
-        let t = Npu::tile_weight(&SocDesc::get(SocId::Rk3588), &vec![0i8; BN * BK], BN, BK).unwrap().bytes.len() as u64;
+        let t = ggml_ork::npu::layout::tile_weight(&SocDesc::get(SocId::Rk3588), &vec![0i8; BN * BK], BN, BK).unwrap().bytes.len() as u64;
         t.div_ceil(PAGE_BYTES) * PAGE_BYTES
     };
     let tmp = tempfile::tempdir().unwrap();

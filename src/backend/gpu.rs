@@ -9,15 +9,13 @@
 //! are added; a weight with a second int8 term adds `W_lo · (s_hi·q_hi)` from one more GEMV in
 //! the same submit.
 
-use super::weights::{quantize_source, WeightSource};
+use crate::pack::{quantize_residual, quantize_source, WeightSource};
 use super::Device;
 use crate::quant;
 use crate::vk::{VkError, VkWeight, VkWeightData};
 use std::sync::Arc;
 
 /// ggml type ids read natively by the GPU kernels.
-const GGML_Q4_0: u32 = 2;
-const GGML_Q4_K: u32 = 12;
 
 /// A weight's GPU copy.
 pub struct GpuWeight {
@@ -35,17 +33,14 @@ pub struct GpuWeight {
 pub fn upload(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<GpuWeight, VkError> {
     let vk = dev.vk.as_ref().ok_or(VkError::Shape { op: "gpu upload", detail: "no GPU engine".into() })?;
     let (data_w, col, lo) = match src.ggml_type {
-        GGML_Q4_0 => (vk.upload(VkWeightData::Q4_0(src.bytes), n, k)?, None, None),
-        GGML_Q4_K => (vk.upload(VkWeightData::Q4K(src.bytes), n, k)?, None, None),
-        t => {
+        quant::types::Q4_0 => (vk.upload(VkWeightData::Q4_0(src.bytes), n, k)?, None, None),
+        quant::types::Q4_K => (vk.upload(VkWeightData::Q4K(src.bytes), n, k)?, None, None),
+        _ => {
             let (q, rs, col) = quantize_source(src, n, k);
             let hi = vk.upload(VkWeightData::I8 { w: &q, scale: &rs }, n, k)?;
-            let two = match dev.cfg.weight_terms {
-                0 => super::weights::wants_two_terms(t),
-                w => w == 2,
-            };
+            let two = dev.cfg.weight_terms() == 2;
             let lo = if two {
-                let (ql, sl) = super::weights::quantize_residual(src, n, k, &col, &q, &rs);
+                let (ql, sl) = quantize_residual(src, n, k, &col, &q, &rs);
                 Some(vk.upload(VkWeightData::I8 { w: &ql, scale: &sl }, n, k)?)
             } else {
                 None

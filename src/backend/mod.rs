@@ -13,7 +13,6 @@
 //! `x: [M, K] f32` → per-row int8 (`quant`) → `npu::Npu::mm_run` (pack → plan → regcmd → submit →
 //! wait) → `c: [M, N] i32` → `dst: [M, N] f32 = c · a_scale[m] · w_scale[n]`.
 
-pub mod arbiter;
 pub mod gpu;
 pub mod weights;
 
@@ -24,26 +23,8 @@ use crate::quant;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
-pub use weights::{PackedWeight, WeightSource, WeightStore};
-
-/// ggml type ids ORK accepts as MUL_MAT weights (anything ggml can dequantize to f32).
-/// Values are checked against the pinned headers by the ABI drift test.
-pub const WEIGHT_TYPES: &[(u32, &str)] = &[
-    (0, "f32"),
-    (1, "f16"),
-    (2, "q4_0"),
-    (3, "q4_1"),
-    (6, "q5_0"),
-    (7, "q5_1"),
-    (8, "q8_0"),
-    (10, "q2_K"),
-    (11, "q3_K"),
-    (12, "q4_K"),
-    (13, "q5_K"),
-    (14, "q6_K"),
-    (20, "iq4_nl"),
-    (30, "bf16"),
-];
+pub use crate::pack::WeightSource;
+pub use weights::{PackedWeight, WeightStore};
 
 /// Activation terms that meet a weight's second int8 term.
 const LO_ACT_TERMS: usize = 1;
@@ -74,7 +55,7 @@ pub struct Stats {
     pub cache_read_ns: AtomicU64,
     pub cache_import_ns: AtomicU64,
     /// Parts of `pack_ns` on the cold path (packs only): dequantize + quantize + tile
-    /// (`weights::pack_source`), the upload of the tiles into device memory (`Npu::upload`: page
+    /// (`pack::pack_source`), the upload of the tiles into device memory (`Npu::upload`: page
     /// allocation + one copy, the same work a hit's import does), and writing the cache entry.
     pub cold_pack_ns: AtomicU64,
     pub cold_upload_ns: AtomicU64,
@@ -237,7 +218,7 @@ impl Stats {
 
     /// The `ORK_PROFILE=1` table: per op kind (prefill / decode MUL_MAT), which engine ran it, how
     /// many times, and the time split.
-    pub fn profile(&self, arb: Option<&arbiter::Arbiter>) -> String {
+    pub fn profile(&self, arb: Option<&crate::route::arbiter::Arbiter>) -> String {
         let ms = |a: &AtomicU64| a.load(Relaxed) as f64 / 1e6;
         let mut out = String::from("ORK profile (per op kind):");
         for (i, name) in ["prefill", "decode"].iter().enumerate() {
@@ -319,7 +300,7 @@ pub fn mul_mat_unsupported(dev: &Device, s: &MatMulShape) -> Option<String> {
     if !s.weight_in_ork_buffer {
         return Some("weight not in an ORK buffer".into());
     }
-    if !WEIGHT_TYPES.iter().any(|&(t, _)| t == s.weight_type) || !s.weight_has_to_float {
+    if quant::types::weight_type(s.weight_type).is_none() || !s.weight_has_to_float {
         return Some(format!("weight type {} not supported", s.weight_type));
     }
     if !s.weight_is_2d || !s.weight_contiguous {
@@ -422,7 +403,7 @@ impl Device {
         // The per-thread buffers of the last call (taken out, so a re-entered call on this thread
         // simply allocates its own); none of them needs zeroing: each is fully written below.
         let mut sc = SCRATCH.with(|c| c.take());
-        let terms = self.cfg.act_terms_for(weights::is_float_type(w.ggml_type));
+        let terms = self.cfg.act_terms_for(quant::types::is_float(w.ggml_type));
         let rows = terms * m;
         let lt = LO_ACT_TERMS.min(terms);
         let xs = scratch(&mut sc.xs, m * k);
@@ -461,7 +442,7 @@ impl Device {
                 } else {
                     ps.fallback.fetch_add(1, Relaxed);
                 }
-                let (q, _, _) = weights::quantize_source(src, n, k);
+                let (q, _, _) = crate::pack::quantize_source(src, n, k);
                 c.copy_from_slice(&crate::npu::reference_mm(a, &q, rows, k, n));
             }
         }
@@ -491,8 +472,8 @@ impl Device {
                 if lease.is_ok() {
                     self.note_npu_error(&e);
                 }
-                let (q, s, col) = weights::quantize_source(src, n, k);
-                let (ql, _) = weights::quantize_residual(src, n, k, &col, &q, &s);
+                let (q, s, col) = crate::pack::quantize_source(src, n, k);
+                let (ql, _) = crate::pack::quantize_residual(src, n, k, &col, &q, &s);
                 cl.copy_from_slice(&crate::npu::reference_mm(&a[..lt * m * k], &ql, lt * m, k, n));
             }
             lo_ns = tl.elapsed().as_nanos() as u64;
@@ -533,8 +514,8 @@ impl Device {
     }
 
     /// The process's NPU arbiter (one per process, created on first use).
-    pub fn arbiter(&self) -> &'static arbiter::Arbiter {
-        static ARB: std::sync::OnceLock<arbiter::Arbiter> = std::sync::OnceLock::new();
+    pub fn arbiter(&self) -> &'static crate::route::arbiter::Arbiter {
+        static ARB: std::sync::OnceLock<crate::route::arbiter::Arbiter> = std::sync::OnceLock::new();
         ARB.get_or_init(|| {
             let d = self.npu.describe();
             let kif = d.split('(').nth(1).and_then(|s| s.split(')').next()).unwrap_or("npu");
@@ -542,7 +523,7 @@ impl Device {
                 .chars()
                 .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
                 .collect();
-            arbiter::Arbiter::new(self.cfg, self.npu.cores(), &name)
+            crate::route::arbiter::Arbiter::new(self.cfg, self.npu.cores(), &name)
         })
     }
 

@@ -11,42 +11,13 @@
 
 use super::Device;
 use crate::cache::{self, CacheError};
-use crate::npu::{Npu, NpuError, ResidentWeight};
-use crate::quant;
+use crate::npu::{NpuError, ResidentWeight};
+use crate::pack::{pack_source, PackedSource, WeightSource};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-
-/// The GGUF bytes of a weight `[N, K]` and a row dequantizer (ggml's `to_float` for its type).
-pub struct WeightSource<'a> {
-    /// The tensor's name (part of the cache key; may be empty).
-    pub name: &'a str,
-    pub ggml_type: u32,
-    /// All N rows, `row_bytes` each.
-    pub bytes: &'a [u8],
-    pub row_bytes: usize,
-    /// Dequantizes one row's bytes into `[K] f32`.
-    pub to_float: &'a (dyn Fn(&[u8], &mut [f32]) + Sync),
-}
-
-impl WeightSource<'_> {
-    /// Row `r`'s source bytes (`row_bytes` of them).
-    pub fn row(&self, r: usize) -> &[u8] {
-        &self.bytes[r * self.row_bytes..(r + 1) * self.row_bytes]
-    }
-
-    /// Dequantizes row `r` into `out: [K] f32`.
-    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        (self.to_float)(self.row(r), out)
-    }
-}
-
-/// `1 / col[k]`: the column equalisation as the factors the weight rows are multiplied by.
-fn reciprocals(col: &[f32]) -> Vec<f32> {
-    col.iter().map(|&c| 1.0 / c).collect()
-}
 
 /// A weight made resident on the NPU: int8 per-channel, tiled, with its channel scales.
 pub struct PackedWeight {
@@ -62,107 +33,6 @@ pub struct PackedWeight {
     /// Second int8 term for 16/32-bit float sources (`W ≈ q·s + q_lo·s_lo`): the residual of the
     /// first term, resident beside it, with its own per-channel scales.
     pub lo: Option<(Arc<ResidentWeight>, Vec<f32>)>,
-}
-
-/// Column-equalised per-output-channel int8 of a source weight (see `quant::column_scales`):
-/// `(q: [N, K] i8, row_scales: [N] f32, col_scale: [K] f32)` with
-/// `W[n][k] ≈ q[n][k] · row_scales[n] · col_scale[k]`.
-pub fn quantize_source(src: &WeightSource<'_>, n: usize, k: usize) -> (Vec<i8>, Vec<f32>, Vec<f32>) {
-    let col = quant::column_scales(n, k, |r, out| src.dequantize_row(r, out));
-    let inv = reciprocals(&col);
-    let (q, rs) = quant::quantize_weight(n, k, |r, out| {
-        src.dequantize_row(r, out);
-        equalise_row(out, &inv);
-    });
-    (q, rs, col)
-}
-
-/// `v[j] ← v[j] · inv[j]`: a dequantized weight row divided by the column equalisation (as its
-/// reciprocal). The first step of both weight terms, in every packing path.
-fn equalise_row(v: &mut [f32], inv: &[f32]) {
-    for (v, &i) in v.iter_mut().zip(inv) {
-        *v *= i;
-    }
-}
-
-/// `v[j] ← v[j] − s · q[j]` (multiply, then subtract; never fused): what the first int8 term
-/// `(q, s)` leaves of an equalised row, which the second term quantizes.
-fn residual_row(v: &mut [f32], s: f32, q: &[i8]) {
-    for (v, &qv) in v.iter_mut().zip(q) {
-        *v -= s * qv as f32;
-    }
-}
-
-/// A source weight packed for the NPU: `terms` tiled blobs (the first term, then the residual
-/// term), the first term's row scales `[N]`, the column equalisation `[K]`, and the second
-/// term's row scales `[N]` (empty for one term).
-pub struct PackedSource {
-    pub tiles: Vec<crate::npu::TiledWeight>,
-    pub scales: Vec<f32>,
-    pub col_scale: Vec<f32>,
-    pub lo_scales: Vec<f32>,
-}
-
-/// [`quantize_source`] (and, for `terms == 2`, [`quantize_residual`]) followed by
-/// `Npu::tile_weight` of each term, fused: the column scales in a first pass over the source,
-/// then each 32-row block is dequantized, equalised, quantized (both terms) and tiled while its
-/// rows are in the CPU cache (`Npu::tile_weight_with`). One dequantization pass fewer than the
-/// separate steps for two terms, and no untiled `[N, K]` int8 copy. Bit-identical to them
-/// (tested). `terms`: 1 or 2 (anything else is `NpuError::BadArg`).
-pub fn pack_source(soc: &crate::npu::soc::SocDesc, src: &WeightSource<'_>, n: usize, k: usize, terms: usize) -> Result<PackedSource, NpuError> {
-    if !(1..=2).contains(&terms) {
-        return Err(NpuError::BadArg { op: "pack_source", m: 0, k, n, why: format!("{terms} weight terms (1 or 2)") });
-    }
-    // A shape the NPU cannot hold fails before any pass over the source.
-    crate::npu::check_shape_soc(soc, n, k)?;
-    let col_scale = quant::column_scales(n, k, |r, out| src.dequantize_row(r, out));
-    let inv = reciprocals(&col_scale);
-    let block = crate::npu::layout::BLOCK;
-    let (tiles, per_block) = Npu::tile_weight_with(soc, n, k, terms, |b, rows| {
-        let mut buf = vec![0f32; k];
-        let mut s = [[0f32; crate::npu::layout::BLOCK]; 2];
-        let (hi, lo) = rows.split_at_mut(block * k);
-        for nl in 0..block {
-            // quantize_source's steps, then quantize_residual's, on the same row
-            src.dequantize_row(b * block + nl, &mut buf);
-            equalise_row(&mut buf, &inv);
-            let q = &mut hi[nl * k..(nl + 1) * k];
-            s[0][nl] = quant::quantize_row(&buf, q);
-            if terms == 2 {
-                residual_row(&mut buf, s[0][nl], q);
-                s[1][nl] = quant::quantize_row(&buf, &mut lo[nl * k..(nl + 1) * k]);
-            }
-        }
-        s
-    })?;
-    let scales = per_block.iter().flat_map(|s| s[0]).collect();
-    let lo_scales = if terms == 2 { per_block.iter().flat_map(|s| s[1]).collect() } else { Vec::new() };
-    Ok(PackedSource { tiles, scales, col_scale, lo_scales })
-}
-
-/// ggml float source types (F32, F16, BF16): 8+ mantissa bits that one int8 term cannot carry.
-pub fn is_float_type(ggml_type: u32) -> bool {
-    matches!(ggml_type, 0 | 1 | 30)
-}
-
-/// Whether a weight gets a second int8 term by default: every type. GGUF weights carry a scale
-/// per block of 32 or 256 (or 11+ mantissa bits), which one per-channel int8 scale cannot follow:
-/// measured on SmolLM2 prefill, one term leaves a per-matmul NMSE of 4·10⁻⁵–4·10⁻⁴ against exact
-/// arithmetic (Q8_0; perplexity +0.7 %, Q4_K_M +3.4 %), enough to flip greedy near-ties; two
-/// terms leave ≈10⁻⁶. A second term that does not fit the resident budget is dropped.
-pub fn wants_two_terms(_ggml_type: u32) -> bool {
-    true
-}
-
-/// The second weight term: per-channel int8 of `W/col − q·s` (`q, s` the first term).
-/// Returns `(q_lo: [N, K] i8, s_lo: [N] f32)`.
-pub fn quantize_residual(src: &WeightSource<'_>, n: usize, k: usize, col: &[f32], q: &[i8], s: &[f32]) -> (Vec<i8>, Vec<f32>) {
-    let inv = reciprocals(col);
-    quant::quantize_weight(n, k, |r, out| {
-        src.dequantize_row(r, out);
-        equalise_row(out, &inv);
-        residual_row(out, s[r], &q[r * k..(r + 1) * k]);
-    })
 }
 
 /// Whether a weight's second int8 term may become resident now, `new_bytes` being what is about
@@ -297,11 +167,7 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
         let why = format!("residency budget: {} of {} MiB in use", resident >> 20, budget >> 20);
         return Err(NpuError::NoRoom { op: "pack", n, k, bytes: term_bytes, why });
     }
-    let terms: u32 = match dev.cfg.weight_terms {
-        0 if wants_two_terms(src.ggml_type) => 2,
-        0 => 1,
-        t => t as u32,
-    };
+    let terms = dev.cfg.weight_terms() as u32;
     let id = cache.map(|_| cache::identity(dev.npu.soc(), src.ggml_type, src.bytes, src.row_bytes, src.name, n, k, terms));
     let t_hashed = Instant::now();
     dev.stats.cache_hash_ns.fetch_add((t_hashed - t0).as_nanos() as u64, Relaxed);

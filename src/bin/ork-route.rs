@@ -1,6 +1,6 @@
 //! `ork-route MODEL.gguf`: the routing table of a model — per weight tensor, the engine for
 //! prefill and for decode and why — plus the cost model's predicted RK3588 rates next to the
-//! published anchors (see `src/route.rs` for the model and its sources).
+//! published anchors (see `src/route/mod.rs` for the model and its sources).
 //!
 //! The GGUF tensor directory is read directly (header, KV pairs skipped by type, tensor infos):
 //! no llama.cpp needed. The same `ORK_*` variables as the plugin apply (`ORK_ROUTE`, `ORK_MINM`,
@@ -117,7 +117,7 @@ fn read_gguf(path: &str) -> Result<Gguf, GgufError> {
 }
 
 fn type_name(t: u32) -> &'static str {
-    ggml_ork::backend::WEIGHT_TYPES.iter().find(|&&(id, _)| id == t).map_or("other", |&(_, n)| n)
+    ggml_ork::quant::types::weight_type(t).map_or("other", |w| w.name)
 }
 
 fn main() {
@@ -162,7 +162,7 @@ fn main() {
             } else {
                 fixed("tied embedding: placed for GET_ROWS on ggml-cpu, so the LM head MUL_MAT runs there too")
             }
-        } else if !ggml_ork::backend::WEIGHT_TYPES.iter().any(|&(id, _)| id == t.ggml_type) {
+        } else if ggml_ork::quant::types::weight_type(t.ggml_type).is_none() {
             fixed("weight type ORK does not dequantize: ggml-cpu")
         } else if k % model.soc.k_align as usize != 0 || n % model.soc.n_align as usize != 0 {
             fixed("K or N not a multiple of 32: the NPU layout cannot hold it")

@@ -9,7 +9,7 @@
 //! 3. **Kernel interface**: vendor `rknpu` (`/dev/dri/card*`) or mainline `rocket`
 //!    (`/dev/accel/accel*`), opened for real, then a buffer life-cycle smoke test (create, write,
 //!    sync both ways, read back, destroy; on rknpu also in IOMMU domain 1).
-//! 4. **Bit-exact suite** through the NPU core's public API (`Npu::open`, `Npu::tile_weight`,
+//! 4. **Bit-exact suite** through the NPU core's public API (`Npu::open`, `npu::layout::tile_weight`,
 //!    `upload`, `mm_run`) against `reference_mm`, over shapes that exercise each planner path:
 //!    the minimal 4×32×32 recipe, M = 1 full-K decode up to the 10752 ceiling and just past it,
 //!    odd M, K-split prefill, N beyond the 8192-per-program limit, and worst-case magnitudes.
@@ -122,7 +122,7 @@ fn run_bit_exact_suite(kind: NpuKind, soc: Option<SocId>) -> Result<usize, Strin
         };
         let t0 = Instant::now();
         let run = || -> Result<Vec<i32>, String> {
-            let tw = Npu::tile_weight(&desc, &w, n, k).map_err(|e| format!("tile_weight: {e}"))?;
+            let tw = ggml_ork::npu::layout::tile_weight(&desc, &w, n, k).map_err(|e| format!("tile_weight: {e}"))?;
             let rw = npu.upload(&tw).map_err(|e| format!("upload: {e}"))?;
             let mut c = vec![0i32; m * n];
             npu.mm_run(&rw, &a, m, &mut c, Budget::default()).map_err(|e| format!("mm_run: {e}"))?;

@@ -1,10 +1,10 @@
 //! `.orkpack`: packed weights persisted on disk and mapped back.
 //!
 //! **What it owns.** The on-disk cache of packed weights: one file per weight holding the
-//! pre-tiled int8 bytes exactly as `Npu::tile_weight` produced them and the per-channel scales,
+//! pre-tiled int8 bytes exactly as `npu::layout::tile_weight` produced them and the per-channel scales,
 //! behind a one-page header ([`format`], byte layout in `FORMAT.md`). A cold start packs
 //! (dequantize → int8 → tile) and writes the file; a warm start maps the file (`mmap`, through
-//! `npu::kif::filemap`), checks header and identity ([`PackCache::open`]) and imports the tiles
+//! `os::filemap`), checks header and identity ([`PackCache::open`]) and imports the tiles
 //! through `Npu::upload_bytes_observed` / `KernelInterface::mem_import_observed`, which copies
 //! them once into device memory (no kernel interface here can map file pages into the NPU; see
 //! `kif::rknpu`'s "Import" note) and hands each piece of the device copy to the payload checksum
@@ -20,11 +20,11 @@
 //!   under a key is checked field by field, not trusted for its name.
 //! * **Version by fingerprint.** A stale cache must never survive a change of tiling or
 //!   quantization. Besides the container version ([`format::CONTAINER_VERSION`]), the header
-//!   carries [`layout_fingerprint`] (a hash of `Npu::tile_weight`'s output on fixed probe
+//!   carries [`layout_fingerprint`] (a hash of `npu::layout::tile_weight`'s output on fixed probe
 //!   weights that cross the K-slice and N-slice boundaries; it runs the same block tiler that
 //!   the packer uses) and [`quant_fingerprint`] (the same for the weight quantization rule —
-//!   `weights::quantize_source` and `quantize_residual`, plus `QMAX` / `ABSMAX_FLOOR` — with
-//!   the fused packer `weights::pack_source` checked against it on the probe: should the two
+//!   `pack::quantize_source` and `quantize_residual`, plus `QMAX` / `ABSMAX_FLOOR` — with
+//!   the fused packer `pack::pack_source` checked against it on the probe: should the two
 //!   ever differ, the fused output joins the hash). They are derived from the code
 //!   at run time, so nobody has to remember to bump a constant (the reference implementation's
 //!   `ORK_PACK_FORMAT_VERSION`, rknpu-facts §7.2, relied on that). Cost: ~0.5 ms once per SoC.
@@ -65,7 +65,6 @@ pub mod format;
 
 use crate::config::Config;
 use crate::npu::soc::{SocDesc, SocId};
-use crate::npu::Npu;
 use format::{FormatError, Header, QuantParams};
 pub use format::Identity;
 use std::fs::{self, File};
@@ -79,7 +78,6 @@ use std::time::{Duration, Instant, SystemTime};
 /// File name extension of cache entries.
 pub const EXT: &str = "orkpack";
 /// Default `ORK_CACHE_MAX_MB`.
-pub const DEFAULT_MAX_MB: u64 = 8192;
 /// Temporary files older than this are leftovers of a crashed writer and are removed by eviction.
 const STALE_TMP: Duration = Duration::from_secs(3600);
 /// Eviction brings the directory down to this fraction of the limit (hysteresis).
@@ -143,7 +141,7 @@ pub fn resolve_dir(cache_dir: Option<&str>, xdg_cache_home: Option<&str>, home: 
     home.filter(|h| !h.is_empty()).map(|h| Path::new(h).join(".cache").join("ggml-ork"))
 }
 
-/// Fingerprint of the NPU tile layout on `soc`: xxh3 of `Npu::tile_weight` applied to fixed
+/// Fingerprint of the NPU tile layout on `soc`: xxh3 of `npu::layout::tile_weight` applied to fixed
 /// probe weights (one crossing the K-slice boundary with a full-K companion, one crossing the
 /// N-slice boundary), together with their shapes. Any change of tiling changes it.
 pub fn layout_fingerprint(soc: &SocDesc) -> u64 {
@@ -181,7 +179,7 @@ fn compute_layout_fingerprint(soc: &SocDesc) -> u64 {
     for (i, &(n, k)) in probes.iter().enumerate() {
         h.write(&(n as u64).to_le_bytes());
         h.write(&(k as u64).to_le_bytes());
-        match Npu::tile_weight(soc, &probe_i8(n * k, i as u32 + 1), n, k) {
+        match crate::npu::layout::tile_weight(soc, &probe_i8(n * k, i as u32 + 1), n, k) {
             Ok(t) => {
                 h.write(&(t.bytes.len() as u64).to_le_bytes());
                 h.write(&t.bytes);
@@ -192,7 +190,7 @@ fn compute_layout_fingerprint(soc: &SocDesc) -> u64 {
     h.finish()
 }
 
-/// Fingerprint of the weight quantization rule: xxh3 of what `weights::quantize_source` and
+/// Fingerprint of the weight quantization rule: xxh3 of what `pack::quantize_source` and
 /// `quantize_residual` give on fixed probe rows (ties, zeros, outliers, tiny values) and of the
 /// quantizer's constants; the fused packer is checked against them on the same rows (see
 /// [`fused_probe_difference`]).
@@ -220,9 +218,9 @@ pub fn quant_fingerprint() -> u64 {
                 *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
         };
-        let src = crate::backend::WeightSource { name: "", ggml_type: 0, bytes, row_bytes: K * 4, to_float: &to_float };
-        let (q, s, col) = crate::backend::weights::quantize_source(&src, N, K);
-        let (ql, sl) = crate::backend::weights::quantize_residual(&src, N, K, &col, &q, &s);
+        let src = crate::pack::WeightSource { name: "", ggml_type: 0, bytes, row_bytes: K * 4, to_float: &to_float };
+        let (q, s, col) = crate::pack::quantize_source(&src, N, K);
+        let (ql, sl) = crate::pack::quantize_residual(&src, N, K, &col, &q, &s);
         let mut h = twox_hash::XxHash3_64::new();
         h.write(bytemuck::cast_slice(&ql));
         for v in col.iter().chain(sl.iter()) {
@@ -234,7 +232,7 @@ pub fn quant_fingerprint() -> u64 {
         for v in &s {
             h.write(&v.to_bits().to_le_bytes());
         }
-        // The backend writes entries through the fused packer (`weights::pack_source`), which
+        // The backend writes entries through the fused packer (`pack::pack_source`), which
         // must give exactly these bytes (tested). Should it ever differ, its output joins the
         // hash, so that entries made by one rule are never taken for the other's; while they
         // agree, nothing is added and existing caches keep their fingerprint.
@@ -247,14 +245,14 @@ pub fn quant_fingerprint() -> u64 {
 
 /// The fused packer's result on the quantization probe (its `n` rows repeated to one 32-row
 /// block, on the RK3588 layout) when it differs from the reference steps on the same block
-/// (`quantize_source`, `quantize_residual`, each term tiled by `Npu::tile_weight`); `None` when
+/// (`quantize_source`, `quantize_residual`, each term tiled by `npu::layout::tile_weight`); `None` when
 /// they agree.
-fn fused_probe_difference(src: &crate::backend::WeightSource<'_>, n: usize, k: usize) -> Option<Vec<u8>> {
-    use crate::backend::weights::{pack_source, quantize_residual, quantize_source};
+fn fused_probe_difference(src: &crate::pack::WeightSource<'_>, n: usize, k: usize) -> Option<Vec<u8>> {
+    use crate::pack::{pack_source, quantize_residual, quantize_source};
     const ROWS: usize = crate::npu::layout::BLOCK;
     let soc = SocDesc::get(SocId::Rk3588);
     let bytes: Vec<u8> = (0..ROWS).flat_map(|r| src.row(r % n).iter().copied()).collect();
-    let block = crate::backend::WeightSource { bytes: &bytes, ..*src };
+    let block = crate::pack::WeightSource { bytes: &bytes, ..*src };
     let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect::<Vec<u8>>();
     let p = match pack_source(&soc, &block, ROWS, k, 2) {
         Ok(p) => p,
@@ -262,7 +260,7 @@ fn fused_probe_difference(src: &crate::backend::WeightSource<'_>, n: usize, k: u
     };
     let (q, s, col) = quantize_source(&block, ROWS, k);
     let (ql, sl) = quantize_residual(&block, ROWS, k, &col, &q, &s);
-    let tiled = |q: &[i8]| Npu::tile_weight(&soc, q, ROWS, k).map(|t| t.bytes).unwrap_or_default();
+    let tiled = |q: &[i8]| crate::npu::layout::tile_weight(&soc, q, ROWS, k).map(|t| t.bytes).unwrap_or_default();
     let same = p.tiles.len() == 2
         && p.tiles[0].bytes == tiled(&q)
         && p.tiles[1].bytes == tiled(&ql)
@@ -314,7 +312,7 @@ pub struct Loaded {
 }
 
 impl Loaded {
-    /// The pre-tiled weight bytes, as `Npu::tile_weight` made them.
+    /// The pre-tiled weight bytes, as `npu::layout::tile_weight` made them.
     pub fn tiles(&self) -> &[u8] {
         format::tiles(&self.header, &self.map)
     }
@@ -486,7 +484,7 @@ impl PackCache {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(CacheError::Absent),
             Err(e) => return Err(io_err("open", &path)(e)),
         };
-        let map = crate::npu::kif::filemap::map_file_readonly(&file).map_err(io_err("mmap", &path))?;
+        let map = crate::os::filemap::map_file_readonly(&file).map_err(io_err("mmap", &path))?;
         let header = format::parse_header(&map).map_err(|source| CacheError::Format { path: path.clone(), source })?;
         if let Some(field) = first_difference(&header.id, &id.normalized()) {
             return Err(CacheError::Mismatch { path, field });

@@ -751,7 +751,7 @@ unsafe fn holdable_weight_shape(dev: &Device, t: &ggml_tensor) -> Option<(usize,
         return None;
     }
     let (k, n) = (t.ne[0] as usize, t.ne[1] as usize);
-    let packs = backend::WEIGHT_TYPES.iter().any(|&(ty, _)| ty == t.type_ as u32);
+    let packs = crate::quant::types::weight_type(t.type_ as u32).is_some();
     (packs && dev.npu.check_shape(n, k).is_ok()).then_some((n, k))
 }
 
@@ -900,8 +900,8 @@ unsafe extern "C" fn backend_graph_compute(b: ggml_backend_t, g: *mut ggml_cgrap
         // The cross-process NPU lock is kept between the NPU matmuls of this call (one flock +
         // unlock per call, not per matmul) and let go before ggml-cpu runs and on return; taking
         // and letting it go is arbiter time, as inside `run_mul_mat`.
-        let mut hold: Option<backend::arbiter::Hold<'static>> = None;
-        let release = |hold: &mut Option<backend::arbiter::Hold<'static>>| {
+        let mut hold: Option<crate::route::arbiter::Hold<'static>> = None;
+        let release = |hold: &mut Option<crate::route::arbiter::Hold<'static>>| {
             if let Some(h) = hold.take() {
                 let t0 = std::time::Instant::now();
                 drop(h);
@@ -913,7 +913,7 @@ unsafe extern "C" fn backend_graph_compute(b: ggml_backend_t, g: *mut ggml_cgrap
                        cpu_nodes: &mut u64,
                        pending: &mut Vec<backend::gpu::GpuJob<'static>>,
                        pending_dst: &mut Vec<*const ggml_tensor>,
-                       hold: &mut Option<backend::arbiter::Hold<'static>>|
+                       hold: &mut Option<crate::route::arbiter::Hold<'static>>|
          -> Result<(), String> {
             let Some(i0) = from.take() else { return Ok(()) };
             if *cpu_nodes == 0 {

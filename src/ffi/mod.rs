@@ -70,4 +70,30 @@ mod tests {
         assert_eq!(GGML_OP_COUNT, 101);
         assert_eq!(GGML_TYPE_COUNT, 43);
     }
+
+    #[test]
+    fn weight_type_table_matches_ggml_enum() {
+        use crate::quant::types::*;
+        let pairs: &[(u32, abi::ggml_type)] = &[
+            (F32, abi::GGML_TYPE_F32),
+            (F16, abi::GGML_TYPE_F16),
+            (Q4_0, abi::GGML_TYPE_Q4_0),
+            (Q4_1, abi::GGML_TYPE_Q4_1),
+            (Q5_0, abi::GGML_TYPE_Q5_0),
+            (Q5_1, abi::GGML_TYPE_Q5_1),
+            (Q8_0, abi::GGML_TYPE_Q8_0),
+            (Q2_K, abi::GGML_TYPE_Q2_K),
+            (Q3_K, abi::GGML_TYPE_Q3_K),
+            (Q4_K, abi::GGML_TYPE_Q4_K),
+            (Q5_K, abi::GGML_TYPE_Q5_K),
+            (Q6_K, abi::GGML_TYPE_Q6_K),
+            (IQ4_NL, abi::GGML_TYPE_IQ4_NL),
+            (BF16, abi::GGML_TYPE_BF16),
+        ];
+        assert_eq!(pairs.len(), WEIGHT_TYPES.len());
+        for &(ours, theirs) in pairs {
+            assert_eq!(ours, theirs as u32);
+            assert!(weight_type(ours).is_some());
+        }
+    }
 }

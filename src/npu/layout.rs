@@ -23,12 +23,13 @@
 //! Every packer has a scalar reference (`*_ref`) and a fast path; the tests check them byte for
 //! byte. The fast weight tiler works one 32-row N-block at a time ([`split_blocks`] hands each
 //! block its regions of the blob, [`tile_block`] fills them with 32-byte moves), which lets
-//! `Npu::tile_weight_with` tile a block's rows right after they were quantized, while they are in
-//! the CPU cache; `Npu::tile_weight` is that tiler over a whole matrix.
+//! `npu::layout::tile_weight_with` tile a block's rows right after they were quantized, while they are in
+//! the CPU cache; `npu::layout::tile_weight` is that tiler over a whole matrix.
 
 use rayon::prelude::*;
 
 use crate::npu::soc::SocDesc;
+use crate::npu::{check_shape_soc, NpuError, TiledWeight};
 
 /// Tiles are padded to a multiple of this (rknpu-facts §3.2: page alignment for zero-copy import).
 pub const TILE_ALIGN_BYTES: usize = 4096;
@@ -256,4 +257,54 @@ pub fn reference_mm(a: &[i8], w: &[i8], m: usize, k: usize, n: usize) -> Vec<i32
         }
     }
     c
+}
+
+/// Tiles `w: [N, K]` row-major i8 (row n = output channel n) into the device layout.
+pub fn tile_weight(soc: &SocDesc, w: &[i8], n: usize, k: usize) -> Result<TiledWeight, NpuError> {
+    check_shape_soc(soc, n, k)?;
+    if w.len() != n * k {
+        return Err(NpuError::BadArg { op: "tile_weight", m: 0, k, n, why: format!("w has {} elements, not N·K", w.len()) });
+    }
+    let rows = BLOCK * k;
+    let (mut t, _) = tile_weight_with(soc, n, k, 1, |b, out| out.copy_from_slice(&w[b * rows..(b + 1) * rows]))?;
+    Ok(t.remove(0))
+}
+
+/// Builds `terms` tiled blobs of `[N, K]` together, one 32-row N-block at a time (on all
+/// cores): `fill(b, rows)` writes the int8 rows `[32·b, 32·b + 32)` of every term into
+/// `rows: [terms, 32, K]` (term-major) and returns what the caller keeps for the block
+/// (e.g. its row scales); the rows are tiled while they are still in the CPU cache. No
+/// untiled `[N, K]` copy is ever made. Returns the blobs (term order) and `fill`'s results
+/// in block order. Same bytes as [`tile_weight`] of each term's whole matrix.
+pub fn tile_weight_with<R: Send>(
+    soc: &SocDesc,
+    n: usize,
+    k: usize,
+    terms: usize,
+    fill: impl Fn(usize, &mut [i8]) -> R + Sync,
+) -> Result<(Vec<TiledWeight>, Vec<R>), NpuError> {
+    check_shape_soc(soc, n, k)?;
+    let geom = WeightGeometry::new(soc, n, k);
+    let mut blobs: Vec<Vec<u8>> = (0..terms).map(|_| crate::quant::par_zeroed::<u8>(geom.total_bytes)).collect();
+    let mut split: Vec<_> = blobs.iter_mut().map(|b| split_blocks(&geom, b).into_iter()).collect();
+    // Per block: every term's regions.
+    let blocks: Vec<Vec<BlockRegions<'_>>> =
+        (0..n / BLOCK).map(|_| split.iter_mut().map(|it| it.next().expect("one region set per block")).collect()).collect();
+    let block_rows = BLOCK * k;
+    use rayon::prelude::*;
+    let results = blocks
+        .into_par_iter()
+        .enumerate()
+        .map_init(
+            || vec![0i8; terms * block_rows],
+            |rows, (b, mut regions)| {
+                let r = fill(b, rows);
+                for (t, reg) in regions.iter_mut().enumerate() {
+                    tile_block(&rows[t * block_rows..(t + 1) * block_rows], k, reg);
+                }
+                r
+            },
+        )
+        .collect();
+    Ok((blobs.into_iter().map(|bytes| TiledWeight { n, k, bytes }).collect(), results))
 }

@@ -1,7 +1,7 @@
 //! NPU core (mechanism): dense int8 matmuls (W8A8, exact int32 results) on the Rockchip
 //! RK3588 / RK3576 NPU, behind one small API.
 //!
-//! The backend calls [`Npu::tile_weight`] / [`Npu::upload`] once per weight and
+//! The backend calls [`npu::layout::tile_weight`] / [`Npu::upload`] once per weight and
 //! [`Npu::mm_run`] per matmul with a [`Budget`] (max cores) — the only knob it sets. Everything
 //! that depends on the hardware is decided here (design §2 "mechanism vs policy"): the planner
 //! ([`plan`]) picks full-K vs K-split, M-tiles within the CBUF caps, N-tiling and the number of
@@ -235,56 +235,6 @@ impl Npu {
     /// Whether an `[N, K]` weight can run here: K % 32, N % 32, non-empty, fits a domain window.
     pub fn check_shape(&self, n: usize, k: usize) -> Result<(), NpuError> {
         check_shape_soc(&self.shared.soc, n, k)
-    }
-
-    /// Tiles `w: [N, K]` row-major i8 (row n = output channel n) into the device layout.
-    pub fn tile_weight(soc: &soc::SocDesc, w: &[i8], n: usize, k: usize) -> Result<TiledWeight, NpuError> {
-        check_shape_soc(soc, n, k)?;
-        if w.len() != n * k {
-            return Err(NpuError::BadArg { op: "tile_weight", m: 0, k, n, why: format!("w has {} elements, not N·K", w.len()) });
-        }
-        let rows = layout::BLOCK * k;
-        let (mut t, _) = Self::tile_weight_with(soc, n, k, 1, |b, out| out.copy_from_slice(&w[b * rows..(b + 1) * rows]))?;
-        Ok(t.remove(0))
-    }
-
-    /// Builds `terms` tiled blobs of `[N, K]` together, one 32-row N-block at a time (on all
-    /// cores): `fill(b, rows)` writes the int8 rows `[32·b, 32·b + 32)` of every term into
-    /// `rows: [terms, 32, K]` (term-major) and returns what the caller keeps for the block
-    /// (e.g. its row scales); the rows are tiled while they are still in the CPU cache. No
-    /// untiled `[N, K]` copy is ever made. Returns the blobs (term order) and `fill`'s results
-    /// in block order. Same bytes as [`Npu::tile_weight`] of each term's whole matrix.
-    pub fn tile_weight_with<R: Send>(
-        soc: &soc::SocDesc,
-        n: usize,
-        k: usize,
-        terms: usize,
-        fill: impl Fn(usize, &mut [i8]) -> R + Sync,
-    ) -> Result<(Vec<TiledWeight>, Vec<R>), NpuError> {
-        check_shape_soc(soc, n, k)?;
-        let geom = WeightGeometry::new(soc, n, k);
-        let mut blobs: Vec<Vec<u8>> = (0..terms).map(|_| crate::quant::par_zeroed::<u8>(geom.total_bytes)).collect();
-        let mut split: Vec<_> = blobs.iter_mut().map(|b| layout::split_blocks(&geom, b).into_iter()).collect();
-        // Per block: every term's regions.
-        let blocks: Vec<Vec<layout::BlockRegions<'_>>> =
-            (0..n / layout::BLOCK).map(|_| split.iter_mut().map(|it| it.next().expect("one region set per block")).collect()).collect();
-        let block_rows = layout::BLOCK * k;
-        use rayon::prelude::*;
-        let results = blocks
-            .into_par_iter()
-            .enumerate()
-            .map_init(
-                || vec![0i8; terms * block_rows],
-                |rows, (b, mut regions)| {
-                    let r = fill(b, rows);
-                    for (t, reg) in regions.iter_mut().enumerate() {
-                        layout::tile_block(&rows[t * block_rows..(t + 1) * block_rows], k, reg);
-                    }
-                    r
-                },
-            )
-            .collect();
-        Ok((blobs.into_iter().map(|bytes| TiledWeight { n, k, bytes }).collect(), results))
     }
 
     /// Uploads a tiled weight into the next IOMMU domain with room.

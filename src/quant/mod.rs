@@ -13,6 +13,7 @@
 use rayon::prelude::*;
 
 pub mod simd;
+pub mod types;
 
 /// Floor on a row's absolute maximum, so an all-zero row quantizes to zeros with a finite scale.
 pub const ABSMAX_FLOOR: f32 = 1e-9;

@@ -19,10 +19,6 @@ pub mod rknpu;
 pub mod rocket;
 /// Generic DRM core ioctls and node discovery shared by `rknpu` and `rocket`.
 pub mod drm;
-/// Read-only mappings of files on disk (the `.orkpack` cache).
-pub mod filemap;
-/// A counter shared between processes through a mapped file (NPU arbitration).
-pub mod shared;
 
 use std::fmt;
 

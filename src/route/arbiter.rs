@@ -24,7 +24,7 @@
 //! *Sticky while nobody waits.* Taking and letting go of a `flock` is two syscalls; decode makes
 //! one `graph_compute` call per graph split (about 150 per SmolLM2 token), so letting go at the
 //! end of each call cost ≈ 0.25 ms per token here. The lock file's first bytes are also mapped
-//! shared ([`crate::npu::kif::shared`]) as a *want* counter: a process that finds the lock taken
+//! shared ([`crate::os::shared`]) as a *want* counter: a process that finds the lock taken
 //! bumps it before it waits. At the point where the lock would be let go (the last lease or hold
 //! ends) the holder keeps it unless the counter moved since it took the lock, or it has held it
 //! for [`STICKY_MAX`] (a bound for waiters that do not signal); a watcher thread lets go of a
@@ -43,8 +43,8 @@
 //! back, and the counts appear in the profile summary.
 
 use crate::config::{Config, LockMode};
-use crate::route::Phase;
-use crate::npu::kif::shared::SharedCounter;
+use super::Phase;
+use crate::os::shared::SharedCounter;
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

@@ -41,6 +41,8 @@
 //!   (rknpu-facts §4) to 278 tok/s pp256 (seed 002), decode 12.8 tok/s (seed 002; 11.0 in seed
 //!   000); librkllmrt 184 / 11.71 (seed 002). `ork-route` prints them next to the predictions.
 
+pub mod arbiter;
+
 use crate::config::{Config, DecodeSelect, RoutePolicy};
 use crate::npu::soc::{SocDesc, SocId};
 
@@ -116,24 +118,7 @@ pub struct CostModel {
     pub split_s: f64,
 }
 
-/// Bytes per weight element of a ggml type as the CPU reads it (block overhead included).
-pub fn bytes_per_weight(ggml_type: u32) -> f64 {
-    match ggml_type {
-        0 => 4.0,
-        1 | 30 => 2.0,
-        2 | 20 => 18.0 / 32.0,
-        3 => 20.0 / 32.0,
-        6 => 22.0 / 32.0,
-        7 => 24.0 / 32.0,
-        8 => 34.0 / 32.0,
-        10 => 84.0 / 256.0,
-        11 => 110.0 / 256.0,
-        12 => 144.0 / 256.0,
-        13 => 176.0 / 256.0,
-        14 => 210.0 / 256.0,
-        _ => 1.0,
-    }
-}
+use crate::quant::types::bytes_per_weight;
 
 impl CostModel {
     /// The model for a SoC: RK3588 figures as cited in the module docs; RK3576 scaled by its
@@ -259,11 +244,7 @@ pub fn decide(cfg: &Config, mm: &MatMul, av: Availability) -> Decision {
 /// [`decide`] with an explicit cost model (tests, `ork-route`).
 pub fn decide_with(cfg: &Config, model: &CostModel, mm: &MatMul, av: Availability) -> Decision {
     let phase = Phase::of(cfg, mm.m);
-    let two = match cfg.weight_terms {
-        1 => false,
-        2 => true,
-        _ => crate::backend::weights::wants_two_terms(mm.ggml_type),
-    };
+    let two = cfg.weight_terms() == 2;
     let terms = cfg.act_terms_for(two);
     let cores = cfg.max_cores.unwrap_or(model.soc.cores);
     let split = |s: f64| s + if phase == Phase::Decode { model.split_s } else { 0.0 };

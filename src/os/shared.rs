@@ -1,5 +1,5 @@
 //! A 32-bit counter in a shared mapping of a small file, for signals between the processes that
-//! share an NPU lock file (the arbiter's "someone is waiting" counter, `crate::backend::arbiter`).
+//! share an NPU lock file (the arbiter's "someone is waiting" counter, `crate::route::arbiter`).
 //!
 //! The first `SharedCounter::LEN` bytes of the file are mapped `MAP_SHARED`; every process that
 //! maps the same file sees the same page (page cache), so an atomic on it is an atomic between

@@ -1,0 +1,131 @@
+//! Packing: a GGUF weight's bytes → int8 terms, scales and NPU tiles. Pure functions of the
+//! source bytes and the SoC's layout, with no device, cache or configuration in them: the cache
+//! (`crate::cache`) persists what they make and fingerprints them, the backend places the tiles
+//! on the device.
+//!
+//! A weight `W: [N, K]` becomes `W[n][k] ≈ (q[n][k] · s[n] + q_lo[n][k] · s_lo[n]) · col[k]`:
+//! each column divided by its maximum (`col`, which the activations are multiplied by instead),
+//! then one per-output-channel int8 term `(q, s)` and, optionally, a second term `(q_lo, s_lo)`
+//! quantizing the residual of the first. docs/precision.md gives the measured reasons.
+
+use crate::npu::layout;
+use crate::npu::soc::SocDesc;
+use crate::npu::{check_shape_soc, NpuError, TiledWeight};
+use crate::quant;
+
+/// The GGUF bytes of a weight `[N, K]` and a row dequantizer (ggml's `to_float` for its type).
+pub struct WeightSource<'a> {
+    /// The tensor's name (part of the cache key; may be empty).
+    pub name: &'a str,
+    pub ggml_type: u32,
+    /// All N rows, `row_bytes` each.
+    pub bytes: &'a [u8],
+    pub row_bytes: usize,
+    /// Dequantizes one row's bytes into `[K] f32`.
+    pub to_float: &'a (dyn Fn(&[u8], &mut [f32]) + Sync),
+}
+
+impl WeightSource<'_> {
+    /// Row `r`'s source bytes (`row_bytes` of them).
+    pub fn row(&self, r: usize) -> &[u8] {
+        &self.bytes[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// Dequantizes row `r` into `out: [K] f32`.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        (self.to_float)(self.row(r), out)
+    }
+}
+
+/// `1 / col[k]`: the column equalisation as the factors the weight rows are multiplied by.
+fn reciprocals(col: &[f32]) -> Vec<f32> {
+    col.iter().map(|&c| 1.0 / c).collect()
+}
+
+/// Column-equalised per-output-channel int8 of a source weight (see `quant::column_scales`):
+/// `(q: [N, K] i8, row_scales: [N] f32, col_scale: [K] f32)` with
+/// `W[n][k] ≈ q[n][k] · row_scales[n] · col_scale[k]`.
+pub fn quantize_source(src: &WeightSource<'_>, n: usize, k: usize) -> (Vec<i8>, Vec<f32>, Vec<f32>) {
+    let col = quant::column_scales(n, k, |r, out| src.dequantize_row(r, out));
+    let inv = reciprocals(&col);
+    let (q, rs) = quant::quantize_weight(n, k, |r, out| {
+        src.dequantize_row(r, out);
+        equalise_row(out, &inv);
+    });
+    (q, rs, col)
+}
+
+/// `v[j] ← v[j] · inv[j]`: a dequantized weight row divided by the column equalisation (as its
+/// reciprocal). The first step of both weight terms, in every packing path.
+fn equalise_row(v: &mut [f32], inv: &[f32]) {
+    for (v, &i) in v.iter_mut().zip(inv) {
+        *v *= i;
+    }
+}
+
+/// `v[j] ← v[j] − s · q[j]` (multiply, then subtract; never fused): what the first int8 term
+/// `(q, s)` leaves of an equalised row, which the second term quantizes.
+fn residual_row(v: &mut [f32], s: f32, q: &[i8]) {
+    for (v, &qv) in v.iter_mut().zip(q) {
+        *v -= s * qv as f32;
+    }
+}
+
+/// A source weight packed for the NPU: `terms` tiled blobs (the first term, then the residual
+/// term), the first term's row scales `[N]`, the column equalisation `[K]`, and the second
+/// term's row scales `[N]` (empty for one term).
+pub struct PackedSource {
+    pub tiles: Vec<TiledWeight>,
+    pub scales: Vec<f32>,
+    pub col_scale: Vec<f32>,
+    pub lo_scales: Vec<f32>,
+}
+
+/// [`quantize_source`] (and, for `terms == 2`, [`quantize_residual`]) followed by
+/// `npu::layout::tile_weight` of each term, fused: the column scales in a first pass over the source,
+/// then each 32-row block is dequantized, equalised, quantized (both terms) and tiled while its
+/// rows are in the CPU cache (`npu::layout::tile_weight_with`). One dequantization pass fewer than the
+/// separate steps for two terms, and no untiled `[N, K]` int8 copy. Bit-identical to them
+/// (tested). `terms`: 1 or 2 (anything else is `NpuError::BadArg`).
+pub fn pack_source(soc: &SocDesc, src: &WeightSource<'_>, n: usize, k: usize, terms: usize) -> Result<PackedSource, NpuError> {
+    if !(1..=2).contains(&terms) {
+        return Err(NpuError::BadArg { op: "pack_source", m: 0, k, n, why: format!("{terms} weight terms (1 or 2)") });
+    }
+    // A shape the NPU cannot hold fails before any pass over the source.
+    check_shape_soc(soc, n, k)?;
+    let col_scale = quant::column_scales(n, k, |r, out| src.dequantize_row(r, out));
+    let inv = reciprocals(&col_scale);
+    let block = layout::BLOCK;
+    let (tiles, per_block) = layout::tile_weight_with(soc, n, k, terms, |b, rows| {
+        let mut buf = vec![0f32; k];
+        let mut s = [[0f32; layout::BLOCK]; 2];
+        let (hi, lo) = rows.split_at_mut(block * k);
+        for nl in 0..block {
+            // quantize_source's steps, then quantize_residual's, on the same row
+            src.dequantize_row(b * block + nl, &mut buf);
+            equalise_row(&mut buf, &inv);
+            let q = &mut hi[nl * k..(nl + 1) * k];
+            s[0][nl] = quant::quantize_row(&buf, q);
+            if terms == 2 {
+                residual_row(&mut buf, s[0][nl], q);
+                s[1][nl] = quant::quantize_row(&buf, &mut lo[nl * k..(nl + 1) * k]);
+            }
+        }
+        s
+    })?;
+    let scales = per_block.iter().flat_map(|s| s[0]).collect();
+    let lo_scales = if terms == 2 { per_block.iter().flat_map(|s| s[1]).collect() } else { Vec::new() };
+    Ok(PackedSource { tiles, scales, col_scale, lo_scales })
+}
+
+/// The second weight term: per-channel int8 of `W/col − q·s` (`q, s` the first term).
+/// Returns `(q_lo: [N, K] i8, s_lo: [N] f32)`.
+pub fn quantize_residual(src: &WeightSource<'_>, n: usize, k: usize, col: &[f32], q: &[i8], s: &[f32]) -> (Vec<i8>, Vec<f32>) {
+    let inv = reciprocals(col);
+    quant::quantize_weight(n, k, |r, out| {
+        src.dequantize_row(r, out);
+        equalise_row(out, &inv);
+        residual_row(out, s[r], &q[r * k..(r + 1) * k]);
+    })
+}
+
