@@ -62,7 +62,7 @@ fn main() {
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(7).max(1);
     let dir = std::env::temp_dir().join(format!("orkpack-bench-{}", std::process::id()));
     let cache = PackCache::new(&dir, u64::MAX);
-    let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), max_cores: None, pin_cpus: vec![], wcache_budget_bytes: None })
+    let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), max_cores: None, pin_cpus: vec![], wcache_budget_bytes: None, ..NpuConfig::default() })
         .expect("simulator");
     let soc: SocDesc = npu.soc().clone();
 

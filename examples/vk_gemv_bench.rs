@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use ggml_ork::vk::{VkEngine, VkWeightData};
 
 fn main() {
-    if std::env::var_os("ORK_VK_DEVICE").is_none() {
-        std::env::set_var("ORK_VK_DEVICE", "llvmpipe"); // single-threaded at this point
-    }
-    let engine = VkEngine::open().expect("VkEngine::open").expect("no Vulkan device");
+    // ORK_VK_DEVICE as the plugin parses it, else lavapipe.
+    let cfg = ggml_ork::config::Config::from_lookup(|k| std::env::var(k).ok()).0;
+    let device = cfg.vk_device.as_deref().unwrap_or("llvmpipe");
+    let engine = VkEngine::open(Some(device)).expect("VkEngine::open").expect("no Vulkan device");
     println!("device: {}", engine.device_name());
     println!("{:>6} {:>6} {:>6} {:>2} {:>10} {:>10} {:>8}", "format", "K", "N", "M", "MiB", "us/call", "GB/s");
     let min_time = Duration::from_millis(

@@ -1,8 +1,11 @@
-//! Every `ORK_*` environment variable, parsed once into [`Config`].
+//! Every `ORK_*` environment variable, parsed once into [`Config`], and the three standard ones
+//! the plugin consults for default directories (`XDG_CACHE_HOME`, `HOME`, `XDG_RUNTIME_DIR`).
 //!
-//! The README's table is the user-facing copy of [`VARS`]; keep them in step. Bad values are
-//! reported once (log line) and replaced by the default: configuration never aborts a host
-//! process.
+//! Nothing else in the library reads the environment: the mechanism modules (`npu`, `vk`,
+//! `cache`) receive these values as parameters (`NpuConfig` fields, function arguments) from the
+//! code that builds them out of a [`Config`]. The README's table is rendered from [`VARS`]
+//! ([`markdown_table`]; a test keeps the two equal). Bad values are reported once (log line) and
+//! replaced by the default: configuration never aborts a host process.
 
 use std::sync::OnceLock;
 
@@ -53,20 +56,24 @@ pub struct VarDoc {
     pub meaning: &'static str,
 }
 
-/// The table of every variable the plugin reads (mirrored in README.md).
+/// The table of every `ORK_*` variable the plugin reads, in README order (README.md's
+/// configuration table is [`markdown_table`] of it). `XDG_CACHE_HOME`, `HOME` and
+/// `XDG_RUNTIME_DIR` appear in the defaults they feed.
 pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_NPU", default: "auto", meaning: "NPU interface: auto (probe rknpu, then rocket), sim (bit-exact simulator), rknpu, rocket" },
     VarDoc { name: "ORK_OFF", default: "0", meaning: "1 = register no device: the same binary runs everything on the CPU (A/B runs)" },
     VarDoc { name: "ORK_MINM", default: "32", meaning: "minimum M (tokens in the ubatch) for a MUL_MAT to go to the NPU; smaller M follows ORK_DECODE" },
     VarDoc { name: "ORK_DECODE", default: "auto", meaning: "engine for MUL_MAT below ORK_MINM: auto, npu, gpu, cpu (auto = cpu until the GPU path is routed)" },
     VarDoc { name: "ORK_ROUTE", default: "threshold", meaning: "routing policy: threshold (M >= ORK_MINM on the NPU, else ORK_DECODE) or cost (the cost model of src/route/mod.rs picks the fastest available engine per MUL_MAT, ORK_MINM still the NPU floor)" },
-    VarDoc { name: "ORK_NPU_LOCK", default: "wait", meaning: "cross-process NPU arbitration (advisory flock per NPU, held per matmul): wait (queue behind the other process), cpu (run the matmul's int8 arithmetic on the CPU instead), off" },
+    VarDoc { name: "ORK_NPU_LOCK", default: "wait", meaning: "cross-process NPU arbitration (advisory flock per NPU, taken by the first NPU matmul of a graph_compute call and kept while no other process asks for it, at most 20 ms; see src/route/arbiter.rs): wait (queue behind the other process), cpu (run the matmul's int8 arithmetic on the CPU instead), off" },
     VarDoc { name: "ORK_LOCK_DIR", default: "$XDG_RUNTIME_DIR, /run/lock or /tmp", meaning: "directory of the NPU lock files (ork-npu-<soc>-<interface>.lock)" },
     VarDoc { name: "ORK_ACT_TERMS", default: "auto", meaning: "int8 terms per activation row (x ≈ Σ s_t·q_t, T·M NPU rows) for outlier-heavy hidden states: auto (3 for F32/F16/BF16 weights, else 2), 1 (plain W8A8), 2, 3" },
     VarDoc { name: "ORK_WEIGHT_TERMS", default: "auto", meaning: "int8 terms per weight: auto (2: GGUF block scales and float mantissas need more than one per-channel int8; a second term that does not fit the resident budget is dropped), 1, or 2" },
     VarDoc { name: "ORK_SOC", default: "(device tree)", meaning: "force the SoC description: rk3588 or rk3576" },
+    VarDoc { name: "ORK_NPU_CARD", default: "(scan /dev/dri/card*)", meaning: "the vendor rknpu DRM node to use, e.g. /dev/dri/card1, instead of the first /dev/dri/card* whose driver is rknpu" },
     VarDoc { name: "ORK_NPU_MC", default: "(all cores)", meaning: "cap on NPU cores per matmul (the core budget); the planner picks within it" },
-    VarDoc { name: "ORK_NO_AFFINITY", default: "0", meaning: "1 = do not pin NPU worker threads to the big CPU cores" },
+    VarDoc { name: "ORK_MM_TIMEOUT", default: "60000", meaning: "NPU submit timeout in ms; a submit past it fails (the NPU is soft-reset) and the matmul runs on the CPU" },
+    VarDoc { name: "ORK_NO_AFFINITY", default: "0", meaning: "1 (or true, yes, on) = do not pin NPU worker threads to the big CPU cores" },
     VarDoc { name: "ORK_WCACHE_BUDGET_MB", default: "RAM - 1024 - ORK buffers", meaning: "resident weight budget (MiB); weights past it keep one int8 term, then stay on the CPU" },
     VarDoc { name: "ORK_CACHE", default: "1", meaning: "0 = do not read or write .orkpack files" },
     VarDoc { name: "ORK_CACHE_MAX_MB", default: "8192", meaning: "size limit of the .orkpack cache directory; least-recently-used entries not in use are removed past it, and when that is not enough the new entry is not written (one warning)" },
@@ -74,8 +81,18 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_VK_DEVICE", default: "(first Mali)", meaning: "Vulkan device for GPU decode, by index or name substring" },
     VarDoc { name: "ORK_PROFILE", default: "0", meaning: "1 = print per-engine counts and time split when the backend is freed" },
     VarDoc { name: "ORK_LOG", default: "info", meaning: "log level: error, warn, info, debug, trace" },
-    VarDoc { name: "ORK_SIM_FAULT", default: "(none)", meaning: "simulator fault injection, e.g. timeout_every:N (tests)" },
+    VarDoc { name: "ORK_SIM_FAULT", default: "(none)", meaning: "simulator fault injection, e.g. timeout_every:N (tests); a bad value makes the simulator fail to open" },
 ];
+
+/// README.md's configuration table, rendered from [`VARS`]: the header, the separator and one
+/// row per variable, each line ending in a newline (the text between the `config-table` markers).
+pub fn markdown_table() -> String {
+    let mut t = String::from("| variable | default | meaning |\n|---|---|---|\n");
+    for v in VARS {
+        t.push_str(&format!("| `{}` | {} | {} |\n", v.name, v.default, v.meaning));
+    }
+    t
+}
 
 /// Parsed configuration.
 #[derive(Clone, Debug)]
@@ -92,19 +109,34 @@ pub struct Config {
     /// 0 = auto, else 1 or 2.
     pub weight_terms: u8,
     pub soc: Option<String>,
+    /// `ORK_NPU_CARD`: the rknpu node to open instead of scanning `/dev/dri/card*`.
+    pub npu_card: Option<String>,
     pub max_cores: Option<u32>,
+    /// `ORK_MM_TIMEOUT`: NPU submit timeout in ms (None = the NPU core's default).
+    pub mm_timeout_ms: Option<u32>,
     pub no_affinity: bool,
     pub wcache_budget_mb: Option<u64>,
     pub cache_enabled: bool,
     pub cache_dir: Option<String>,
     /// `ORK_CACHE_MAX_MB`: size limit of the cache directory in MiB.
     pub cache_max_mb: u64,
+    /// `ORK_VK_DEVICE`: Vulkan device index or name substring (None = the default choice).
+    pub vk_device: Option<String>,
     pub profile: bool,
     pub log_level: log::LevelFilter,
+    /// `ORK_SIM_FAULT`: the simulator's fault-injection spec, parsed where the simulator opens.
+    pub sim_fault: Option<String>,
+    /// `XDG_CACHE_HOME` and `HOME` (non-empty), for the default cache directory.
+    pub xdg_cache_home: Option<String>,
+    pub home: Option<String>,
+    /// `XDG_RUNTIME_DIR` (non-empty), for the default lock directory.
+    pub xdg_runtime_dir: Option<String>,
 }
 
-fn flag(v: Option<String>) -> bool {
-    matches!(v.as_deref().map(str::trim), Some("1") | Some("true") | Some("yes") | Some("on"))
+/// The flag rule of `ORK_OFF`, `ORK_NO_AFFINITY` and `ORK_PROFILE`: 1, true, yes or on (any
+/// case, surrounding blanks ignored) is set; anything else is not.
+pub fn flag(v: Option<&str>) -> bool {
+    matches!(v.map(|v| v.trim().to_ascii_lowercase()).as_deref(), Some("1" | "true" | "yes" | "on"))
 }
 
 impl Config {
@@ -175,6 +207,7 @@ impl Config {
         let mc = num("ORK_NPU_MC");
         let max_cores = mc.map(|n| n.min(u32::MAX as u64) as u32).filter(|&n| n >= 1);
         let wcache_budget_mb = num("ORK_WCACHE_BUDGET_MB");
+        let mm_timeout_ms = num("ORK_MM_TIMEOUT").map(|n| n.min(u32::MAX as u64) as u32);
         let cache_max_mb = num("ORK_CACHE_MAX_MB").unwrap_or(DEFAULT_CACHE_MAX_MB);
         let log_level = match get("ORK_LOG").as_deref().map(|s| s.trim().to_ascii_lowercase()) {
             None => log::LevelFilter::Info,
@@ -202,30 +235,38 @@ impl Config {
         let act_terms = terms("ORK_ACT_TERMS", 3);
         for name in ["ORK_OFF", "ORK_NO_AFFINITY", "ORK_PROFILE"] {
             if let Some(v) = get(name) {
-                if !matches!(v.trim(), "" | "0" | "1" | "true" | "false" | "yes" | "no" | "on" | "off") {
+                if !matches!(v.trim().to_ascii_lowercase().as_str(), "" | "0" | "1" | "true" | "false" | "yes" | "no" | "on" | "off") {
                     bad.push(format!("{name}={v:?} is not 0 or 1; taken as 0"));
                 }
             }
         }
+        let text = |name: &str| get(name).filter(|s| !s.trim().is_empty());
         let cfg = Config {
             npu,
-            off: flag(get("ORK_OFF")),
+            off: flag(get("ORK_OFF").as_deref()),
             min_m,
             decode,
             route,
             npu_lock,
-            lock_dir: get("ORK_LOCK_DIR").filter(|s| !s.trim().is_empty()),
+            lock_dir: text("ORK_LOCK_DIR"),
             weight_terms,
             act_terms,
-            soc: get("ORK_SOC").filter(|s| !s.trim().is_empty()),
+            soc: text("ORK_SOC"),
+            npu_card: text("ORK_NPU_CARD"),
             max_cores,
-            no_affinity: flag(get("ORK_NO_AFFINITY")),
+            mm_timeout_ms,
+            no_affinity: flag(get("ORK_NO_AFFINITY").as_deref()),
             wcache_budget_mb,
             cache_enabled: get("ORK_CACHE").map(|v| v.trim() != "0").unwrap_or(true),
-            cache_dir: get("ORK_CACHE_DIR").filter(|s| !s.trim().is_empty()),
+            cache_dir: text("ORK_CACHE_DIR"),
             cache_max_mb,
-            profile: flag(get("ORK_PROFILE")),
+            vk_device: text("ORK_VK_DEVICE").map(|s| s.trim().to_string()),
+            profile: flag(get("ORK_PROFILE").as_deref()),
             log_level,
+            sim_fault: text("ORK_SIM_FAULT"),
+            xdg_cache_home: get("XDG_CACHE_HOME").filter(|s| !s.is_empty()),
+            home: get("HOME").filter(|s| !s.is_empty()),
+            xdg_runtime_dir: get("XDG_RUNTIME_DIR").filter(|s| !s.is_empty()),
         };
         (cfg, bad)
     }
@@ -315,10 +356,71 @@ mod tests {
     }
 
     #[test]
-    fn every_var_is_documented_in_readme() {
-        let readme = include_str!("../README.md");
-        for v in VARS {
-            assert!(readme.contains(v.name), "{} missing from README", v.name);
+    fn flags_accept_one_true_yes_on_in_any_case() {
+        for v in ["1", " TRUE ", "yes", "On"] {
+            let (c, bad) = parse(&[("ORK_NO_AFFINITY", v), ("ORK_OFF", v), ("ORK_PROFILE", v)]);
+            assert!(c.no_affinity && c.off && c.profile && bad.is_empty(), "{v:?}: {bad:?}");
         }
+        for v in ["0", "", "no", "OFF"] {
+            let (c, bad) = parse(&[("ORK_NO_AFFINITY", v)]);
+            assert!(!c.no_affinity && bad.is_empty(), "{v:?}: {bad:?}");
+        }
+        let (c, bad) = parse(&[("ORK_NO_AFFINITY", "2")]);
+        assert!(!c.no_affinity);
+        assert_eq!(bad.len(), 1, "{bad:?}");
+    }
+
+    #[test]
+    fn device_and_directory_values() {
+        let (c, bad) = parse(&[]);
+        assert!(bad.is_empty());
+        assert_eq!((c.npu_card, c.mm_timeout_ms, c.vk_device, c.sim_fault), (None, None, None, None));
+        let (c, bad) = parse(&[
+            ("ORK_NPU_CARD", "/dev/dri/card1"),
+            ("ORK_MM_TIMEOUT", " 250 "),
+            ("ORK_VK_DEVICE", " llvmpipe "),
+            ("ORK_SIM_FAULT", "timeout_every:3"),
+            ("XDG_CACHE_HOME", "/c"),
+            ("HOME", "/h"),
+            ("XDG_RUNTIME_DIR", ""),
+        ]);
+        assert!(bad.is_empty(), "{bad:?}");
+        assert_eq!(c.npu_card.as_deref(), Some("/dev/dri/card1"));
+        assert_eq!(c.mm_timeout_ms, Some(250));
+        assert_eq!(c.vk_device.as_deref(), Some("llvmpipe"));
+        assert_eq!(c.sim_fault.as_deref(), Some("timeout_every:3"));
+        assert_eq!((c.xdg_cache_home.as_deref(), c.home.as_deref(), c.xdg_runtime_dir), (Some("/c"), Some("/h"), None));
+        let (c, bad) = parse(&[("ORK_MM_TIMEOUT", "soon"), ("ORK_NPU_CARD", " "), ("ORK_SIM_FAULT", " ")]);
+        assert_eq!((c.mm_timeout_ms, c.npu_card, c.sim_fault), (None, None, None));
+        assert_eq!(bad.len(), 1, "{bad:?}");
+    }
+
+    #[test]
+    fn every_parsed_variable_is_in_vars() {
+        let seen = std::cell::RefCell::new(Vec::new());
+        let _ = Config::from_lookup(|k| {
+            seen.borrow_mut().push(k.to_string());
+            None
+        });
+        let seen = seen.into_inner();
+        for k in &seen {
+            assert!(k.starts_with("ORK_") == VARS.iter().any(|v| v.name == k), "{k}: VARS lists exactly the ORK_* variables read");
+        }
+        for v in VARS {
+            assert!(seen.iter().any(|k| k == v.name), "{} is in VARS but not parsed", v.name);
+        }
+    }
+
+    #[test]
+    fn readme_table_is_vars() {
+        let readme = include_str!("../README.md");
+        let (begin, end) = ("<!-- config-table:begin -->\n", "<!-- config-table:end -->");
+        let start = readme.find(begin).expect("README.md has the config-table:begin marker") + begin.len();
+        let len = readme[start..].find(end).expect("README.md has the config-table:end marker");
+        let expected = markdown_table();
+        assert!(
+            readme[start..start + len] == expected,
+            "README.md's configuration table differs from config::VARS; replace the lines between the markers with:\n{expected}"
+        );
     }
 }

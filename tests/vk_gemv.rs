@@ -12,9 +12,7 @@ fn engine() -> Option<Arc<VkEngine>> {
     static ENGINE: OnceLock<Option<Arc<VkEngine>>> = OnceLock::new();
     ENGINE
         .get_or_init(|| {
-            // Set inside this OnceLock initialiser, the only place the tests open the engine.
-            std::env::set_var("ORK_VK_DEVICE", "llvmpipe");
-            let e = VkEngine::open().expect("VkEngine::open failed");
+            let e = VkEngine::open(Some("llvmpipe")).expect("VkEngine::open failed");
             if e.is_none() && std::env::var("ORK_VK_OPTIONAL").as_deref() != Ok("1") {
                 panic!("no Vulkan device (lavapipe): run tests/setup-vulkan.sh, or set ORK_VK_OPTIONAL=1");
             }

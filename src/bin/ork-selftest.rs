@@ -17,11 +17,15 @@
 //! Exit codes: 0 all passed · 1 a check failed · 2 no NPU device (the reason is printed as
 //! "no NPU device found: <reason>").
 //!
-//! `ORK_LOG=error|warn|info|debug|trace` sets the log level (default warn).
+//! `ORK_LOG=error|warn|info|debug|trace` sets the log level (default warn). The other `ORK_*`
+//! variables that concern the NPU (`ORK_SOC`, `ORK_NPU_CARD`, `ORK_NO_AFFINITY`,
+//! `ORK_WCACHE_BUDGET_MB`, `ORK_MM_TIMEOUT`) apply as in the plugin; all are parsed by
+//! `ggml_ork::config`.
 
 use std::process::ExitCode;
 use std::time::Instant;
 
+use ggml_ork::config::Config;
 use ggml_ork::npu::detect::{self, KifKind};
 use ggml_ork::npu::hostcpu;
 use ggml_ork::npu::kif::{self, DomainId, KernelInterface, SyncDir};
@@ -50,12 +54,21 @@ impl log::Log for StderrLogger {
     fn flush(&self) {}
 }
 
-fn init_logging() {
-    let level = std::env::var("ORK_LOG").ok().and_then(|v| v.parse().ok()).unwrap_or(log::LevelFilter::Warn);
-    let logger: &'static StderrLogger = Box::leak(Box::new(StderrLogger(level)));
+/// The configuration from the environment, with this tool's default log level (warn), and the
+/// logger at its level; bad values are logged once each.
+fn config_and_logging() -> Config {
+    let (cfg, bad) = Config::from_lookup(|k| match std::env::var(k).ok() {
+        None if k == "ORK_LOG" => Some("warn".into()),
+        v => v,
+    });
+    let logger: &'static StderrLogger = Box::leak(Box::new(StderrLogger(cfg.log_level)));
     if log::set_logger(logger).is_ok() {
-        log::set_max_level(level);
+        log::set_max_level(cfg.log_level);
     }
+    for b in bad {
+        log::warn!("{b}");
+    }
+    cfg
 }
 
 /// Deterministic i8 data (xorshift64*), full range including -128.
@@ -102,13 +115,16 @@ fn cases(soc: &SocDesc) -> Vec<Case> {
 
 /// Runs the bit-exact suite on the device through the NPU core. Returns the number of failed
 /// cases, or why the suite could not start.
-fn run_bit_exact_suite(kind: NpuKind, soc: Option<SocId>) -> Result<usize, String> {
+fn run_bit_exact_suite(config: &Config, kind: NpuKind, soc: Option<SocId>) -> Result<usize, String> {
     let cfg = NpuConfig {
         kind,
         soc,
+        card: config.npu_card.as_ref().map(Into::into),
         max_cores: None,
-        pin_cpus: hostcpu::big_cores_for_pinning(),
-        wcache_budget_bytes: None,
+        pin_cpus: hostcpu::big_cores_for_pinning(config.no_affinity),
+        wcache_budget_bytes: config.wcache_budget_mb.map(|mb| mb << 20),
+        timeout_ms: config.mm_timeout_ms,
+        sim_fault: None,
     };
     let npu = Npu::open(&cfg).map_err(|e| format!("Npu::open: {e}"))?;
     let desc = npu.soc().clone();
@@ -186,11 +202,11 @@ fn interface_smoke(dev: &dyn KernelInterface, domain: DomainId) -> Result<(), St
 }
 
 fn main() -> ExitCode {
-    init_logging();
+    let config = config_and_logging();
     println!("ork-selftest {}", env!("CARGO_PKG_VERSION"));
 
     // 1. SoC
-    let soc = match detect::detect_soc() {
+    let soc = match detect::detect_soc(config.soc.as_deref()) {
         Ok(id) => {
             let d = SocDesc::get(id);
             println!(
@@ -209,7 +225,7 @@ fn main() -> ExitCode {
 
     // 2. Host CPUs
     let big = hostcpu::big_cores();
-    let pin = hostcpu::big_cores_for_pinning();
+    let pin = hostcpu::big_cores_for_pinning(config.no_affinity);
     println!(
         "host cpus: online {:?}, big cluster {:?}{}",
         hostcpu::online_cpus(),
@@ -218,7 +234,7 @@ fn main() -> ExitCode {
     );
 
     // 3. Kernel interface
-    let node = match detect::find_npu_node() {
+    let node = match detect::find_npu_node(config.npu_card.as_deref().map(std::path::Path::new)) {
         Ok(n) => n,
         Err(e) => {
             println!("no NPU device found: {e}");
@@ -256,7 +272,7 @@ fn main() -> ExitCode {
         KifKind::Rocket => NpuKind::Rocket,
     };
     println!("bit-exact suite ({}):", node.kind.name());
-    match run_bit_exact_suite(kind, soc) {
+    match run_bit_exact_suite(&config, kind, soc) {
         Ok(0) => {
             println!("all checks passed");
             ExitCode::from(EXIT_OK)

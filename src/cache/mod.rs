@@ -437,9 +437,7 @@ impl PackCache {
         if !cfg.cache_enabled {
             return None;
         }
-        let xdg = std::env::var("XDG_CACHE_HOME").ok();
-        let home = std::env::var("HOME").ok();
-        let Some(dir) = resolve_dir(cfg.cache_dir.as_deref(), xdg.as_deref(), home.as_deref()) else {
+        let Some(dir) = resolve_dir(cfg.cache_dir.as_deref(), cfg.xdg_cache_home.as_deref(), cfg.home.as_deref()) else {
             log::debug!("orkpack cache off: no ORK_CACHE_DIR, XDG_CACHE_HOME or HOME");
             return None;
         };

@@ -52,16 +52,19 @@ fn open_device(cfg: &'static Config) -> Result<&'static Device, String> {
     let ncfg = NpuConfig {
         kind,
         soc,
+        card: cfg.npu_card.as_ref().map(Into::into),
         max_cores: cfg.max_cores,
-        pin_cpus: if cfg.no_affinity { Vec::new() } else { npu::hostcpu::big_cores_for_pinning() },
+        pin_cpus: npu::hostcpu::big_cores_for_pinning(cfg.no_affinity),
         wcache_budget_bytes: cfg.wcache_budget_mb.map(|mb| mb << 20),
+        timeout_ms: cfg.mm_timeout_ms,
+        sim_fault: cfg.sim_fault.clone(),
     };
     let npu = Npu::open(&ncfg).map_err(|e| match cfg.npu {
         NpuSelect::Auto => format!("no ORK device: {e} (set ORK_NPU=sim for the simulator)"),
         _ => format!("no ORK device: {e}"),
     })?;
     let vk = if cfg.decode == crate::config::DecodeSelect::Gpu {
-        match crate::vk::VkEngine::open() {
+        match crate::vk::VkEngine::open(cfg.vk_device.as_deref()) {
             Ok(Some(e)) => {
                 log::info!("GPU decode on {}", e.device_name());
                 Some(e)

@@ -20,7 +20,7 @@
 //! names, so they are unit-tested without a board; thin wrappers read the real files. Safe Rust
 //! only: the one ioctl involved (`DRM_IOCTL_VERSION`) lives in [`crate::npu::kif::drm`].
 //!
-//! `ORK_SOC` / `ORK_NPU_CARD` are read here directly until `config` owns every `ORK_*` variable.
+//! The values of `ORK_SOC` and `ORK_NPU_CARD` come in as arguments (parsed by `crate::config`).
 
 use std::path::{Path, PathBuf};
 
@@ -75,10 +75,10 @@ pub fn soc_from(override_value: Option<&str>, compatible: &[u8]) -> Result<SocId
     })
 }
 
-/// Detects the SoC of this machine (`ORK_SOC`, else `/proc/device-tree/compatible`).
-pub fn detect_soc() -> Result<SocId, DetectError> {
-    let ov = std::env::var("ORK_SOC").ok();
-    if let Some(v) = ov.as_deref().filter(|v| !v.trim().is_empty()) {
+/// Detects the SoC of this machine: the override (the value of `ORK_SOC`), else
+/// `/proc/device-tree/compatible`.
+pub fn detect_soc(override_value: Option<&str>) -> Result<SocId, DetectError> {
+    if let Some(v) = override_value.filter(|v| !v.trim().is_empty()) {
         return soc_from(Some(v), &[]);
     }
     let blob = std::fs::read(DT_COMPATIBLE)
@@ -160,12 +160,12 @@ fn probe(dir: &Path, prefix: &str) -> Vec<ProbedNode> {
         .collect()
 }
 
-/// Finds the NPU kernel interface on this machine. `ORK_NPU_CARD`, when set, replaces the scan
-/// of `/dev/dri/card*` by that one node.
-pub fn find_npu_node() -> Result<NpuNode, DetectError> {
-    let cards = match std::env::var_os("ORK_NPU_CARD") {
+/// Finds the NPU kernel interface on this machine. `card` (the value of `ORK_NPU_CARD`), when
+/// given, replaces the scan of `/dev/dri/card*` by that one node.
+pub fn find_npu_node(card: Option<&Path>) -> Result<NpuNode, DetectError> {
+    let cards = match card {
         Some(p) => {
-            let p = PathBuf::from(p);
+            let p = p.to_path_buf();
             let r = drm::driver_name_of(&p).map_err(|e| e.to_string());
             vec![(p, r)]
         }

@@ -121,12 +121,9 @@ impl DomainSet {
     }
 }
 
-/// The default residency budget: `ORK_WCACHE_BUDGET_MB` if set, else RAM − 1 GiB
-/// (MemTotal of /proc/meminfo), else unlimited.
+/// The default residency budget: RAM − 1 GiB (MemTotal of /proc/meminfo), else unlimited.
+/// `ORK_WCACHE_BUDGET_MB` replaces it where the NPU is opened (`NpuConfig::wcache_budget_bytes`).
 pub fn default_budget_bytes() -> u64 {
-    if let Some(mb) = std::env::var("ORK_WCACHE_BUDGET_MB").ok().and_then(|s| s.trim().parse::<u64>().ok()) {
-        return mb << 20;
-    }
     let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
         s.lines()
             .find(|l| l.starts_with("MemTotal:"))

@@ -15,8 +15,9 @@
 //!   1.02×) never reaches that. With no such gap (all CPUs alike, e.g. an x86 host) every CPU is
 //!   "big". With no readable frequency or capacity at all, the answer is empty: do not pin.
 //! * **Only online CPUs** (`/sys/devices/system/cpu/online`) are considered.
-//! * **Opt-out.** `ORK_NO_AFFINITY=1` makes [`big_cores_for_pinning`] return nothing, so callers
-//!   simply skip pinning (seed 001 kept the same switch).
+//! * **Opt-out.** `ORK_NO_AFFINITY=1` (parsed by `crate::config`, passed in as `no_affinity`)
+//!   makes [`big_cores_for_pinning`] return nothing, so callers simply skip pinning (seed 001
+//!   kept the same switch).
 //! * **Mechanism only.** Which worker goes to which big CPU is the NPU pool's business; this
 //!   module lists the CPUs (ascending) and pins the calling thread.
 //!
@@ -109,18 +110,10 @@ pub fn big_cores() -> Vec<usize> {
     big_cluster(&read_cpu_metrics())
 }
 
-/// Whether an `ORK_NO_AFFINITY` value disables pinning ("1", "true", "yes", "on").
-pub fn affinity_disabled(value: Option<&str>) -> bool {
-    matches!(
-        value.map(|v| v.trim().to_ascii_lowercase()).as_deref(),
-        Some("1") | Some("true") | Some("yes") | Some("on")
-    )
-}
-
 /// The CPUs NPU-driver threads should be pinned to: [`big_cores`], or nothing when
-/// `ORK_NO_AFFINITY=1`.
-pub fn big_cores_for_pinning() -> Vec<usize> {
-    if affinity_disabled(std::env::var("ORK_NO_AFFINITY").ok().as_deref()) {
+/// `no_affinity` (`ORK_NO_AFFINITY`).
+pub fn big_cores_for_pinning(no_affinity: bool) -> Vec<usize> {
+    if no_affinity {
         log::debug!("hostcpu: ORK_NO_AFFINITY set; not pinning");
         return Vec::new();
     }
@@ -193,11 +186,8 @@ mod tests {
     }
 
     #[test]
-    fn affinity_switch_values() {
-        assert!(affinity_disabled(Some("1")));
-        assert!(affinity_disabled(Some(" TRUE ")));
-        assert!(!affinity_disabled(Some("0")));
-        assert!(!affinity_disabled(None));
+    fn the_opt_out_pins_nothing() {
+        assert!(big_cores_for_pinning(true).is_empty());
     }
 
     #[test]

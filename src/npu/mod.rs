@@ -28,6 +28,7 @@ pub mod regcmd;
 pub mod regs;
 pub mod soc;
 
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -36,11 +37,12 @@ use layout::WeightGeometry;
 use mm::{Shared, WeightInner};
 
 /// Which kernel interface to open.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum NpuKind {
     /// The vendor driver, then mainline rocket; `NoDevice` if neither is present.
     Auto,
     /// The in-process simulator.
+    #[default]
     Sim,
     /// The vendor `rknpu` DRM driver.
     Rknpu,
@@ -48,24 +50,27 @@ pub enum NpuKind {
     Rocket,
 }
 
-/// How to open the NPU.
-#[derive(Clone, Debug)]
+/// How to open the NPU. The NPU core reads no environment: whoever builds this passes the
+/// configured values (`crate::config::Config`; the comments name the variables).
+#[derive(Clone, Debug, Default)]
 pub struct NpuConfig {
     pub kind: NpuKind,
-    /// SoC (default: RK3588 for the simulator).
+    /// SoC (`ORK_SOC`; default: the device tree, RK3588 for the simulator).
     pub soc: Option<soc::SocId>,
-    /// Cap on NPU cores for every run (default: all).
+    /// The rknpu node to open instead of scanning `/dev/dri/card*` (`ORK_NPU_CARD`).
+    pub card: Option<PathBuf>,
+    /// Cap on NPU cores for every run (`ORK_NPU_MC`; default: all).
     pub max_cores: Option<u32>,
-    /// CPUs to pin the per-core workers to (empty = no pinning).
+    /// CPUs to pin the per-core workers to (empty = no pinning; see `hostcpu`).
     pub pin_cpus: Vec<usize>,
-    /// Residency budget for weights (default: RAM − 1 GiB, or `ORK_WCACHE_BUDGET_MB`).
+    /// Residency budget for weights (`ORK_WCACHE_BUDGET_MB`; default: RAM − 1 GiB,
+    /// [`domain::default_budget_bytes`]).
     pub wcache_budget_bytes: Option<u64>,
-}
-
-impl Default for NpuConfig {
-    fn default() -> Self {
-        NpuConfig { kind: NpuKind::Sim, soc: None, max_cores: None, pin_cpus: Vec::new(), wcache_budget_bytes: None }
-    }
+    /// Submit timeout in ms (`ORK_MM_TIMEOUT`; default [`mm::DEFAULT_TIMEOUT_MS`]).
+    pub timeout_ms: Option<u32>,
+    /// The simulator's fault injection (`ORK_SIM_FAULT`, [`kif::sim::SimFaults::parse`]); a bad
+    /// spec makes [`Npu::open`] fail.
+    pub sim_fault: Option<String>,
 }
 
 /// Errors of the NPU core; each carries the op name and shapes.
@@ -153,10 +158,11 @@ pub struct Npu {
 }
 
 /// Opens a hardware kernel interface. The only place that names the hardware back-ends.
-/// Opens a real NPU: the named interface, or (Auto) whichever node `detect` finds.
-fn open_hw(kind: NpuKind) -> Result<Box<dyn KernelInterface>, NpuError> {
+/// Opens a real NPU: the named interface, or (Auto) whichever node `detect` finds; `card` replaces
+/// the scan for the vendor driver's node.
+fn open_hw(kind: NpuKind, card: Option<&Path>) -> Result<Box<dyn KernelInterface>, NpuError> {
     let kind = match kind {
-        NpuKind::Auto => match detect::find_npu_node() {
+        NpuKind::Auto => match detect::find_npu_node(card) {
             Ok(node) => match node.kind {
                 detect::KifKind::Rknpu => NpuKind::Rknpu,
                 detect::KifKind::Rocket => NpuKind::Rocket,
@@ -167,7 +173,7 @@ fn open_hw(kind: NpuKind) -> Result<Box<dyn KernelInterface>, NpuError> {
     };
     match kind {
         NpuKind::Rocket => Ok(kif::rocket::open()?),
-        _ => Ok(kif::rknpu::open()?),
+        _ => Ok(kif::rknpu::open(card)?),
     }
 }
 
@@ -181,14 +187,14 @@ impl Npu {
         let soc = match cfg.kind {
             NpuKind::Sim => {
                 let soc = soc::SocDesc::get(cfg.soc.unwrap_or(soc::SocId::Rk3588));
-                kif = Arc::new(kif::sim::SimKif::new(soc.clone())?);
+                kif = Arc::new(kif::sim::SimKif::new(soc.clone(), cfg.sim_fault.as_deref())?);
                 soc
             }
             other => {
-                kif = Arc::from(open_hw(other)?);
+                kif = Arc::from(open_hw(other, cfg.card.as_deref())?);
                 let id = match cfg.soc {
                     Some(id) => id,
-                    None => detect::detect_soc().map_err(|e| NpuError::NoDevice(e.to_string()))?,
+                    None => detect::detect_soc(None).map_err(|e| NpuError::NoDevice(e.to_string()))?,
                 };
                 soc::SocDesc::get(id)
             }
@@ -202,10 +208,7 @@ impl Npu {
         let cores = soc.cores;
         let max_cores = cfg.max_cores.unwrap_or(cores).clamp(1, cores);
         let budget = cfg.wcache_budget_bytes.unwrap_or_else(domain::default_budget_bytes);
-        let timeout_ms = std::env::var("ORK_MM_TIMEOUT")
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(mm::DEFAULT_TIMEOUT_MS);
+        let timeout_ms = cfg.timeout_ms.unwrap_or(mm::DEFAULT_TIMEOUT_MS);
         let shared = Arc::new(Shared {
             kif,
             domains: Mutex::new(domain::DomainSet::new(soc.domain_cap_bytes, budget, kif::MAX_DOMAINS)),

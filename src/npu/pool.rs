@@ -4,8 +4,8 @@
 //! share runs on the calling thread (rknpu-facts §5). Workers are spawned once and fed boxed
 //! jobs over a channel. Each worker is pinned to a CPU from the list the pool is built with
 //! (big cores: seed 001 measured 2× slower workers on little cores); the big-core detection
-//! itself lives elsewhere (`hostcpu`), so the list is a plain parameter (empty = no pinning), and
-//! `ORK_NO_AFFINITY=1` disables pinning.
+//! itself lives elsewhere (`hostcpu`), so the list is a plain parameter (empty = no pinning;
+//! `ORK_NO_AFFINITY=1` leaves it empty).
 
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -24,13 +24,12 @@ pub struct Pool {
 
 impl Pool {
     /// Spawns workers for NPU cores `1..cores`; worker for core i is pinned to
-    /// `pin_cpus[(i - 1) % len]` unless the list is empty or `ORK_NO_AFFINITY=1`.
+    /// `pin_cpus[(i - 1) % len]` unless the list is empty.
     pub fn new(cores: u32, pin_cpus: &[usize]) -> Pool {
-        let no_affinity = std::env::var("ORK_NO_AFFINITY").is_ok_and(|v| v.trim() == "1");
         let mut workers = Vec::new();
         for core in 1..cores as usize {
             let (tx, rx) = mpsc::channel::<Job>();
-            let cpu = (!no_affinity && !pin_cpus.is_empty()).then(|| pin_cpus[(core - 1) % pin_cpus.len()]);
+            let cpu = (!pin_cpus.is_empty()).then(|| pin_cpus[(core - 1) % pin_cpus.len()]);
             let handle = std::thread::Builder::new()
                 .name(format!("ork-npu{core}"))
                 .spawn(move || {

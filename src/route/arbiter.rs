@@ -207,7 +207,7 @@ pub fn lock_dir(cfg: &Config) -> PathBuf {
     if let Some(d) = &cfg.lock_dir {
         return PathBuf::from(d);
     }
-    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+    if let Some(d) = &cfg.xdg_runtime_dir {
         return PathBuf::from(d);
     }
     let run_lock = PathBuf::from("/run/lock");

@@ -19,7 +19,8 @@ use ash::vk;
 use super::instance::{InstanceShared, API_VERSION};
 use super::VkError;
 
-/// Environment variable that overrides the device choice (index or name substring).
+/// The variable that overrides the device choice (index or name substring), parsed by
+/// `crate::config` and passed to [`DeviceWanted::from_value`].
 pub const ENV_DEVICE: &str = "ORK_VK_DEVICE";
 /// Name substring chosen by default.
 pub const DEFAULT_DEVICE_SUBSTRING: &str = "Mali";
@@ -154,12 +155,13 @@ pub enum DeviceWanted {
 }
 
 impl DeviceWanted {
-    /// From `ORK_VK_DEVICE`, else the default ("Mali").
-    pub fn from_env() -> Self {
-        match std::env::var(ENV_DEVICE) {
-            Ok(v) if !v.trim().is_empty() => match v.trim().parse::<usize>() {
+    /// From the value of `ORK_VK_DEVICE` (an index or a name substring), else the default
+    /// ("Mali").
+    pub fn from_value(value: Option<&str>) -> Self {
+        match value.map(str::trim) {
+            Some(v) if !v.is_empty() => match v.parse::<usize>() {
                 Ok(i) => DeviceWanted::Index(i),
-                Err(_) => DeviceWanted::Name(v.trim().to_string()),
+                Err(_) => DeviceWanted::Name(v.to_string()),
             },
             _ => DeviceWanted::Name(DEFAULT_DEVICE_SUBSTRING.to_string()),
         }

@@ -12,7 +12,7 @@
 //!
 //! **Decisions.**
 //! * `libvulkan` is opened at run time (`ash` `loaded`): no loader, no driver or no suitable
-//!   device gives `VkEngine::open() == Ok(None)` plus one log line, never a panic or a link
+//!   device gives `VkEngine::open(..) == Ok(None)` plus one log line, never a panic or a link
 //!   error. Device choice: see [`device`] (`ORK_VK_DEVICE`, default "Mali").
 //! * Ownership follows wgpu-hal: [`device::DeviceShared`] (in an `Arc`, holding the instance's
 //!   `Arc`) is held by every resource; each resource destroys its own objects in `Drop`, the
@@ -244,11 +244,12 @@ fn shape_err(op: &'static str, detail: String) -> VkError {
 }
 
 impl VkEngine {
-    /// Loads Vulkan, picks a device (see [`device`]) and builds the pipelines.
+    /// Loads Vulkan, picks a device (see [`device`]; `device` is the value of `ORK_VK_DEVICE`, an
+    /// index or a name substring, None = the first Mali) and builds the pipelines.
     /// `Ok(None)` (with one log line) when there is no loader, no driver or no suitable device.
-    pub fn open() -> Result<Option<Arc<VkEngine>>, VkError> {
+    pub fn open(device: Option<&str>) -> Result<Option<Arc<VkEngine>>, VkError> {
         let Some(instance) = InstanceShared::new()? else { return Ok(None) };
-        let Some(dev) = DeviceShared::open(Arc::new(instance), &DeviceWanted::from_env())? else {
+        let Some(dev) = DeviceShared::open(Arc::new(instance), &DeviceWanted::from_value(device))? else {
             return Ok(None);
         };
         let pipes = Pipelines::new(&dev)?;

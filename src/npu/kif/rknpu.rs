@@ -399,18 +399,18 @@ pub const DRIVER_NAME: &str = "rknpu";
 /// Where primary DRM nodes live.
 pub const DRI_DIR: &str = "/dev/dri";
 
-/// Finds the rknpu node: `ORK_NPU_CARD` if set, else the first `/dev/dri/card*` whose DRM driver
-/// name is "rknpu". The error says what was looked at.
-pub fn find_card() -> Result<PathBuf, KifError> {
-    if let Some(p) = std::env::var_os("ORK_NPU_CARD") {
-        return Ok(PathBuf::from(p));
+/// Finds the rknpu node: `card` (the value of `ORK_NPU_CARD`) if given, else the first
+/// `/dev/dri/card*` whose DRM driver name is "rknpu". The error says what was looked at.
+pub fn find_card(card: Option<&Path>) -> Result<PathBuf, KifError> {
+    if let Some(p) = card {
+        return Ok(p.to_path_buf());
     }
     drm::find_by_driver(Path::new(DRI_DIR), "card", DRIVER_NAME)
 }
 
 /// Opens the vendor driver (node from [`find_card`]) as a kernel interface.
-pub fn open() -> Result<Box<dyn KernelInterface>, KifError> {
-    let path = find_card()?;
+pub fn open(card: Option<&Path>) -> Result<Box<dyn KernelInterface>, KifError> {
+    let path = find_card(card)?;
     Ok(Box::new(Rknpu::open_path(&path)?))
 }
 

@@ -183,10 +183,11 @@ pub struct SimKif {
 }
 
 impl SimKif {
-    /// A simulator of `soc` with the SoC's IOVA window per domain; faults from `ORK_SIM_FAULT`.
-    pub fn new(soc: SocDesc) -> Result<SimKif, KifError> {
-        let faults = match std::env::var("ORK_SIM_FAULT") {
-            Ok(s) if !s.trim().is_empty() => SimFaults::parse(&s)?,
+    /// A simulator of `soc` with the SoC's IOVA window per domain; faults from `fault_spec` (the
+    /// value of `ORK_SIM_FAULT`, [`SimFaults::parse`]; None or blank = none).
+    pub fn new(soc: SocDesc, fault_spec: Option<&str>) -> Result<SimKif, KifError> {
+        let faults = match fault_spec {
+            Some(s) if !s.trim().is_empty() => SimFaults::parse(s)?,
             _ => SimFaults::default(),
         };
         Ok(SimKif::with_faults(soc, faults))
