@@ -30,6 +30,16 @@ pub struct Iova(pub u32);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct DomainId(pub u32);
 
+/// Page size of buffer objects. Every interface hands out whole pages: the vendor kernel
+/// page-aligns MEM_CREATE (rknpu-facts §1.3/§1.6, S4), rocket's drm_gem_shmem rounds to pages,
+/// and the simulator's IOVA allocator works in pages.
+pub const PAGE_BYTES: usize = 4096;
+
+/// Rounds a byte count up to whole pages.
+pub fn page_round(size_bytes: usize) -> usize {
+    size_bytes.div_ceil(PAGE_BYTES) * PAGE_BYTES
+}
+
 /// Maximum number of IOMMU domains (stock vendor driver limit; rknpu-facts §4, conflict 4).
 pub const MAX_DOMAINS: u32 = 16;
 
@@ -246,3 +256,15 @@ pub trait KernelInterface: Send + Sync {
 /// copied is still in the L2 cache of the cores this targets (Cortex-A76: 512 KiB) when it is
 /// observed.
 pub const IMPORT_PIECE_BYTES: usize = 256 << 10;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_rounding() {
+        assert_eq!(page_round(1), 4096);
+        assert_eq!(page_round(4096), 4096);
+        assert_eq!(page_round(4097), 8192);
+    }
+}

@@ -50,7 +50,8 @@ use nix::errno::Errno;
 
 use super::drm::{self, DRM_COMMAND_BASE, DRM_IOCTL_TYPE};
 use super::{
-    Bo, DomainId, Iova, KernelInterface, KifError, RknpuTask, SubmitDone, SubmitJob, SyncDir,
+    page_round, Bo, DomainId, Iova, KernelInterface, KifError, RknpuTask, SubmitDone, SubmitJob, SyncDir,
+    PAGE_BYTES,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -206,8 +207,6 @@ pub const PC_DATA_EXTRA_AMOUNT: u32 = 4;
 /// DPU `DST_BASE_ADDR` register offset: the output (write) address of a program
 /// (rknpu-facts §2.2 row 61, S6/S9).
 pub const REG_DPU_DST_BASE_ADDR: u16 = 0x4020;
-/// Page size of BO allocation (drm_gem_shmem rounds to pages).
-pub const PAGE_BYTES: usize = 4096;
 /// PREP_BO wait used by `mem_sync(FromDevice)` and for submits with `timeout_ms == 0`: ork's
 /// default submit timeout (`ORK_MM_TIMEOUT`, rknpu-facts §1.3 / §9).
 pub const DEFAULT_WAIT_MS: u32 = 60_000;
@@ -443,7 +442,7 @@ impl KernelInterface for Rocket {
         if size_bytes == 0 {
             return Err(KifError::Invalid("mem_create: size 0".into()));
         }
-        let size = size_bytes.div_ceil(PAGE_BYTES) * PAGE_BYTES;
+        let size = page_round(size_bytes);
         let size32 = u32::try_from(size)
             .map_err(|_| KifError::Invalid(format!("rocket: a BO is at most 4 GiB, asked {size} B")))?;
         let mut c = DrmRocketCreateBo { size: size32, ..DrmRocketCreateBo::default() };
