@@ -127,14 +127,8 @@ pub fn default_budget_bytes() -> u64 {
     if let Some(mb) = std::env::var("ORK_WCACHE_BUDGET_MB").ok().and_then(|s| s.trim().parse::<u64>().ok()) {
         return mb << 20;
     }
-    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
-        s.lines()
-            .find(|l| l.starts_with("MemTotal:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<u64>().ok())
-    });
-    match total {
-        Some(kb) => (kb << 10).saturating_sub(BUDGET_HEADROOM_BYTES),
+    match crate::os::meminfo::read().total_bytes {
+        Some(total) => total.saturating_sub(BUDGET_HEADROOM_BYTES),
         None => u64::MAX,
     }
 }
