@@ -163,16 +163,6 @@ impl Bo {
         // SAFETY: as in `bytes`, and `&mut self` gives exclusive CPU access.
         unsafe { std::slice::from_raw_parts_mut(self.map_ptr, self.size_bytes) }
     }
-
-    /// Raw pointer to the mapping, for interfaces that must read device memory during a submit.
-    pub fn as_ptr(&self) -> *mut u8 {
-        self.map_ptr
-    }
-
-    /// The object kept alive with the mapping (lets an interface recover its own bookkeeping).
-    pub fn keep(&self) -> &(dyn std::any::Any + Send + Sync) {
-        &*self._keep
-    }
 }
 
 impl fmt::Debug for Bo {
