@@ -32,6 +32,7 @@
 //! `unsafe`: SIMD intrinsics (raw-pointer loads/stores, `target_feature` functions), with a
 //! `// SAFETY:` line on every block. Callers see only safe functions that return `None` when no
 //! SIMD path exists on the running CPU; `dispatch!` picks the kernel in each of them.
+#![allow(unsafe_code)]
 
 #[cfg(target_arch = "aarch64")]
 use std::arch::aarch64::*;

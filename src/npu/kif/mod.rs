@@ -11,8 +11,10 @@
 //! task buffer, a core mask and a domain. The rocket implementation translates (it reads the task
 //! descriptors back from the mapped task buffer and submits them as rocket tasks).
 //!
-//! Unsafe code is allowed in this module tree only (and in `crate::ffi`): raw mappings of device
-//! memory are turned into slices here, each with a `// SAFETY:` line.
+//! Unsafe code is allowed in this module tree (and, outside `npu`, in `vk`, `quant::simd`, `os`
+//! and `ffi`): raw mappings of device memory are turned into slices here, each with a
+//! `// SAFETY:` line.
+#![allow(unsafe_code)]
 
 pub mod sim;
 pub mod rknpu;
