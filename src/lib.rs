@@ -14,6 +14,12 @@
 //! * [`vk`] — the Mali decode path: ash device, SPIR-V GEMV on int8 and native 4-bit weights.
 //! * [`cache`] — `.orkpack`: packed weights persisted on disk and mapped back.
 //! * [`config`] — every `ORK_*` variable, parsed once.
+//!
+//! `unsafe` is denied crate-wide and allowed only where raw memory or foreign calls live:
+//! `npu::kif` (device mappings and ioctls), `vk` (Vulkan calls; not `vk::reference` or
+//! `vk::shaders`), `quant::simd` (SIMD intrinsics), `os` (file and shared mappings; not
+//! `os::meminfo`) and `ffi` (the C ABI).
+#![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod logging;

@@ -161,5 +161,7 @@ fn rocket_request_numbers() {
 #[test]
 fn rocket_trailer_and_output_register() {
     assert_eq!(rocket::PC_DATA_EXTRA_AMOUNT, 4);
-    assert_eq!(rocket::REG_DPU_DST_BASE_ADDR, 0x4020);
+    // rocket finds a job's output BO by the DPU DST_BASE_ADDR write of the register table
+    let dst = &ggml_ork::npu::regs::DPU_DST_BASE_ADDR::REG;
+    assert_eq!((dst.block.target_op(), dst.offset), (0x1001, 0x4020));
 }

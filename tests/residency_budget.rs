@@ -8,7 +8,7 @@ use cache_common::*;
 use ggml_ork::backend::weights::pack;
 use ggml_ork::backend::Device;
 use ggml_ork::config::Config;
-use ggml_ork::npu::kif::sim::PAGE_BYTES;
+use ggml_ork::npu::kif::page_round;
 use ggml_ork::npu::soc::{SocDesc, SocId};
 use ggml_ork::npu::{domain, Npu, NpuConfig, NpuError, NpuKind};
 use std::sync::atomic::Ordering::Relaxed;
@@ -19,7 +19,7 @@ const K: usize = 160;
 /// Bytes one int8 term of an `[N, K]` weight reserves (its tiles, page-rounded).
 fn term_bytes() -> u64 {
     let tiles = ggml_ork::npu::layout::tile_weight(&SocDesc::get(SocId::Rk3588), &vec![0i8; N * K], N, K).unwrap().bytes.len() as u64;
-    tiles.div_ceil(PAGE_BYTES) * PAGE_BYTES
+    page_round(tiles as usize) as u64
 }
 
 #[test]
@@ -85,7 +85,7 @@ fn a_model_too_large_for_two_terms_keeps_one_term_everywhere() {
     const BK: usize = 1024;
     let term = {
         let t = ggml_ork::npu::layout::tile_weight(&SocDesc::get(SocId::Rk3588), &vec![0i8; BN * BK], BN, BK).unwrap().bytes.len() as u64;
-        t.div_ceil(PAGE_BYTES) * PAGE_BYTES
+        page_round(t as usize) as u64
     };
     let tmp = tempfile::tempdir().unwrap();
     let model: Vec<(String, Vec<u8>)> = (0..3).map(|i| (format!("blk.{i}.ffn_up.weight"), weight_bytes(40 + i, BN, BK))).collect();

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: set-up (idempotent), the crate's tests (unit, simulator, bit-exact, ABI
-# drift), then end-to-end checks inside the pinned llama.cpp tools.
+# drift), the clippy gate, then end-to-end checks inside the pinned llama.cpp tools.
 source "$(dirname "$0")/common.sh"
 cd "$ROOT"
 echo "== cargo test"
@@ -9,6 +9,14 @@ cargo test --quiet --no-fail-fast 2>&1 | tee "$ORK_ENV/cargo-test.log" | grep -E
 if grep -qE "^test result: FAILED|^error" "$ORK_ENV/cargo-test.log"; then
   grep -E "panicked|FAILED|^error" "$ORK_ENV/cargo-test.log" | head -40
   echo "cargo test failed"; exit 1
+fi
+# Lints as errors, every unsafe block with its SAFETY comment, every pub unsafe fn with its
+# `# Safety` section (clippy comes with set-up).
+echo "== cargo clippy"
+if ! cargo clippy --all-targets --quiet -- -D warnings -W clippy::undocumented_unsafe_blocks -W clippy::missing_safety_doc \
+     >"$ORK_ENV/cargo-clippy.log" 2>&1; then
+  grep -E "^(error|warning)|^ *--> " "$ORK_ENV/cargo-clippy.log" | head -60
+  echo "cargo clippy failed (log: $ORK_ENV/cargo-clippy.log)"; exit 1
 fi
 echo "== build libggml-ork.so (release)"
 build_plugin

@@ -37,6 +37,12 @@ if [ ${#pkgs[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >&2
 fi
 
+# clippy for the test command's lint gate (idempotent; a fresh rustup toolchain may lack it)
+if ! cargo clippy --version >/dev/null 2>&1; then
+  log "rustup component add clippy"
+  rustup component add clippy >&2
+fi
+
 # Vulkan on the CPU (lavapipe) and glslc, for the GPU decode path's tests
 bash "$(dirname "${BASH_SOURCE[0]}")/setup-vulkan.sh"
 

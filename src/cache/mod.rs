@@ -569,7 +569,7 @@ impl PackCache {
         if over == 0 && disk_short == 0 {
             return Ok(());
         }
-        let (total, candidates) = self.eviction_candidates(Some(self.in_use_since));
+        let (total, candidates) = self.eviction_candidates(self.in_use_since);
         let evictable: u64 = candidates.iter().map(|e| e.bytes).sum();
         if evictable < over.max(disk_short) {
             *size = Some(total);
@@ -656,17 +656,9 @@ impl PackCache {
         out
     }
 
-    /// Removes least-recently-used entries (oldest mtime first) until the directory holds at
-    /// most `target_bytes`, and temporary files abandoned for over an hour. Returns the bytes
-    /// left. Files another process removed meanwhile are skipped.
-    pub fn evict_to(&self, target_bytes: u64) -> u64 {
-        let (total, candidates) = self.eviction_candidates(None);
-        self.remove_until(total, candidates, target_bytes)
-    }
-
     /// Removes temporary files abandoned for over an hour; returns the bytes of everything left
     /// and the entries that may be evicted (mtime before `keep_since`), oldest first.
-    fn eviction_candidates(&self, keep_since: Option<SystemTime>) -> (u64, Vec<DirEntryInfo>) {
+    fn eviction_candidates(&self, keep_since: SystemTime) -> (u64, Vec<DirEntryInfo>) {
         let now = SystemTime::now();
         let mut entries = self.scan();
         entries.retain(|e| {
@@ -677,7 +669,7 @@ impl PackCache {
             !stale
         });
         let total: u64 = entries.iter().map(|e| e.bytes).sum();
-        entries.retain(|e| !e.tmp && keep_since.is_none_or(|t| e.mtime < t));
+        entries.retain(|e| !e.tmp && e.mtime < keep_since);
         entries.sort_by_key(|e| e.mtime);
         (total, entries)
     }

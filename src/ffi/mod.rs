@@ -10,6 +10,7 @@
 //! own `libggml-base.so.0` already is), so the crate links without llama.cpp and its tests run
 //! without it. Types come from `ggml-headers/ork_ggml_abi.h` through bindgen.
 #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code, clippy::all)]
+#![allow(unsafe_code)]
 
 pub mod abi {
     include!(concat!(env!("OUT_DIR"), "/ggml_abi.rs"));

@@ -124,14 +124,8 @@ impl DomainSet {
 /// The default residency budget: RAM − 1 GiB (MemTotal of /proc/meminfo), else unlimited.
 /// `ORK_WCACHE_BUDGET_MB` replaces it where the NPU is opened (`NpuConfig::wcache_budget_bytes`).
 pub fn default_budget_bytes() -> u64 {
-    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
-        s.lines()
-            .find(|l| l.starts_with("MemTotal:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<u64>().ok())
-    });
-    match total {
-        Some(kb) => (kb << 10).saturating_sub(BUDGET_HEADROOM_BYTES),
+    match crate::os::meminfo::read().total_bytes {
+        Some(total) => total.saturating_sub(BUDGET_HEADROOM_BYTES),
         None => u64::MAX,
     }
 }

@@ -24,8 +24,8 @@ use std::sync::{Arc, Mutex};
 use crate::npu::domain::DomainSet;
 use crate::npu::kif::{job_flags, mem_flags, Bo, DomainId, Iova, KernelInterface, KifError, RknpuTask, SubmitJob, SyncDir};
 use crate::npu::layout::{self, WeightGeometry};
-use crate::npu::plan::{CorePlan, MAX_CHAIN_PROGRAMS};
-use crate::npu::regcmd::{self, MatmulProgram};
+use crate::npu::plan::{CorePlan, SubmitIovas, MAX_CHAIN_PROGRAMS};
+use crate::npu::regcmd;
 use crate::npu::soc::SocDesc;
 use crate::npu::NpuError;
 
@@ -164,39 +164,26 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
             layout::pack_a_fast(a, k, ab, &mut act[*off..*off + ab.bytes()]);
         }
         // Programs, chained, and their task descriptors.
-        let (act_iova, out_iova, rc_iova) = (set.act.iova.0, set.out.iova.0, set.regcmd.iova.0);
-        let progs: Vec<MatmulProgram> = sub
-            .programs
-            .iter()
-            .map(|p| MatmulProgram {
-                mc: p.mc as u32,
-                k: p.kp as u32,
-                n: p.nc as u32,
-                dst_stride: p.nc as u32,
-                a: Iova(act_iova + sub.a_blocks[p.a_block].1 as u32),
-                b: Iova(w_iova.0 + p.weight_offset as u32),
-                c: Iova(out_iova + p.out_offset as u32),
-                sched: p.sched,
-            })
-            .collect();
-        let entries = regcmd::chain(&progs, set.regcmd.iova, shared.soc.pc_data_amount_scale)?;
+        let at = SubmitIovas { act: set.act.iova, weights: w_iova, out: set.out.iova, regcmd: set.regcmd.iova };
+        let entries = sub.regcmd(&at, shared.soc.pc_data_amount_scale)?;
+        let nprogs = sub.programs.len();
         let bytes = regcmd::to_bytes(&entries);
         set.regcmd.bytes_mut()[..bytes.len()].copy_from_slice(&bytes);
         let tsize = std::mem::size_of::<RknpuTask>();
         let tbytes = set.task.bytes_mut();
-        for i in 0..progs.len() {
+        for i in 0..nprogs {
             let t = RknpuTask {
                 enable_mask: regcmd::OP_ENABLE_MATMUL,
                 int_mask: regcmd::INT_MASK_DPU,
                 int_clear: regcmd::INT_CLEAR_ALL,
                 regcfg_amount: regcmd::BODY_ENTRIES as u32,
-                regcmd_addr: u64::from(rc_iova) + (i * regcmd::PROGRAM_BYTES) as u64,
+                regcmd_addr: u64::from(at.regcmd.0) + (i * regcmd::PROGRAM_BYTES) as u64,
                 ..RknpuTask::default()
             };
             tbytes[i * tsize..(i + 1) * tsize].copy_from_slice(bytemuck::bytes_of(&t));
         }
         if log::log_enabled!(target: "ork::regcmd", log::Level::Trace) {
-            log::trace!(target: "ork::regcmd", "core {core} submit of {} programs:\n{}", progs.len(), crate::npu::regs::decode(&entries));
+            log::trace!(target: "ork::regcmd", "core {core} submit of {nprogs} programs:\n{}", crate::npu::regs::decode(&entries));
         }
         for bo in [&set.act, &set.regcmd, &set.task] {
             kif.mem_sync(bo, SyncDir::ToDevice).map_err(sub_err)?;
@@ -204,7 +191,7 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
         let job = SubmitJob {
             task_bo: &set.task,
             task_start: 0,
-            task_number: progs.len() as u32,
+            task_number: nprogs as u32,
             core_mask: 1 << core,
             domain,
             flags: job_flags::PC | job_flags::PINGPONG,
@@ -223,7 +210,7 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
             layout::add_c_block(&out[p.out_offset..], p.mc, p.nc, p.nc, &mut res.local, plan.ncols, p.m0, p.col0);
         }
         res.submits += 1;
-        res.programs += progs.len() as u32;
+        res.programs += nprogs as u32;
         res.device_ns += done.hw_elapse_ns;
     }
     Ok(res)

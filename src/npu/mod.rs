@@ -405,7 +405,7 @@ impl Npu {
 
 /// What a weight of `geom` reserves in its domain: its tiled bytes, page-rounded.
 fn reserved_bytes(geom: &WeightGeometry) -> u64 {
-    (geom.total_bytes as u64).div_ceil(kif::sim::PAGE_BYTES) * kif::sim::PAGE_BYTES
+    kif::page_round(geom.total_bytes) as u64
 }
 
 pub(crate) fn check_shape_soc(soc: &soc::SocDesc, n: usize, k: usize) -> Result<(), NpuError> {

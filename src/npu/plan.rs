@@ -25,8 +25,10 @@
 
 use std::collections::HashMap;
 
+use crate::npu::kif::Iova;
 use crate::npu::layout::{ABlock, Tile, WeightGeometry, BLOCK};
-use crate::npu::regcmd::Schedule;
+use crate::npu::regcmd::{chain, MatmulProgram, RegcmdError, Schedule};
+use crate::npu::regs::RegCmd;
 use crate::npu::soc::SocDesc;
 
 /// Programs per PC chain (ork caps a chain at 1024: 1 MiB regcmd, rknpu-facts §2.4).
@@ -73,6 +75,44 @@ pub struct PlannedSubmit {
     pub programs: Vec<PlannedProgram>,
     pub act_bytes: usize,
     pub out_bytes: usize,
+}
+
+/// Where a submit's buffers sit in the device's address space: the bases its programs' byte
+/// offsets are relative to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SubmitIovas {
+    /// Activation scratch (the offsets of `a_blocks`).
+    pub act: Iova,
+    /// The weight blob (`weight_offset`).
+    pub weights: Iova,
+    /// Output scratch (`out_offset`).
+    pub out: Iova,
+    /// The regcmd buffer the programs are PC-chained in.
+    pub regcmd: Iova,
+}
+
+impl PlannedSubmit {
+    /// The submit's PC-chained regcmd stream with its buffers at `at` — the one mapping from
+    /// planned programs to [`MatmulProgram`]s, used by the submit path (`mm.rs`) and by
+    /// [`synth_fixed`] (the golden tests, `ork-regdump --synth`). One program per
+    /// `PROGRAM_ENTRIES` entries, in `programs` order.
+    pub fn regcmd(&self, at: &SubmitIovas, amount_scale: u32) -> Result<Vec<RegCmd>, RegcmdError> {
+        let progs: Vec<MatmulProgram> = self
+            .programs
+            .iter()
+            .map(|p| MatmulProgram {
+                mc: p.mc as u32,
+                k: p.kp as u32,
+                n: p.nc as u32,
+                dst_stride: p.nc as u32,
+                a: Iova(at.act.0 + self.a_blocks[p.a_block].1 as u32),
+                b: Iova(at.weights.0 + p.weight_offset as u32),
+                c: Iova(at.out.0 + p.out_offset as u32),
+                sched: p.sched,
+            })
+            .collect();
+        chain(&progs, at.regcmd, amount_scale)
+    }
 }
 
 /// A column segment a core owns: global columns `[n0, n0+nc)` at core-local column `col0`.
@@ -255,36 +295,26 @@ pub fn synth_fixed(
     k: usize,
     n: usize,
     max_cores: u32,
-) -> Result<Vec<(u32, usize, Vec<crate::npu::regs::RegCmd>)>, crate::npu::regcmd::RegcmdError> {
-    use crate::npu::kif::Iova;
-    use crate::npu::regcmd::{chain, MatmulProgram};
+) -> Result<Vec<(u32, usize, Vec<RegCmd>)>, RegcmdError> {
     let geom = WeightGeometry::new(soc, n, k);
     let p = plan(soc, &geom, m, max_cores);
+    let at = SubmitIovas {
+        act: Iova(SYNTH_A_IOVA),
+        weights: Iova(SYNTH_B_IOVA),
+        out: Iova(SYNTH_C_IOVA),
+        regcmd: Iova(SYNTH_REGCMD_IOVA),
+    };
     let mut out = Vec::new();
     for cp in &p.cores {
         for (i, sub) in cp.submits.iter().enumerate() {
-            let progs: Vec<MatmulProgram> = sub
-                .programs
-                .iter()
-                .map(|q| MatmulProgram {
-                    mc: q.mc as u32,
-                    k: q.kp as u32,
-                    n: q.nc as u32,
-                    dst_stride: q.nc as u32,
-                    a: Iova(SYNTH_A_IOVA + sub.a_blocks[q.a_block].1 as u32),
-                    b: Iova(SYNTH_B_IOVA + q.weight_offset as u32),
-                    c: Iova(SYNTH_C_IOVA + q.out_offset as u32),
-                    sched: q.sched,
-                })
-                .collect();
-            out.push((cp.core, i, chain(&progs, Iova(SYNTH_REGCMD_IOVA), soc.pc_data_amount_scale)?));
+            out.push((cp.core, i, sub.regcmd(&at, soc.pc_data_amount_scale)?));
         }
     }
     Ok(out)
 }
 
 /// Decoded text of [`synth_fixed`]: a header line per submit, then one line per entry.
-pub fn synth_text(soc: &SocDesc, m: usize, k: usize, n: usize, max_cores: u32) -> Result<String, crate::npu::regcmd::RegcmdError> {
+pub fn synth_text(soc: &SocDesc, m: usize, k: usize, n: usize, max_cores: u32) -> Result<String, RegcmdError> {
     let mut s = format!("# {} M={m} K={k} N={n} max_cores={max_cores}\n", soc.id.name());
     for (core, i, entries) in synth_fixed(soc, m, k, n, max_cores)? {
         s += &format!("## core {core} submit {i}: {} programs\n", entries.len() / crate::npu::regcmd::PROGRAM_ENTRIES);

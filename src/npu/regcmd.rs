@@ -111,11 +111,6 @@ impl Schedule {
         let r = pow2_floor((SCHED_ROW_BUDGET_BYTES / k).max(1));
         Some(Schedule { feature_grains: (mc + 1).min(r), data_banks: v & 0xf, weight_banks: v >> 4 })
     }
-
-    /// The CNA_CBUF_CON0 register value.
-    pub fn cbuf_con0(&self) -> u32 {
-        (self.weight_banks << 4) | self.data_banks
-    }
 }
 
 fn pow2_floor(x: u32) -> u32 {

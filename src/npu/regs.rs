@@ -462,6 +462,10 @@ impl RegCmd {
     pub const fn is_nop(self) -> bool {
         self.0 == 0
     }
+    /// Whether this entry is a write to `reg` (without a table look-up).
+    pub const fn writes(self, reg: &RegDef) -> bool {
+        self.target_op() == reg.block.target_op() && self.offset() == reg.offset
+    }
     /// The register this entry writes, if it is in the table.
     pub fn reg(self) -> Option<&'static RegDef> {
         lookup(self.target_op(), self.offset()).map(|(_, r)| r)

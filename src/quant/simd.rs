@@ -32,6 +32,7 @@
 //! `unsafe`: SIMD intrinsics (raw-pointer loads/stores, `target_feature` functions), with a
 //! `// SAFETY:` line on every block. Callers see only safe functions that return `None` when no
 //! SIMD path exists on the running CPU; `dispatch!` picks the kernel in each of them.
+#![allow(unsafe_code)]
 
 #[cfg(target_arch = "aarch64")]
 use std::arch::aarch64::*;
@@ -482,10 +483,12 @@ pub fn quantize_row_finite(x: &[f32], inv: f32, q: &mut [i8]) -> Option<()> {
     assert_eq!(x.len(), q.len());
     let (x, r, n) = (x.as_ptr(), std::ptr::null_mut(), x.len());
     dispatch!(
-        // SAFETY (all three): NEON is the aarch64 baseline, AVX-512F/BW/DQ or AVX2 detected by
-        // `dispatch!`; x and q have n elements (asserted); keep = false never touches r.
+        // SAFETY: NEON is the aarch64 baseline; x and q have n elements (asserted); keep = false
+        // never touches r.
         neon: unsafe { quant_resid_neon(x, r, n, inv, 0.0, q, false) },
+        // SAFETY: AVX-512F/BW/DQ detected by `dispatch!`; the rest as for NEON.
         avx512: unsafe { quant_resid_avx512(x, r, n, inv, 0.0, q, false) },
+        // SAFETY: AVX2 detected by `dispatch!`; the rest as for NEON.
         avx2: unsafe { quant_resid_avx2(x, r, n, inv, 0.0, q, false) },
     )
     .map(|_| ())
@@ -499,10 +502,12 @@ pub fn quantize_residual(x: &[f32], inv: f32, s: f32, q: &mut [i8], r: &mut [f32
     assert!(x.len() == q.len() && x.len() == r.len());
     let (x, r, n) = (x.as_ptr(), r.as_mut_ptr(), x.len());
     dispatch!(
-        // SAFETY (all three): NEON is the aarch64 baseline, AVX-512F/BW/DQ or AVX2 detected by
-        // `dispatch!`; x, q, r have n elements (asserted) and x does not alias r (&/&mut).
+        // SAFETY: NEON is the aarch64 baseline; x, q, r have n elements (asserted) and x does
+        // not alias r (&/&mut).
         neon: unsafe { quant_resid_neon(x, r, n, inv, s, q, true) },
+        // SAFETY: AVX-512F/BW/DQ detected by `dispatch!`; the rest as for NEON.
         avx512: unsafe { quant_resid_avx512(x, r, n, inv, s, q, true) },
+        // SAFETY: AVX2 detected by `dispatch!`; the rest as for NEON.
         avx2: unsafe { quant_resid_avx2(x, r, n, inv, s, q, true) },
     )
 }
@@ -513,11 +518,12 @@ pub fn quantize_residual_inplace(r: &mut [f32], inv: f32, s: f32, q: &mut [i8]) 
     assert_eq!(r.len(), q.len());
     let (p, n) = (r.as_mut_ptr(), r.len());
     dispatch!(
-        // SAFETY (all three): NEON is the aarch64 baseline, AVX-512F/BW/DQ or AVX2 detected by
-        // `dispatch!`; source and destination are the same n-element slice, each element
-        // (vector) is read before it is written.
+        // SAFETY: NEON is the aarch64 baseline; source and destination are the same n-element
+        // slice, each element (vector) is read before it is written.
         neon: unsafe { quant_resid_neon(p, p, n, inv, s, q, true) },
+        // SAFETY: AVX-512F/BW/DQ detected by `dispatch!`; the rest as for NEON.
         avx512: unsafe { quant_resid_avx512(p, p, n, inv, s, q, true) },
+        // SAFETY: AVX2 detected by `dispatch!`; the rest as for NEON.
         avx2: unsafe { quant_resid_avx2(p, p, n, inv, s, q, true) },
     )
 }

@@ -45,12 +45,19 @@
 //! ggml `ggml-common.h` (`block_q4_0`, `block_q4_K`) and `ggml-quants.c`
 //! (`dequantize_row_q4_0`, `dequantize_row_q4_K`, `get_scale_min_k4`) of llama.cpp b11549;
 //! wgpu-hal's Vulkan backend for the ownership shape (facts only, no code).
+//!
+//! `unsafe` (Vulkan calls through `ash`, the mapped host buffers) is allowed in this file and in
+//! `buffer`, `device`, `instance` and `pipeline`; the scalar references and the shader table
+//! are safe code.
+#![allow(unsafe_code)]
 
 pub mod buffer;
 pub mod device;
 pub mod instance;
 pub mod pipeline;
+#[deny(unsafe_code)]
 pub mod reference;
+#[deny(unsafe_code)]
 pub mod shaders;
 
 use std::sync::{Arc, Mutex};

@@ -11,8 +11,10 @@
 //! task buffer, a core mask and a domain. The rocket implementation translates (it reads the task
 //! descriptors back from the mapped task buffer and submits them as rocket tasks).
 //!
-//! Unsafe code is allowed in this module tree only (and in `crate::ffi`): raw mappings of device
-//! memory are turned into slices here, each with a `// SAFETY:` line.
+//! Unsafe code is allowed in this module tree (and, outside `npu`, in `vk`, `quant::simd`, `os`
+//! and `ffi`): raw mappings of device memory are turned into slices here, each with a
+//! `// SAFETY:` line.
+#![allow(unsafe_code)]
 
 pub mod sim;
 pub mod rknpu;
@@ -29,6 +31,16 @@ pub struct Iova(pub u32);
 /// IOMMU domain id. Stock vendor drivers 0.9.6–0.9.8 accept 0..=15 (`RKNPU_MAX_IOMMU_DOMAIN_NUM`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct DomainId(pub u32);
+
+/// Page size of buffer objects. Every interface hands out whole pages: the vendor kernel
+/// page-aligns MEM_CREATE (rknpu-facts §1.3/§1.6, S4), rocket's drm_gem_shmem rounds to pages,
+/// and the simulator's IOVA allocator works in pages.
+pub const PAGE_BYTES: usize = 4096;
+
+/// Rounds a byte count up to whole pages.
+pub fn page_round(size_bytes: usize) -> usize {
+    size_bytes.div_ceil(PAGE_BYTES) * PAGE_BYTES
+}
 
 /// Maximum number of IOMMU domains (stock vendor driver limit; rknpu-facts §4, conflict 4).
 pub const MAX_DOMAINS: u32 = 16;
@@ -153,16 +165,6 @@ impl Bo {
         // SAFETY: as in `bytes`, and `&mut self` gives exclusive CPU access.
         unsafe { std::slice::from_raw_parts_mut(self.map_ptr, self.size_bytes) }
     }
-
-    /// Raw pointer to the mapping, for interfaces that must read device memory during a submit.
-    pub fn as_ptr(&self) -> *mut u8 {
-        self.map_ptr
-    }
-
-    /// The object kept alive with the mapping (lets an interface recover its own bookkeeping).
-    pub fn keep(&self) -> &(dyn std::any::Any + Send + Sync) {
-        &*self._keep
-    }
 }
 
 impl fmt::Debug for Bo {
@@ -246,3 +248,15 @@ pub trait KernelInterface: Send + Sync {
 /// copied is still in the L2 cache of the cores this targets (Cortex-A76: 512 KiB) when it is
 /// observed.
 pub const IMPORT_PIECE_BYTES: usize = 256 << 10;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_rounding() {
+        assert_eq!(page_round(1), 4096);
+        assert_eq!(page_round(4096), 4096);
+        assert_eq!(page_round(4097), 8192);
+    }
+}

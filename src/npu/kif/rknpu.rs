@@ -54,7 +54,7 @@ use nix::errno::Errno;
 
 use super::drm::{self, DRM_COMMAND_BASE, DRM_IOCTL_TYPE};
 use super::{
-    Bo, DomainId, Iova, KernelInterface, KifError, SubmitDone, SubmitJob, SyncDir, MAX_DOMAINS,
+    page_round, Bo, DomainId, Iova, KernelInterface, KifError, SubmitDone, SubmitJob, SyncDir, MAX_DOMAINS,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -99,8 +99,6 @@ pub mod sync_flags {
 /// Lowest supported driver version, 0.9.6 encoded major·10000 + minor·100 + patch
 /// (rknpu-facts §1.1 and conflict 6; encoding macro S1).
 pub const MIN_DRV_VERSION: u32 = 906;
-/// MEM_CREATE page rounding (the kernel page-aligns, rknpu-facts §1.3/§1.6, S4).
-pub const PAGE_BYTES: usize = 4096;
 /// Value for `rknpu_mem_create.core_mask`: ork passes 1; `reserved` before 0.9.8, harmless
 /// (rknpu-facts §1.3, conflict 6).
 pub const MEM_CREATE_CORE_MASK: u32 = 1;
@@ -298,11 +296,6 @@ pub mod request {
 // ---------------------------------------------------------------------------------------------
 // Pure helpers (unit-tested without a device)
 // ---------------------------------------------------------------------------------------------
-
-/// Rounds a byte count up to whole pages.
-pub fn page_round(size_bytes: usize) -> usize {
-    size_bytes.div_ceil(PAGE_BYTES) * PAGE_BYTES
-}
 
 /// The `rknpu_submit` for a job: blocking unless the caller set NONBLOCK, `fence_fd = -1`,
 /// `subcore_task[0..=2]` all `{task_start, task_number}`.
@@ -671,13 +664,6 @@ mod tests {
         assert_eq!(decode_version(10203), (1, 2, 3));
         assert!(encode_version(0, 9, 5) < MIN_DRV_VERSION);
         assert!(encode_version(0, 9, 6) >= MIN_DRV_VERSION);
-    }
-
-    #[test]
-    fn page_rounding() {
-        assert_eq!(page_round(1), 4096);
-        assert_eq!(page_round(4096), 4096);
-        assert_eq!(page_round(4097), 8192);
     }
 
     #[test]

@@ -18,12 +18,12 @@
 //! * **Dependencies and completion.** Rocket has implicit sync: a job waits for the write fences
 //!   of its in-BOs and of its out-BOs, and attaches its own fence to its out-BOs. The interface
 //!   keeps every live BO by IOVA range and scans each task's regcmd: the BO holding the DPU
-//!   destination (`DST_BASE_ADDR`, DPU 0x4020; rknpu-facts §2.2 row 61, S6) is an out-BO, every
-//!   other BO whose range contains a register value (and the regcmd BO itself) is an in-BO. A
-//!   false positive only adds an ordering dependency, never a wrong result. The submit ioctl
-//!   returns at once; completion is awaited with PREP_BO on each out-BO (which also makes the CPU
-//!   view coherent). Its timeout is an *absolute* CLOCK_MONOTONIC time (`rocket_gem.c`,
-//!   `drm_timeout_abs_to_jiffies`).
+//!   destination (the register table's `DPU_DST_BASE_ADDR`; rknpu-facts §2.2 row 61, S6) is an
+//!   out-BO, every other BO whose range contains a register value (and the regcmd BO itself) is
+//!   an in-BO. A false positive only adds an ordering dependency, never a wrong result. The
+//!   submit ioctl returns at once; completion is awaited with PREP_BO on each out-BO (which also
+//!   makes the CPU view coherent). Its timeout is an *absolute* CLOCK_MONOTONIC time
+//!   (`rocket_gem.c`, `drm_timeout_abs_to_jiffies`).
 //! * **Cache maintenance.** `SyncDir::ToDevice` → FINI_BO, `SyncDir::FromDevice` → PREP_BO. The
 //!   first stored uapi version has neither ioctl; `open` probes FINI_BO on a scratch BO and refuses
 //!   such kernels, because without PREP_BO there is no way to wait for a job.
@@ -50,8 +50,11 @@ use nix::errno::Errno;
 
 use super::drm::{self, DRM_COMMAND_BASE, DRM_IOCTL_TYPE};
 use super::{
-    Bo, DomainId, Iova, KernelInterface, KifError, RknpuTask, SubmitDone, SubmitJob, SyncDir,
+    page_round, Bo, DomainId, Iova, KernelInterface, KifError, RknpuTask, SubmitDone, SubmitJob, SyncDir,
+    PAGE_BYTES,
 };
+use crate::npu::regcmd;
+use crate::npu::regs::{RegCmd, DPU_DST_BASE_ADDR};
 
 // ---------------------------------------------------------------------------------------------
 // ABI
@@ -203,11 +206,6 @@ pub mod request {
 /// Entries the vendor kernel adds to `regcfg_amount` (`RKNPU_PC_DATA_EXTRA_AMOUNT`; rknpu-facts
 /// §1.5, S2). Rocket's `regcmd_count` includes them.
 pub const PC_DATA_EXTRA_AMOUNT: u32 = 4;
-/// DPU `DST_BASE_ADDR` register offset: the output (write) address of a program
-/// (rknpu-facts §2.2 row 61, S6/S9).
-pub const REG_DPU_DST_BASE_ADDR: u16 = 0x4020;
-/// Page size of BO allocation (drm_gem_shmem rounds to pages).
-pub const PAGE_BYTES: usize = 4096;
 /// PREP_BO wait used by `mem_sync(FromDevice)` and for submits with `timeout_ms == 0`: ork's
 /// default submit timeout (`ORK_MM_TIMEOUT`, rknpu-facts §1.3 / §9).
 pub const DEFAULT_WAIT_MS: u32 = 60_000;
@@ -249,15 +247,11 @@ pub fn read_tasks(task_bytes: &[u8], task_start: u32, task_number: u32) -> Resul
     Ok(task_bytes[start..end].chunks_exact(sz).map(bytemuck::pod_read_unaligned::<RknpuTask>).collect())
 }
 
-/// A regcmd entry split into (target, value, register offset) (rknpu-facts §2.1).
-pub fn split_entry(e: u64) -> (u16, u32, u16) {
-    ((e >> 48) as u16, (e >> 16) as u32, e as u16)
-}
-
 /// Which BO ranges a regcmd stream references. `ranges` are `(iova_start, size_bytes, handle)`.
 /// Returns (in-handles, out-handles), each sorted and disjoint: a BO named by a DPU
-/// `DST_BASE_ADDR` write is an out-BO; any other BO containing a register value is an in-BO.
-pub fn classify_refs(entries: &[u64], ranges: &[(u32, usize, u32)]) -> (Vec<u32>, Vec<u32>) {
+/// `DST_BASE_ADDR` write (the program's output) is an out-BO; any other BO containing a register
+/// value is an in-BO.
+pub fn classify_refs(entries: &[RegCmd], ranges: &[(u32, usize, u32)]) -> (Vec<u32>, Vec<u32>) {
     let find = |v: u32| {
         ranges
             .iter()
@@ -266,12 +260,11 @@ pub fn classify_refs(entries: &[u64], ranges: &[(u32, usize, u32)]) -> (Vec<u32>
     };
     let (mut ins, mut outs) = (Vec::new(), Vec::new());
     for &e in entries {
-        let (target, value, reg) = split_entry(e);
-        if target == 0 {
+        if e.target_op() == 0 {
             continue; // no-op entry
         }
-        if let Some(h) = find(value) {
-            if reg == REG_DPU_DST_BASE_ADDR {
+        if let Some(h) = find(e.value()) {
+            if e.writes(&DPU_DST_BASE_ADDR::REG) {
                 outs.push(h);
             } else {
                 ins.push(h);
@@ -406,7 +399,7 @@ impl Rocket {
             // so `mem_destroy` cannot unmap it meanwhile; the caller does not write regcmd while
             // submitting it (the same contract the device needs).
             let bytes = unsafe { std::slice::from_raw_parts((rec.cpu_addr + off) as *const u8, len_bytes) };
-            entries.extend(bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())));
+            entries.extend(regcmd::from_bytes(bytes));
             regcmd_handles.push(rec.handle);
         }
         drop(bos);
@@ -443,7 +436,7 @@ impl KernelInterface for Rocket {
         if size_bytes == 0 {
             return Err(KifError::Invalid("mem_create: size 0".into()));
         }
-        let size = size_bytes.div_ceil(PAGE_BYTES) * PAGE_BYTES;
+        let size = page_round(size_bytes);
         let size32 = u32::try_from(size)
             .map_err(|_| KifError::Invalid(format!("rocket: a BO is at most 4 GiB, asked {size} B")))?;
         let mut c = DrmRocketCreateBo { size: size32, ..DrmRocketCreateBo::default() };
@@ -549,10 +542,8 @@ impl Drop for Rocket {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::npu::regs::{Block, CNA_DCOMP_ADDR0, CNA_FEATURE_DATA_ADDR, PC_BASE_ADDRESS};
 
-    fn entry(target: u16, value: u32, reg: u16) -> u64 {
-        (target as u64) << 48 | (value as u64) << 16 | reg as u64
-    }
 
     #[test]
     fn regcmd_count_includes_trailer() {
@@ -594,12 +585,12 @@ mod tests {
         // regcmd @0x1000 (h1), A @0x10000 (h2), W @0x20000 (h3), C @0x30000 (h4), unused h5.
         let ranges = [(0x1000, 0x1000, 1), (0x10000, 0x1000, 2), (0x20000, 0x8000, 3), (0x30000, 0x1000, 4), (0x40000, 0x1000, 5)];
         let entries = [
-            entry(0x0201, 0x10000, 0x1070), // CNA FEATURE_DATA_ADDR = A
-            entry(0x0201, 0x20400, 0x1110), // CNA DCOMP_ADDR0 = W (+offset)
-            entry(0x1001, 0x30000, 0x4020), // DPU DST_BASE_ADDR = C
-            entry(0x0000, 0x40000, 0x0000), // no-op entry naming h5: ignored
-            entry(0x0101, 0x1000, 0x0010),  // PC chain link back into the regcmd buffer
-            entry(0x1001, 0x30000, 0x4020), // duplicate
+            RegCmd::write(&CNA_FEATURE_DATA_ADDR::REG, 0x10000), // A
+            RegCmd::write(&CNA_DCOMP_ADDR0::REG, 0x20400),       // W (+offset)
+            RegCmd::write(&DPU_DST_BASE_ADDR::REG, 0x30000),     // C
+            RegCmd::raw(0x0000, 0x0000, 0x40000),                // no-op entry naming h5: ignored
+            RegCmd::write(&PC_BASE_ADDRESS::REG, 0x1000),        // PC chain link into the regcmd BO
+            RegCmd::write(&DPU_DST_BASE_ADDR::REG, 0x30000),     // duplicate
         ];
         let (ins, outs) = classify_refs(&entries, &ranges);
         assert_eq!(outs, vec![4]);
@@ -609,7 +600,11 @@ mod tests {
     #[test]
     fn out_wins_over_in() {
         let ranges = [(0x30000, 0x1000, 4)];
-        let entries = [entry(0x2001, 0x30000, 0x5020), entry(0x1001, 0x30000, 0x4020)];
+        // a DPU RDMA read of C (0x5020), then the DPU's write of it
+        let entries = [
+            RegCmd::raw(Block::DpuRdma.target_op(), 0x5020, 0x30000),
+            RegCmd::write(&DPU_DST_BASE_ADDR::REG, 0x30000),
+        ];
         let (ins, outs) = classify_refs(&entries, &ranges);
         assert_eq!(outs, vec![4]);
         assert!(ins.is_empty());

@@ -41,17 +41,15 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use super::{
-    mem_flags, Bo, DomainId, Iova, KernelInterface, KifError, RknpuTask, SubmitDone, SubmitJob, SyncDir,
-    MAX_DOMAINS,
+    mem_flags, page_round, Bo, DomainId, Iova, KernelInterface, KifError, RknpuTask, SubmitDone, SubmitJob, SyncDir,
+    MAX_DOMAINS, PAGE_BYTES,
 };
 use crate::npu::regcmd;
 use crate::npu::regs::{self, Block, RegCmd, RegFile};
 use crate::npu::soc::SocDesc;
 
-/// Page size of the IOVA allocator and of BO sizes.
-pub const PAGE_BYTES: u64 = 4096;
 /// Lowest IOVA handed out (address 0 stays unmapped so a NULL register faults).
-const IOVA_FLOOR: u64 = PAGE_BYTES;
+const IOVA_FLOOR: u64 = PAGE_BYTES as u64;
 /// Top of the 32-bit IOVA space.
 const IOVA_TOP: u64 = 1 << 32;
 /// `obj_addr` cookies are handle | this tag, so they never look like IOVAs.
@@ -261,7 +259,7 @@ impl KernelInterface for SimKif {
         if size_bytes == 0 {
             return Err(KifError::Invalid("sim mem_create: size 0".into()));
         }
-        let size = (size_bytes as u64).div_ceil(PAGE_BYTES) * PAGE_BYTES;
+        let size = page_round(size_bytes) as u64;
         let limit = self.faults.lock().unwrap().efault_after_bytes;
         // Pages first, outside the state lock (submits on other cores keep running meanwhile).
         let mem = Arc::new(SimMem::new(size as usize)?);
