@@ -12,6 +12,7 @@
 
 use rayon::prelude::*;
 
+pub mod rotate;
 pub mod simd;
 
 /// Floor on a row's absolute maximum, so an all-zero row quantizes to zeros with a finite scale.
