@@ -28,9 +28,9 @@
 //!   `roundps` with an explicit mode, then an exact conversion);
 //! * out-of-range values and ±inf saturate to ±127, NaN becomes 0, -128 is never produced.
 //!
-//! Besides the C-ABI, NPU kernel-interface and Vulkan modules, this is the one file that holds
-//! `unsafe`: SIMD intrinsics (raw-pointer loads/stores, `target_feature` functions), with a
-//! `// SAFETY:` line on every block. Callers see only safe functions that return `None` when no
+//! Besides the C-ABI, NPU kernel-interface and Vulkan modules, this file and `quant/rotate.rs`
+//! (the Hadamard rotation's kernels) are the ones that hold `unsafe`: SIMD intrinsics
+//! (raw-pointer loads/stores, `target_feature` functions), with a `// SAFETY:` line on every block. Callers see only safe functions that return `None` when no
 //! SIMD path exists on the running CPU; `dispatch!` picks the kernel in each of them.
 #![allow(unsafe_code)]
 
