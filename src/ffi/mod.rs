@@ -52,8 +52,9 @@ fn catch<R>(f: impl FnOnce() -> R) -> Result<R, String> {
 }
 
 /// Runs `f`, turning a panic into `fail` plus one error line naming the callback. For callbacks
-/// that act on no object's state: fixed answers (names, types, alignment) and the `*_free`
-/// callbacks, which release an object whatever state it is in.
+/// that change no object's state (the registry's and device's names, type, properties, memory,
+/// buffer type and buffer-type support; the buffer type's name, alignment and host flag) and
+/// for the `*_free` callbacks, which release an object whatever state it is in.
 pub(crate) fn guard<R>(name: &str, fail: R, f: impl FnOnce() -> R) -> R {
     match catch(f) {
         Ok(r) => r,
