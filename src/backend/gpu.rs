@@ -15,8 +15,6 @@ use crate::quant;
 use crate::vk::{VkError, VkWeight, VkWeightData};
 use std::sync::Arc;
 
-/// ggml type ids read natively by the GPU kernels.
-
 /// A weight's GPU copy.
 pub struct GpuWeight {
     pub n: usize,

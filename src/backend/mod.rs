@@ -1,6 +1,7 @@
-//! The ggml device "ORK" in safe Rust: which MUL_MATs it accepts, how a weight becomes a resident
-//! NPU weight, and how one MUL_MAT executes. `crate::ffi` turns ggml's raw structs into the
-//! plain values and slices used here.
+//! The ggml device "ORK" in safe Rust: how it opens, which MUL_MATs it accepts, how a weight
+//! becomes a resident NPU weight, how one MUL_MAT executes and how a graph is walked.
+//! `crate::ffi` turns ggml's raw structs into the plain values and slices used here and makes
+//! no decision of its own.
 //!
 //! **What kind of ggml device ORK is.** ORK registers as an ACCEL device beside the CPU (like
 //! ggml-blas), with its own *host* weight buffer type: weights keep their GGUF bytes in ordinary
@@ -13,7 +14,10 @@
 //! `x: [M, K] f32` → per-row int8 (`quant`) → `npu::Npu::mm_run` (pack → plan → regcmd → submit →
 //! wait) → `c: [M, N] i32` → `dst: [M, N] f32 = c · a_scale[m] · w_scale[n]`.
 
+pub mod buffer;
+mod device;
 pub mod gpu;
+pub mod graph;
 pub mod weights;
 
 use crate::cache::PackCache;
@@ -276,12 +280,16 @@ pub struct Device {
 #[derive(Clone, Copy, Debug)]
 pub struct MatMulShape {
     pub weight_type: u32,
-    /// K = src0.ne[0], N = src0.ne[1]; src0 must be 2-D.
+    /// K = `src0.ne[0]`, N = `src0.ne[1]`; src0 must be 2-D.
     pub k: usize,
     pub n: usize,
     pub weight_is_2d: bool,
     pub weight_contiguous: bool,
+    /// The weight's memory is in an ORK buffer (directly or as a view).
     pub weight_in_ork_buffer: bool,
+    /// The weight is a leaf not allocated yet: no buffer, not a view, no op, not an input
+    /// (test-backend-ops asks before allocating).
+    pub weight_unallocated_leaf: bool,
     pub weight_has_to_float: bool,
     /// src1 (activations): f32, contiguous; M = all its rows.
     pub act_is_f32: bool,
@@ -289,15 +297,16 @@ pub struct MatMulShape {
     pub m: usize,
     pub dst_is_f32: bool,
     pub dst_contiguous: bool,
-    /// op_params[1] == 1: src0 is a Hadamard rotation, not a weight.
+    /// `op_params[1] == 1`: src0 is a Hadamard rotation, not a weight.
     pub hadamard_hint: bool,
-    /// op_params[3]: lowest representation src1 may be converted to (10/15/20 forbid int8).
+    /// `op_params[3]`: lowest representation src1 may be converted to (10/15/20 forbid int8).
     pub act_min_prec: i32,
 }
 
 /// Why ORK declines an op (debug log only).
 pub fn mul_mat_unsupported(dev: &Device, s: &MatMulShape) -> Option<String> {
-    if !s.weight_in_ork_buffer {
+    // A leaf not allocated yet will be placed in the tested backend's own buffer type.
+    if !s.weight_in_ork_buffer && !s.weight_unallocated_leaf {
         return Some("weight not in an ORK buffer".into());
     }
     if quant::types::weight_type(s.weight_type).is_none() || !s.weight_has_to_float {

@@ -17,7 +17,6 @@ pub(crate) struct GgmlApi {
     pub is_contiguous: unsafe extern "C" fn(*const ggml_tensor) -> bool,
     pub graph_n_nodes: unsafe extern "C" fn(*mut ggml_cgraph) -> i32,
     pub graph_node: unsafe extern "C" fn(*mut ggml_cgraph, i32) -> *mut ggml_tensor,
-    pub op_name: unsafe extern "C" fn(ggml_op) -> *const std::ffi::c_char,
 }
 
 fn resolve() -> Result<GgmlApi, String> {
@@ -39,7 +38,6 @@ fn resolve() -> Result<GgmlApi, String> {
         is_contiguous: sym!("ggml_is_contiguous"),
         graph_n_nodes: sym!("ggml_graph_n_nodes"),
         graph_node: sym!("ggml_graph_node"),
-        op_name: sym!("ggml_op_name"),
     })
 }
 

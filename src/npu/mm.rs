@@ -57,6 +57,15 @@ pub(crate) struct Shared {
     pub timeout_ms: u32,
 }
 
+impl Shared {
+    /// The domain set, also after a panic while it was locked. `DomainSet`'s methods do their
+    /// checks (indexing, sums) before they change anything, so a panic under the lock leaves the
+    /// set consistent, and later uploads go on instead of failing on a poisoned mutex.
+    pub(crate) fn domains(&self) -> std::sync::MutexGuard<'_, DomainSet> {
+        self.domains.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 impl Drop for Shared {
     fn drop(&mut self) {
         for c in &self.cores {
@@ -96,7 +105,7 @@ impl Drop for WeightInner {
                 log::warn!("freeing resident weight N={} K={}: {e}", self.n, self.k);
             }
         }
-        self.shared.domains.lock().unwrap_or_else(|p| p.into_inner()).release(self.domain, self.reserved_bytes);
+        self.shared.domains().release(self.domain, self.reserved_bytes);
     }
 }
 

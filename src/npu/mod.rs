@@ -232,7 +232,7 @@ impl Npu {
 
     /// Bytes of weights resident per IOMMU domain (opened domains only).
     pub fn domain_usage(&self) -> Vec<u64> {
-        self.shared.domains.lock().unwrap().used().to_vec()
+        self.shared.domains().used().to_vec()
     }
 
     /// Whether an `[N, K]` weight can run here: K % 32, N % 32, non-empty, fits a domain window.
@@ -247,7 +247,7 @@ impl Npu {
 
     /// The residency budget for weights in bytes (see [`domain`]).
     pub fn residency_budget(&self) -> u64 {
-        self.shared.domains.lock().unwrap().budget_bytes()
+        self.shared.domains().budget_bytes()
     }
 
     /// Bytes one int8 term of an `[N, K]` weight reserves when resident: its tiled layout
@@ -258,13 +258,13 @@ impl Npu {
 
     /// Weight bytes resident now (page-rounded, all domains).
     pub fn resident_bytes(&self) -> u64 {
-        self.shared.domains.lock().unwrap().resident_bytes()
+        self.shared.domains().resident_bytes()
     }
 
     /// Sets the residency budget (policy: the backend lowers it by the host memory its weight
     /// buffers take). Resident weights stay; later uploads past it fail with `NoRoom`.
     pub fn set_residency_budget(&self, bytes: u64) {
-        self.shared.domains.lock().unwrap().set_budget(bytes);
+        self.shared.domains().set_budget(bytes);
     }
 
     /// Uploads pre-tiled bytes (e.g. from a disk cache) via `KernelInterface::mem_import`;
@@ -294,7 +294,7 @@ impl Npu {
         let size = reserved_bytes(&geom);
         let kif = &*self.shared.kif;
         loop {
-            let d = self.shared.domains.lock().unwrap().reserve(size).map_err(|e| NpuError::NoRoom {
+            let d = self.shared.domains().reserve(size).map_err(|e| NpuError::NoRoom {
                 op,
                 n,
                 k,
@@ -309,12 +309,12 @@ impl Npu {
                 }
                 Err(KifError::Fault { .. }) => {
                     // Safety net (seed 002): the domain is fuller than our accounting knows.
-                    if !self.shared.domains.lock().unwrap().fault(d, size) {
+                    if !self.shared.domains().fault(d, size) {
                         return Err(NpuError::NoRoom { op, n, k, bytes: size, why: "EFAULT in an empty IOMMU domain: the weight does not fit one".into() });
                     }
                 }
                 Err(e) => {
-                    self.shared.domains.lock().unwrap().release(d, size);
+                    self.shared.domains().release(d, size);
                     return Err(NpuError::Kif(e));
                 }
             }

@@ -1,0 +1,609 @@
+//! Which ops ORK takes, and the graph walk of one `graph_compute` call, on plain values.
+//!
+//! `crate::ffi` turns each node of a ggml graph into a [`Node`] (op kind, MUL_MAT shape, weight
+//! handle, source addresses) and implements [`Graph`] over the live graph: the node values, a
+//! weight's bytes, a MUL_MAT's activation and output slices, and running a range of nodes on
+//! ggml's CPU backend. Everything decided per node — the engine (`crate::route`, remembered per
+//! shape), the NPU weight lookup, batching GPU decode jobs and writing them out before a node
+//! reads one of their outputs, holding the NPU arbiter across NPU matmuls, handing the rest to
+//! ggml-cpu in runs, the counters and the whole-graph log lines — is decided here.
+
+use super::buffer::{packed_weight, Tensor};
+use super::gpu::{self, GpuJob};
+use super::{mul_mat_unsupported, Device, MatMulShape, PackedWeight, WeightStore};
+use crate::config::RoutePolicy;
+use crate::route::arbiter::Hold;
+use crate::route::{Availability, Engine, MatMul, Phase};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Instant;
+
+pub use super::buffer::{Name, WeightData};
+
+/// Sources per node (ggml's `GGML_MAX_SRC`).
+pub const MAX_SRC: usize = 10;
+
+/// One graph node as the walk sees it. (Made one at a time and not stored, so the MUL_MAT
+/// variant's size costs nothing.)
+#[derive(Clone, Copy)]
+#[allow(clippy::large_enum_variant)]
+pub enum Node<'g> {
+    /// An op that only reinterprets memory (NONE, RESHAPE, VIEW, PERMUTE, TRANSPOSE): no work.
+    View,
+    MulMat(MulMatNode<'g>),
+    /// Any other op: ggml's CPU backend runs it.
+    Other,
+}
+
+/// A MUL_MAT node.
+#[derive(Clone, Copy)]
+pub struct MulMatNode<'g> {
+    /// The node's address: how later nodes name its output as a source.
+    pub addr: usize,
+    pub name: Name<'g>,
+    /// None when a source is missing.
+    pub shape: Option<MatMulShape>,
+    /// Its weight (src0), when present.
+    pub weight: Option<Weight<'g>>,
+    /// Every source as `(address, address of the tensor it is a view of)`, 0 for none.
+    pub srcs: [(usize, usize); MAX_SRC],
+}
+
+/// The weight of a MUL_MAT: the tensor, and where its packed copies live.
+#[derive(Clone, Copy)]
+pub struct Weight<'g> {
+    pub tensor: Tensor<'g>,
+    /// The weight store of the ORK buffer holding it (None: not in a live ORK buffer).
+    pub store: Option<&'g WeightStore>,
+    /// Its buffer holds a model's weights (the `.orkpack` cache is used for it).
+    pub model_weight: bool,
+}
+
+/// A live ggml graph as the walk needs it; implemented by `crate::ffi` over the raw graph.
+pub trait Graph<'g> {
+    /// Number of nodes.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Node `i` as plain values.
+    fn node(&self, i: usize) -> Node<'g>;
+    /// The bytes and dequantizer of the weight of MUL_MAT node `i` (None: no weight data).
+    fn weight_data(&self, i: usize) -> Option<WeightData<'_>>;
+    /// The activations `[M, K]` and output `[M, N]` of MUL_MAT node `i` (None unless both are
+    /// contiguous f32). The walk asks once per MUL_MAT it runs, after writing every pending
+    /// output the node reads; ggml keeps both alive for the whole call.
+    fn mul_mat_io(&mut self, i: usize) -> Option<(&'g [f32], &'g mut [f32])>;
+    /// Runs nodes `nodes` on ggml's CPU backend.
+    fn run_cpu(&mut self, nodes: Range<usize>) -> Result<(), String>;
+}
+
+/// Per backend instance (stream): the one-time whole-graph log lines.
+#[derive(Default)]
+pub struct Stream {
+    logged_whole_graph: AtomicBool,
+    logged_npu_graph: AtomicBool,
+}
+
+/// The engine for an accepted MUL_MAT shape (`crate::route`). At graph-split time a busy NPU may
+/// send decode to the CPU (cost policy); at compute time the arbiter handles a busy NPU instead.
+/// Cost decisions run the NPU planner, so they are remembered per thread by shape and
+/// availability (the configuration is fixed for the process): the scheduler and graph_compute
+/// ask again for every node of every token.
+pub fn engine_for(dev: &Device, s: &MatMulShape, at_split: bool) -> Engine {
+    type Key = (usize, usize, usize, u32, bool, bool);
+    thread_local! {
+        static ROUTES: std::cell::RefCell<std::collections::HashMap<Key, Engine>> = Default::default();
+    }
+    match dev.cfg.route {
+        RoutePolicy::Threshold => crate::route::choose(dev.cfg, s.m, dev.gpu_ready()).unwrap_or(Engine::Cpu),
+        RoutePolicy::Cost => {
+            let av = Availability { gpu: dev.gpu_ready(), npu_busy: at_split && dev.arbiter().busy() };
+            let key = (s.m, s.k, s.n, s.weight_type, av.gpu, av.npu_busy);
+            if let Some(e) = ROUTES.with(|r| r.borrow().get(&key).copied()) {
+                return e;
+            }
+            let mm = MatMul { m: s.m, k: s.k, n: s.n, ggml_type: s.weight_type };
+            let d = crate::route::decide(dev.cfg, &mm, av);
+            log::trace!("MUL_MAT {}x{}x{}: {} ({})", s.m, s.k, s.n, d.engine.name(), d.why());
+            ROUTES.with(|r| {
+                let mut r = r.borrow_mut();
+                // Prefill brings many M values; a bounded memo is enough for the repeats.
+                if r.len() >= 4096 {
+                    r.clear();
+                }
+                r.insert(key, d.engine);
+            });
+            d.engine
+        }
+    }
+}
+
+/// Whether ORK takes `node` at graph-split time (ggml's `supports_op`).
+pub fn supports(dev: &Device, node: &Node<'_>) -> bool {
+    let mm = match node {
+        Node::View => return true,
+        Node::Other => return false,
+        Node::MulMat(mm) => mm,
+    };
+    let Some(s) = &mm.shape else { return false };
+    // Weights known not to fit on the NPU stay on the CPU.
+    if mm.weight.is_some_and(|w| w.store.is_some_and(|st| st.is_failed(w.tensor.addr))) {
+        log::trace!("MUL_MAT {}x{}x{} declined: weight not resident on the NPU", s.m, s.k, s.n);
+        return false;
+    }
+    if let Some(why) = mul_mat_unsupported(dev, s) {
+        log::trace!("MUL_MAT {}x{}x{} declined: {why}", s.m, s.k, s.n);
+        return false;
+    }
+    match engine_for(dev, s, true) {
+        Engine::Npu | Engine::Gpu => true,
+        Engine::Cpu => {
+            dev.stats.declined_small_m.fetch_add(1, Relaxed);
+            false
+        }
+    }
+}
+
+/// Whether a node with sources `srcs` reads one of the outputs at `pending` (a source is one of
+/// them, or a view of one).
+pub fn reads_pending(srcs: &[(usize, usize)], pending: &[usize]) -> bool {
+    srcs.iter().any(|&(s, view_of)| s != 0 && pending.iter().any(|&d| d == s || d == view_of))
+}
+
+/// Nodes waiting for ggml's CPU backend: from the first one not run yet, and how many of those
+/// are ops (view ops inside the run are passed along but not counted).
+#[derive(Default, Debug, PartialEq, Eq)]
+pub struct CpuRun {
+    from: Option<usize>,
+    nodes: u64,
+}
+
+impl CpuRun {
+    /// Node `i` runs on the CPU.
+    pub fn add(&mut self, i: usize) {
+        self.from.get_or_insert(i);
+        self.nodes += 1;
+    }
+
+    /// The run up to node `to` (exclusive) and its op count, if there is one; the run is over.
+    pub fn take(&mut self, to: usize) -> Option<(Range<usize>, u64)> {
+        let from = self.from.take()?;
+        let nodes = std::mem::take(&mut self.nodes);
+        (nodes > 0).then_some((from..to, nodes))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes == 0
+    }
+}
+
+/// Books the call's wall time and counter deltas when dropped (`Stats::record_graph`), also when
+/// the walk unwinds.
+struct Record<'d> {
+    dev: &'d Device,
+    before: super::GraphSnap,
+    t0: Instant,
+}
+
+impl Drop for Record<'_> {
+    fn drop(&mut self) {
+        self.dev.stats.record_graph(self.before, self.t0.elapsed().as_nanos() as u64);
+    }
+}
+
+/// The state of one walk.
+struct Walk<'d, 'g> {
+    dev: &'d Device,
+    stream: &'d Stream,
+    /// GPU decode matmuls are batched into one submit until a node needs one of their results.
+    pending: Vec<GpuJob<'g>>,
+    /// The addresses of the pending jobs' nodes.
+    pending_dst: Vec<usize>,
+    cpu: CpuRun,
+    /// The cross-process NPU lock is kept between the NPU matmuls of this call (one flock +
+    /// unlock per call, not per matmul) and let go before ggml-cpu runs and on return; taking
+    /// and letting it go is arbiter time, as inside `run_mul_mat`.
+    hold: Option<Hold<'static>>,
+}
+
+/// Runs one `graph_compute` call: ORK's MUL_MATs on the NPU or GPU, the rest on ggml's CPU
+/// backend (whole-graph mode). Err: the error line to log; the call failed.
+pub fn compute<'g>(dev: &Device, stream: &Stream, graph: &mut dyn Graph<'g>) -> Result<(), String> {
+    // Wall time of the whole call and the counters around it, for the profile's host-time lines.
+    let _record = Record { dev, before: dev.stats.graph_snap(), t0: Instant::now() };
+    let mut w = Walk { dev, stream, pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), hold: None };
+    w.walk(graph)
+}
+
+impl<'g> Walk<'_, 'g> {
+    fn walk(&mut self, graph: &mut dyn Graph<'g>) -> Result<(), String> {
+        let dev = self.dev;
+        // Whole-graph mode (ggml-rpc-server sends whole splits with no CPU fallback): nodes ORK
+        // does not run itself are collected into runs and handed to ggml's CPU backend.
+        let npu_before = dev.stats.npu_matmuls.load(Relaxed);
+        let n = graph.len();
+        for i in 0..n {
+            let mm = match graph.node(i) {
+                Node::View => continue,
+                Node::Other => {
+                    self.cpu.add(i);
+                    continue;
+                }
+                Node::MulMat(mm) => mm,
+            };
+            // Shape, route and resident weight are worked out once per node, here.
+            let ours = match mm.shape {
+                Some(s) if mul_mat_unsupported(dev, &s).is_none() => match engine_for(dev, &s, false) {
+                    Engine::Cpu => Err(s.m),
+                    // A weight that cannot be made resident (budget, IOMMU) runs on ggml's CPU
+                    // backend, in place, like any op ORK does not accelerate.
+                    Engine::Npu => match self.npu_weight(&*graph, i, &mm) {
+                        Some(pw) => Ok((s, Some(pw))),
+                        None => Err(s.m),
+                    },
+                    Engine::Gpu => Ok((s, None)),
+                },
+                Some(s) => Err(s.m),
+                None => Err(1),
+            };
+            let (s, npu_w) = match ours {
+                Err(m) => {
+                    let ph = Phase::of(dev.cfg, m);
+                    dev.stats.cpu_mm[(ph == Phase::Decode) as usize].fetch_add(1, Relaxed);
+                    self.cpu.add(i);
+                    continue;
+                }
+                Ok(v) => {
+                    self.run_cpu(graph, i)?;
+                    v
+                }
+            };
+            if reads_pending(&mm.srcs, &self.pending_dst) {
+                self.flush().map_err(|e| format!("GPU decode batch failed: {e}"))?;
+            }
+            if npu_w.is_some() && self.hold.is_none() {
+                self.hold = Some(dev.arbiter().hold());
+            }
+            match self.mul_mat(graph, i, &mm, &s, npu_w) {
+                Ok(None) => {}
+                Ok(Some(job)) => {
+                    self.pending.push(job);
+                    self.pending_dst.push(mm.addr);
+                }
+                Err(e) => return Err(format!("MUL_MAT {}: {e}", mm.name)),
+            }
+        }
+        self.release();
+        let ran_cpu = !self.cpu.is_empty() || self.stream.logged_whole_graph.load(Relaxed);
+        self.run_cpu(graph, n)?;
+        let npu_now = dev.stats.npu_matmuls.load(Relaxed);
+        if ran_cpu && npu_now > npu_before && !self.stream.logged_npu_graph.swap(true, Relaxed) {
+            log::info!(
+                "whole-graph mode: a graph of {n} nodes ran {} MUL_MAT on the NPU, the rest on ggml-cpu",
+                npu_now - npu_before
+            );
+        }
+        self.flush().map_err(|e| format!("GPU decode batch failed: {e}"))
+    }
+
+    /// The resident weight of an accepted MUL_MAT, made resident first if it is not yet; None
+    /// when it cannot be (one warning per weight; the weight is remembered as not resident).
+    fn npu_weight(&self, graph: &dyn Graph<'g>, i: usize, mm: &MulMatNode<'_>) -> Option<Arc<PackedWeight>> {
+        let dev = self.dev;
+        let w = mm.weight.as_ref()?;
+        let store = w.store?;
+        let t = &w.tensor;
+        if let Some(pw) = store.packed(t.addr, t.ne[1] as usize, t.ne[0] as usize, t.ggml_type) {
+            return Some(pw);
+        }
+        if store.is_failed(t.addr) {
+            return None;
+        }
+        let packed = match graph.weight_data(i) {
+            Some(data) => packed_weight(dev, store, t, &data, w.model_weight),
+            None => Err(crate::npu::NpuError::NoDevice("no weight data".into())),
+        };
+        match packed {
+            Ok(pw) => Some(pw),
+            Err(e) => {
+                dev.stats.not_resident.fetch_add(1, Relaxed);
+                log::warn!("MUL_MAT {} runs on the CPU: weight {} not resident on the NPU ({e})", mm.name, t.name);
+                None
+            }
+        }
+    }
+
+    /// Runs one MUL_MAT on the NPU now (`npu_w`: its resident weight), or returns it as a GPU
+    /// job to batch (decode routed to the GPU, `npu_w` None). `s` is the node's shape, which the
+    /// caller checked ORK accepts.
+    fn mul_mat(
+        &self,
+        graph: &mut dyn Graph<'g>,
+        i: usize,
+        mm: &MulMatNode<'_>,
+        s: &MatMulShape,
+        npu_w: Option<Arc<PackedWeight>>,
+    ) -> Result<Option<GpuJob<'g>>, String> {
+        let (x, dst) = graph.mul_mat_io(i).ok_or("activations/output are not contiguous f32")?;
+        let w = mm.weight.as_ref().ok_or("no weight")?;
+        let data = graph.weight_data(i).ok_or("no weight data")?;
+        // The per-matmul NPU path leaves the source's name empty: only the CPU fallback reads
+        // the source there, and never its name.
+        let name = if npu_w.is_none() { w.tensor.name.to_str() } else { "".into() };
+        let src = data.source(&w.tensor, &name)?;
+        let Some(pw) = &npu_w else {
+            let store = w.store.ok_or("weight not in an ORK buffer")?;
+            let gw = store.get_or_upload_gpu(self.dev, w.tensor.addr, &src, s.n, s.k).map_err(|e| e.to_string())?;
+            return Ok(Some(GpuJob { w: gw, x, m: s.m, dst }));
+        };
+        self.dev.run_mul_mat(pw, &src, x, s.m, dst);
+        Ok(None)
+    }
+
+    /// Runs the pending GPU jobs in one submit.
+    fn flush(&mut self) -> Result<(), String> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let dev = self.dev;
+        let t0 = Instant::now();
+        let r = gpu::run_batch(dev, &mut self.pending);
+        dev.stats.gpu_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+        dev.stats.gpu_submits.fetch_add(1, Relaxed);
+        dev.stats.gpu_matmuls.fetch_add(self.pending.len() as u64, Relaxed);
+        for j in self.pending.iter() {
+            let ph = Phase::of(dev.cfg, j.m);
+            dev.stats.gpu_phase[(ph == Phase::Decode) as usize].fetch_add(1, Relaxed);
+        }
+        self.pending.clear();
+        self.pending_dst.clear();
+        r.map_err(|e| e.to_string())
+    }
+
+    /// Lets the NPU arbiter go, if held.
+    fn release(&mut self) {
+        if let Some(h) = self.hold.take() {
+            let t0 = Instant::now();
+            drop(h);
+            self.dev.stats.arb_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+        }
+    }
+
+    /// Runs the nodes waiting for the CPU, up to node `to`, on ggml's CPU backend.
+    fn run_cpu(&mut self, graph: &mut dyn Graph<'g>, to: usize) -> Result<(), String> {
+        let Some((nodes, ops)) = self.cpu.take(to) else { return Ok(()) };
+        self.release();
+        self.flush()?;
+        if !self.stream.logged_whole_graph.swap(true, Relaxed) {
+            log::info!("whole-graph mode (e.g. ggml-rpc-server -d ORK): ORK runs the ops it does not accelerate on ggml's CPU backend");
+        }
+        let t0 = Instant::now();
+        graph.run_cpu(nodes)?;
+        self.dev.stats.cpu_ops.fetch_add(ops, Relaxed);
+        self.dev.stats.cpu_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+        Ok(())
+    }
+}
+
+/// A backend (stream) is freed: the summary line, and the profile with `ORK_PROFILE=1`.
+pub fn finish(dev: &Device) {
+    let s = &dev.stats;
+    // Whenever there is something to report: NPU work, or weights prepared (packed, loaded from
+    // the cache, or left on the CPU) even if no ubatch reached ORK_MINM.
+    let weights = s.packed.load(Relaxed) + s.cache_hits.load(Relaxed) + s.not_resident_weights.load(Relaxed);
+    if s.npu_matmuls.load(Relaxed) > 0 || dev.cfg.profile || weights > 0 {
+        log::info!("{}", dev.stats.summary());
+    }
+    if dev.cfg.profile {
+        log::info!("{}", dev.stats.profile(Some(dev.arbiter())));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::buffer::ToFloat;
+    use super::*;
+    use crate::config::Config;
+    use crate::npu::soc::SocId;
+    use crate::npu::{Npu, NpuConfig, NpuKind};
+
+    const K: usize = 64;
+    const N: usize = 64;
+
+    /// A device on the simulator, no cache, no cross-process lock.
+    fn sim_device() -> Device {
+        let (cfg, bad) = Config::from_lookup(|k| match k {
+            "ORK_NPU" => Some("sim".into()),
+            "ORK_NPU_LOCK" => Some("off".into()),
+            "ORK_CACHE" => Some("0".into()),
+            _ => None,
+        });
+        assert!(bad.is_empty(), "{bad:?}");
+        let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), max_cores: None, pin_cpus: vec![], wcache_budget_bytes: Some(256 << 20), ..NpuConfig::default() })
+            .expect("simulator opens");
+        Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: None }
+    }
+
+    fn f32_row(row: &[u8], out: &mut [f32]) {
+        for (o, b) in out.iter_mut().zip(row.chunks_exact(4)) {
+            *o = f32::from_le_bytes(b.try_into().unwrap());
+        }
+    }
+    const F32_ROW: ToFloat = &f32_row;
+
+    /// A MUL_MAT node `[M, K] · [N, K]ᵀ` at address `addr`, reading `srcs`.
+    fn mul_mat<'g>(addr: usize, m: usize, w: Option<Weight<'g>>, srcs: &[usize]) -> Node<'g> {
+        let shape = MatMulShape {
+            weight_type: crate::quant::types::F32,
+            k: K,
+            n: N,
+            weight_is_2d: true,
+            weight_contiguous: true,
+            weight_in_ork_buffer: true,
+            weight_unallocated_leaf: false,
+            weight_has_to_float: true,
+            act_is_f32: true,
+            act_contiguous: true,
+            m,
+            dst_is_f32: true,
+            dst_contiguous: true,
+            hadamard_hint: false,
+            act_min_prec: 0,
+        };
+        let mut s = [(0, 0); MAX_SRC];
+        for (d, &a) in s.iter_mut().zip(srcs) {
+            *d = (a, 0);
+        }
+        Node::MulMat(MulMatNode { addr, name: Name(b"ffn_up-0\0"), shape: Some(shape), weight: w, srcs: s })
+    }
+
+    /// A graph of plain nodes: weight bytes, MUL_MAT activations/outputs, and the CPU runs asked for.
+    struct Fake<'g> {
+        nodes: Vec<Node<'g>>,
+        weight: &'g [u8],
+        io: Vec<Option<(&'g [f32], &'g mut [f32])>>,
+        cpu_runs: Vec<Range<usize>>,
+        cpu_fails: bool,
+    }
+
+    impl<'g> Graph<'g> for Fake<'g> {
+        fn len(&self) -> usize {
+            self.nodes.len()
+        }
+        fn node(&self, i: usize) -> Node<'g> {
+            self.nodes[i]
+        }
+        fn weight_data(&self, _i: usize) -> Option<WeightData<'_>> {
+            Some(WeightData { bytes: self.weight, row_bytes: 4 * K, to_float: Some(F32_ROW) })
+        }
+        fn mul_mat_io(&mut self, i: usize) -> Option<(&'g [f32], &'g mut [f32])> {
+            self.io[i].take()
+        }
+        fn run_cpu(&mut self, nodes: Range<usize>) -> Result<(), String> {
+            if self.cpu_fails {
+                return Err(format!("ggml-cpu returned status -1 for nodes {}..{}", nodes.start, nodes.end));
+            }
+            self.cpu_runs.push(nodes);
+            Ok(())
+        }
+    }
+
+    fn weight_f32() -> Vec<f32> {
+        (0..N * K).map(|i| ((i * 29 % 67) as f32 - 33.0) / 41.0).collect()
+    }
+
+    #[test]
+    fn a_walk_groups_cpu_runs_around_the_npu_matmul() {
+        let dev = sim_device();
+        let store = WeightStore::default();
+        let w = weight_f32();
+        let wb: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let tensor = Tensor { addr: wb.as_ptr() as usize, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"blk.0.ffn_up.weight") };
+        let weight = Weight { tensor, store: Some(&store), model_weight: false };
+        let m = 32;
+        let x: Vec<f32> = (0..m * K).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
+        let mut dst = vec![0f32; m * N];
+        let stream = Stream::default();
+        {
+            // other, view, NPU MUL_MAT (M = ORK_MINM), other, decode MUL_MAT (M = 1: the CPU)
+            let nodes = vec![Node::Other, Node::View, mul_mat(0x100, m, Some(weight), &[]), Node::Other, mul_mat(0x300, 1, Some(weight), &[0x100])];
+            let mut io: Vec<Option<(&[f32], &mut [f32])>> = (0..nodes.len()).map(|_| None).collect();
+            io[2] = Some((&x, &mut dst));
+            let mut g = Fake { nodes, weight: &wb, io, cpu_runs: vec![], cpu_fails: false };
+            compute(&dev, &stream, &mut g).expect("the walk runs");
+            assert_eq!(g.cpu_runs, vec![0..2, 3..5], "the view stays inside the first run; the decode MUL_MAT joins the second");
+        }
+        let s = &dev.stats;
+        assert_eq!(s.npu_matmuls.load(Relaxed), 1);
+        assert_eq!(s.packed.load(Relaxed), 1, "packed at its first MUL_MAT");
+        assert_eq!(s.cpu_ops.load(Relaxed), 3, "two ops and the decode MUL_MAT; not the view");
+        assert_eq!([s.cpu_mm[0].load(Relaxed), s.cpu_mm[1].load(Relaxed)], [0, 1]);
+        assert_eq!(s.graph[0].calls.load(Relaxed), 1, "the call is booked");
+        assert!(stream.logged_whole_graph.load(Relaxed) && stream.logged_npu_graph.load(Relaxed));
+        // The NPU result is x · Wᵀ to int8 precision.
+        let mut worst = 0f32;
+        let mut top = 0f32;
+        for r in 0..m {
+            for c in 0..N {
+                let want: f32 = (0..K).map(|i| x[r * K + i] * w[c * K + i]).sum();
+                worst = worst.max((dst[r * N + c] - want).abs());
+                top = top.max(want.abs());
+            }
+        }
+        assert!(worst <= 1e-2 * top, "worst error {worst} of {top}");
+    }
+
+    #[test]
+    fn weights_that_cannot_be_resident_and_cpu_failures() {
+        let dev = sim_device();
+        let stream = Stream::default();
+        let store = WeightStore::default();
+        let wb = vec![0u8; 4 * N * K];
+        let tensor = Tensor { addr: wb.as_ptr() as usize, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"w") };
+        // A weight outside any live ORK buffer runs on the CPU with the ops around it.
+        let loose = Weight { tensor, store: None, model_weight: false };
+        let nodes = vec![mul_mat(0x100, 32, Some(loose), &[]), Node::Other];
+        let mut g = Fake { nodes, weight: &wb, io: vec![None, None], cpu_runs: vec![], cpu_fails: false };
+        compute(&dev, &stream, &mut g).unwrap();
+        assert_eq!(g.cpu_runs, vec![0..2]);
+        assert_eq!(dev.stats.npu_matmuls.load(Relaxed), 0);
+        // A failed CPU run fails the call with ggml-cpu's line.
+        let nodes = vec![Node::Other, mul_mat(0x100, 32, Some(Weight { store: Some(&store), ..loose }), &[])];
+        let mut g = Fake { nodes, weight: &wb, io: vec![None, None], cpu_runs: vec![], cpu_fails: true };
+        assert_eq!(compute(&dev, &stream, &mut g), Err("ggml-cpu returned status -1 for nodes 0..1".to_string()));
+        // A MUL_MAT ORK takes without its activations fails the call naming the node.
+        let nodes = vec![mul_mat(0x100, 32, Some(Weight { store: Some(&store), ..loose }), &[])];
+        let mut g = Fake { nodes, weight: &wb, io: vec![None], cpu_runs: vec![], cpu_fails: false };
+        assert_eq!(compute(&dev, &stream, &mut g), Err("MUL_MAT ffn_up-0: activations/output are not contiguous f32".to_string()));
+        assert_eq!(dev.stats.graph[0].calls.load(Relaxed), 3, "failed calls are booked too");
+    }
+
+    #[test]
+    fn supports_takes_views_and_routable_matmuls() {
+        let dev = sim_device();
+        let store = WeightStore::default();
+        let tensor = Tensor { addr: 0x1000, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"w") };
+        let w = Weight { tensor, store: Some(&store), model_weight: false };
+        assert!(supports(&dev, &Node::View));
+        assert!(!supports(&dev, &Node::Other));
+        assert!(supports(&dev, &mul_mat(1, 32, Some(w), &[])));
+        assert!(!supports(&dev, &mul_mat(1, 1, Some(w), &[])), "decode stays on the CPU (ORK_DECODE=auto)");
+        assert_eq!(dev.stats.declined_small_m.load(Relaxed), 1);
+        let Node::MulMat(mut mm) = mul_mat(1, 32, Some(w), &[]) else { unreachable!() };
+        mm.shape.as_mut().unwrap().hadamard_hint = true;
+        assert!(!supports(&dev, &Node::MulMat(mm)), "declined by mul_mat_unsupported");
+        mm.shape = None;
+        assert!(!supports(&dev, &Node::MulMat(mm)), "a source missing");
+    }
+
+    #[test]
+    fn a_node_reading_a_pending_output_or_a_view_of_one_flushes() {
+        let pending = [0x100, 0x200];
+        let srcs = |s: &[(usize, usize)]| {
+            let mut a = [(0, 0); MAX_SRC];
+            a[..s.len()].copy_from_slice(s);
+            a
+        };
+        assert!(reads_pending(&srcs(&[(0x500, 0), (0x200, 0)]), &pending), "a source is a pending output");
+        assert!(reads_pending(&srcs(&[(0x600, 0x100)]), &pending), "a source views a pending output");
+        assert!(!reads_pending(&srcs(&[(0x500, 0x700)]), &pending));
+        assert!(!reads_pending(&srcs(&[]), &pending), "no sources");
+        assert!(!reads_pending(&srcs(&[(0x100, 0)]), &[]), "nothing pending");
+    }
+
+    #[test]
+    fn cpu_runs_span_from_their_first_op_to_the_next_ork_node() {
+        let mut r = CpuRun::default();
+        assert_eq!(r.take(3), None, "nothing waiting");
+        r.add(2);
+        r.add(4);
+        assert!(!r.is_empty());
+        assert_eq!(r.take(7), Some((2..7, 2)), "view nodes 3, 5, 6 inside, not counted");
+        assert!(r.is_empty());
+        assert_eq!(r.take(9), None, "the run is over");
+        r.add(9);
+        assert_eq!(r.take(10), Some((9..10, 1)));
+    }
+}
