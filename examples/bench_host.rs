@@ -363,7 +363,7 @@ fn main() {
             None => (WeightSource { name: "", ggml_type: 0, bytes: &f32_bytes, row_bytes: k * 4, to_float: &f32_row }, "f32"),
         };
         let pack = || {
-            black_box(pack_source(&soc, &src, n, k, 1).expect("pack_source"));
+            black_box(pack_source(&soc, &src, n, k, 1, None).expect("pack_source"));
         };
         let all = rayon::ThreadPoolBuilder::new().num_threads(ncpu).build().unwrap();
         let mut p1 = || one.install(pack);

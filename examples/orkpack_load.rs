@@ -79,14 +79,14 @@ fn main() {
         let tiles: Vec<u8> = (0..2 * one).map(|j| ((j as u32).wrapping_mul(40_503).wrapping_add(i as u32) >> 3) as u8).collect();
         let scales = vec![0.01f32; format::scale_count(n, k, 2)];
         let name = format!("blk.{}.w{}", i / SHAPES.len(), i % SHAPES.len());
-        let id = ggml_ork::cache::identity(&soc, 8, &src, row_bytes, &name, n, k, 2);
+        let id = ggml_ork::cache::identity(&soc, 8, &src, row_bytes, &name, n, k, 2, None);
         let path = cache.store(&id, &tiles, &scales).expect("store");
         file_bytes += std::fs::metadata(&path).unwrap().len();
         weights.push(Weight { n, k, src, id, path, tiles_one: one });
         i += 1;
     }
 
-    let (cfg, _) = ggml_ork::config::Config::from_lookup(|_| None);
+    let (cfg, _) = ggml_ork::config::Config::from_lookup(|k| (k == "ORK_ROTATE").then(|| "0".into()));
     let dev = Device { npu: npu.clone(), vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: Some(PackCache::new(&dir, u64::MAX)) };
     let names: Vec<String> = weights.iter().map(|w| w.id.name.clone()).collect();
 

@@ -49,6 +49,9 @@ pub enum LockMode {
 /// `ORK_CACHE_MAX_MB`'s default: the size limit of the `.orkpack` directory in MiB.
 pub const DEFAULT_CACHE_MAX_MB: u64 = 8192;
 
+/// `ORK_NPU_WORK`'s default: extra int8 terms may add a quarter to plain W8A8's NPU rows.
+pub const DEFAULT_NPU_WORK: f64 = 1.25;
+
 /// One documented variable: name, default, meaning.
 pub struct VarDoc {
     pub name: &'static str,
@@ -67,8 +70,10 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_ROUTE", default: "threshold", meaning: "routing policy: threshold (M >= ORK_MINM on the NPU, else ORK_DECODE) or cost (the cost model of src/route/mod.rs picks the fastest available engine per MUL_MAT, ORK_MINM still the NPU floor)" },
     VarDoc { name: "ORK_NPU_LOCK", default: "wait", meaning: "cross-process NPU arbitration (advisory flock per NPU, taken by the first NPU matmul of a graph_compute call and kept while no other process asks for it, at most 20 ms; see src/route/arbiter.rs): wait (queue behind the other process), cpu (run the matmul's int8 arithmetic on the CPU instead), off" },
     VarDoc { name: "ORK_LOCK_DIR", default: "$XDG_RUNTIME_DIR, /run/lock or /tmp", meaning: "directory of the NPU lock files (ork-npu-<soc>-<interface>.lock)" },
-    VarDoc { name: "ORK_ACT_TERMS", default: "auto", meaning: "int8 terms per activation row (x ≈ Σ s_t·q_t, T·M NPU rows) for outlier-heavy hidden states: auto (3 for F32/F16/BF16 weights, else 2), 1 (plain W8A8), 2, 3" },
-    VarDoc { name: "ORK_WEIGHT_TERMS", default: "auto", meaning: "int8 terms per weight: auto (2: GGUF block scales and float mantissas need more than one per-channel int8; a second term that does not fit the resident budget is dropped), 1, or 2" },
+    VarDoc { name: "ORK_ROTATE", default: "1", meaning: "1 = rotate K by a Hadamard matrix on both operands (weights when packed, activation rows on the host) so that one int8 term each is accurate; 0 = no rotation, with the multi-term defaults (2 weight terms, 2 activation terms, 3 for F32/F16/BF16 weights)" },
+    VarDoc { name: "ORK_NPU_WORK", default: "1.25", meaning: "NPU rows per token as a ratio of plain W8A8 that extra int8 terms may use (rotated): granted to the output head, then the FFN down-projections, in the order of their measured gain (docs/precision.md); 1 = plain W8A8 everywhere" },
+    VarDoc { name: "ORK_ACT_TERMS", default: "auto", meaning: "int8 terms per activation row (x ≈ Σ s_t·q_t, T·M NPU rows) for every weight, overriding the plan: auto (ORK_NPU_WORK's plan; without rotation 3 for F32/F16/BF16 weights, else 2), 1, 2, 3" },
+    VarDoc { name: "ORK_WEIGHT_TERMS", default: "auto", meaning: "int8 terms per weight for every weight, overriding the plan: auto (ORK_NPU_WORK's plan; without rotation 2), 1, or 2; a second term that does not fit the resident budget is dropped" },
     VarDoc { name: "ORK_SOC", default: "(device tree)", meaning: "force the SoC description: rk3588 or rk3576" },
     VarDoc { name: "ORK_NPU_CARD", default: "(scan /dev/dri/card*)", meaning: "the vendor rknpu DRM node to use, e.g. /dev/dri/card1, instead of the first /dev/dri/card* whose driver is rknpu" },
     VarDoc { name: "ORK_NPU_MC", default: "(all cores)", meaning: "cap on NPU cores per matmul (the core budget); the planner picks within it" },
@@ -118,6 +123,10 @@ pub struct Config {
     pub wcache_budget_mb: Option<u64>,
     pub cache_enabled: bool,
     pub cache_dir: Option<String>,
+    /// `ORK_ROTATE`: Hadamard rotation of K on both operands (default on).
+    pub rotate: bool,
+    /// `ORK_NPU_WORK`: NPU rows per token as a ratio of plain W8A8 that extra int8 terms may use.
+    pub npu_work: f64,
     /// `ORK_CACHE_MAX_MB`: size limit of the cache directory in MiB.
     pub cache_max_mb: u64,
     /// `ORK_VK_DEVICE`: Vulkan device index or name substring (None = the default choice).
@@ -233,7 +242,17 @@ impl Config {
         };
         let weight_terms = terms("ORK_WEIGHT_TERMS", 2);
         let act_terms = terms("ORK_ACT_TERMS", 3);
-        for name in ["ORK_OFF", "ORK_NO_AFFINITY", "ORK_PROFILE"] {
+        let npu_work = match get("ORK_NPU_WORK") {
+            None => DEFAULT_NPU_WORK,
+            Some(v) => match v.trim().parse::<f64>() {
+                Ok(w) if (1.0..=8.0).contains(&w) => w,
+                _ => {
+                    bad.push(format!("ORK_NPU_WORK={v:?} is not a ratio in 1..=8; using {DEFAULT_NPU_WORK}"));
+                    DEFAULT_NPU_WORK
+                }
+            },
+        };
+        for name in ["ORK_OFF", "ORK_NO_AFFINITY", "ORK_PROFILE", "ORK_ROTATE"] {
             if let Some(v) = get(name) {
                 if !matches!(v.trim().to_ascii_lowercase().as_str(), "" | "0" | "1" | "true" | "false" | "yes" | "no" | "on" | "off") {
                     bad.push(format!("{name}={v:?} is not 0 or 1; taken as 0"));
@@ -250,6 +269,8 @@ impl Config {
             npu_lock,
             lock_dir: text("ORK_LOCK_DIR"),
             weight_terms,
+            rotate: get("ORK_ROTATE").is_none_or(|v| flag(Some(v.as_str()))),
+            npu_work,
             act_terms,
             soc: text("ORK_SOC"),
             npu_card: text("ORK_NPU_CARD"),
@@ -271,17 +292,7 @@ impl Config {
         (cfg, bad)
     }
 
-    /// Activation terms for a weight (`ORK_ACT_TERMS`): auto gives float sources (F32/F16/BF16,
-    /// which one int8 weight term does not carry either) three terms, everything else two.
-    pub fn act_terms_for(&self, float_source: bool) -> usize {
-        match self.act_terms {
-            0 if float_source => 3,
-            0 => 2,
-            t => t as usize,
-        }
-    }
-
-    /// Int8 terms per weight (`ORK_WEIGHT_TERMS`): auto gives every type two. GGUF weights carry
+    /// Int8 terms per weight of the GPU decode copy (`ORK_WEIGHT_TERMS`): auto gives every type two. GGUF weights carry
     /// a scale per block of 32 or 256 (or 11+ mantissa bits), which one per-channel int8 scale
     /// cannot follow: measured on SmolLM2 prefill, one term leaves a per-matmul NMSE of
     /// 4·10⁻⁵–4·10⁻⁴ against exact arithmetic (Q8_0; perplexity +0.7 %, Q4_K_M +3.4 %), enough to

@@ -51,7 +51,7 @@ fn assert_one_valid_entry_each(dir: &Path) {
     let c = PackCache::new(dir, u64::MAX);
     for i in 0..WEIGHTS {
         let bytes = weight_bytes(100 + i as u64, N, K);
-        let id = cache::identity(&SocDesc::get(SocId::Rk3588), GGML_TYPE_F32, &bytes, 4 * K, &name(i), N, K, 2);
+        let id = cache::identity(&SocDesc::get(SocId::Rk3588), GGML_TYPE_F32, &bytes, 4 * K, &name(i), N, K, 2, None);
         c.load(&id).unwrap_or_else(|e| panic!("weight {i}: {e}"));
     }
 }

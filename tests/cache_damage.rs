@@ -20,7 +20,7 @@ const K: usize = 160;
 const NAME: &str = "blk.0.ffn_up.weight";
 
 fn id_of(soc: SocId, name: &str, bytes: &[u8]) -> cache::Identity {
-    cache::identity(&SocDesc::get(soc), GGML_TYPE_F32, bytes, 4 * K, name, N, K, 2)
+    cache::identity(&SocDesc::get(soc), GGML_TYPE_F32, bytes, 4 * K, name, N, K, 2, None)
 }
 
 /// Packs the weight once through a cache in `dir` and returns the entry's path.
@@ -38,8 +38,8 @@ fn assert_entry_is_clean(dir: &Path, bytes: &[u8]) {
     let hit = c.load(&id_of(SocId::Rk3588, NAME, bytes)).expect("rewritten entry is valid");
     let src = source(NAME, bytes, K);
     // F32 source: two weight terms; payload = hi tiles ++ lo tiles, scales ++ col ++ lo scales.
-    let (q, scales, col) = ggml_ork::pack::quantize_source(&src, N, K);
-    let (ql, sl) = ggml_ork::pack::quantize_residual(&src, N, K, &col, &q, &scales);
+    let (q, scales, col) = ggml_ork::pack::quantize_source(&src, N, K, None);
+    let (ql, sl) = ggml_ork::pack::quantize_residual(&src, N, K, None, &col, &q, &scales);
     let soc = SocDesc::get(SocId::Rk3588);
     let mut tiles = ggml_ork::npu::layout::tile_weight(&soc, &q, N, K).unwrap().bytes;
     tiles.extend_from_slice(&ggml_ork::npu::layout::tile_weight(&soc, &ql, N, K).unwrap().bytes);
@@ -162,7 +162,7 @@ fn large_two_term_entries_verify_across_the_term_boundary() {
     let bytes = weight_bytes(3, BN, BK);
     let want = clean(BIG, &bytes, BN, BK);
     let src = source(BIG, &bytes, BK);
-    let id = cache::identity(&SocDesc::get(SocId::Rk3588), GGML_TYPE_F32, &bytes, 4 * BK, BIG, BN, BK, 2);
+    let id = cache::identity(&SocDesc::get(SocId::Rk3588), GGML_TYPE_F32, &bytes, 4 * BK, BIG, BN, BK, 2, None);
     let one = ggml_ork::npu::layout::tile_weight(&SocDesc::get(SocId::Rk3588), &vec![0i8; BN * BK], BN, BK).unwrap().bytes.len();
     let chunk = format::HASH_CHUNK_BYTES;
     assert!(one > chunk && one % chunk != 0, "tile set of {one} bytes does not exercise the join");
@@ -289,8 +289,8 @@ fn the_key_covers_every_identity_field() {
     let variants = [
         id_of(SocId::Rk3576, NAME, &bytes),
         id_of(SocId::Rk3588, "blk.1.ffn_up.weight", &bytes),
-        cache::identity(&SocDesc::get(SocId::Rk3588), 1, &bytes, 4 * K, NAME, N, K, 2),
-        cache::identity(&SocDesc::get(SocId::Rk3588), GGML_TYPE_F32, &bytes, 4 * K, NAME, K, N, 2),
+        cache::identity(&SocDesc::get(SocId::Rk3588), 1, &bytes, 4 * K, NAME, N, K, 2, None),
+        cache::identity(&SocDesc::get(SocId::Rk3588), GGML_TYPE_F32, &bytes, 4 * K, NAME, K, N, 2, None),
         id_of(SocId::Rk3588, NAME, &weight_bytes(1, N, K)[..N * K * 4 - 1]),
     ];
     for v in &variants {

@@ -107,23 +107,30 @@ fn fused_packing_equals_quantize_then_tile() {
             }
         };
         let src = WeightSource { name: "w", ggml_type: 0, bytes: &bytes, row_bytes: k * 4, to_float: &to_float };
-        let (q, s, col) = quantize_source(&src, n, k);
-        let (ql, sl) = quantize_residual(&src, n, k, &col, &q, &s);
-        let want_hi = ggml_ork::npu::layout::tile_weight(&soc, &q, n, k).unwrap().bytes;
-        let want_lo = ggml_ork::npu::layout::tile_weight(&soc, &ql, n, k).unwrap().bytes;
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        for terms in [1, 2] {
-            let what = format!("case {case} N={n} K={k} terms {terms} k_slice {} n_slice {}", soc.k_slice, soc.n_max_per_program);
-            let p = pack_source(&soc, &src, n, k, terms).unwrap();
-            assert_eq!(p.tiles.len(), terms, "{what}");
-            assert!(p.tiles[0].bytes == want_hi, "hi tiles differ: {what}");
-            assert_eq!(bits(&p.scales), bits(&s), "{what}");
-            assert_eq!(bits(&p.col_scale), bits(&col), "{what}");
-            if terms == 2 {
-                assert!(p.tiles[1].bytes == want_lo, "lo tiles differ: {what}");
-                assert_eq!(bits(&p.lo_scales), bits(&sl), "{what}");
-            } else {
-                assert!(p.lo_scales.is_empty());
+        // Unrotated (column equalisation) and rotated (no equalisation: all-ones columns).
+        let rotation = ggml_ork::quant::rotate::Rotation::new(k);
+        for rot in [None, rotation.as_ref()] {
+            let (q, s, col) = quantize_source(&src, n, k, rot);
+            if rot.is_some() {
+                assert!(col.iter().all(|&c| c == 1.0), "rotated weights have no column equalisation");
+            }
+            let (ql, sl) = quantize_residual(&src, n, k, rot, &col, &q, &s);
+            let want_hi = ggml_ork::npu::layout::tile_weight(&soc, &q, n, k).unwrap().bytes;
+            let want_lo = ggml_ork::npu::layout::tile_weight(&soc, &ql, n, k).unwrap().bytes;
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            for terms in [1, 2] {
+                let what = format!("case {case} N={n} K={k} terms {terms} rotated {} k_slice {} n_slice {}", rot.is_some(), soc.k_slice, soc.n_max_per_program);
+                let p = pack_source(&soc, &src, n, k, terms, rot).unwrap();
+                assert_eq!(p.tiles.len(), terms, "{what}");
+                assert!(p.tiles[0].bytes == want_hi, "hi tiles differ: {what}");
+                assert_eq!(bits(&p.scales), bits(&s), "{what}");
+                assert_eq!(bits(&p.col_scale), bits(&col), "{what}");
+                if terms == 2 {
+                    assert!(p.tiles[1].bytes == want_lo, "lo tiles differ: {what}");
+                    assert_eq!(bits(&p.lo_scales), bits(&sl), "{what}");
+                } else {
+                    assert!(p.lo_scales.is_empty());
+                }
             }
         }
     }
@@ -131,8 +138,8 @@ fn fused_packing_equals_quantize_then_tile() {
     let bytes = vec![0u8; 33 * 64 * 4];
     let to_float = |_: &[u8], out: &mut [f32]| out.fill(1.0);
     let src = WeightSource { name: "w", ggml_type: 0, bytes: &bytes, row_bytes: 64 * 4, to_float: &to_float };
-    assert!(pack_source(&rk3588(), &src, 33, 64, 1).is_err());
+    assert!(pack_source(&rk3588(), &src, 33, 64, 1, None).is_err());
     // so is a term count other than 1 or 2
-    assert!(pack_source(&rk3588(), &src, 32, 64, 3).is_err());
-    assert!(pack_source(&rk3588(), &src, 32, 64, 0).is_err());
+    assert!(pack_source(&rk3588(), &src, 32, 64, 3, None).is_err());
+    assert!(pack_source(&rk3588(), &src, 32, 64, 0, None).is_err());
 }

@@ -51,7 +51,11 @@ fn ork_buffers_lower_the_default_budget() {
 
 #[test]
 fn an_explicit_budget_is_kept() {
-    let (cfg, bad) = Config::from_lookup(|k| (k == "ORK_WCACHE_BUDGET_MB").then(|| "64".to_string()));
+    let (cfg, bad) = Config::from_lookup(|k| match k {
+        "ORK_WCACHE_BUDGET_MB" => Some("64".to_string()),
+        "ORK_ROTATE" => Some("0".to_string()),
+        _ => None,
+    });
     assert!(bad.is_empty(), "{bad:?}");
     let npu = Npu::open(&NpuConfig {
         kind: NpuKind::Sim,
@@ -72,7 +76,13 @@ fn an_explicit_budget_is_kept() {
 
 /// A device with an explicit residency budget of `budget` bytes and a cache in `dir`.
 fn device_with_budget(budget: u64, dir: &std::path::Path) -> Device {
-    let (cfg, _) = Config::from_lookup(|k| (k == "ORK_WCACHE_BUDGET_MB").then(|| (budget >> 20).max(1).to_string()));
+    // The unrotated multi-term path: two weight terms for every weight, which the budget rules
+    // are about.
+    let (cfg, _) = Config::from_lookup(|k| match k {
+        "ORK_WCACHE_BUDGET_MB" => Some((budget >> 20).max(1).to_string()),
+        "ORK_ROTATE" => Some("0".to_string()),
+        _ => None,
+    });
     let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), max_cores: None, pin_cpus: vec![], wcache_budget_bytes: Some(budget), ..NpuConfig::default() })
         .expect("simulator opens");
     let cache = Some(ggml_ork::cache::PackCache::new(dir, u64::MAX));

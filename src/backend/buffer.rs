@@ -100,6 +100,8 @@ pub struct Buffer {
     pub weights: WeightStore,
     /// This buffer's share of `Stats::expected_term_bytes`.
     expected_term_bytes: AtomicU64,
+    /// This buffer's share of `Stats::announced` (weights per precision role).
+    announced: [AtomicU64; 3],
 }
 
 impl Buffer {
@@ -108,7 +110,7 @@ impl Buffer {
         if let Some(dev) = dev {
             dev.host_buffers_changed(host_bytes as i64);
         }
-        Buffer { dev, host_bytes, weights: WeightStore::default(), expected_term_bytes: AtomicU64::new(0) }
+        Buffer { dev, host_bytes, weights: WeightStore::default(), expected_term_bytes: AtomicU64::new(0), announced: Default::default() }
     }
 
     /// ggml initialises every tensor placed in the buffer before loading any: a tensor that looks
@@ -126,6 +128,9 @@ impl Buffer {
             let bytes = dev.npu.term_bytes(n, k);
             self.expected_term_bytes.fetch_add(bytes, Relaxed);
             dev.stats.expected_term_bytes.fetch_add(bytes, Relaxed);
+            let role = crate::route::precision::Role::of(&t.name.to_str()).index();
+            self.announced[role].fetch_add(1, Relaxed);
+            dev.stats.announced[role].fetch_add(1, Relaxed);
         }
     }
 
@@ -173,6 +178,9 @@ impl Drop for Buffer {
         if let Some(dev) = self.dev {
             dev.host_buffers_changed(-(self.host_bytes as i64));
             dev.stats.expected_term_bytes.fetch_sub(self.expected_term_bytes.load(Relaxed), Relaxed);
+            for (d, mine) in dev.stats.announced.iter().zip(&self.announced) {
+                d.fetch_sub(mine.load(Relaxed), Relaxed);
+            }
         }
     }
 }

@@ -34,11 +34,11 @@ pub fn upload(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Resul
         quant::types::Q4_0 => (vk.upload(VkWeightData::Q4_0(src.bytes), n, k)?, None, None),
         quant::types::Q4_K => (vk.upload(VkWeightData::Q4K(src.bytes), n, k)?, None, None),
         _ => {
-            let (q, rs, col) = quantize_source(src, n, k);
+            let (q, rs, col) = quantize_source(src, n, k, None);
             let hi = vk.upload(VkWeightData::I8 { w: &q, scale: &rs }, n, k)?;
             let two = dev.cfg.weight_terms() == 2;
             let lo = if two {
-                let (ql, sl) = quantize_residual(src, n, k, &col, &q, &rs);
+                let (ql, sl) = quantize_residual(src, n, k, None, &col, &q, &rs);
                 Some(vk.upload(VkWeightData::I8 { w: &ql, scale: &sl }, n, k)?)
             } else {
                 None

@@ -30,8 +30,7 @@ use std::time::Instant;
 pub use crate::pack::WeightSource;
 pub use weights::{PackedWeight, WeightStore};
 
-/// Activation terms that meet a weight's second int8 term.
-const LO_ACT_TERMS: usize = 1;
+use crate::route::precision::LO_ACT_TERMS;
 
 /// Counters for the profile / summary line.
 #[derive(Default)]
@@ -40,7 +39,13 @@ pub struct Stats {
     pub gpu_matmuls: AtomicU64,
     pub gpu_submits: AtomicU64,
     pub gpu_ns: AtomicU64,
+    /// Input rows of the NPU matmuls (tokens × matmuls): the rows plain W8A8 would send.
     pub npu_rows: AtomicU64,
+    /// Rows sent to the NPU: every int8 activation term of every weight term's run.
+    pub npu_rows_sent: AtomicU64,
+    /// Weights per precision role (`route::precision::Role`) in ORK's live buffers, counted as
+    /// ggml initialises their tensors: the precision plan's view of the model.
+    pub announced: [AtomicU64; 3],
     pub npu_fallbacks: AtomicU64,
     /// MUL_MATs sent to the CPU because their weight could not be made resident.
     pub not_resident: AtomicU64,
@@ -138,6 +143,8 @@ pub struct GraphSnap {
 pub struct PhaseStats {
     pub runs: AtomicU64,
     pub rows: AtomicU64,
+    /// Rows sent to the NPU, int8 terms included (`rows` is what plain W8A8 sends).
+    pub rows_sent: AtomicU64,
     pub quant_ns: AtomicU64,
     /// Host side of the NPU run: activation packing, regcmd, submit ioctls.
     pub submit_ns: AtomicU64,
@@ -185,12 +192,13 @@ impl Stats {
     pub fn summary(&self) -> String {
         let ms = |a: &AtomicU64| a.load(Relaxed) as f64 / 1e6;
         format!(
-            "ORK ran {} MUL_MAT on the NPU ({} rows, {} submits) and {} on the GPU ({} submits, {:.1} ms); {} MUL_MAT graph nodes were left to the CPU \
+            "ORK ran {} MUL_MAT on the NPU ({} rows sent = {:.2}x plain W8A8, {} submits) and {} on the GPU ({} submits, {:.1} ms); {} MUL_MAT graph nodes were left to the CPU \
              (M < ORK_MINM) at graph split; {} NPU errors fell back to the CPU; weights: {} cache hits, {} packs \
              ({} cache writes), prepared in {:.0} ms (source hash {:.0} ms, cache open {:.0} ms, import + verify {:.0} ms; \
              packing {:.0} ms, upload {:.0} ms, cache write {:.0} ms){}; time: act-quant {:.1} ms, npu {:.1} ms, dequant {:.1} ms",
             self.npu_matmuls.load(Relaxed),
-            self.npu_rows.load(Relaxed),
+            self.npu_rows_sent.load(Relaxed),
+            self.npu_rows_sent.load(Relaxed) as f64 / self.npu_rows.load(Relaxed).max(1) as f64,
             self.submits.load(Relaxed),
             self.gpu_matmuls.load(Relaxed),
             self.gpu_submits.load(Relaxed),
@@ -228,9 +236,10 @@ impl Stats {
         for (i, name) in ["prefill", "decode"].iter().enumerate() {
             let p = &self.phase[i];
             out += &format!(
-                "\n  {name:7} MUL_MAT: npu {} runs ({} rows; act-quant {:.1} ms, submit {:.1} ms, wait {:.1} ms, dequant {:.1} ms, arbiter {:.1} ms; {} on the CPU while another process held the NPU), gpu {} runs, cpu {} runs in ORK's graph",
+                "\n  {name:7} MUL_MAT: npu {} runs ({} rows sent = {:.2}x plain W8A8; act-quant {:.1} ms, submit {:.1} ms, wait {:.1} ms, dequant {:.1} ms, arbiter {:.1} ms; {} on the CPU while another process held the NPU), gpu {} runs, cpu {} runs in ORK's graph",
                 p.runs.load(Relaxed),
-                p.rows.load(Relaxed),
+                p.rows_sent.load(Relaxed),
+                p.rows_sent.load(Relaxed) as f64 / p.rows.load(Relaxed).max(1) as f64,
                 ms(&p.quant_ns),
                 ms(&p.submit_ns),
                 ms(&p.wait_ns),
@@ -412,11 +421,21 @@ impl Device {
         // The per-thread buffers of the last call (taken out, so a re-entered call on this thread
         // simply allocates its own); none of them needs zeroing: each is fully written below.
         let mut sc = SCRATCH.with(|c| c.take());
-        let terms = self.cfg.act_terms_for(quant::types::is_float(w.ggml_type));
+        let terms = w.act_terms;
         let rows = terms * m;
         let lt = LO_ACT_TERMS.min(terms);
         let xs = scratch(&mut sc.xs, m * k);
-        quant::scale_columns_into(x, &w.col_scale, xs);
+        match &w.rot {
+            // Rotated weights have no column equalisation: the activation rows are rotated by the
+            // same R instead.
+            Some(rot) => {
+                xs.copy_from_slice(x);
+                for row in xs.chunks_mut(k) {
+                    rot.apply_row(row);
+                }
+            }
+            None => quant::scale_columns_into(x, &w.col_scale, xs),
+        }
         let a = scratch(&mut sc.a, rows * k);
         let a_scale = scratch(&mut sc.a_scale, rows);
         quant::quantize_rows_terms(xs, m, k, terms, a, a_scale);
@@ -442,6 +461,8 @@ impl Device {
         match r {
             Ok(rs) => {
                 self.stats.submits.fetch_add(rs.submits as u64, Relaxed);
+                self.stats.npu_rows_sent.fetch_add(rows as u64, Relaxed);
+                ps.rows_sent.fetch_add(rows as u64, Relaxed);
                 device_ns += rs.device_ns;
                 cores = rs.cores.max(1) as u64;
             }
@@ -451,7 +472,7 @@ impl Device {
                 } else {
                     ps.fallback.fetch_add(1, Relaxed);
                 }
-                let (q, _, _) = crate::pack::quantize_source(src, n, k);
+                let (q, _, _) = crate::pack::quantize_source(src, n, k, w.rot.as_deref());
                 c.copy_from_slice(&crate::npu::reference_mm(a, &q, rows, k, n));
             }
         }
@@ -476,13 +497,17 @@ impl Device {
             };
             if let Ok(rs) = &r {
                 device_ns += rs.device_ns;
+                self.stats.submits.fetch_add(rs.submits as u64, Relaxed);
+                self.stats.npu_rows_sent.fetch_add((lt * m) as u64, Relaxed);
+                ps.rows_sent.fetch_add((lt * m) as u64, Relaxed);
             }
             if let Err(e) = r {
                 if lease.is_ok() {
                     self.note_npu_error(&e);
                 }
-                let (q, s, col) = crate::pack::quantize_source(src, n, k);
-                let (ql, _) = crate::pack::quantize_residual(src, n, k, &col, &q, &s);
+                let rot = w.rot.as_deref();
+                let (q, s, col) = crate::pack::quantize_source(src, n, k, rot);
+                let (ql, _) = crate::pack::quantize_residual(src, n, k, rot, &col, &q, &s);
                 cl.copy_from_slice(&crate::npu::reference_mm(&a[..lt * m * k], &ql, lt * m, k, n));
             }
             lo_ns = tl.elapsed().as_nanos() as u64;

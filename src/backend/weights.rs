@@ -13,6 +13,8 @@ use super::Device;
 use crate::cache::{self, CacheError};
 use crate::npu::{NpuError, ResidentWeight};
 use crate::pack::{pack_source, PackedSource, WeightSource};
+use crate::quant::rotate::Rotation;
+use crate::route::precision::{self, Role};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
@@ -33,6 +35,23 @@ pub struct PackedWeight {
     /// Second int8 term for 16/32-bit float sources (`W ≈ q·s + q_lo·s_lo`): the residual of the
     /// first term, resident beside it, with its own per-channel scales.
     pub lo: Option<(Arc<ResidentWeight>, Vec<f32>)>,
+    /// The rotation of K both operands go through (`quant::rotate`); None: unrotated, with the
+    /// column equalisation `col_scale`.
+    pub rot: Option<Arc<Rotation>>,
+    /// Int8 terms per activation row run against the first weight term (the precision plan).
+    pub act_terms: usize,
+}
+
+/// The shared rotation of width `k` (one per K in the process), or None where K has none.
+fn rotation(k: usize) -> Option<Arc<Rotation>> {
+    static ROTS: Mutex<Vec<(usize, Option<Arc<Rotation>>)>> = Mutex::new(Vec::new());
+    let mut rots = ROTS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, r)) = rots.iter().find(|(rk, _)| *rk == k) {
+        return r.clone();
+    }
+    let r = Rotation::new(k).map(Arc::new);
+    rots.push((k, r.clone()));
+    r
 }
 
 /// Whether a weight's second int8 term may become resident now, `new_bytes` being what is about
@@ -167,8 +186,12 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
         let why = format!("residency budget: {} of {} MiB in use", resident >> 20, budget >> 20);
         return Err(NpuError::NoRoom { op: "pack", n, k, bytes: term_bytes, why });
     }
-    let terms = dev.cfg.weight_terms() as u32;
-    let id = cache.map(|_| cache::identity(dev.npu.soc(), src.ggml_type, src.bytes, src.row_bytes, src.name, n, k, terms));
+    let counts = dev.stats.announced.each_ref().map(|c| c.load(Relaxed));
+    let plan = precision::terms_for(dev.cfg, Role::of(src.name), crate::quant::types::is_float(src.ggml_type), &counts);
+    let terms = plan.weight as u32;
+    let act_terms = plan.act;
+    let rot = if dev.cfg.rotate { rotation(k) } else { None };
+    let id = cache.map(|_| cache::identity(dev.npu.soc(), src.ggml_type, src.bytes, src.row_bytes, src.name, n, k, terms, rot.as_deref()));
     let t_hashed = Instant::now();
     dev.stats.cache_hash_ns.fetch_add((t_hashed - t0).as_nanos() as u64, Relaxed);
     // Cache entry payload: tiles = hi tiles [++ lo tiles]; scales = row scales [N] ++ column
@@ -185,7 +208,7 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
                     Ok((resident, lo, scales, col_scale)) => {
                         dev.stats.cache_hits.fetch_add(1, Relaxed);
                         dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
-                        return Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, lo });
+                        return Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, lo, rot, act_terms });
                     }
                     Err(why) => log::debug!("orkpack {}: {why}; repacking", src.name),
                 }
@@ -195,7 +218,7 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
         }
     }
     let t_pack = Instant::now();
-    let PackedSource { tiles, scales, col_scale, lo_scales } = pack_source(dev.npu.soc(), src, n, k, terms as usize)?;
+    let PackedSource { tiles, scales, col_scale, lo_scales } = pack_source(dev.npu.soc(), src, n, k, terms as usize, rot.as_deref())?;
     let t_packed = Instant::now();
     dev.stats.cold_pack_ns.fetch_add((t_packed - t_pack).as_nanos() as u64, Relaxed);
     let mut tiles = tiles.into_iter();
@@ -243,7 +266,7 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
     dev.stats.packed.fetch_add(1, Relaxed);
     dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
     PROGRESS.packed(src.bytes.len() as u64, cached);
-    Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, lo })
+    Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, lo, rot, act_terms })
 }
 
 /// One resident copy (NPU or GPU) and the source bytes it was made from.

@@ -147,7 +147,7 @@ fn main() {
     let has_output = tensors.iter().any(|t| t.name == "output.weight");
     let av = Availability { gpu: cfg.decode == ggml_ork::config::DecodeSelect::Gpu, npu_busy: false };
     let mut counts = std::collections::BTreeMap::<(&str, &str), usize>::new();
-    let mut layer_shapes: Vec<(usize, usize, u32)> = Vec::new();
+    let mut layer_shapes: Vec<(usize, usize, u32, route::precision::Role)> = Vec::new();
     let mut head = None;
     for t in &tensors {
         let (k, n) = (t.dims.first().copied().unwrap_or(0) as usize, t.dims.get(1).copied().unwrap_or(1) as usize);
@@ -170,7 +170,7 @@ fn main() {
             let p = route::decide_with(&cfg, &model, &MatMul { m: m_prefill, k, n, ggml_type: t.ggml_type }, av);
             let d = route::decide_with(&cfg, &model, &MatMul { m: 1, k, n, ggml_type: t.ggml_type }, av);
             if t.name.starts_with("blk.0.") {
-                layer_shapes.push((k, n, t.ggml_type));
+                layer_shapes.push((k, n, t.ggml_type, route::precision::Role::of(&t.name)));
             }
             if t.name == "output.weight" {
                 head = Some((k, n, t.ggml_type));
@@ -202,10 +202,32 @@ fn main() {
     let mut fused = CostModel::for_soc(ggml_ork::npu::soc::SocId::Rk3588);
     fused.split_s = 0.0;
     let a = route::predict(&anchors_cfg, &fused, &q, 256);
-    let ours_cfg = Config::from_lookup(|k| std::env::var(k).ok()).0;
-    let b = route::predict(&ours_cfg, &CostModel::for_soc(ggml_ork::npu::soc::SocId::Rk3588), &q, 256);
     println!("\n# Qwen3-1.7B Q8_0 on RK3588, cost model vs published anchors (tok/s):");
     println!("#   predicted, W8A8 1 term, all on the NPU, no split overhead: prefill {:.0} (pp256), decode {:.1}", a.prefill_tok_s, a.decode_tok_s);
-    println!("#   predicted, this policy and act/weight terms inside llama.cpp: prefill {:.0}, decode {:.1}", b.prefill_tok_s, b.decode_tok_s);
+    // Each precision setting inside llama.cpp (this policy's routing; the environment's other
+    // variables apply, the precision ones are set per line).
+    let settings: [(&str, &[(&str, &str)]); 4] = [
+        ("this environment's precision settings", &[]),
+        ("plain W8A8, rotated (ORK_NPU_WORK=1)", &[("ORK_ROTATE", "1"), ("ORK_NPU_WORK", "1"), ("ORK_ACT_TERMS", ""), ("ORK_WEIGHT_TERMS", "")]),
+        ("default: rotated, extra terms within ORK_NPU_WORK=1.25", &[("ORK_ROTATE", "1"), ("ORK_NPU_WORK", "1.25"), ("ORK_ACT_TERMS", ""), ("ORK_WEIGHT_TERMS", "")]),
+        ("unrotated multi-term (ORK_ROTATE=0: 2 weight, 2 activation terms)", &[("ORK_ROTATE", "0"), ("ORK_ACT_TERMS", ""), ("ORK_WEIGHT_TERMS", "")]),
+    ];
+    for (what, set) in settings {
+        let c = Config::from_lookup(|k| match set.iter().find(|(n, _)| *n == k) {
+            Some((_, v)) => (!v.is_empty()).then(|| v.to_string()),
+            None => std::env::var(k).ok(),
+        })
+        .0;
+        let counts = q.role_counts();
+        let terms = [route::precision::Role::Head, route::precision::Role::FfnDown, route::precision::Role::Other]
+            .map(|r| route::precision::terms_for(&c, r, false, &counts));
+        let b = route::predict(&c, &CostModel::for_soc(ggml_ork::npu::soc::SocId::Rk3588), &q, 256);
+        println!(
+            "#   predicted, {what} inside llama.cpp: prefill {:.0}, decode {:.1} (NPU rows {:.2}x plain W8A8)",
+            b.prefill_tok_s,
+            b.decode_tok_s,
+            route::precision::rows_ratio(&terms, &counts)
+        );
+    }
     println!("#   anchors: ork/llama.cpp prefill 178 (rknpu-facts §4) .. 278 pp256 (seed 002), decode 12.8 (seed 002), 11.0 (seed 000); librkllmrt 184 / 11.71 (seed 002); CPU only 35.5 / 9.43 (seed 001)");
 }

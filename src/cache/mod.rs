@@ -219,8 +219,8 @@ pub fn quant_fingerprint() -> u64 {
             }
         };
         let src = crate::pack::WeightSource { name: "", ggml_type: 0, bytes, row_bytes: K * 4, to_float: &to_float };
-        let (q, s, col) = crate::pack::quantize_source(&src, N, K);
-        let (ql, sl) = crate::pack::quantize_residual(&src, N, K, &col, &q, &s);
+        let (q, s, col) = crate::pack::quantize_source(&src, N, K, None);
+        let (ql, sl) = crate::pack::quantize_residual(&src, N, K, None, &col, &q, &s);
         let mut h = twox_hash::XxHash3_64::new();
         h.write(bytemuck::cast_slice(&ql));
         for v in col.iter().chain(sl.iter()) {
@@ -243,6 +243,32 @@ pub fn quant_fingerprint() -> u64 {
     })
 }
 
+/// The quantization rule's fingerprint for weights packed through the rotation `rot`
+/// (`quant_fingerprint` itself without one): it adds the rotation (its construction, and its
+/// output bits on a fixed probe row of length K, so a changed kernel or construction never takes
+/// another's entries) and the rotated rule's tag (no column equalisation).
+pub fn quant_fingerprint_for(rot: Option<&crate::quant::rotate::Rotation>) -> u64 {
+    let Some(rot) = rot else { return quant_fingerprint() };
+    static FP: Mutex<Vec<(usize, u64)>> = Mutex::new(Vec::new());
+    let mut memo = FP.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, fp)) = memo.iter().find(|(k, _)| *k == rot.k()) {
+        return fp;
+    }
+    let mut probe: Vec<f32> = (0..rot.k()).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+    probe[rot.k() / 3] = 1000.0;
+    rot.apply_row(&mut probe);
+    let mut h = twox_hash::XxHash3_64::new();
+    h.write(&quant_fingerprint().to_le_bytes());
+    h.write(b"rotated, no column equalisation");
+    h.write(rot.describe().as_bytes());
+    for v in &probe {
+        h.write(&v.to_bits().to_le_bytes());
+    }
+    let fp = h.finish();
+    memo.push((rot.k(), fp));
+    fp
+}
+
 /// The fused packer's result on the quantization probe (its `n` rows repeated to one 32-row
 /// block, on the RK3588 layout) when it differs from the reference steps on the same block
 /// (`quantize_source`, `quantize_residual`, each term tiled by `npu::layout::tile_weight`); `None` when
@@ -254,12 +280,12 @@ fn fused_probe_difference(src: &crate::pack::WeightSource<'_>, n: usize, k: usiz
     let bytes: Vec<u8> = (0..ROWS).flat_map(|r| src.row(r % n).iter().copied()).collect();
     let block = crate::pack::WeightSource { bytes: &bytes, ..*src };
     let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect::<Vec<u8>>();
-    let p = match pack_source(&soc, &block, ROWS, k, 2) {
+    let p = match pack_source(&soc, &block, ROWS, k, 2, None) {
         Ok(p) => p,
         Err(e) => return Some(e.to_string().into_bytes()),
     };
-    let (q, s, col) = quantize_source(&block, ROWS, k);
-    let (ql, sl) = quantize_residual(&block, ROWS, k, &col, &q, &s);
+    let (q, s, col) = quantize_source(&block, ROWS, k, None);
+    let (ql, sl) = quantize_residual(&block, ROWS, k, None, &col, &q, &s);
     let tiled = |q: &[i8]| crate::npu::layout::tile_weight(&soc, q, ROWS, k).map(|t| t.bytes).unwrap_or_default();
     let same = p.tiles.len() == 2
         && p.tiles[0].bytes == tiled(&q)
@@ -287,10 +313,20 @@ pub fn quant_params() -> QuantParams {
 /// cores.
 /// `weight_terms`: int8 terms per weight (1, or 2 for float sources); it changes the payload.
 #[allow(clippy::too_many_arguments)]
-pub fn identity(soc: &SocDesc, ggml_type: u32, src_bytes: &[u8], row_bytes: usize, name: &str, n: usize, k: usize, weight_terms: u32) -> Identity {
+pub fn identity(
+    soc: &SocDesc,
+    ggml_type: u32,
+    src_bytes: &[u8],
+    row_bytes: usize,
+    name: &str,
+    n: usize,
+    k: usize,
+    weight_terms: u32,
+    rot: Option<&crate::quant::rotate::Rotation>,
+) -> Identity {
     Identity {
         layout_fp: layout_fingerprint(soc),
-        quant_fp: quant_fingerprint(),
+        quant_fp: quant_fingerprint_for(rot),
         weight_terms,
         soc: soc.id.name().to_owned(),
         src_hash: format::par_hash(src_bytes),
@@ -783,6 +819,17 @@ mod tests {
         assert_eq!(layout_fingerprint(&SocDesc::get(SocId::Rk3588)), 0x5d00_2399_2bb3_79e2);
         assert_eq!(layout_fingerprint(&SocDesc::get(SocId::Rk3576)), 0xece6_d8b7_ed81_8f98);
         assert_eq!(quant_fingerprint(), 0xb2bb_9853_9898_0c71);
+    }
+
+    #[test]
+    fn rotated_fingerprints_differ_from_unrotated_and_by_width() {
+        use crate::quant::rotate::Rotation;
+        let (r576, r1536) = (Rotation::new(576).unwrap(), Rotation::new(1536).unwrap());
+        let a = quant_fingerprint_for(Some(&r576));
+        assert_eq!(quant_fingerprint_for(None), quant_fingerprint());
+        assert_ne!(a, quant_fingerprint());
+        assert_ne!(a, quant_fingerprint_for(Some(&r1536)));
+        assert_eq!(a, quant_fingerprint_for(Some(&Rotation::new(576).unwrap())), "memoised per K, same value");
     }
 
     #[test]

@@ -42,6 +42,7 @@
 //!   000); librkllmrt 184 / 11.71 (seed 002). `ork-route` prints them next to the predictions.
 
 pub mod arbiter;
+pub mod precision;
 
 use crate::config::{Config, DecodeSelect, RoutePolicy};
 use crate::npu::soc::{SocDesc, SocId};
@@ -148,17 +149,20 @@ impl CostModel {
         p.cores.iter().map(|c| c.submits.len()).max().unwrap_or(1)
     }
 
-    /// NPU time of one MUL_MAT: max(submits × floor, MACs + weight feed) with `terms` int8
-    /// activation rows per input row and `wterms` int8 weight terms.
-    pub fn npu_s(&self, m: usize, k: usize, n: usize, terms: usize, wterms: usize, cores: u32) -> f64 {
-        let s = self.npu_submits(terms * m, k, n, cores);
-        if s == usize::MAX {
+    /// NPU time of one MUL_MAT: max(submits × floor, MACs + weight feed) with `terms` int8 terms:
+    /// the activation terms against the first weight term, and `precision::LO_ACT_TERMS` of them
+    /// against the second (a second run: its own submits, its own weight feed).
+    pub fn npu_s(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32) -> f64 {
+        let hi = self.npu_submits(terms.act * m, k, n, cores);
+        let lo_rows = precision::LO_ACT_TERMS.min(terms.act) * m;
+        let lo = if terms.weight > 1 { self.npu_submits(lo_rows, k, n, cores) } else { 0 };
+        if hi == usize::MAX || lo == usize::MAX {
             return f64::INFINITY;
         }
         let used = crate::npu::plan::core_count(&self.soc, n, cores) as f64 / self.soc.cores as f64;
-        let macs = 2.0 * (terms * m) as f64 * k as f64 * n as f64 / (self.npu_ops * used);
-        let feed = (wterms * k * n) as f64 / self.npu_feed_bps;
-        (s as f64 * self.submit_floor_s).max(macs + feed)
+        let macs = 2.0 * (terms.rows() * m) as f64 * k as f64 * n as f64 / (self.npu_ops * used);
+        let feed = (terms.weight * k * n) as f64 / self.npu_feed_bps;
+        ((hi + lo) as f64 * self.submit_floor_s).max(macs + feed)
     }
 
     /// CPU time: compute-bound or bandwidth-bound, whichever is slower.
@@ -241,14 +245,19 @@ pub fn decide(cfg: &Config, mm: &MatMul, av: Availability) -> Decision {
     decide_with(cfg, &model, mm, av)
 }
 
-/// [`decide`] with an explicit cost model (tests, `ork-route`).
+/// [`decide`] with an explicit cost model (tests, `ork-route`), for a weight of the common role
+/// (`precision::Role::Other`).
 pub fn decide_with(cfg: &Config, model: &CostModel, mm: &MatMul, av: Availability) -> Decision {
+    let t = precision::terms_for(cfg, precision::Role::Other, crate::quant::types::is_float(mm.ggml_type), &[0, 0, 1]);
+    decide_terms(cfg, model, mm, t, av)
+}
+
+/// [`decide_with`] for a weight with int8 terms `terms`.
+pub fn decide_terms(cfg: &Config, model: &CostModel, mm: &MatMul, terms: precision::Terms, av: Availability) -> Decision {
     let phase = Phase::of(cfg, mm.m);
-    let two = cfg.weight_terms() == 2;
-    let terms = cfg.act_terms_for(two);
     let cores = cfg.max_cores.unwrap_or(model.soc.cores);
     let split = |s: f64| s + if phase == Phase::Decode { model.split_s } else { 0.0 };
-    let t_npu = split(model.npu_s(mm.m, mm.k, mm.n, terms, if two { 2 } else { 1 }, cores));
+    let t_npu = split(model.npu_s(mm.m, mm.k, mm.n, terms, cores));
     let t_cpu = model.cpu_s(mm.m, mm.k, mm.n, mm.ggml_type);
     let t_gpu = split(model.gpu_s(mm.m, mm.k, mm.n, mm.ggml_type));
     let predicted = (t_npu, t_cpu, if av.gpu { t_gpu } else { f64::INFINITY });
@@ -310,20 +319,34 @@ pub struct ModelRates {
 #[derive(Clone, Debug)]
 pub struct ModelShape {
     pub layers: usize,
-    pub per_layer: Vec<(usize, usize, u32)>,
+    /// `(K, N, ggml type, precision role)` of each matmul of one layer.
+    pub per_layer: Vec<(usize, usize, u32, precision::Role)>,
     pub head: Option<(usize, usize, u32)>,
     /// Attention width (heads × head dim) for the CPU's attention cost in prefill.
     pub attn_dim: usize,
 }
 
 impl ModelShape {
+    /// The model's matmul weights per precision role (`precision::RoleCounts`).
+    pub fn role_counts(&self) -> precision::RoleCounts {
+        let mut c = [self.head.is_some() as u64, 0, 0];
+        for &(_, _, _, role) in &self.per_layer {
+            c[role.index()] += self.layers as u64;
+        }
+        c
+    }
+
     /// Qwen3-1.7B (28 layers, hidden 2048, 16 q / 8 kv heads of 128, FFN 6144, tied 151936
     /// vocab), Q8_0 — the anchors' model.
     pub fn qwen3_1_7b() -> ModelShape {
         let q8 = 8;
         ModelShape {
             layers: 28,
-            per_layer: vec![(2048, 2048, q8), (2048, 1024, q8), (2048, 1024, q8), (2048, 2048, q8), (2048, 6144, q8), (2048, 6144, q8), (6144, 2048, q8)],
+            per_layer: [(2048, 2048), (2048, 1024), (2048, 1024), (2048, 2048), (2048, 6144), (2048, 6144)]
+                .into_iter()
+                .map(|(k, n)| (k, n, q8, precision::Role::Other))
+                .chain([(6144, 2048, q8, precision::Role::FfnDown)])
+                .collect(),
             head: Some((2048, 151936, q8)),
             attn_dim: 2048,
         }
@@ -334,16 +357,18 @@ impl ModelShape {
 /// the given policy: each MUL_MAT goes where [`decide_with`] puts it; the CPU also runs
 /// attention (prefill: 2·M²·dim·layers ops causal) at its int8 rate.
 pub fn predict(cfg: &Config, model: &CostModel, shape: &ModelShape, m: usize) -> ModelRates {
-    let t = |rows: usize, k: usize, n: usize, ty: u32| {
-        let d = decide_with(cfg, model, &MatMul { m: rows, k, n, ggml_type: ty }, Availability::default());
+    let counts = shape.role_counts();
+    let t = |rows: usize, k: usize, n: usize, ty: u32, role: precision::Role| {
+        let terms = precision::terms_for(cfg, role, crate::quant::types::is_float(ty), &counts);
+        let d = decide_terms(cfg, model, &MatMul { m: rows, k, n, ggml_type: ty }, terms, Availability::default());
         match d.engine {
             Engine::Npu => d.predicted.0,
             Engine::Cpu => d.predicted.1,
             Engine::Gpu => d.predicted.2,
         }
     };
-    let layer = |rows: usize| shape.per_layer.iter().map(|&(k, n, ty)| t(rows, k, n, ty)).sum::<f64>();
-    let head = |rows: usize| shape.head.map_or(0.0, |(k, n, ty)| t(rows, k, n, ty));
+    let layer = |rows: usize| shape.per_layer.iter().map(|&(k, n, ty, role)| t(rows, k, n, ty, role)).sum::<f64>();
+    let head = |rows: usize| shape.head.map_or(0.0, |(k, n, ty)| t(rows, k, n, ty, precision::Role::Head));
     let attn = 2.0 * (m * m) as f64 * shape.attn_dim as f64 * shape.layers as f64 / model.cpu_ops;
     let prefill_s = layer(m) * shape.layers as f64 + head(1) + attn;
     let decode_s = layer(1) * shape.layers as f64 + head(1);
@@ -391,10 +416,10 @@ mod tests {
     fn cost_model_matches_published_kernel_figures() {
         let m = CostModel::for_soc(SocId::Rk3588);
         // seed 001: 2048² M=1 decode on 3 cores: 176 µs measured (the submit floor dominates).
-        let dec = m.npu_s(1, 2048, 2048, 1, 1, 3);
+        let dec = m.npu_s(1, 2048, 2048, precision::Terms::PLAIN, 3);
         assert!((150e-6..=260e-6).contains(&dec), "decode 2048² = {dec}");
         // seed 001: 512×2048×2048 on 3 cores: 4439 µs measured with host work; MACs alone less.
-        let pre = m.npu_s(512, 2048, 2048, 1, 1, 3);
+        let pre = m.npu_s(512, 2048, 2048, precision::Terms::PLAIN, 3);
         assert!((2.5e-3..=4.5e-3).contains(&pre), "prefill 512×2048² = {pre}");
         // CPU decode of a Q8_0 2048² weight is bandwidth-bound: 4.46 MB / 17.2 GB/s.
         let cpu = m.cpu_s(1, 2048, 2048, 8);

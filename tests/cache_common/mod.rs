@@ -14,7 +14,9 @@ pub const M: usize = 5;
 
 /// A simulator device on `soc`, with a cache in `dir` (limit `max_bytes`) or none.
 pub fn device(dir: Option<&Path>, soc: SocId, max_bytes: u64) -> Device {
-    let (cfg, _) = Config::from_lookup(|_| None);
+    // The unrotated multi-term path (two weight terms for every weight), whose entries these
+    // tests build by hand; the rotated path has its own tests.
+    let (cfg, _) = Config::from_lookup(|k| (k == "ORK_ROTATE").then(|| "0".into()));
     let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(soc), max_cores: None, pin_cpus: vec![], wcache_budget_bytes: None, ..NpuConfig::default() })
         .expect("simulator opens");
     Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: dir.map(|d| PackCache::new(d, max_bytes)) }

@@ -1,0 +1,92 @@
+//! The rotated W8A8 path end to end on the simulator: a weight packed through the rotation and
+//! activations with outlier channels give `x · Wᵀ` far closer to exact arithmetic than the same
+//! work unrotated, the plan's terms are what the device is sent, and the counters say so.
+
+use ggml_ork::backend::weights::pack;
+use ggml_ork::backend::{Device, WeightSource};
+use ggml_ork::config::Config;
+use ggml_ork::npu::soc::SocId;
+use ggml_ork::npu::{Npu, NpuConfig, NpuKind};
+use std::sync::atomic::Ordering::Relaxed;
+
+const N: usize = 64;
+const K: usize = 576; // SmolLM2's hidden width: H36 ⊗ H16
+const M: usize = 40;
+
+fn device(pairs: &[(&str, &str)]) -> Device {
+    let (cfg, bad) = Config::from_lookup(|k| pairs.iter().find(|(a, _)| *a == k).map(|(_, b)| b.to_string()));
+    assert!(bad.is_empty(), "{bad:?}");
+    let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), ..NpuConfig::default() }).expect("simulator opens");
+    Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: None }
+}
+
+fn lcg(seed: u64) -> impl FnMut() -> f32 {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    }
+}
+
+fn to_float(row: &[u8], out: &mut [f32]) {
+    for (o, c) in out.iter_mut().zip(row.chunks_exact(4)) {
+        *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    }
+}
+
+/// Relative error `|y − x·Wᵀ|² / |x·Wᵀ|²` of one MUL_MAT on `dev` (exact reference in f64), with
+/// activations whose channels 7 and 300 are 200× the rest (LLM hidden states).
+fn nmse(dev: &Device, name: &str) -> f64 {
+    let mut r = lcg(5);
+    let w: Vec<f32> = (0..N * K).map(|_| r()).collect();
+    let x: Vec<f32> = (0..M * K).map(|i| r() * if matches!(i % K, 7 | 300) { 200.0 } else { 1.0 }).collect();
+    let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let src = WeightSource { name, ggml_type: 0, bytes: &bytes, row_bytes: 4 * K, to_float: &to_float };
+    let pw = pack(dev, &src, N, K).expect("packs");
+    let mut y = vec![0f32; M * N];
+    dev.run_mul_mat(&pw, &src, &x, M, &mut y);
+    let (mut e, mut s) = (0f64, 0f64);
+    for i in 0..M {
+        for j in 0..N {
+            let exact: f64 = (0..K).map(|t| x[i * K + t] as f64 * w[j * K + t] as f64).sum();
+            e += (y[i * N + j] as f64 - exact).powi(2);
+            s += exact * exact;
+        }
+    }
+    e / s
+}
+
+#[test]
+fn rotation_makes_one_term_accurate_on_outlier_activations() {
+    let plain = device(&[("ORK_ROTATE", "0"), ("ORK_ACT_TERMS", "1"), ("ORK_WEIGHT_TERMS", "1")]);
+    let rotated = device(&[("ORK_ACT_TERMS", "1"), ("ORK_WEIGHT_TERMS", "1")]);
+    let (p, r) = (nmse(&plain, "w"), nmse(&rotated, "w"));
+    assert!(r < 3e-4, "rotated W8A8 NMSE {r:e}");
+    assert!(r * 10.0 < p, "rotation gains 10x: {r:e} vs unrotated {p:e}");
+    // Same NPU work: one row per input row each.
+    for d in [&plain, &rotated] {
+        assert_eq!(d.stats.npu_rows_sent.load(Relaxed), M as u64);
+        assert_eq!(d.stats.npu_rows.load(Relaxed), M as u64);
+        assert_eq!(d.stats.npu_fallbacks.load(Relaxed), 0, "nothing fell back to the CPU");
+    }
+}
+
+#[test]
+fn the_plan_sends_its_terms_and_the_counters_count_them() {
+    // A model of 30 layers of 7 matmuls and a head, as ORK's buffers announce it.
+    let dev = device(&[]);
+    for (role, count) in [(0, 1), (1, 30), (2, 180)] {
+        dev.stats.announced[role].store(count, Relaxed);
+    }
+    let other = nmse(&dev, "blk.3.ffn_up.weight");
+    assert_eq!(dev.stats.npu_rows_sent.load(Relaxed), M as u64, "plain W8A8 for ordinary weights");
+    let down = nmse(&dev, "blk.3.ffn_down.weight");
+    assert_eq!(dev.stats.npu_rows_sent.load(Relaxed), 3 * M as u64, "a second weight term: one more row per row");
+    let head = nmse(&dev, "output.weight");
+    assert_eq!(dev.stats.npu_rows_sent.load(Relaxed), 6 * M as u64, "the head: two activation terms and a second weight term");
+    assert_eq!(dev.stats.npu_rows.load(Relaxed), 3 * M as u64);
+    assert!(down < other && head < down, "extra terms lower the error: {other:e} {down:e} {head:e}");
+    assert!(dev.stats.summary().contains(&format!("({} rows sent = 2.00x plain W8A8, ", 6 * M)), "{}", dev.stats.summary());
+}
