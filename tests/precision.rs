@@ -90,3 +90,34 @@ fn the_plan_sends_its_terms_and_the_counters_count_them() {
     assert!(down < other && head < down, "extra terms lower the error: {other:e} {down:e} {head:e}");
     assert!(dev.stats.summary().contains(&format!("({} rows sent = 2.00x plain W8A8, ", 6 * M)), "{}", dev.stats.summary());
 }
+
+#[test]
+fn an_activation_read_by_several_weights_is_rotated_and_quantized_once() {
+    let dev = device(&[]);
+    let mut r = lcg(9);
+    let mk = |r: &mut dyn FnMut() -> f32| -> Vec<u8> { (0..N * K).flat_map(|_| r().to_le_bytes()).collect() };
+    let (bq, bk) = (mk(&mut r), mk(&mut r));
+    let q = WeightSource { name: "blk.0.attn_q.weight", ggml_type: 0, bytes: &bq, row_bytes: 4 * K, to_float: &to_float };
+    let kk = WeightSource { name: "blk.0.attn_k.weight", ggml_type: 0, bytes: &bk, row_bytes: 4 * K, to_float: &to_float };
+    let (pq, pk) = (pack(&dev, &q, N, K).unwrap(), pack(&dev, &kk, N, K).unwrap());
+    let mut x: Vec<f32> = (0..M * K).map(|_| r()).collect();
+    let run = |pw, src: &WeightSource<'_>, x: &[f32]| {
+        let mut y = vec![0f32; M * N];
+        dev.run_mul_mat(pw, src, x, M, &mut y);
+        y
+    };
+    // Alone (after another activation), then right after Q on the same activation: same bits.
+    let k_alone = run(&pk, &kk, &x);
+    let other: Vec<f32> = x.iter().map(|v| v * 2.0).collect();
+    run(&pq, &q, &other);
+    assert_eq!(dev.stats.act_reused.load(Relaxed), 0);
+    run(&pq, &q, &x);
+    let k_after_q = run(&pk, &kk, &x);
+    assert_eq!(dev.stats.act_reused.load(Relaxed), 1, "K reused Q's int8 activation");
+    assert_eq!(k_alone, k_after_q);
+    // The same memory with new values (ggml reuses tensor memory) is quantized again.
+    x[3] += 1.0;
+    let k_new = run(&pk, &kk, &x);
+    assert_eq!(dev.stats.act_reused.load(Relaxed), 1, "changed values are not reused");
+    assert_ne!(k_new, k_after_q);
+}

@@ -47,6 +47,9 @@ pub struct Stats {
     /// ggml initialises their tensors: the precision plan's view of the model.
     pub announced: [AtomicU64; 3],
     pub npu_fallbacks: AtomicU64,
+    /// NPU matmuls whose rotated activation's int8 terms were those of the matmul before (one
+    /// activation read by several weights: Q/K/V, gate/up), not rotated and quantized again.
+    pub act_reused: AtomicU64,
     /// MUL_MATs sent to the CPU because their weight could not be made resident.
     pub not_resident: AtomicU64,
     pub declined_small_m: AtomicU64,
@@ -251,6 +254,11 @@ impl Stats {
             );
         }
         out += &format!(
+            "\n  rotated activations quantized once for several weights: {} of {} NPU runs reused the previous run's int8 terms",
+            self.act_reused.load(Relaxed),
+            self.npu_matmuls.load(Relaxed)
+        );
+        out += &format!(
             "\n  decode  MUL_MAT left to ggml-cpu at graph split: {} nodes; other ops run by ORK on ggml-cpu: {} ({:.1} ms)",
             self.declined_small_m.load(Relaxed),
             self.cpu_ops.load(Relaxed),
@@ -349,6 +357,22 @@ struct Scratch {
     a_scale: Vec<f32>,
     c: Vec<i32>,
     cl: Vec<i32>,
+    /// What `a` / `a_scale` hold: the rotated activation they were quantized from.
+    act: Option<ActKey>,
+}
+
+/// A rotated activation's identity: its address and length, its rows, the int8 terms it was
+/// quantized to, and a hash of its values (ggml reuses tensor memory within a graph, so the
+/// address alone does not say the values are the same). Rotated weights of one K share one
+/// rotation and have no per-weight column scales, so the int8 terms of an activation read by
+/// several weights in a row (Q/K/V, gate/up) are the same for all of them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct ActKey {
+    addr: usize,
+    len: usize,
+    rows: usize,
+    terms: usize,
+    hash: u64,
 }
 
 /// Buffers above this size are not kept between calls (large prefill batches would otherwise
@@ -365,6 +389,9 @@ impl Scratch {
         cap(&mut self.xs);
         cap(&mut self.a);
         cap(&mut self.a_scale);
+        if self.a.is_empty() || self.a_scale.is_empty() {
+            self.act = None;
+        }
         cap(&mut self.c);
         cap(&mut self.cl);
         self
@@ -424,21 +451,34 @@ impl Device {
         let terms = w.act_terms;
         let rows = terms * m;
         let lt = LO_ACT_TERMS.min(terms);
-        let xs = scratch(&mut sc.xs, m * k);
-        match &w.rot {
-            // Rotated weights have no column equalisation: the activation rows are rotated by the
-            // same R instead.
-            Some(rot) => {
-                xs.copy_from_slice(x);
-                for row in xs.chunks_mut(k) {
-                    rot.apply_row(row);
+        let key = w.rot.as_ref().map(|_| ActKey {
+            addr: x.as_ptr() as usize,
+            len: x.len(),
+            rows: m,
+            terms,
+            hash: twox_hash::XxHash3_64::oneshot(bytemuck::cast_slice(x)),
+        });
+        let reused = key.is_some() && key == sc.act;
+        if !reused {
+            let xs = scratch(&mut sc.xs, m * k);
+            match &w.rot {
+                // Rotated weights have no column equalisation: the activation rows are rotated by
+                // the same R instead.
+                Some(rot) => {
+                    xs.copy_from_slice(x);
+                    for row in xs.chunks_mut(k) {
+                        rot.apply_row(row);
+                    }
                 }
+                None => quant::scale_columns_into(x, &w.col_scale, xs),
             }
-            None => quant::scale_columns_into(x, &w.col_scale, xs),
+            quant::quantize_rows_terms(xs, m, k, terms, scratch(&mut sc.a, rows * k), scratch(&mut sc.a_scale, rows));
+            sc.act = key;
+        } else {
+            self.stats.act_reused.fetch_add(1, Relaxed);
         }
         let a = scratch(&mut sc.a, rows * k);
         let a_scale = scratch(&mut sc.a_scale, rows);
-        quant::quantize_rows_terms(xs, m, k, terms, a, a_scale);
         let c = scratch(&mut sc.c, rows * n);
         let cl = scratch(&mut sc.cl, if w.lo.is_some() { lt * m * n } else { 0 });
         let t1 = Instant::now();
