@@ -232,6 +232,11 @@ impl Row {
     }
 
     /// Ours against ggml-cpu's quantizer: `r` = ggml time / our time (target: at least as fast).
+    /// A ratio reported without a target: `r` = first time / second time.
+    fn info(name: String, r: f64, detail: String) -> Row {
+        Row { name, value: r, unit: "×", target: "—", ok: None, detail }
+    }
+
     fn vs_ggml(name: String, r: f64, detail: String) -> Row {
         Row { name, value: r, unit: "×", target: "≥ 1.0×", ok: Some(r >= 1.0), detail }
     }
@@ -267,7 +272,7 @@ fn main() {
     let section = |name: &str| only.is_empty() || only.split(',').any(|s| s.trim() == name);
 
     // 1 + 2. activation quantization (K = SmolLM2 hidden 576 / FFN 1536; M = decode, ubatch).
-    let quant_shapes: &[(usize, usize)] = if section("quant") { &[(1, 576), (64, 576), (64, 1536), (512, 576)] } else { &[] };
+    let quant_shapes: &[(usize, usize)] = if section("quant") { &[(1, 576), (64, 576), (64, 1536), (64, 2048), (512, 576)] } else { &[] };
     for &(m, k) in quant_shapes {
         let x = activations(m * k, k, (m * 31 + k) as u64);
         let src_bytes: Vec<u8> = bytemuck::cast_slice(&x).to_vec();
@@ -277,6 +282,9 @@ fn main() {
         let mut q2 = vec![0i8; 2 * m * k];
         let mut s2 = vec![0f32; 2 * m];
         let mut gq = vec![0u8; m * k / QK8_0 * Q8_0_BLOCK_BYTES];
+        let rot = ggml_ork::quant::rotate::Rotation::new(k).expect("a rotation of K");
+        let mut xr = vec![0f32; m * k];
+        let (mut qr, mut sr) = (vec![0i8; m * k], vec![0f32; m]);
         one.install(|| {
             let mut memcpy = || {
                 copy.copy_from_slice(black_box(&src_bytes));
@@ -290,11 +298,26 @@ fn main() {
                 quant::quantize_rows_terms(black_box(&x), m, k, 2, &mut q2, &mut s2);
                 black_box(&mut q2);
             };
+            // The default activation path: rotate every row, then one int8 term.
+            let mut rotated = || {
+                xr.copy_from_slice(black_box(&x));
+                for row in xr.chunks_mut(k) {
+                    rot.apply_row(row);
+                }
+                quant::quantize_rows(&xr, m, k, &mut qr, &mut sr);
+                black_box(&mut qr);
+            };
             let gbs = |t: f64| format!("{:.2} GB/s of f32 in", (m * k * 4) as f64 / t / 1e9);
             let (_, t, r) = paired(&mut memcpy, &mut plain, rounds, sample_s);
             rows.push(Row::vs_memcpy(format!("quantize_rows M={m} K={k} vs memcpy"), r, gbs(t)));
             let (_, t, r) = paired(&mut memcpy, &mut split, rounds, sample_s);
             rows.push(Row::vs_memcpy(format!("quantize_rows_split M={m} K={k} vs memcpy"), r, gbs(t)));
+            let (tp, tr, r) = paired(&mut plain, &mut rotated, rounds, sample_s);
+            rows.push(Row::info(
+                format!("rotate + quantize_rows M={m} K={k} vs quantize_rows"),
+                r,
+                format!("rotated {:.2} µs/row, plain {:.2} µs/row ({})", tr * 1e6 / m as f64, tp * 1e6 / m as f64, rot.describe()),
+            ));
             if let Some(g) = &ggml {
                 let mut theirs = || {
                     g.quantize(black_box(&x), m, k, &mut gq);
@@ -305,6 +328,8 @@ fn main() {
                 rows.push(Row::vs_ggml(format!("quantize_rows M={m} K={k} vs ggml-cpu Q8_0 from_float"), r, us(to, tg)));
                 let (tg, to, r) = paired(&mut theirs, &mut split, rounds, sample_s);
                 rows.push(Row::vs_ggml(format!("quantize_rows_split M={m} K={k} vs ggml-cpu Q8_0 from_float"), r, us(to, tg)));
+                let (tg, to, r) = paired(&mut theirs, &mut rotated, rounds, sample_s);
+                rows.push(Row::vs_ggml(format!("rotate + quantize_rows M={m} K={k} vs ggml-cpu Q8_0 from_float"), r, us(to, tg)));
             }
         });
     }
