@@ -142,6 +142,9 @@ def ppl(m, env):
     p, dt = run([f"{BIN}/llama-perplexity", "-m", m, "-f", CORPUS, "-c", "128", "-b", "128",
                  "--chunks", CHUNKS, "-t", "2"], env)
     mt = re.search(r"Final estimate: PPL = ([0-9.]+)", p.stdout + p.stderr)
+    if not mt:  # say why: the exit status and the end of the output
+        print(f"  llama-perplexity {os.path.basename(m)} ({'ORK' if 'ORK_NPU' in env else 'CPU'}): no estimate, "
+              f"rc {p.returncode}; output ends: {(p.stdout + p.stderr)[-600:]!r}", flush=True)
     return (float(mt.group(1)) if mt else None), dt, p.stderr
 
 
