@@ -70,8 +70,8 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_ROUTE", default: "threshold", meaning: "routing policy: threshold (M >= ORK_MINM on the NPU, else ORK_DECODE) or cost (the cost model of src/route/mod.rs picks the fastest available engine per MUL_MAT, ORK_MINM still the NPU floor)" },
     VarDoc { name: "ORK_NPU_LOCK", default: "wait", meaning: "cross-process NPU arbitration (advisory flock per NPU, taken by the first NPU matmul of a graph_compute call and kept while no other process asks for it, at most 20 ms; see src/route/arbiter.rs): wait (queue behind the other process), cpu (run the matmul's int8 arithmetic on the CPU instead), off" },
     VarDoc { name: "ORK_LOCK_DIR", default: "$XDG_RUNTIME_DIR, /run/lock or /tmp", meaning: "directory of the NPU lock files (ork-npu-<soc>-<interface>.lock)" },
-    VarDoc { name: "ORK_ROTATE", default: "1", meaning: "1 = rotate K by a Hadamard matrix on both operands (weights when packed, activation rows on the host) so that one int8 term each is accurate; 0 = no rotation, with the multi-term defaults (2 weight terms, 2 activation terms, 3 for F32/F16/BF16 weights)" },
-    VarDoc { name: "ORK_NPU_WORK", default: "1.25", meaning: "NPU rows per token as a ratio of plain W8A8 that extra int8 terms may use (rotated): granted to the output head, then the FFN down-projections, in the order of their measured gain (docs/precision.md); 1 = plain W8A8 everywhere; F32/F16/BF16 weights always get a second weight term" },
+    VarDoc { name: "ORK_ROTATE", default: "0", meaning: "1 = rotate K by a Hadamard matrix on both operands (weights when packed, activation rows on the host) so that one int8 term each does most of the work, with extra terms within ORK_NPU_WORK (1.15x the NPU rows of plain W8A8 on SmolLM2 against 3x; docs/precision.md says where it does not yet reach the CPU Q8_0 accuracy); 0 = no rotation, the multi-term scheme (2 weight terms, 2 activation terms, 3 for F32/F16/BF16 weights)" },
+    VarDoc { name: "ORK_NPU_WORK", default: "1.25", meaning: "with ORK_ROTATE=1, NPU rows per token as a ratio of plain W8A8 that extra int8 terms may use: granted to the output head, then the FFN down-projections, in the order of their measured gain (docs/precision.md); 1 = plain W8A8 everywhere; F32/F16/BF16 weights always get a second weight term" },
     VarDoc { name: "ORK_ACT_TERMS", default: "auto", meaning: "int8 terms per activation row (x ≈ Σ s_t·q_t, T·M NPU rows) for every weight, overriding the plan: auto (ORK_NPU_WORK's plan; without rotation 3 for F32/F16/BF16 weights, else 2), 1, 2, 3" },
     VarDoc { name: "ORK_WEIGHT_TERMS", default: "auto", meaning: "int8 terms per weight for every weight, overriding the plan: auto (ORK_NPU_WORK's plan; without rotation 2), 1, or 2; a second term that does not fit the resident budget is dropped" },
     VarDoc { name: "ORK_SOC", default: "(device tree)", meaning: "force the SoC description: rk3588 or rk3576" },
@@ -123,7 +123,7 @@ pub struct Config {
     pub wcache_budget_mb: Option<u64>,
     pub cache_enabled: bool,
     pub cache_dir: Option<String>,
-    /// `ORK_ROTATE`: Hadamard rotation of K on both operands (default on).
+    /// `ORK_ROTATE`: Hadamard rotation of K on both operands, with the budget of extra terms.
     pub rotate: bool,
     /// `ORK_NPU_WORK`: NPU rows per token as a ratio of plain W8A8 that extra int8 terms may use.
     pub npu_work: f64,
@@ -269,7 +269,7 @@ impl Config {
             npu_lock,
             lock_dir: text("ORK_LOCK_DIR"),
             weight_terms,
-            rotate: get("ORK_ROTATE").is_none_or(|v| flag(Some(v.as_str()))),
+            rotate: flag(get("ORK_ROTATE").as_deref()),
             npu_work,
             act_terms,
             soc: text("ORK_SOC"),

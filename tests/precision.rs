@@ -39,11 +39,17 @@ fn to_float(row: &[u8], out: &mut [f32]) {
 /// Relative error `|y − x·Wᵀ|² / |x·Wᵀ|²` of one MUL_MAT on `dev` (exact reference in f64), with
 /// activations whose channels 7 and 300 are 200× the rest (LLM hidden states).
 fn nmse(dev: &Device, name: &str) -> f64 {
+    nmse_typed(dev, name, 0)
+}
+
+/// [`nmse`] for a weight labelled with ggml type `ggml_type` (the bytes stay f32: the fixture's
+/// dequantizer reads them; the type decides the precision plan).
+fn nmse_typed(dev: &Device, name: &str, ggml_type: u32) -> f64 {
     let mut r = lcg(5);
     let w: Vec<f32> = (0..N * K).map(|_| r()).collect();
     let x: Vec<f32> = (0..M * K).map(|i| r() * if matches!(i % K, 7 | 300) { 200.0 } else { 1.0 }).collect();
     let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let src = WeightSource { name, ggml_type: 0, bytes: &bytes, row_bytes: 4 * K, to_float: &to_float };
+    let src = WeightSource { name, ggml_type, bytes: &bytes, row_bytes: 4 * K, to_float: &to_float };
     let pw = pack(dev, &src, N, K).expect("packs");
     let mut y = vec![0f32; M * N];
     dev.run_mul_mat(&pw, &src, &x, M, &mut y);
@@ -61,7 +67,7 @@ fn nmse(dev: &Device, name: &str) -> f64 {
 #[test]
 fn rotation_makes_one_term_accurate_on_outlier_activations() {
     let plain = device(&[("ORK_ROTATE", "0"), ("ORK_ACT_TERMS", "1"), ("ORK_WEIGHT_TERMS", "1")]);
-    let rotated = device(&[("ORK_ACT_TERMS", "1"), ("ORK_WEIGHT_TERMS", "1")]);
+    let rotated = device(&[("ORK_ROTATE", "1"), ("ORK_ACT_TERMS", "1"), ("ORK_WEIGHT_TERMS", "1")]);
     let (p, r) = (nmse(&plain, "w"), nmse(&rotated, "w"));
     assert!(r < 3e-4, "rotated W8A8 NMSE {r:e}");
     assert!(r * 10.0 < p, "rotation gains 10x: {r:e} vs unrotated {p:e}");
@@ -76,24 +82,28 @@ fn rotation_makes_one_term_accurate_on_outlier_activations() {
 #[test]
 fn the_plan_sends_its_terms_and_the_counters_count_them() {
     // A model of 30 layers of 7 matmuls and a head, as ORK's buffers announce it.
-    let dev = device(&[]);
+    let dev = device(&[("ORK_ROTATE", "1")]);
     for (role, count) in [(0, 1), (1, 30), (2, 180)] {
         dev.stats.announced[role].store(count, Relaxed);
     }
-    let other = nmse(&dev, "blk.3.ffn_up.weight");
+    const Q8_0: u32 = 8;
+    let other = nmse_typed(&dev, "blk.3.ffn_up.weight", Q8_0);
     assert_eq!(dev.stats.npu_rows_sent.load(Relaxed), M as u64, "plain W8A8 for ordinary weights");
-    let down = nmse(&dev, "blk.3.ffn_down.weight");
+    let down = nmse_typed(&dev, "blk.3.ffn_down.weight", Q8_0);
     assert_eq!(dev.stats.npu_rows_sent.load(Relaxed), 3 * M as u64, "a second weight term: one more row per row");
-    let head = nmse(&dev, "output.weight");
+    let head = nmse_typed(&dev, "output.weight", Q8_0);
     assert_eq!(dev.stats.npu_rows_sent.load(Relaxed), 6 * M as u64, "the head: two activation terms and a second weight term");
     assert_eq!(dev.stats.npu_rows.load(Relaxed), 3 * M as u64);
     assert!(down < other && head < down, "extra terms lower the error: {other:e} {down:e} {head:e}");
     assert!(dev.stats.summary().contains(&format!("({} rows sent = 2.00x plain W8A8, ", 6 * M)), "{}", dev.stats.summary());
+    // A float weight keeps a second weight term whatever its role.
+    nmse(&dev, "blk.3.ffn_up.weight");
+    assert_eq!(dev.stats.npu_rows_sent.load(Relaxed), 8 * M as u64, "F32: two weight terms");
 }
 
 #[test]
 fn an_activation_read_by_several_weights_is_rotated_and_quantized_once() {
-    let dev = device(&[]);
+    let dev = device(&[("ORK_ROTATE", "1")]);
     let mut r = lcg(9);
     let mk = |r: &mut dyn FnMut() -> f32| -> Vec<u8> { (0..N * K).flat_map(|_| r().to_le_bytes()).collect() };
     let (bq, bk) = (mk(&mut r), mk(&mut r));
