@@ -242,7 +242,7 @@ impl Config {
         };
         let weight_terms = terms("ORK_WEIGHT_TERMS", 2);
         let act_terms = terms("ORK_ACT_TERMS", 3);
-        let npu_work = match get("ORK_NPU_WORK") {
+        let npu_work = match get("ORK_NPU_WORK").filter(|v| !v.trim().is_empty()) {
             None => DEFAULT_NPU_WORK,
             Some(v) => match v.trim().parse::<f64>() {
                 Ok(w) if (1.0..=8.0).contains(&w) => w,
@@ -340,6 +340,16 @@ mod tests {
         assert_eq!(c.cache_max_mb, 8192);
         assert_eq!(c.route, RoutePolicy::Threshold);
         assert_eq!(c.npu_lock, LockMode::Wait);
+    }
+
+    #[test]
+    fn npu_work_and_rotate() {
+        let (c, bad) = parse(&[("ORK_NPU_WORK", " "), ("ORK_ROTATE", "")]);
+        assert_eq!((c.npu_work, c.rotate, bad.len()), (DEFAULT_NPU_WORK, false, 0), "empty means the default: {bad:?}");
+        let (c, bad) = parse(&[("ORK_NPU_WORK", "1.5"), ("ORK_ROTATE", "1")]);
+        assert_eq!((c.npu_work, c.rotate, bad.len()), (1.5, true, 0));
+        let (c, bad) = parse(&[("ORK_NPU_WORK", "0.5"), ("ORK_ROTATE", "maybe")]);
+        assert_eq!((c.npu_work, c.rotate, bad.len()), (DEFAULT_NPU_WORK, false, 2), "bad values: the defaults, one line each");
     }
 
     #[test]
