@@ -32,8 +32,8 @@ pub struct PackedWeight {
     /// Per-input-channel equalisation, `[K] f32`: activations are multiplied by it before
     /// quantization (the weight was divided by it).
     pub col_scale: Vec<f32>,
-    /// Second int8 term for 16/32-bit float sources (`W ≈ q·s + q_lo·s_lo`): the residual of the
-    /// first term, resident beside it, with its own per-channel scales.
+    /// Second int8 term (`W ≈ q·s + q_lo·s_lo`), where the precision plan gives the weight one:
+    /// the residual of the first term, resident beside it, with its own per-channel scales.
     pub lo: Option<(Arc<ResidentWeight>, Vec<f32>)>,
     /// The rotation of K both operands go through (`quant::rotate`); None: unrotated, with the
     /// column equalisation `col_scale`.
