@@ -33,7 +33,8 @@ for prefix in "${@:-smollm2-135m}"; do
       -f "$ORK_CORPUS" -c 128 -b 128 --chunks "$CHUNKS" -t 2 --kl-divergence-base "$base" >/dev/null 2>&1
   for t in Q8_0 F16 Q4_K_M; do
     run "$prefix" "$t" "CPU (ggml-cpu)" ORK_OFF=1
-    run "$prefix" "$t" "ORK default (rotated, ORK_NPU_WORK=1.25)"
+    run "$prefix" "$t" "ORK default (rotated, ORK_NPU_WORK=1.40)"
+    run "$prefix" "$t" "ORK rotated, ORK_NPU_WORK=1.15" ORK_NPU_WORK=1.15
     run "$prefix" "$t" "ORK rotated plain W8A8 (ORK_NPU_WORK=1)" ORK_NPU_WORK=1
     run "$prefix" "$t" "ORK unrotated multi-term (ORK_ROTATE=0)" ORK_ROTATE=0
     run "$prefix" "$t" "ORK unrotated plain W8A8 (ORK_ROTATE=0 ORK_ACT_TERMS=1 ORK_WEIGHT_TERMS=1)" ORK_ROTATE=0 ORK_ACT_TERMS=1 ORK_WEIGHT_TERMS=1

@@ -49,8 +49,8 @@ pub enum LockMode {
 /// `ORK_CACHE_MAX_MB`'s default: the size limit of the `.orkpack` directory in MiB.
 pub const DEFAULT_CACHE_MAX_MB: u64 = 8192;
 
-/// `ORK_NPU_WORK`'s default: extra int8 terms may add a quarter to plain W8A8's NPU rows.
-pub const DEFAULT_NPU_WORK: f64 = 1.25;
+/// `ORK_NPU_WORK`'s default: extra int8 terms may add 40 % to the layers' plain W8A8 NPU work.
+pub const DEFAULT_NPU_WORK: f64 = 1.40;
 
 /// One documented variable: name, default, meaning.
 pub struct VarDoc {
@@ -70,8 +70,8 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_ROUTE", default: "threshold", meaning: "routing policy: threshold (M >= ORK_MINM on the NPU, else ORK_DECODE) or cost (the cost model of src/route/mod.rs picks the fastest available engine per MUL_MAT, ORK_MINM still the NPU floor)" },
     VarDoc { name: "ORK_NPU_LOCK", default: "wait", meaning: "cross-process NPU arbitration (advisory flock per NPU, taken by the first NPU matmul of a graph_compute call and kept while no other process asks for it, at most 20 ms; see src/route/arbiter.rs): wait (queue behind the other process), cpu (run the matmul's int8 arithmetic on the CPU instead), off" },
     VarDoc { name: "ORK_LOCK_DIR", default: "$XDG_RUNTIME_DIR, /run/lock or /tmp", meaning: "directory of the NPU lock files (ork-npu-<soc>-<interface>.lock)" },
-    VarDoc { name: "ORK_ROTATE", default: "0", meaning: "1 = rotate K by a Hadamard matrix on both operands (weights when packed, activation rows on the host) so that one int8 term each does most of the work, with extra terms within ORK_NPU_WORK (1.15x the NPU rows of plain W8A8 on SmolLM2 against 3x; docs/precision.md says where it does not yet reach the CPU Q8_0 accuracy); 0 = no rotation, the multi-term scheme (2 weight terms, 2 activation terms, 3 for F32/F16/BF16 weights)" },
-    VarDoc { name: "ORK_NPU_WORK", default: "1.25", meaning: "with ORK_ROTATE=1, NPU rows per token as a ratio of plain W8A8 that extra int8 terms may use: granted to the output head, then the FFN down-projections, in the order of their measured gain (docs/precision.md); 1 = plain W8A8 everywhere; F32/F16/BF16 weights always get a second weight term" },
+    VarDoc { name: "ORK_ROTATE", default: "1", meaning: "1 = rotate K by a Hadamard matrix on both operands (weights when packed, activation rows on the host) so that one int8 term each does most of the work, with extra terms within ORK_NPU_WORK (docs/precision.md); 0 = no rotation, the multi-term scheme (2 weight terms, 2 activation terms, 3 for F32/F16/BF16 weights: 3x-4x the NPU rows)" },
+    VarDoc { name: "ORK_NPU_WORK", default: "1.40", meaning: "with ORK_ROTATE=1, the layers' NPU work per token (multiply-accumulates) as a ratio of plain W8A8 that extra int8 terms may use: granted to the attention value projections, then the attention output projections, then the FFN down-projections, in the order of their measured gain, each to all layers or none; the output head gets 2 weight + 2 activation terms outside it (docs/precision.md); 1 = plain W8A8 everywhere; F32/F16/BF16 weights always get two weight and two activation terms" },
     VarDoc { name: "ORK_ACT_TERMS", default: "auto", meaning: "int8 terms per activation row (x ≈ Σ s_t·q_t, T·M NPU rows) for every weight, overriding the plan: auto (ORK_NPU_WORK's plan; without rotation 3 for F32/F16/BF16 weights, else 2), 1, 2, 3" },
     VarDoc { name: "ORK_WEIGHT_TERMS", default: "auto", meaning: "int8 terms per weight for every weight, overriding the plan: auto (ORK_NPU_WORK's plan; without rotation 2), 1, or 2; a second term that does not fit the resident budget is dropped" },
     VarDoc { name: "ORK_SOC", default: "(device tree)", meaning: "force the SoC description: rk3588 or rk3576" },
@@ -252,13 +252,15 @@ impl Config {
                 }
             },
         };
+        let is_flag = |v: &str| matches!(v.trim().to_ascii_lowercase().as_str(), "" | "0" | "1" | "true" | "false" | "yes" | "no" | "on" | "off");
         for name in ["ORK_OFF", "ORK_NO_AFFINITY", "ORK_PROFILE", "ORK_ROTATE"] {
-            if let Some(v) = get(name) {
-                if !matches!(v.trim().to_ascii_lowercase().as_str(), "" | "0" | "1" | "true" | "false" | "yes" | "no" | "on" | "off") {
-                    bad.push(format!("{name}={v:?} is not 0 or 1; taken as 0"));
-                }
+            if let Some(v) = get(name).filter(|v| !is_flag(v)) {
+                let taken = if name == "ORK_ROTATE" { 1 } else { 0 };
+                bad.push(format!("{name}={v:?} is not 0 or 1; taken as {taken}"));
             }
         }
+        // ORK_ROTATE is on unless set to an off value (0, false, no, off).
+        let rotate = !matches!(get("ORK_ROTATE").map(|v| v.trim().to_ascii_lowercase()).as_deref(), Some("0" | "false" | "no" | "off"));
         let text = |name: &str| get(name).filter(|s| !s.trim().is_empty());
         let cfg = Config {
             npu,
@@ -269,7 +271,7 @@ impl Config {
             npu_lock,
             lock_dir: text("ORK_LOCK_DIR"),
             weight_terms,
-            rotate: flag(get("ORK_ROTATE").as_deref()),
+            rotate,
             npu_work,
             act_terms,
             soc: text("ORK_SOC"),
@@ -345,11 +347,14 @@ mod tests {
     #[test]
     fn npu_work_and_rotate() {
         let (c, bad) = parse(&[("ORK_NPU_WORK", " "), ("ORK_ROTATE", "")]);
-        assert_eq!((c.npu_work, c.rotate, bad.len()), (DEFAULT_NPU_WORK, false, 0), "empty means the default: {bad:?}");
-        let (c, bad) = parse(&[("ORK_NPU_WORK", "1.5"), ("ORK_ROTATE", "1")]);
-        assert_eq!((c.npu_work, c.rotate, bad.len()), (1.5, true, 0));
+        assert_eq!((c.npu_work, c.rotate, bad.len()), (DEFAULT_NPU_WORK, true, 0), "empty means the default: {bad:?}");
+        assert!(parse(&[]).0.rotate, "rotation is the default");
+        let (c, bad) = parse(&[("ORK_NPU_WORK", "1.5"), ("ORK_ROTATE", "0")]);
+        assert_eq!((c.npu_work, c.rotate, bad.len()), (1.5, false, 0));
+        assert!(!parse(&[("ORK_ROTATE", " Off")]).0.rotate);
         let (c, bad) = parse(&[("ORK_NPU_WORK", "0.5"), ("ORK_ROTATE", "maybe")]);
-        assert_eq!((c.npu_work, c.rotate, bad.len()), (DEFAULT_NPU_WORK, false, 2), "bad values: the defaults, one line each");
+        assert_eq!((c.npu_work, c.rotate, bad.len()), (DEFAULT_NPU_WORK, true, 2), "bad values: the defaults, one line each");
+        assert!(bad[1].contains("taken as 1"), "{bad:?}");
     }
 
     #[test]

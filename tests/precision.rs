@@ -5,6 +5,7 @@
 use ggml_ork::backend::weights::pack;
 use ggml_ork::backend::{Device, WeightSource};
 use ggml_ork::config::Config;
+use ggml_ork::route::precision::Role;
 use ggml_ork::npu::soc::SocId;
 use ggml_ork::npu::{Npu, NpuConfig, NpuKind};
 use std::sync::atomic::Ordering::Relaxed;
@@ -81,24 +82,33 @@ fn rotation_makes_one_term_accurate_on_outlier_activations() {
 
 #[test]
 fn the_plan_sends_its_terms_and_the_counters_count_them() {
-    // A model of 30 layers of 7 matmuls and a head, as ORK's buffers announce it.
-    let dev = device(&[("ORK_ROTATE", "1")]);
-    for (role, count) in [(0, 1), (1, 30), (2, 180)] {
-        dev.stats.announced[role].store(count, Relaxed);
+    // A model of 30 layers of 7 matmuls of this test's K x N and a head, as ORK's buffers
+    // announce it (all of one shape here, so the default budget has room for the value and
+    // output projections' second weight terms, not the down-projections').
+    let dev = device(&[]);
+    for role in Role::ALL {
+        let count = match role {
+            Role::Head => 1,
+            Role::Other => 0,
+            _ => 30,
+        };
+        dev.stats.announced[role.index()].store(count * (N * K) as u64, Relaxed);
     }
     const Q8_0: u32 = 8;
     let other = nmse_typed(&dev, "blk.3.ffn_up.weight", Q8_0);
     assert_eq!(dev.stats.npu_rows_sent.load(Relaxed), M as u64, "plain W8A8 for ordinary weights");
-    let down = nmse_typed(&dev, "blk.3.ffn_down.weight", Q8_0);
-    assert_eq!(dev.stats.npu_rows_sent.load(Relaxed), 3 * M as u64, "a second weight term: one more row per row");
+    nmse_typed(&dev, "blk.3.ffn_down.weight", Q8_0);
+    assert_eq!(dev.stats.npu_rows_sent.load(Relaxed), 2 * M as u64, "down-projections: plain at the default budget");
+    let v = nmse_typed(&dev, "blk.3.attn_v.weight", Q8_0);
+    assert_eq!(dev.stats.npu_rows_sent.load(Relaxed), 4 * M as u64, "a second weight term: one more row per row");
     let head = nmse_typed(&dev, "output.weight", Q8_0);
-    assert_eq!(dev.stats.npu_rows_sent.load(Relaxed), 6 * M as u64, "the head: two activation terms and a second weight term");
-    assert_eq!(dev.stats.npu_rows.load(Relaxed), 3 * M as u64);
-    assert!(down < other && head < down, "extra terms lower the error: {other:e} {down:e} {head:e}");
-    assert!(dev.stats.summary().contains(&format!("({} rows sent = 2.00x plain W8A8, ", 6 * M)), "{}", dev.stats.summary());
-    // A float weight keeps a second weight term whatever its role.
+    assert_eq!(dev.stats.npu_rows_sent.load(Relaxed), 7 * M as u64, "the head: two activation terms and a second weight term");
+    assert_eq!(dev.stats.npu_rows.load(Relaxed), 4 * M as u64);
+    assert!(v < other && head < v, "extra terms lower the error: {other:e} {v:e} {head:e}");
+    assert!(dev.stats.summary().contains(&format!("({} rows sent = 1.75x plain W8A8, ", 7 * M)), "{}", dev.stats.summary());
+    // A float weight gets two weight and two activation terms whatever its role.
     nmse(&dev, "blk.3.ffn_up.weight");
-    assert_eq!(dev.stats.npu_rows_sent.load(Relaxed), 8 * M as u64, "F32: two weight terms");
+    assert_eq!(dev.stats.npu_rows_sent.load(Relaxed), 10 * M as u64, "F32: two weight terms, two activation terms");
 }
 
 #[test]

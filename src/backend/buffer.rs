@@ -101,7 +101,7 @@ pub struct Buffer {
     /// This buffer's share of `Stats::expected_term_bytes`.
     expected_term_bytes: AtomicU64,
     /// This buffer's share of `Stats::announced` (weights per precision role).
-    announced: [AtomicU64; 3],
+    announced: [AtomicU64; crate::route::precision::ROLES],
 }
 
 impl Buffer {
@@ -129,8 +129,9 @@ impl Buffer {
             self.expected_term_bytes.fetch_add(bytes, Relaxed);
             dev.stats.expected_term_bytes.fetch_add(bytes, Relaxed);
             let role = crate::route::precision::Role::of(&t.name.to_str()).index();
-            self.announced[role].fetch_add(1, Relaxed);
-            dev.stats.announced[role].fetch_add(1, Relaxed);
+            let work = (n * k) as u64;
+            self.announced[role].fetch_add(work, Relaxed);
+            dev.stats.announced[role].fetch_add(work, Relaxed);
         }
     }
 

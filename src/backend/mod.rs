@@ -43,9 +43,10 @@ pub struct Stats {
     pub npu_rows: AtomicU64,
     /// Rows sent to the NPU: every int8 activation term of every weight term's run.
     pub npu_rows_sent: AtomicU64,
-    /// Weights per precision role (`route::precision::Role`) in ORK's live buffers, counted as
-    /// ggml initialises their tensors: the precision plan's view of the model.
-    pub announced: [AtomicU64; 3],
+    /// Work per precision role (`route::precision::RoleWork`: Σ K·N of its weights) in ORK's
+    /// live buffers, counted as ggml initialises their tensors: the precision plan's view of the
+    /// model.
+    pub announced: [AtomicU64; crate::route::precision::ROLES],
     pub npu_fallbacks: AtomicU64,
     /// NPU matmuls whose rotated activation's int8 terms were those of the matmul before (one
     /// activation read by several weights: Q/K/V, gate/up), not rotated and quantized again.

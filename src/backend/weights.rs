@@ -186,8 +186,8 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
         let why = format!("residency budget: {} of {} MiB in use", resident >> 20, budget >> 20);
         return Err(NpuError::NoRoom { op: "pack", n, k, bytes: term_bytes, why });
     }
-    let counts = dev.stats.announced.each_ref().map(|c| c.load(Relaxed));
-    let plan = precision::terms_for(dev.cfg, Role::of(src.name), crate::quant::types::is_float(src.ggml_type), &counts);
+    let work = dev.stats.announced.each_ref().map(|c| c.load(Relaxed));
+    let plan = precision::terms_for(dev.cfg, Role::of(src.name), crate::quant::types::is_float(src.ggml_type), &work);
     let terms = plan.weight as u32;
     let act_terms = plan.act;
     let rot = if dev.cfg.rotate { rotation(k) } else { None };

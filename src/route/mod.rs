@@ -46,6 +46,7 @@ pub mod precision;
 
 use crate::config::{Config, DecodeSelect, RoutePolicy};
 use crate::npu::soc::{SocDesc, SocId};
+use precision::Role;
 
 /// Where one MUL_MAT runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -248,7 +249,7 @@ pub fn decide(cfg: &Config, mm: &MatMul, av: Availability) -> Decision {
 /// [`decide`] with an explicit cost model (tests, `ork-route`), for a weight of the common role
 /// (`precision::Role::Other`).
 pub fn decide_with(cfg: &Config, model: &CostModel, mm: &MatMul, av: Availability) -> Decision {
-    let t = precision::terms_for(cfg, precision::Role::Other, crate::quant::types::is_float(mm.ggml_type), &[0, 0, 1]);
+    let t = precision::terms_for(cfg, precision::Role::Other, crate::quant::types::is_float(mm.ggml_type), &precision::one_of(precision::Role::Other, (mm.k * mm.n) as u64));
     decide_terms(cfg, model, mm, t, av)
 }
 
@@ -327,13 +328,26 @@ pub struct ModelShape {
 }
 
 impl ModelShape {
-    /// The model's matmul weights per precision role (`precision::RoleCounts`).
-    pub fn role_counts(&self) -> precision::RoleCounts {
-        let mut c = [self.head.is_some() as u64, 0, 0];
+    /// The model's matmul weights per precision role.
+    pub fn role_counts(&self) -> [u64; precision::ROLES] {
+        let mut c = [0; precision::ROLES];
+        c[Role::Head.index()] = self.head.is_some() as u64;
         for &(_, _, _, role) in &self.per_layer {
             c[role.index()] += self.layers as u64;
         }
         c
+    }
+
+    /// The model's matmul work per precision role (`precision::RoleWork`: Σ K·N).
+    pub fn role_work(&self) -> precision::RoleWork {
+        let mut w = [0; precision::ROLES];
+        if let Some((k, n, _)) = self.head {
+            w[Role::Head.index()] = (k * n) as u64;
+        }
+        for &(k, n, _, role) in &self.per_layer {
+            w[role.index()] += (k * n * self.layers) as u64;
+        }
+        w
     }
 
     /// Qwen3-1.7B (28 layers, hidden 2048, 16 q / 8 kv heads of 128, FFN 6144, tied 151936
@@ -342,11 +356,18 @@ impl ModelShape {
         let q8 = 8;
         ModelShape {
             layers: 28,
-            per_layer: [(2048, 2048), (2048, 1024), (2048, 1024), (2048, 2048), (2048, 6144), (2048, 6144)]
-                .into_iter()
-                .map(|(k, n)| (k, n, q8, precision::Role::Other))
-                .chain([(6144, 2048, q8, precision::Role::FfnDown)])
-                .collect(),
+            per_layer: [
+                (2048, 2048, Role::AttnQ),
+                (2048, 1024, Role::AttnK),
+                (2048, 1024, Role::AttnV),
+                (2048, 2048, Role::AttnOut),
+                (2048, 6144, Role::FfnGate),
+                (2048, 6144, Role::FfnUp),
+                (6144, 2048, Role::FfnDown),
+            ]
+            .into_iter()
+            .map(|(k, n, role)| (k, n, q8, role))
+            .collect(),
             head: Some((2048, 151936, q8)),
             attn_dim: 2048,
         }
@@ -357,9 +378,9 @@ impl ModelShape {
 /// the given policy: each MUL_MAT goes where [`decide_with`] puts it; the CPU also runs
 /// attention (prefill: 2·M²·dim·layers ops causal) at its int8 rate.
 pub fn predict(cfg: &Config, model: &CostModel, shape: &ModelShape, m: usize) -> ModelRates {
-    let counts = shape.role_counts();
+    let work = shape.role_work();
     let t = |rows: usize, k: usize, n: usize, ty: u32, role: precision::Role| {
-        let terms = precision::terms_for(cfg, role, crate::quant::types::is_float(ty), &counts);
+        let terms = precision::terms_for(cfg, role, crate::quant::types::is_float(ty), &work);
         let d = decide_terms(cfg, model, &MatMul { m: rows, k, n, ggml_type: ty }, terms, Availability::default());
         match d.engine {
             Engine::Npu => d.predicted.0,
@@ -436,6 +457,20 @@ mod tests {
         let r = predict(&c, &model, &ModelShape::qwen3_1_7b(), 256);
         assert!((89.0..=556.0).contains(&r.prefill_tok_s), "{r:?}");
         assert!((8.5..=19.2).contains(&r.decode_tok_s), "{r:?}");
+    }
+
+    #[test]
+    fn the_default_precision_keeps_the_prefill_rate() {
+        // Qwen3-1.7B Q8_0 inside llama.cpp on RK3588 (docs/precision.md): the default plan
+        // (rotated, extra terms within ORK_NPU_WORK = 1.40) above the best published open
+        // prefill (278 tok/s) and about twice the unrotated multi-term scheme; the value and
+        // output projections' terms alone (ORK_NPU_WORK = 1.15) at 330 or more.
+        let model = CostModel::for_soc(SocId::Rk3588);
+        let q = ModelShape::qwen3_1_7b();
+        let rate = |env: &[(&str, &str)]| predict(&cfg(env), &model, &q, 256).prefill_tok_s;
+        let (default, attn_only, plain, multi) = (rate(&[]), rate(&[("ORK_NPU_WORK", "1.15")]), rate(&[("ORK_NPU_WORK", "1")]), rate(&[("ORK_ROTATE", "0")]));
+        assert!(default >= 278.0 && default >= 1.9 * multi, "default {default:.0}, multi-term {multi:.0}");
+        assert!(attn_only >= 330.0 && attn_only >= 0.9 * plain, "ORK_NPU_WORK=1.15 {attn_only:.0}, plain {plain:.0}");
     }
 
     #[test]

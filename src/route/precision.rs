@@ -1,28 +1,35 @@
 //! Precision policy: how many int8 terms each weight and its activation rows get on the NPU.
 //!
-//! With the rotation of K (`quant::rotate`, `ORK_ROTATE=1`; the default is still the unrotated
-//! multi-term scheme, see docs/precision.md for what the rotated plan does not reach yet) one int8 term per
+//! With the rotation of K (`quant::rotate`, `ORK_ROTATE`, on by default) one int8 term per
 //! weight and one per activation row — plain W8A8 work, one NPU row per token — already removes
 //! the activation outliers' damage (SmolLM2-135M Q8_0, KLD vs F16: 0.142 unrotated, 0.0064
-//! rotated). What is left is spread over the weight and the activation terms about evenly, and it
-//! is not spread evenly over the matmuls: an extra term buys much more on some than on others.
-//! So extra terms are a **budget**: `ORK_NPU_WORK` (default 1.25) caps the NPU rows a model sends
-//! per token as a ratio of plain W8A8, and extra terms go to the matmul roles in the order of
-//! their measured KLD gain per NPU row ([`EXTRAS`]) while the whole model stays within the cap.
+//! rotated). What is left is not spread evenly over the matmuls: an extra term buys much more on
+//! some than on others. So extra terms are a **budget**: the output head gets a second weight
+//! and a second activation term ([`HEAD_TERMS`]), and `ORK_NPU_WORK` (default 1.40) caps the
+//! NPU work of the layers' matmuls per token as a ratio of plain W8A8; extra terms go to the
+//! matmul roles in the order of their measured KLD gain per unit of work ([`EXTRAS`]), each to
+//! every layer or to none, while the layers stay within the cap. Work, not rows: an NPU row of
+//! a value projection costs K·N multiply-accumulates, a tenth of a down-projection's in the
+//! usual grouped-query shapes, and the board's prefill time follows the MACs.
+//!
 //! The ratio is worked out over the weights ORK's buffers announced when ggml placed them
 //! (before any is loaded), so every weight of a role gets the same terms, and the decision is
-//! made per weight when it is packed. The sensitivity is measured per role, on whole models,
-//! rather than per tensor at run time: a matmul's own error (its relative NMSE, about 6·10⁻⁵ for
-//! every rotated activation) does not tell how much of it reaches the logits — the output head's
-//! error does so directly, one residual branch's is diluted — while the KLD of a whole model with
-//! one role's terms raised does (docs/precision.md has the table and the commands).
+//! made per weight when it is packed. The sensitivity is measured per role, on whole models
+//! (SmolLM2-135M and Gemma-3-270M), rather than per tensor from its own statistics: after the
+//! rotation every weight and activation row is close to Gaussian and its int8 error about the
+//! same (relative NMSE ≈ 6·10⁻⁵), so a tensor's own numbers do not tell them apart; what does is
+//! how much of a matmul's error reaches the logits — the output head's directly, a value
+//! projection's through every query head that shares it — and that is a property of the role,
+//! which the KLD of a whole model with one role's terms raised measures (docs/precision.md has
+//! the table and the commands).
 //!
-//! Float weights (F32, F16, BF16) always get a second weight term: their mantissas carry more
-//! than one int8 term holds, and the second term is what brings them to the CPU's own F16
-//! perplexity. The budget is about the extra terms of the quantized types GGUF models ship in.
+//! Float weights (F32, F16, BF16) always get two weight terms and two activation terms: their
+//! mantissas carry more than one int8 term holds, and both terms are what bring them to the
+//! CPU's own F16 output. The budget is about the extra terms of the quantized types GGUF models
+//! ship in.
 //!
 //! `ORK_ACT_TERMS` / `ORK_WEIGHT_TERMS` override the plan for every weight (a blanket, as with
-//! `ORK_ROTATE=0`, which keeps the former multi-term defaults: two weight terms, two activation
+//! `ORK_ROTATE=0`, which keeps the unrotated multi-term scheme: two weight terms, two activation
 //! terms, three for float weights).
 
 use crate::config::Config;
@@ -31,38 +38,61 @@ use crate::config::Config;
 /// terms sit below both terms' resolution).
 pub const LO_ACT_TERMS: usize = 1;
 
-/// What a weight is in its model, as far as precision goes.
+/// What a weight is in its model, as far as precision goes: the matmul roles of a transformer
+/// layer (GGUF's tensor names), the output head, and the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Role {
     /// The output head (`output.weight`, or a tied `token_embd.weight`): its error reaches the
     /// logits directly.
     Head,
+    /// Attention query projection (`attn_q`).
+    AttnQ,
+    /// Attention key projection (`attn_k`).
+    AttnK,
+    /// Attention value projection (`attn_v`): with grouped-query attention one value head
+    /// serves several query heads, so its error reaches all of them.
+    AttnV,
+    /// Attention output projection (`attn_output`).
+    AttnOut,
+    /// FFN gate projection (`ffn_gate`).
+    FfnGate,
+    /// FFN up projection (`ffn_up`).
+    FfnUp,
     /// The FFN down-projection (`ffn_down`): its input, the gated FFN activation, carries the
     /// largest outliers of the model.
     FfnDown,
-    /// Every other matmul weight.
+    /// Every other matmul weight (fused QKV, expert weights, unnamed ones).
     Other,
 }
 
+/// Number of [`Role`]s.
+pub const ROLES: usize = 9;
+
 impl Role {
+    /// Every role, in [`Role::index`] order.
+    pub const ALL: [Role; ROLES] =
+        [Role::Head, Role::AttnQ, Role::AttnK, Role::AttnV, Role::AttnOut, Role::FfnGate, Role::FfnUp, Role::FfnDown, Role::Other];
+
     /// The role of a weight from its GGUF tensor name.
     pub fn of(name: &str) -> Role {
         let base = name.rsplit_once('.').map_or(name, |(b, _)| b);
         let leaf = base.rsplit('.').next().unwrap_or(base);
         match leaf {
             "output" | "token_embd" => Role::Head,
+            "attn_q" => Role::AttnQ,
+            "attn_k" => Role::AttnK,
+            "attn_v" => Role::AttnV,
+            "attn_output" => Role::AttnOut,
+            "ffn_gate" => Role::FfnGate,
+            "ffn_up" => Role::FfnUp,
             "ffn_down" | "ffn_down_shexp" => Role::FfnDown,
             _ => Role::Other,
         }
     }
 
-    /// Index into [`RoleCounts`].
+    /// Index into [`RoleWork`] and plans.
     pub fn index(self) -> usize {
-        match self {
-            Role::Head => 0,
-            Role::FfnDown => 1,
-            Role::Other => 2,
-        }
+        self as usize
     }
 }
 
@@ -84,51 +114,91 @@ impl Terms {
     }
 }
 
-/// Extra terms in the order they are granted: measured KLD gain per NPU row, largest first
-/// (SmolLM2-135M Q8_0, rotated, 8 × 128 tokens, docs/precision.md): the head's second weight and
-/// activation terms (KLD 0.0064 → 0.0054 for +1 % rows), then the down-projection's second
-/// weight term (0.0054 → 0.0042 for +14 %; its second activation term instead: 0.0046).
-pub const EXTRAS: &[(Role, Terms)] = &[(Role::Head, Terms { weight: 2, act: 2 }), (Role::FfnDown, Terms { weight: 2, act: 1 })];
+/// The output head's terms: two weight terms, two activation terms. The head is outside the
+/// budget: its error reaches the logits directly (SmolLM2-135M Q8_0, KLD 0.0064 → 0.0054;
+/// Gemma-3-270M Q8_0, 0.0042 → 0.0035), and it runs on the NPU only when every token's logits
+/// are asked for (perplexity, all-logits requests): in generation its one row per step stays
+/// below ORK_MINM.
+pub const HEAD_TERMS: Terms = Terms { weight: 2, act: 2 };
 
-/// Matmul weights per role (announced by ORK's buffers), indexed by [`Role::index`].
-pub type RoleCounts = [u64; 3];
+/// Extra terms in the order they are granted within the budget: measured KLD gain per unit of
+/// NPU work on SmolLM2-135M Q8_0 and Gemma-3-270M Q8_0 (rotated, 8 × 128 tokens,
+/// docs/precision.md): the value projections' second weight term (3–4 % of a layer's MACs), the
+/// attention output projections' (8–12 %), then the down-projections' (≈ 25 %). The default
+/// budget (1.40) holds all three in the usual shapes; 1.15 holds the first two.
+pub const EXTRAS: &[(Role, Terms)] = &[
+    (Role::AttnV, Terms { weight: 2, act: 1 }),
+    (Role::AttnOut, Terms { weight: 2, act: 1 }),
+    (Role::FfnDown, Terms { weight: 2, act: 1 }),
+];
 
-/// The terms of every role under the budget: `EXTRAS` granted in order while the model's NPU
-/// rows stay within `budget` × its plain W8A8 rows. Returns terms by [`Role::index`].
-pub fn plan(budget: f64, counts: &RoleCounts) -> [Terms; 3] {
-    let total: u64 = counts.iter().sum();
-    let mut terms = [Terms::PLAIN; 3];
-    let mut rows = total as f64;
+/// A model's matmul work per role: Σ K·N over its weights of that role (multiply-accumulates per
+/// token of plain W8A8), as ORK's buffers announce them; indexed by [`Role::index`].
+pub type RoleWork = [u64; ROLES];
+
+/// Work `w` of one weight of `role`.
+pub fn one_of(role: Role, w: u64) -> RoleWork {
+    let mut c = [0; ROLES];
+    c[role.index()] = w;
+    c
+}
+
+/// The layers' plain W8A8 work: every role but the head.
+fn layer_work(work: &RoleWork) -> u64 {
+    work.iter().enumerate().filter(|&(i, _)| i != Role::Head.index()).map(|(_, &w)| w).sum()
+}
+
+/// The terms of every role under the budget: the head's [`HEAD_TERMS`] when the budget is above
+/// plain, then `EXTRAS` granted in order while the layers' NPU work (MACs per token, every
+/// NPU row costs its weight's K·N) stays within `budget` × their plain W8A8 work. Returns terms
+/// by [`Role::index`].
+pub fn plan(budget: f64, work: &RoleWork) -> [Terms; ROLES] {
+    let mut terms = [Terms::PLAIN; ROLES];
+    if budget <= 1.0 {
+        return terms;
+    }
+    terms[Role::Head.index()] = HEAD_TERMS;
+    let total = layer_work(work) as f64;
+    let mut used = total;
     for &(role, t) in EXTRAS {
         let i = role.index();
-        let extra = (t.rows() - terms[i].rows()) as f64 * counts[i] as f64;
-        if counts[i] > 0 && rows + extra <= budget * total as f64 + 1e-9 {
+        let extra = (t.rows() - terms[i].rows()) as f64 * work[i] as f64;
+        if work[i] > 0 && used + extra <= budget * total + 1e-9 {
             terms[i] = t;
-            rows += extra;
+            used += extra;
         }
     }
     terms
 }
 
+/// The layers' NPU work per token under `terms`, as a ratio of plain W8A8 (the quantity
+/// `ORK_NPU_WORK` caps).
+pub fn work_ratio(terms: &[Terms; ROLES], work: &RoleWork) -> f64 {
+    let sent: u64 = work.iter().zip(terms).enumerate().filter(|&(i, _)| i != Role::Head.index()).map(|(_, (&w, t))| w * t.rows() as u64).sum();
+    sent as f64 / layer_work(work).max(1) as f64
+}
+
 /// NPU rows per token of a model with `counts` weights per role under `terms`, as a ratio of
-/// plain W8A8.
-pub fn rows_ratio(terms: &[Terms; 3], counts: &RoleCounts) -> f64 {
+/// plain W8A8 (every weight, the head included).
+pub fn rows_ratio(terms: &[Terms; ROLES], counts: &[u64; ROLES]) -> f64 {
     let total: u64 = counts.iter().sum();
     let rows: u64 = counts.iter().zip(terms).map(|(&c, t)| c * t.rows() as u64).sum();
     rows as f64 / total.max(1) as f64
 }
 
-/// The terms one weight gets: the budget plan for its role with the rotation (`counts`: the
-/// model's announced weights), the former multi-term defaults without; explicit
+/// The terms one weight gets: the budget plan for its role with the rotation (`work`: the
+/// model's announced work per role), the unrotated multi-term scheme without; explicit
 /// `ORK_WEIGHT_TERMS` / `ORK_ACT_TERMS` override either.
-pub fn terms_for(cfg: &Config, role: Role, float_source: bool, counts: &RoleCounts) -> Terms {
+pub fn terms_for(cfg: &Config, role: Role, float_source: bool, work: &RoleWork) -> Terms {
     let mut t = if cfg.rotate {
-        let mut t = plan(cfg.npu_work, counts)[role.index()];
+        let mut t = plan(cfg.npu_work, work)[role.index()];
         if float_source {
             // 11+ mantissa bits that one int8 weight term does not carry: measured on SmolLM2
             // F16, one weight term leaves perplexity +1.2 % against the CPU's F16, two -0.05 %
-            // (a second activation term instead: +0.65 %).
+            // (a second activation term instead: +0.65 %); with both, the greedy text equals the
+            // CPU's F16 at the demo prompt's near-tie, which two weight terms alone tip.
             t.weight = 2;
+            t.act = t.act.max(2);
         }
         t
     } else {
@@ -151,50 +221,110 @@ mod tests {
         Config::from_lookup(|k| pairs.iter().find(|(a, _)| *a == k).map(|(_, b)| b.to_string())).0
     }
 
+    /// Work per role of a model of `layers` layers of the usual seven matmuls (K·N of q, k, v,
+    /// o, gate, up, down) and a head.
+    fn layered(layers: u64, shapes: [u64; 7], head: u64) -> RoleWork {
+        let mut w = [0; ROLES];
+        w[Role::Head.index()] = head;
+        for (r, s) in [Role::AttnQ, Role::AttnK, Role::AttnV, Role::AttnOut, Role::FfnGate, Role::FfnUp, Role::FfnDown].into_iter().zip(shapes) {
+            w[r.index()] = layers * s;
+        }
+        w
+    }
+
+    fn smollm2() -> RoleWork {
+        let (h, kv, f) = (576, 192, 1536);
+        layered(30, [h * h, h * kv, h * kv, h * h, h * f, h * f, f * h], 49152 * h)
+    }
+
+    fn gemma3() -> RoleWork {
+        let (h, q, kv, f) = (640, 1024, 256, 2048);
+        layered(18, [h * q, h * kv, h * kv, q * h, h * f, h * f, f * h], 262144 * h)
+    }
+
+    fn qwen3() -> RoleWork {
+        let (h, kv, f) = (2048, 1024, 6144);
+        layered(28, [h * h, h * kv, h * kv, h * h, h * f, h * f, f * h], 151936 * h)
+    }
+
+    /// Terms by role with `set` applied over plain.
+    fn with(set: &[(Role, Terms)]) -> [Terms; ROLES] {
+        let mut t = [Terms::PLAIN; ROLES];
+        for &(r, x) in set {
+            t[r.index()] = x;
+        }
+        t
+    }
+
     #[test]
     fn roles_from_gguf_names() {
         assert_eq!(Role::of("output.weight"), Role::Head);
         assert_eq!(Role::of("token_embd.weight"), Role::Head);
         assert_eq!(Role::of("blk.7.ffn_down.weight"), Role::FfnDown);
-        assert_eq!(Role::of("blk.7.ffn_up.weight"), Role::Other);
-        assert_eq!(Role::of("blk.0.attn_output.weight"), Role::Other);
+        assert_eq!(Role::of("blk.7.ffn_up.weight"), Role::FfnUp);
+        assert_eq!(Role::of("blk.7.ffn_gate.weight"), Role::FfnGate);
+        assert_eq!(Role::of("blk.0.attn_output.weight"), Role::AttnOut);
+        assert_eq!(Role::of("blk.0.attn_q.weight"), Role::AttnQ);
+        assert_eq!(Role::of("blk.0.attn_k.weight"), Role::AttnK);
+        assert_eq!(Role::of("blk.0.attn_v.weight"), Role::AttnV);
+        assert_eq!(Role::of("blk.0.attn_qkv.weight"), Role::Other);
         assert_eq!(Role::of(""), Role::Other);
+        for (i, r) in Role::ALL.iter().enumerate() {
+            assert_eq!(r.index(), i);
+        }
     }
 
     #[test]
     fn the_budget_grants_extras_in_order_and_stays_within_it() {
-        // SmolLM2-135M: 30 layers of 7 matmuls and a tied head.
-        let smol: RoleCounts = [1, 30, 180];
-        let t = plan(1.25, &smol);
-        assert_eq!(t, [Terms { weight: 2, act: 2 }, Terms { weight: 2, act: 1 }, Terms::PLAIN]);
-        let r = rows_ratio(&t, &smol);
-        assert!(r <= 1.25 && r > 1.15, "{r}");
-        // A tight budget: the head only; none: plain everywhere.
-        assert_eq!(plan(1.05, &smol), [Terms { weight: 2, act: 2 }, Terms::PLAIN, Terms::PLAIN]);
-        assert_eq!(plan(1.0, &smol), [Terms::PLAIN; 3]);
-        // Nothing announced (e.g. test-backend-ops' unnamed weights): plain.
-        assert_eq!(plan(1.25, &[0, 0, 0]), [Terms::PLAIN; 3]);
-        // A model whose down-projections alone would break the budget skips them.
-        let fused: RoleCounts = [1, 10, 20];
-        let t = plan(1.25, &fused);
-        assert_eq!(t[1], Terms::PLAIN);
-        assert!(rows_ratio(&t, &fused) <= 1.25);
+        let two_w = Terms { weight: 2, act: 1 };
+        // SmolLM2-135M, Gemma-3-270M, Qwen3-1.7B: the head outside the budget, the value and output
+        // projections within 1.15 (12.5 %, 14.7 %, 12.5 % more work); the down-projections not.
+        for (name, w) in [("smollm2", smollm2()), ("gemma3", gemma3()), ("qwen3", qwen3())] {
+            let t = plan(1.15, &w);
+            assert_eq!(t, with(&[(Role::Head, HEAD_TERMS), (Role::AttnV, two_w), (Role::AttnOut, two_w)]), "{name}");
+            let r = work_ratio(&t, &w);
+            assert!(r <= 1.15 && r > 1.12, "{name}: {r}");
+            // The default budget reaches the down-projections too (37.5 %, 38.2 %, 37.5 %).
+            let t = plan(1.40, &w);
+            assert_eq!(t, with(&[(Role::Head, HEAD_TERMS), (Role::AttnV, two_w), (Role::AttnOut, two_w), (Role::FfnDown, two_w)]), "{name}");
+            assert!(work_ratio(&t, &w) <= 1.40, "{name}");
+            // A tight one: the head and the value projections.
+            assert_eq!(plan(1.05, &w), with(&[(Role::Head, HEAD_TERMS), (Role::AttnV, two_w)]), "{name}");
+        }
+        let smol = smollm2();
+        // No budget: plain everywhere, the head included.
+        assert_eq!(plan(1.0, &smol), [Terms::PLAIN; ROLES]);
+        // Nothing announced (e.g. test-backend-ops' unnamed weights): nothing granted but the head's.
+        assert_eq!(plan(1.15, &[0; ROLES]), with(&[(Role::Head, HEAD_TERMS)]));
+        // A model with fused QKV (no value projection of its own) gives the budget to the next.
+        let mut fused = smol;
+        for r in [Role::AttnQ, Role::AttnK, Role::AttnV] {
+            fused[Role::Other.index()] += fused[r.index()];
+            fused[r.index()] = 0;
+        }
+        let t = plan(1.15, &fused);
+        assert_eq!(t, with(&[(Role::Head, HEAD_TERMS), (Role::AttnOut, two_w)]));
+        assert!(work_ratio(&t, &fused) <= 1.15);
+        // Rows: the usual shapes send 1.29x the rows of plain W8A8 for 1.13x the work.
+        let counts = [1, 30, 30, 30, 30, 30, 30, 30, 0];
+        assert!((rows_ratio(&plan(1.15, &smol), &counts) - 1.294).abs() < 1e-3);
     }
 
     #[test]
-    fn overrides_and_the_unrotated_defaults() {
-        let smol: RoleCounts = [1, 30, 180];
-        let rot = cfg(&[("ORK_ROTATE", "1")]);
-        assert_eq!(terms_for(&rot, Role::Other, false, &smol), Terms::PLAIN);
+    fn overrides_and_the_unrotated_scheme() {
+        let smol = smollm2();
+        let rot = cfg(&[]);
+        assert!(rot.rotate, "rotation is the default");
+        assert_eq!(terms_for(&rot, Role::AttnQ, false, &smol), Terms::PLAIN);
+        assert_eq!(terms_for(&rot, Role::AttnV, false, &smol), Terms { weight: 2, act: 1 });
         assert_eq!(terms_for(&rot, Role::FfnDown, false, &smol), Terms { weight: 2, act: 1 });
-        assert_eq!(terms_for(&rot, Role::Other, true, &smol), Terms { weight: 2, act: 1 }, "float weights: two weight terms");
+        assert_eq!(terms_for(&rot, Role::FfnUp, false, &smol), Terms::PLAIN);
+        assert_eq!(terms_for(&rot, Role::Other, true, &smol), Terms { weight: 2, act: 2 }, "float weights: two and two");
         assert_eq!(terms_for(&rot, Role::Head, true, &smol), Terms { weight: 2, act: 2 });
-        // The default is the unrotated multi-term scheme.
-        assert_eq!(terms_for(&cfg(&[]), Role::Other, false, &smol), Terms { weight: 2, act: 2 });
         let legacy = cfg(&[("ORK_ROTATE", "0")]);
         assert_eq!(terms_for(&legacy, Role::Other, false, &smol), Terms { weight: 2, act: 2 });
         assert_eq!(terms_for(&legacy, Role::Other, true, &smol), Terms { weight: 2, act: 3 });
-        let blanket = cfg(&[("ORK_ROTATE", "1"), ("ORK_ACT_TERMS", "1"), ("ORK_WEIGHT_TERMS", "1")]);
+        let blanket = cfg(&[("ORK_ACT_TERMS", "1"), ("ORK_WEIGHT_TERMS", "1")]);
         assert_eq!(terms_for(&blanket, Role::Head, false, &smol), Terms::PLAIN);
         assert_eq!(Terms { weight: 2, act: 2 }.rows(), 3);
         assert_eq!(Terms { weight: 2, act: 3 }.rows(), 4);
