@@ -28,7 +28,13 @@
 //! a given number of bytes (a smaller window), a timeout on every n-th submit, a soft reset on
 //! every n-th submit, a failed cache sync on every n-th sync (`sync_fail_every:N`). A faulted
 //! submit runs only part of its programs first, so a caller that ignored the error would read
-//! wrong results.
+//! wrong results. Three faults report success while the output is not what the job describes
+//! (peer-facts §4): `never_run_every:N` (nothing ran, the counter says all did), `hole_every:N`
+//! (one program skipped, the counter says all ran) and `short_count_every:N` (half ran, the
+//! counter says so); only the caller's checks — the output sentinel and the task counter in
+//! `npu::mm` — can catch them. Otherwise the task counter reports the programs that ran.
+//! [`SimKif::injected`] counts what was injected, and the interface's `fault_report` says it
+//! in the exit log.
 //!
 //! Unsafe: the arena hands out raw mappings like a device would; the only unsafe blocks turn
 //! arena pointers into slices (each with a `// SAFETY:` line).
@@ -66,10 +72,22 @@ pub struct SimFaults {
     pub reset_every: Option<u32>,
     /// Every n-th cache sync fails (EIO, as a kernel whose SYNC ioctl fails would report).
     pub sync_fail_every: Option<u32>,
+    /// Every n-th submit returns success without running any program (peer-facts §4: the
+    /// hardware never started). The task counter reports `task_number`, as the vendor kernel
+    /// writes on a successful wait (rknpu-facts §1.3), so only the output can tell.
+    pub never_run_every: Option<u32>,
+    /// Every n-th submit skips one program (the middle one of its chain; the only one of a
+    /// one-program job) and reports every task done (peer-facts §4: bookkeeping that reported
+    /// the highest landed index, so a hole read as success).
+    pub hole_every: Option<u32>,
+    /// Every n-th submit stops after half its programs and returns success with the honest
+    /// task counter (what a kernel that copies the PC's task count reports).
+    pub short_count_every: Option<u32>,
 }
 
 impl SimFaults {
-    /// Parses `efault_after_mb:N`, `timeout_every:N`, `reset_every:N`, separated by `,` or `|`.
+    /// Parses `efault_after_mb:N`, `timeout_every:N`, `reset_every:N`, `sync_fail_every:N`,
+    /// `never_run_every:N`, `hole_every:N`, `short_count_every:N`, separated by `,` or `|`.
     pub fn parse(s: &str) -> Result<SimFaults, KifError> {
         let mut f = SimFaults::default();
         for item in s.split([',', '|']).map(str::trim).filter(|x| !x.is_empty()) {
@@ -85,6 +103,9 @@ impl SimFaults {
                 "timeout_every" => f.timeout_every = Some(n.max(1) as u32),
                 "reset_every" => f.reset_every = Some(n.max(1) as u32),
                 "sync_fail_every" => f.sync_fail_every = Some(n.max(1) as u32),
+                "never_run_every" => f.never_run_every = Some(n.max(1) as u32),
+                "hole_every" => f.hole_every = Some(n.max(1) as u32),
+                "short_count_every" => f.short_count_every = Some(n.max(1) as u32),
                 other => return Err(KifError::Invalid(format!("ORK_SIM_FAULT: unknown key `{other}`"))),
             }
         }
@@ -178,6 +199,7 @@ pub struct SimKif {
     submits: AtomicU64,
     syncs: AtomicU64,
     programs_run: AtomicU64,
+    injected: Mutex<InjectedCounts>,
 }
 
 impl SimKif {
@@ -202,6 +224,7 @@ impl SimKif {
             submits: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
             programs_run: AtomicU64::new(0),
+            injected: Mutex::new(InjectedCounts::default()),
         }
     }
 
@@ -229,6 +252,11 @@ impl SimKif {
     pub fn programs_run(&self) -> u64 {
         self.programs_run.load(Ordering::Relaxed)
     }
+
+    /// Faults injected so far, by kind.
+    pub fn injected(&self) -> InjectedCounts {
+        *self.injected.lock().unwrap()
+    }
 }
 
 /// An error of the model: something the registers describe that the simulator does not model
@@ -237,10 +265,30 @@ fn unmodelled(what: String) -> KifError {
     KifError::Invalid(format!("sim: {what}"))
 }
 
-/// A submit-time fault to inject after partial execution.
+/// A submit-time fault to inject.
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Injected {
+    /// Half the programs run, then a timeout error.
     Timeout,
+    /// Half the programs run, then a reset error.
     Reset,
+    /// Success reported, nothing ran, counter = task_number.
+    NeverRun,
+    /// Success reported, one program skipped, counter = task_number.
+    Hole,
+    /// Success reported after half the programs, counter = what ran.
+    Short,
+}
+
+/// How many faults of each kind the simulator injected (see [`SimKif::injected`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InjectedCounts {
+    pub timeouts: u64,
+    pub resets: u64,
+    pub never_run: u64,
+    pub holes: u64,
+    pub short_counts: u64,
+    pub sync_fails: u64,
 }
 
 impl KernelInterface for SimKif {
@@ -296,6 +344,7 @@ impl KernelInterface for SimKif {
         }
         let nth = self.syncs.fetch_add(1, Ordering::Relaxed) + 1;
         if self.faults.lock().unwrap().sync_fail_every.is_some_and(|e| nth % e as u64 == 0) {
+            self.injected.lock().unwrap().sync_fails += 1;
             return Err(KifError::Sys { op: "sim mem_sync (injected)", source: nix::Error::EIO });
         }
         Ok(())
@@ -318,13 +367,17 @@ impl KernelInterface for SimKif {
         let n = self.submits.fetch_add(1, Ordering::Relaxed) + 1;
         let injected = {
             let f = self.faults.lock().unwrap();
-            if f.timeout_every.is_some_and(|t| n % u64::from(t) == 0) {
-                Some(Injected::Timeout)
-            } else if f.reset_every.is_some_and(|t| n % u64::from(t) == 0) {
-                Some(Injected::Reset)
-            } else {
-                None
-            }
+            let hit = |every: Option<u32>| every.is_some_and(|t| n % u64::from(t) == 0);
+            [
+                (f.timeout_every, Injected::Timeout),
+                (f.reset_every, Injected::Reset),
+                (f.never_run_every, Injected::NeverRun),
+                (f.hole_every, Injected::Hole),
+                (f.short_count_every, Injected::Short),
+            ]
+            .into_iter()
+            .find(|(every, _)| hit(*every))
+            .map(|(_, kind)| kind)
         };
         let st = self.state.read().unwrap();
         let dm = st
@@ -361,12 +414,28 @@ impl KernelInterface for SimKif {
         let tasks: Vec<RknpuTask> =
             (first..end).step_by(tsize).map(|o| bytemuck::pod_read_unaligned(&tbytes[o..o + tsize])).collect();
 
-        // Injected faults run only part of the job first.
+        if let Some(kind) = injected {
+            let mut c = self.injected.lock().unwrap();
+            match kind {
+                Injected::Timeout => c.timeouts += 1,
+                Injected::Reset => c.resets += 1,
+                Injected::NeverRun => c.never_run += 1,
+                Injected::Hole => c.holes += 1,
+                Injected::Short => c.short_counts += 1,
+            }
+        }
+        if injected == Some(Injected::NeverRun) {
+            // The ioctl returns success; the hardware never started.
+            return Ok(SubmitDone { hw_elapse_ns: 0, task_counter: job.task_number });
+        }
+        // Injected faults run only part of the job (a hole: all but one program).
         let budget = match injected {
-            Some(_) => (job.task_number / 2) as usize,
-            None => usize::MAX,
+            Some(Injected::Timeout | Injected::Reset | Injected::Short) => (job.task_number / 2) as usize,
+            _ => usize::MAX,
         };
+        let skip = (injected == Some(Injected::Hole)).then_some(job.task_number as usize / 2);
         let mut ran = 0usize;
+        let mut index = 0usize;
         let mut rf = RegFile::default();
         let max_sub = self.soc.max_submit_tasks.max(1) as usize;
         'outer: for chunk in tasks.chunks(max_sub) {
@@ -381,8 +450,10 @@ impl KernelInterface for SimKif {
                 if ran >= budget {
                     break 'outer;
                 }
-                let link = self.run_program(dm, &mut rf, addr, amount)?;
-                ran += 1;
+                let execute = skip != Some(index);
+                let link = self.run_program(dm, &mut rf, addr, amount, execute)?;
+                index += 1;
+                ran += usize::from(execute);
                 if i + 1 < chunk.len() {
                     match link {
                         Some((next, next_amount)) => {
@@ -390,7 +461,7 @@ impl KernelInterface for SimKif {
                             amount = next_amount;
                         }
                         None => {
-                            log::warn!("sim: chain ended after {ran} of {} programs", job.task_number);
+                            log::warn!("sim: chain ended after {index} of {} programs", job.task_number);
                             return Err(KifError::Timeout { timeout_ms: job.timeout_ms });
                         }
                     }
@@ -401,13 +472,26 @@ impl KernelInterface for SimKif {
         match injected {
             Some(Injected::Timeout) => return Err(KifError::Timeout { timeout_ms: job.timeout_ms }),
             Some(Injected::Reset) => return Err(KifError::Reset),
-            None => {}
+            _ => {}
         }
-        Ok(SubmitDone { hw_elapse_ns: t0.elapsed().as_nanos() as u64, task_counter: job.task_number })
+        // The counter says what ran, except where the modelled kernel's bookkeeping lies (a hole).
+        let task_counter = if injected == Some(Injected::Hole) { job.task_number } else { ran as u32 };
+        Ok(SubmitDone { hw_elapse_ns: t0.elapsed().as_nanos() as u64, task_counter })
     }
 
     fn reset(&self) -> Result<(), KifError> {
         Ok(())
+    }
+
+    fn fault_report(&self) -> Option<String> {
+        if *self.faults.lock().unwrap() == SimFaults::default() {
+            return None;
+        }
+        let c = self.injected();
+        Some(format!(
+            "sim fault injection (ORK_SIM_FAULT): {} submits never ran, {} holes, {} short task counts, {} timeouts, {} resets, {} failed syncs injected",
+            c.never_run, c.holes, c.short_counts, c.timeouts, c.resets, c.sync_fails
+        ))
     }
 }
 
@@ -439,7 +523,9 @@ struct MatmulOp {
 
 impl SimKif {
     /// Fetches and executes one program; returns the chain link it programmed, if any.
-    fn run_program(&self, dm: &DomainMap, rf: &mut RegFile, addr: u64, amount: u32) -> Result<Option<(u32, u32)>, KifError> {
+    /// With `execute` false the program is decoded and checked but its matmul is not computed
+    /// (an injected hole).
+    fn run_program(&self, dm: &DomainMap, rf: &mut RegFile, addr: u64, amount: u32, execute: bool) -> Result<Option<(u32, u32)>, KifError> {
         let entries = (u64::from(amount) + 1) * u64::from(self.soc.pc_data_amount_scale);
         let (bo, off) = dm
             .resolve(addr, entries * 8)
@@ -467,7 +553,9 @@ impl SimKif {
                         return Err(unmodelled(format!("operation enable {:#x}: only CNA+CORE+DPU (0x0d) is modelled", e.value())));
                     }
                     let op = self.decode_matmul(rf)?;
-                    self.execute(dm, &op)?;
+                    if execute {
+                        self.execute(dm, &op)?;
+                    }
                     kicked = true;
                 }
                 Block::Op41 if e.value() != 0 => return Err(unmodelled(format!("0x0041 word with value {:#x}", e.value()))),
