@@ -5,7 +5,8 @@ mod common;
 
 use common::{rk3588, sim_npu, Rng};
 use ggml_ork::npu::kif::sim::{InjectedCounts, SimFaults};
-use ggml_ork::npu::kif::{DomainId, KifError};
+use ggml_ork::npu::kif::sim::SimKif;
+use ggml_ork::npu::kif::{Bo, DomainId, KernelInterface, KifError, SubmitDone, SubmitJob, SyncDir};
 use ggml_ork::npu::soc::SocDesc;
 use ggml_ork::npu::{reference_mm, Budget, Npu, NpuConfig, NpuError};
 
@@ -249,6 +250,66 @@ fn short_task_counts_every_time_fail_the_run() {
     let before = sim.programs_run();
     assert!(matches!(npu.mm_run(&rw, &a, 3, &mut c, Budget { max_cores: 1 }), Err(NpuError::NeverRan { .. })));
     assert!(sim.programs_run() - before < 2 * u64::from(st.programs), "the short submits ran only part of their programs");
+}
+
+/// The simulator behind a kernel whose task counter comes back one short on every `every`-th
+/// submit although the job ran completely: only the counter check can see it.
+struct ShortCounter {
+    sim: std::sync::Arc<SimKif>,
+    every: u64,
+    submits: std::sync::atomic::AtomicU64,
+}
+
+impl KernelInterface for ShortCounter {
+    fn name(&self) -> &'static str {
+        "short-counter"
+    }
+    fn describe(&self) -> String {
+        self.sim.describe()
+    }
+    fn mem_create(&self, size_bytes: usize, flags: u32, domain: DomainId) -> Result<Bo, KifError> {
+        self.sim.mem_create(size_bytes, flags, domain)
+    }
+    fn mem_sync(&self, bo: &Bo, dir: SyncDir) -> Result<(), KifError> {
+        self.sim.mem_sync(bo, dir)
+    }
+    fn mem_destroy(&self, bo: Bo) -> Result<(), KifError> {
+        self.sim.mem_destroy(bo)
+    }
+    fn submit(&self, job: &SubmitJob<'_>) -> Result<SubmitDone, KifError> {
+        let mut done = self.sim.submit(job)?;
+        if (self.submits.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1) % self.every == 0 {
+            done.task_counter -= 1;
+        }
+        Ok(done)
+    }
+    fn reset(&self) -> Result<(), KifError> {
+        self.sim.reset()
+    }
+}
+
+#[test]
+fn a_task_counter_short_of_the_tasks_submitted_is_resubmitted() {
+    let soc = rk3588();
+    let sim = std::sync::Arc::new(SimKif::with_faults(soc.clone(), SimFaults::default()));
+    let kif = std::sync::Arc::new(ShortCounter { sim: sim.clone(), every: 2, submits: Default::default() });
+    let cfg = NpuConfig { wcache_budget_bytes: Some(u64::MAX), ..NpuConfig::default() };
+    let npu = Npu::with_kif(kif.clone(), soc, &cfg).unwrap();
+    let mut rng = Rng::new(10);
+    let (k, n) = (512, 128);
+    let w = rng.i8s(n * k);
+    let rw = npu.upload(&ggml_ork::npu::layout::tile_weight(npu.soc(), &w, n, k).unwrap()).unwrap();
+    for m in [1, 3, 8, 2] {
+        let a = rng.i8s(m * k);
+        let mut c = vec![0; m * n];
+        npu.mm_run(&rw, &a, m, &mut c, Budget { max_cores: 1 }).unwrap();
+        assert_eq!(c, reference_mm(&a, &w, m, k, n));
+    }
+    // One submit per run (K = 512: one full-K program): submit 1 ran, 2 came back short and
+    // was resubmitted as 3, 4 short → 5, 6 short → 7.
+    let h = npu.health();
+    assert_eq!((h.never_ran, h.retries, h.gave_up), (3, 3, 0), "{h:?}");
+    assert_eq!(sim.submits(), 7);
 }
 
 #[test]
