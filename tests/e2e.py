@@ -2,9 +2,12 @@
 """End-to-end checks of libggml-ork.so inside the pinned, unmodified llama.cpp tools.
 
 Each check asserts a real value against the CPU backend (same binaries, ORK_OFF=1):
-device listing, greedy-text parity, perplexity parity, test-backend-ops MUL_MAT, and the KL
+device listing, greedy-text parity, NPU faults (every submit failing, jobs that never ran, holes:
+counted on the exit line, text still the CPU's), perplexity parity, test-backend-ops MUL_MAT, and the KL
 divergence of the Q8_0 / Q4_K_M logits from the CPU's F16 logits on two model families
 (SmolLM2-135M and Gemma-3-270M; ORK_E2E_ONLY=kld runs only those).
+Every check that claims the NPU ran requires a live NPU on ORK's exit line (MUL_MATs ran on it with
+submits > 0, none fell back to the CPU); a failed tool run prints its exit status and stderr's end.
 Prints one line per check and closes with "N passed, M failed". Exit status 1 on any failure.
 Environment: LLAMA_BIN, ORK_MODELS, ORK_CORPUS, ORK_LIB (set by tests/run-all.sh).
 Writes the measured figures to $ORK_ENV/e2e-results.md.

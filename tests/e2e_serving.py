@@ -3,7 +3,7 @@
 
 1. llama-server --parallel 4: 4 concurrent clients x 8 requests; every response equals the same
    request served alone (greedy), the server survives, RSS after equals RSS after warm-up within
-   a bound. Then decode latency of one streaming slot while another slot prefills a long prompt
+   a bound, and its exit line shows a live NPU (nothing fell back to the CPU). Then decode latency of one streaming slot while another slot prefills a long prompt
    (chunked by -b/-ub): the worst inter-token gap must stay well below the long prefill's time.
 2. Two llama-completion processes at once: both texts equal the CPU's; the log shows the
    cross-process NPU arbitration (ORK_NPU_LOCK=wait and =cpu).
@@ -116,6 +116,7 @@ def server_checks():
     args = [f"{BIN}/llama-server", "-m", MODEL, "--host", "127.0.0.1", "--port", str(port), "--parallel", "4",
             "-c", "4096", "-t", "2", "-b", "128", "-ub", "128", "--no-warmup", "--temp", "0"]
     proc = subprocess.Popen(args, env=env_with(ork(ORK_PROFILE=1)), stdout=log, stderr=subprocess.STDOUT)
+    served = False
     try:
         if not wait_healthy(port, proc):
             log.seek(0)
@@ -126,6 +127,7 @@ def server_checks():
         complete(port, PROMPTS[0])
         solo = [complete(port, p) for p in PROMPTS]
         t_solo = time.time() - t0
+        served = True
         rss_warm = rss_kib(proc.pid)
         # 4 clients x 8 requests, each client in its own order.
         got, errors = {}, []
@@ -197,6 +199,10 @@ def server_checks():
         if prof:
             print("\n".join(prof[:4]))
         log.close()
+        if served:
+            # the exit line the server printed when it stopped: every request ran on a live NPU
+            c = exit_counters(tail)
+            check("server/npu-live", npu_live(c), f"exit status {proc.returncode}; {npu_words(c)}")
 
 
 # ------------------------------------------------------------------------------------ two processes
