@@ -249,8 +249,11 @@ pub fn read_tasks(task_bytes: &[u8], task_start: u32, task_number: u32) -> Resul
 
 /// Which BO ranges a regcmd stream references. `ranges` are `(iova_start, size_bytes, handle)`.
 /// Returns (in-handles, out-handles), each sorted and disjoint: a BO named by a DPU
-/// `DST_BASE_ADDR` write (the program's output) is an out-BO; any other BO containing a register
-/// value is an in-BO.
+/// `DST_BASE_ADDR` write (the program's output) is an out-BO; a BO another address register
+/// points into (activations, weights, the PC chain link) is an in-BO. Only address registers
+/// count: IOVAs start at 0 on rocket, so plain values (sizes, strides, 0) fall inside some BO,
+/// and naming another thread's BO that is destroyed meanwhile makes the kernel drop the whole
+/// job while the ioctl returns 0 (seen under the fake kernel: a wrong perplexity, no error).
 pub fn classify_refs(entries: &[RegCmd], ranges: &[(u32, usize, u32)]) -> (Vec<u32>, Vec<u32>) {
     let find = |v: u32| {
         ranges
@@ -260,8 +263,8 @@ pub fn classify_refs(entries: &[RegCmd], ranges: &[(u32, usize, u32)]) -> (Vec<u
     };
     let (mut ins, mut outs) = (Vec::new(), Vec::new());
     for &e in entries {
-        if e.target_op() == 0 {
-            continue; // no-op entry
+        if e.target_op() == 0 || !super::is_address_reg(&e) {
+            continue; // no-op entry, or a value that is not an address
         }
         if let Some(h) = find(e.value()) {
             if e.writes(&DPU_DST_BASE_ADDR::REG) {
@@ -340,9 +343,9 @@ struct Mirror {
 pub struct Rocket {
     path: PathBuf,
     fds: Vec<CoreFd>,
-    /// (primary handle, core) → mirror on that core's fd. Lock order: `mirrors` before any
-    /// `bos`.
-    mirrors: Mutex<HashMap<(u32, usize), Mirror>>,
+    /// Per core: primary handle → mirror on that core's fd (index 0 stays empty). Lock order:
+    /// a core's `mirrors` before any `bos`.
+    mirrors: Vec<Mutex<HashMap<u32, Mirror>>>,
     /// Output buffers written since creation (primary handles; cold-buffer quirk, §2.6).
     warmth: Warmth,
 }
@@ -455,7 +458,7 @@ impl Rocket {
             }
             fds.push(CoreFd { fd, bos: Mutex::new(BTreeMap::new()) });
         }
-        let dev = Rocket { path: path.to_path_buf(), fds, mirrors: Mutex::new(HashMap::new()), warmth: Warmth::default() };
+        let dev = Rocket { path: path.to_path_buf(), fds, mirrors: (0..FDS).map(|_| Mutex::new(HashMap::new())).collect(), warmth: Warmth::default() };
         // Probe FINI_BO: kernels with only CREATE_BO/SUBMIT cannot wait for a job.
         let probe = dev.mem_create(PAGE_BYTES, 0, DomainId(0))?;
         let fini = dev.fds[0].fini_bo(probe.handle);
@@ -533,7 +536,7 @@ impl Rocket {
     /// Runs the job on fd `core` through mirrors (see [`Rocket`]).
     fn run_mirrored(&self, core: usize, progs: &[(u32, u32, Vec<RegCmd>)], ins: &[u32], outs: &[u32], timeout_ms: u32) -> Result<(), KifError> {
         let cfd = &self.fds[core];
-        let mut mirrors = lock(&self.mirrors);
+        let mut mirrors = lock(&self.mirrors[core]);
         // Primary records by handle and by IOVA (for translation).
         let prim: Vec<(u32, u32, usize, usize, u64)> =
             lock(&self.fds[0].bos).iter().map(|(&iova, r)| (r.handle, iova, r.size_bytes, r.cpu_addr, r.gen)).collect();
@@ -553,12 +556,12 @@ impl Rocket {
         need.dedup();
         for &h in &need {
             let (_, _, size, cpu, gen) = by_handle(h).ok_or_else(|| KifError::Invalid(format!("rocket: handle {h} is not live")))?;
-            if let std::collections::hash_map::Entry::Vacant(v) = mirrors.entry((h, core)) {
+            if let std::collections::hash_map::Entry::Vacant(v) = mirrors.entry(h) {
                 let (mh, miova, map) = cfd.create(size)?;
                 log::debug!("rocket: mirror of BO {h} on core {core}: handle {mh} iova {miova:#010x}");
                 v.insert(Mirror { handle: mh, iova: miova, size_bytes: size, map, synced_gen: u64::MAX });
             }
-            let m = mirrors.get_mut(&(h, core)).expect("mirror just made");
+            let m = mirrors.get_mut(&h).expect("mirror just made");
             if m.synced_gen != gen {
                 // SAFETY: both mappings are live and `size` bytes long (the mirror was created
                 // with the primary's size); the caller does not write the primary while
@@ -579,23 +582,23 @@ impl Rocket {
                     }
                     let v = e.value();
                     let p = by_addr(v).ok_or_else(|| KifError::Invalid(format!("rocket: address register {e} points at no live buffer")))?;
-                    let m = &mirrors[&(p.0, core)];
+                    let m = &mirrors[&p.0];
                     Ok(RegCmd::raw(e.target_op(), e.offset(), m.iova + (v - p.1)))
                 })
                 .collect::<Result<_, KifError>>()?;
-            let m = &mirrors[&(*h, core)];
+            let m = &mirrors[h];
             let bytes = regcmd::to_bytes(&translated);
             // SAFETY: `off + bytes.len()` lies inside the primary regcmd buffer (checked in
             // `read_regcmd`), and the mirror has the primary's size.
             unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), m.map.as_mut_ptr().add(*off as usize), bytes.len()) };
             // The mirror now differs from the primary: refresh it from the primary next time.
-            let m = mirrors.get_mut(&(*h, core)).expect("mirror");
+            let m = mirrors.get_mut(h).expect("mirror");
             m.synced_gen = u64::MAX;
             cfd.fini_bo(m.handle)?;
             tasks.push(DrmRocketTask { regcmd: m.iova + off, regcmd_count: entries.len() as u32 });
         }
-        let mins: Vec<u32> = ins.iter().map(|h| mirrors[&(*h, core)].handle).collect();
-        let mouts: Vec<u32> = outs.iter().map(|h| mirrors[&(*h, core)].handle).collect();
+        let mins: Vec<u32> = ins.iter().map(|h| mirrors[h].handle).collect();
+        let mouts: Vec<u32> = outs.iter().map(|h| mirrors[h].handle).collect();
         cfd.submit(&tasks, &mins, &mouts)?;
         for &h in &mouts {
             cfd.prep_bo(h, timeout_ms)?;
@@ -603,7 +606,7 @@ impl Rocket {
         // Results back into the primaries the caller reads.
         for &h in outs {
             let (_, _, _, cpu, _) = by_handle(h).expect("live primary");
-            let m = &mirrors[&(h, core)];
+            let m = &mirrors[&h];
             // SAFETY: as above, both mappings are live and the mirror's size is the primary's.
             unsafe { std::ptr::copy_nonoverlapping(m.map.as_ptr(), cpu as *mut u8, m.size_bytes) };
         }
@@ -659,11 +662,8 @@ impl KernelInterface for Rocket {
 
     fn mem_destroy(&self, bo: Bo) -> Result<(), KifError> {
         let handle = bo.handle;
-        let gone: Vec<(usize, Mirror)> = {
-            let mut mirrors = lock(&self.mirrors);
-            let keys: Vec<(u32, usize)> = mirrors.keys().filter(|k| k.0 == handle).copied().collect();
-            keys.into_iter().map(|k| (k.1, mirrors.remove(&k).expect("key just listed"))).collect()
-        };
+        let gone: Vec<(usize, Mirror)> =
+            self.mirrors.iter().enumerate().filter_map(|(c, m)| lock(m).remove(&handle).map(|m| (c, m))).collect();
         for (core, m) in gone {
             let mh = m.handle;
             drop(m); // munmap before the handle goes.
@@ -710,9 +710,9 @@ impl KernelInterface for Rocket {
 impl Drop for Rocket {
     fn drop(&mut self) {
         let live = std::mem::take(&mut *lock(&self.fds[0].bos));
-        let mirrors = std::mem::take(&mut *lock(&self.mirrors));
-        if !live.is_empty() || !mirrors.is_empty() {
-            log::debug!("rocket: {} BO(s) and {} mirror(s) still alive at close; the kernel frees them with the fds", live.len(), mirrors.len());
+        let mirrors: usize = self.mirrors.iter().map(|m| std::mem::take(&mut *lock(m)).len()).sum();
+        if !live.is_empty() || mirrors > 0 {
+            log::debug!("rocket: {} BO(s) and {mirrors} mirror(s) still alive at close; the kernel frees them with the fds", live.len());
         }
     }
 }
