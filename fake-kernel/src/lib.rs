@@ -766,7 +766,7 @@ impl Kernel {
         let raw = unsafe {
             std::slice::from_raw_parts((task_bo.kptr as *const u8).add((u64::from(start) * tsize) as usize), (u64::from(number) * tsize) as usize)
         };
-        let tasks: Vec<RknpuTask> = raw.chunks_exact(tsize as usize).map(|c| ggml_ork_pod_read(c)).collect();
+        let tasks: Vec<RknpuTask> = raw.chunks_exact(tsize as usize).map(ggml_ork_pod_read).collect();
         add(&self.stats.jobs_per_core[core], 1);
         if self.quirks.wedge && !self.rknpu.int8_ready.load(Ordering::Relaxed) {
             add(&self.stats.wedged, 1);
@@ -1146,7 +1146,9 @@ pub unsafe extern "C" fn ork_fk_redirect(path: *const c_char) -> *const c_char {
 /// `arg` points at the argument block the request number describes.
 #[no_mangle]
 pub unsafe extern "C" fn ork_fk_ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
-    guard(-libc::EIO, || kernel().ioctl(fd, req as u64, arg))
+    #[allow(clippy::useless_conversion)] // reason: c_ulong is u32 on 32-bit targets
+    let req = u64::from(req);
+    guard(-libc::EIO, || kernel().ioctl(fd, req, arg))
 }
 
 /// mmap of a fake device fd at a BO's fake offset.
@@ -1155,7 +1157,9 @@ pub unsafe extern "C" fn ork_fk_ioctl(fd: c_int, req: c_ulong, arg: *mut c_void)
 /// `err` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn ork_fk_mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: libc::off_t, err: *mut c_int) -> *mut c_void {
-    match guard(Err(libc::EIO), || kernel().mmap(addr, len, prot, flags, fd, off as i64)) {
+    #[allow(clippy::useless_conversion)] // reason: off_t is i32 on some 32-bit targets
+    let off = i64::from(off);
+    match guard(Err(libc::EIO), || kernel().mmap(addr, len, prot, flags, fd, off)) {
         Ok(p) => p,
         Err(e) => {
             // SAFETY: the shim passes a pointer to its local errno slot.
