@@ -30,6 +30,14 @@
 //!   soft-reset and the submit tried once more (§1.6). ETIMEDOUT becomes [`KifError::Timeout`]:
 //!   the kernel has already reset the whole device (conflict 5). `hw_elapse_time` is ns
 //!   (conflict 1).
+//! * **Board quirks** (rknpu-facts §2.6, from ork; modelled by the fake kernel,
+//!   docs/fake-kernel.md). Entering int8 mode from cold wedges the first submit unless ACT_RESET
+//!   came first: the first submit of a connection issues one ACT_RESET (other cores' first
+//!   submits wait for it). The first submit into a fresh output buffer returns stale data: the
+//!   interface remembers which buffers (by handle) a submit has written since they were created
+//!   or since the last reset, finds a job's outputs from the DPU destination registers of its
+//!   regcmd, and runs a job with a cold output twice, the first result discarded. A timeout
+//!   (the kernel reset the device) or an ACT_RESET makes every buffer cold again.
 //! * **Domains.** MEM_CREATE and SUBMIT carry the domain id themselves, so no explicit switch is
 //!   needed on the native path; [`Rknpu::set_iommu_domain`] (action 25, stock) is offered for
 //!   paths that map into "whatever domain is live" (PRIME imports). The oRKLLM-patched 0x1xx

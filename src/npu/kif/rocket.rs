@@ -27,14 +27,20 @@
 //! * **Cache maintenance.** `SyncDir::ToDevice` → FINI_BO, `SyncDir::FromDevice` → PREP_BO. The
 //!   first stored uapi version has neither ioctl; `open` probes FINI_BO on a scratch BO and refuses
 //!   such kernels, because without PREP_BO there is no way to wait for a job.
-//! * **No domains, no core choice, no reset.** Each fd has one IOMMU address space, so any domain
-//!   other than 0 is [`KifError::Unsupported`]; `core_mask` is ignored (the kernel's scheduler
-//!   picks a core); the kernel resets a core itself when a job exceeds its fixed 500 ms timeout,
-//!   so [`KernelInterface::reset`] has nothing to do. Memory flags are ignored: rocket BOs are
-//!   always cacheable shmem.
+//! * **One fd per core.** Mainline binds every job of one fd to one core (peer-facts §2), so
+//!   the interface opens [`FDS`] fds and runs a job with `core_mask = 1 << c` on fd `c`; each fd
+//!   has its own IOMMU address space starting at IOVA 0 (0 is a valid address), so buffers
+//!   live on fd 0 and are mirrored into the other fds on first use (see [`Rocket`]). Domains
+//!   other than 0 are [`KifError::Unsupported`]; the kernel resets a core itself when a job
+//!   exceeds its fixed 500 ms timeout, so [`KernelInterface::reset`] has nothing to do. Memory
+//!   flags are ignored: rocket BOs are always cacheable shmem.
+//! * **Cold output buffers** (rknpu-facts §2.6): as on rknpu, a job whose output buffer no job
+//!   has written yet runs twice, the first result discarded.
 //! * **Known blind spot.** Mainline `rocket_ioctl_submit` drops per-job errors (a bad BO handle
 //!   makes the job vanish while the ioctl returns 0), and a job killed by the 500 ms timeout
-//!   still signals its fence. Neither is visible here; the bit-exact self-test is the guard.
+//!   still signals its fence. The handle lists therefore name only buffers that address
+//!   registers point into (never a buffer another thread may be destroying); what still goes
+//!   wrong is invisible to the ioctls and left to the output check of the NPU core.
 //!
 //! Sources: shared reference `rknpu-facts.md` §1.7 (S8: `include/uapi/drm/rocket_accel.h`, both
 //! stored versions, and `drivers/accel/rocket/rocket_job.c`), `rocket_gem.c` (PREP/FINI
