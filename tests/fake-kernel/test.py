@@ -145,6 +145,14 @@ check("fake-kernel/domains", text == ref and ndom >= 3 and len(opened) == ndom -
       f"{len(opened)} 'opened' lines in the log, EFAULT {c.get('efault') if c else '?'}; "
       f"text {'equals' if text == ref else 'differs from'} ORK_NPU=sim; {dt:.0f}s")
 
+# 5b. the product's cap above the kernel's window: EFAULT is the safety net (the domain is closed,
+# the weight goes to the next one), still the same text and no NPU error
+text, err, c, dt = generate("rknpu", {"ORK_FK_DOMAIN_MB": DOMAIN_WINDOW_MB, "ORK_DOMAIN_CAP_MB": 2 * DOMAIN_WINDOW_MB})
+nfault = int(c["efault"]) if c else 0
+check("fake-kernel/domains-efault", text == ref and nfault >= 1 and ork_line(err)[1] == 0 and int(c["domains_used"]) >= 2,
+      f"{DOMAIN_WINDOW_MB} MiB window, cap {2 * DOMAIN_WINDOW_MB} MiB: {nfault} EFAULT, {c['domains_used'] if c else '?'} domains, "
+      f"text {'equals' if text == ref else 'differs from'} ORK_NPU=sim; {dt:.0f}s")
+
 # 6. each board quirk alone: the bit-exact suite passes only with the driver's defence
 sentinel = "sentinel" in open(os.path.join(ROOT, "src", "npu", "mm.rs")).read()
 for npu, quirk, counter in (("rknpu", "cold", "stale"), ("rocket", "cold", "stale"), ("rknpu", "wedge", "wedged"),
