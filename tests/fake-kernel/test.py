@@ -70,7 +70,11 @@ def clean(c):
 
 
 def ork_line(err):
-    m = re.search(r"ORK ran (\d+) MUL_MAT on the NPU.*?(\d+) NPU errors fell back", err or "", re.S)
+    """(MUL_MATs the NPU ran, MUL_MATs that fell back to the CPU after NPU errors) from the exit
+    line (both wordings: "N NPU errors fell back" and "N MUL_MAT fell back to the CPU after NPU
+    errors")."""
+    m = re.search(r"ORK ran (\d+) MUL_MAT on the NPU.*?(\d+) (?:NPU errors fell back|MUL_MAT fell back to the CPU after NPU errors)",
+                  err or "", re.S)
     return (int(m.group(1)), int(m.group(2))) if m else (0, -1)
 
 
