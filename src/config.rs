@@ -87,7 +87,7 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_VK_DEVICE", default: "(first Mali)", meaning: "Vulkan device for GPU decode, by index or name substring" },
     VarDoc { name: "ORK_PROFILE", default: "0", meaning: "1 = print per-engine counts and time split when the backend is freed" },
     VarDoc { name: "ORK_LOG", default: "info", meaning: "log level: error, warn, info, debug, trace" },
-    VarDoc { name: "ORK_SIM_FAULT", default: "(none)", meaning: "simulator fault injection, e.g. timeout_every:N (tests); a bad value makes the simulator fail to open" },
+    VarDoc { name: "ORK_SIM_FAULT", default: "(none)", meaning: "simulator fault injection (tests): timeout_every, reset_every, sync_fail_every, never_run_every, hole_every, short_count_every (:N, comma-separated), efault_after_mb:N; a bad value makes the simulator fail to open" },
 ];
 
 /// README.md's configuration table, rendered from [`VARS`]: the header, the separator and one

@@ -11,7 +11,8 @@ Writes the measured figures to $ORK_ENV/e2e-results.md.
 """
 import hashlib, os, re, subprocess, sys, time
 
-from e2e_common import BIN, LIB, MODELS, check, cpu, env_with, figures, ork, summary, want, write_figures
+from e2e_common import (BIN, LIB, MODELS, check, cpu, exit_counters, figures, injected, npu_live, npu_words, ork,
+                        run_tool, summary, want, write_figures)
 
 # KL divergence against the CPU's F16 logits (section 5): ORK passes when its mean KLD is at most
 # KLD_BOUND x the CPU's mean KLD on the same model file. These are the targets of issue 15.
@@ -31,8 +32,9 @@ _DEMO = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo.sh")
 PROMPT = re.search(r'^PROMPT=\$\{1:-"([^"]+)"\}', _DEMO, re.M).group(1)
 
 def run(args, env_extra, timeout=1800):
+    """A tool run; a failed one prints its exit status and the end of its stderr (run_tool)."""
     t0 = time.time()
-    p = subprocess.run(args, env=env_with(env_extra), capture_output=True, text=True, timeout=timeout)
+    p = run_tool(args, env_extra, timeout)
     return p, time.time() - t0
 
 
@@ -62,21 +64,53 @@ def generate(m, n, env):
     return (text[len(PROMPT):] if text.startswith(PROMPT) else text), p.stderr, dt
 
 
-# 2. greedy parity: 16 tokens must be identical; 32-token common prefix reported
+# 2. greedy parity: 16 tokens must be identical; 32-token common prefix reported. The NPU must be
+# live: MUL_MATs ran on it with submits, none fell back to the CPU (a dead NPU whose every matmul
+# the CPU computed gives the CPU's text too).
+def greedy_ok(a, b, err):
+    """The greedy check's predicate on ORK's text `a`, the CPU's `b` and ORK's stderr."""
+    return a is not None and b is not None and a == b and npu_live(exit_counters(err))
+
+
 for t in ("Q8_0", "F16"):
     name = f"greedy/{t}"
     if not want(name):
         continue
     a, ea, _ = generate(model(t), 16, ork())
     b, eb, _ = generate(model(t), 16, cpu())
-    ran = re.search(r"ORK ran (\d+) MUL_MAT on the NPU", ea or "")
-    ok = a is not None and b is not None and a == b and ran is not None and int(ran.group(1)) > 0
-    check(name, ok, f"ORK {a!r} vs CPU {b!r}; NPU matmuls: {ran.group(1) if ran else 'none'}")
+    check(name, greedy_ok(a, b, ea), f"ORK {a!r} vs CPU {b!r}; {npu_words(exit_counters(ea))}")
     a32, _, _ = generate(model(t), 32, ork())
     b32, _, _ = generate(model(t), 32, cpu())
     if a32 is not None and b32 is not None:
         common = len(os.path.commonprefix([a32, b32]))
         figures.append(f"| greedy {t} | 32 tokens: common prefix {common}/{max(len(a32), len(b32))} chars |")
+
+# 2a. NPU faults (the simulator's ORK_SIM_FAULT). Every submit failing: the text is still the CPU's
+# (each matmul is recomputed on the CPU), the exit line says 0 MUL_MAT ran on the NPU and all fell
+# back, and the greedy check's own predicate fails on that output. One submit in 50 reporting done
+# without running, or one in 13 leaving a hole: every one is detected (the detected count equals
+# the injected count), resubmitted, and the text equals the CPU's with nothing falling back.
+if any(want(f"fault/{x}") for x in ("all-submits-fail", "never-run", "hole")):
+    ref, _, _ = generate(model("Q8_0"), 16, cpu())
+    name = "fault/all-submits-fail"
+    if want(name):
+        a, ea, _ = generate(model("Q8_0"), 16, ork(ORK_SIM_FAULT="timeout_every:1"))
+        c, inj = exit_counters(ea), injected(ea)
+        predicate = greedy_ok(a, ref, ea)
+        ok = (c is not None and inj is not None and c["npu"] == 0 and c["submits"] == 0 and c["fell"] > 0
+              and c["errors"] >= c["fell"] and inj["timeouts"] >= c["errors"] and a == ref and not predicate)
+        check(name, ok, f"ORK_SIM_FAULT=timeout_every:1: {npu_words(c)}; text {'equals' if a == ref else 'DIFFERS from'} "
+                        f"the CPU's; {inj['timeouts'] if inj else '?'} timeouts injected; the greedy predicate "
+                        f"{'FAILS, as it must' if not predicate else 'PASSES (wrong: a dead NPU would be invisible)'}")
+    for name, spec, key in (("fault/never-run", "never_run_every:50", "never_run"), ("fault/hole", "hole_every:13", "holes")):
+        if not want(name):
+            continue
+        a, ea, _ = generate(model("Q8_0"), 16, ork(ORK_SIM_FAULT=spec))
+        c, inj = exit_counters(ea), injected(ea)
+        ok = (c is not None and inj is not None and a is not None and a == ref and npu_live(c) and inj[key] > 0
+              and c["never_ran"] == inj[key] and c["retried"] == c["never_ran"])
+        check(name, ok, f"ORK_SIM_FAULT={spec}: {inj[key] if inj else '?'} injected; {npu_words(c)}; "
+                        f"text {'equals' if a == ref else 'DIFFERS from'} the CPU's")
 
 # 2b. decode on the GPU (lavapipe here), prefill on the NPU: greedy text equals the CPU's for 16
 # tokens on Q8_0 and Q4_K_M (the demo's prompt). On Q4_K_M token 13 is a near-tie ("huge" /
@@ -89,12 +123,11 @@ for t, ntok in (("Q8_0", 16), ("Q4_K_M", 16)):
         continue
     a, ea, _ = generate(model(t), ntok, ork(ORK_DECODE="gpu", ORK_VK_DEVICE="llvmpipe"))
     b, eb, _ = generate(model(t), ntok, cpu())
-    ran = re.search(r"and (\d+) on the GPU", ea or "")
-    left = re.search(r"(\d+) MUL_MAT graph nodes were left to the CPU", ea or "")
-    ok = (a is not None and b is not None and a == b and ran is not None and int(ran.group(1)) > 0
-          and left is not None and int(left.group(1)) == 0)
-    check(name, ok, f"{ntok} tokens: ORK+GPU {a!r} vs CPU {b!r}; GPU matmuls: {ran.group(1) if ran else 'none'}, "
-                    f"decode matmuls left to the CPU: {left.group(1) if left else '?'}")
+    c = exit_counters(ea)
+    # prefill on the NPU (live, nothing fell back), decode on the GPU
+    ok = a is not None and b is not None and a == b and npu_live(c) and c["gpu"] > 0 and c["left"] == 0
+    check(name, ok, f"{ntok} tokens: ORK+GPU {a!r} vs CPU {b!r}; GPU matmuls: {c['gpu'] if c else 'none'}, "
+                    f"decode matmuls left to the CPU: {c['left'] if c else '?'}; {npu_words(c)}")
 
 # 2c. no resident budget: every weight stays on the CPU (one warning, a count at exit), nothing fails
 name = "fallback/no-budget"
@@ -142,7 +175,7 @@ def ppl(m, env):
     p, dt = run([f"{BIN}/llama-perplexity", "-m", m, "-f", CORPUS, "-c", "128", "-b", "128",
                  "--chunks", CHUNKS, "-t", "2"], env)
     mt = re.search(r"Final estimate: PPL = ([0-9.]+)", p.stdout + p.stderr)
-    if not mt:  # say why: the exit status and the end of the output
+    if not mt and p.returncode == 0:  # say why (a non-zero exit status was reported by run_tool)
         print(f"  llama-perplexity {os.path.basename(m)} ({'ORK' if 'ORK_NPU' in env else 'CPU'}): no estimate, "
               f"rc {p.returncode}; output ends: {(p.stdout + p.stderr)[-600:]!r}", flush=True)
     return (float(mt.group(1)) if mt else None), dt, p.stderr
@@ -154,10 +187,11 @@ for t, bound in BOUND.items():
         continue
     po, dto, err = ppl(model(t), ork())
     pc, dtc, _ = ppl(model(t), cpu())
-    ok = po is not None and pc is not None and abs(po - pc) / pc <= bound and "ORK ran" in err
+    c = exit_counters(err)
+    ok = po is not None and pc is not None and abs(po - pc) / pc <= bound and npu_live(c)
     rel = abs(po - pc) / pc * 100 if ok or (po and pc) else float("nan")
     check(name, ok, f"ORK {po} vs CPU {pc} (|dPPL| {rel:.3f}% <= {bound*100:.0f}%), {CHUNKS}x128 tokens, "
-          f"{dto:.0f}s vs {dtc:.0f}s")
+          f"{dto:.0f}s vs {dtc:.0f}s; {npu_words(c)}")
     if po and pc:
         figures.append(f"| perplexity {t} | ORK {po:.4f}, CPU {pc:.4f}, |dPPL| {rel:.3f}% ({CHUNKS} chunks x 128) |")
 
@@ -169,8 +203,10 @@ for minm in ("32", "1"):
     p, dt = run([f"{BIN}/test-backend-ops", "-b", "ORK", "-o", "MUL_MAT"], ork(ORK_MINM=minm))
     mt = re.search(r"(\d+)/(\d+) tests passed", p.stdout)
     passed, total = (int(mt.group(1)), int(mt.group(2))) if mt else (0, -1)
-    ok = p.returncode == 0 and mt is not None and passed == total and total > 0 and "FAIL" not in p.stdout
-    check(name, ok, f"{passed}/{total} accepted cases passed, rc {p.returncode}, {dt:.0f}s")
+    c = exit_counters(p.stderr)
+    ok = (p.returncode == 0 and mt is not None and passed == total and total > 0 and "FAIL" not in p.stdout
+          and npu_live(c))
+    check(name, ok, f"{passed}/{total} accepted cases passed, rc {p.returncode}, {dt:.0f}s; {npu_words(c)}")
     figures.append(f"| test-backend-ops MUL_MAT ORK_MINM={minm} | {passed}/{total} passed |")
 
 # 4b. test-backend-ops with decode (M < ORK_MINM) routed to the GPU
@@ -180,10 +216,11 @@ if want(name):
                 ork(ORK_DECODE="gpu", ORK_VK_DEVICE="llvmpipe"))
     mt = re.search(r"(\d+)/(\d+) tests passed", p.stdout)
     passed, total = (int(mt.group(1)), int(mt.group(2))) if mt else (0, -1)
-    gpu = re.search(r"and (\d+) on the GPU", p.stderr)
+    c = exit_counters(p.stderr)
     ok = (p.returncode == 0 and mt is not None and passed == total and total > 0 and "FAIL" not in p.stdout
-          and gpu is not None and int(gpu.group(1)) > 0)
-    check(name, ok, f"{passed}/{total} accepted cases passed, GPU ran {gpu.group(1) if gpu else 0}, rc {p.returncode}, {dt:.0f}s")
+          and c is not None and c["gpu"] > 0 and c["fell"] == 0 and c["errors"] == 0)
+    check(name, ok, f"{passed}/{total} accepted cases passed, GPU ran {c['gpu'] if c else 0}, rc {p.returncode}, {dt:.0f}s; "
+                    f"{npu_words(c)}")
     figures.append(f"| test-backend-ops MUL_MAT ORK_DECODE=gpu | {passed}/{total} passed |")
 
 # 5. KL divergence of the quantized models' logits from the CPU's F16 logits (llama-perplexity
@@ -218,14 +255,13 @@ def kld_run(m, chunks, base, env, make_base=False):
     def num(rx):
         mt = re.search(rx, out)
         return float(mt.group(1)) if mt else None
-    ran = re.search(r"ORK ran (\d+) MUL_MAT on the NPU \((\d+) rows sent = ([0-9.]+)x plain W8A8, (\d+) submits\)", out)
-    fell = re.search(r"(\d+) NPU errors fell back to the CPU", out)
+    c = exit_counters(out)
     return {"rc": p.returncode, "dt": dt, "kld": num(r"Mean\s+KLD:\s+([0-9.eE+-]+)"),
             "top": num(r"Same top p:\s+([0-9.]+)"), "ppl": num(r"Mean PPL\(Q\)\s+:\s+([0-9.]+)"),
             "ppl_base": num(r"Mean PPL\(base\)\s+:\s+([0-9.]+)"),
-            "ran": (int(ran.group(1)), int(ran.group(2)), int(ran.group(4))) if ran else None,
-            "rows_ratio": float(ran.group(3)) if ran else None,
-            "fell": int(fell.group(1)) if fell else None, "tail": out[-600:]}
+            "ran": (c["npu"], c["rows_sent"], c["submits"]) if c else None,
+            "rows_ratio": c["ratio"] if c else None, "counters": c,
+            "fell": c["fell"] if c else None, "tail": out[-600:]}
 
 
 def kld_base(stem, chunks, build):
@@ -277,10 +313,10 @@ if want("kld") or want(GEMMA_PPL):
                 check(name, ok, f"ORK {fmt(o)} vs CPU {fmt(c)}: ratio {ratio:.3f} (bound <= {bound}), "
                                 f"{chunks}x128 tokens")
                 ran, fell, rr = o["ran"], o["fell"], o["rows_ratio"]
-                check(f"{name}/npu", o["rc"] == 0 and ran is not None and ran[0] > 0 and fell == 0,
+                check(f"{name}/npu", o["rc"] == 0 and npu_live(o["counters"]),
                       f"ORK ran {ran[0] if ran else 'no'} MUL_MAT on the NPU ({ran[1] if ran else '?'} rows sent = "
                       f"{rr}x plain W8A8; {ran[2] if ran else '?'} submits), "
-                      f"{fell if fell is not None else '?'} NPU errors fell back, rc {o['rc']}")
+                      f"{fell if fell is not None else '?'} MUL_MAT fell back to the CPU, rc {o['rc']}")
                 figures.append(f"| KLD {stem} {t} | ORK {fmt(o)}; CPU {fmt(c)}; ORK/CPU {ratio:.3f} "
                                f"(bound {bound}); NPU {ran[0] if ran else 0} MUL_MAT, {ran[1] if ran else 0} rows sent ({rr}x plain W8A8), "
                                f"{ran[2] if ran else 0} submits; F16 PPL {c['ppl_base']}; {chunks} chunks x 128 |")
@@ -288,7 +324,7 @@ if want("kld") or want(GEMMA_PPL):
             if stem == "gemma3-270m" and t in GEMMA_PPL_BOUND:
                 pb = GEMMA_PPL_BOUND[t]
                 po, pc = o["ppl"], c["ppl"]
-                ok = po is not None and pc is not None and abs(po - pc) / pc <= pb and o["ran"] is not None
+                ok = po is not None and pc is not None and abs(po - pc) / pc <= pb and npu_live(o["counters"])
                 rel = abs(po - pc) / pc * 100 if po and pc else float("nan")
                 check(f"{GEMMA_PPL}/{t}", ok, f"ORK {po} vs CPU {pc} (|dPPL| {rel:.3f}% <= {pb*100:.0f}%; "
                                               f"F16 {c['ppl_base']}), {chunks}x128 tokens")

@@ -1,6 +1,7 @@
 """Shared pieces of the end-to-end scripts (tests/e2e.py, tests/e2e_serving.py): the paths from
-the set-up, the PASS/FAIL bookkeeping and the environments of the ORK and CPU runs."""
-import os
+the set-up, the PASS/FAIL bookkeeping, the environments of the ORK and CPU runs, running a tool (a failed
+run always says its exit status and how its stderr ends) and reading ORK's exit line."""
+import os, re, subprocess
 
 BIN = os.environ["LLAMA_BIN"]
 MODELS = os.environ["ORK_MODELS"]
@@ -50,3 +51,71 @@ def summary():
 def write_figures(path):
     with open(path, "w") as f:
         f.write("| check | figure |\n|---|---|\n" + "\n".join(figures) + "\n")
+
+
+def say_failed(args, rc, stderr, tail=1200):
+    """One diagnostic block for a tool run that failed: the tool, its exit status, its stderr's end."""
+    tool = os.path.basename(args[0]) if args else "?"
+    print(f"  {tool} failed: exit status {rc}; stderr ends:\n    "
+          + "\n    ".join((stderr or "")[-tail:].splitlines()), flush=True)
+
+
+def run_tool(args, env_extra, timeout=1800):
+    """subprocess.run with the environment `env_with(env_extra)`, output captured. A run that
+    exits non-zero or times out (exit status 124 then) is reported with `say_failed`."""
+    try:
+        p = subprocess.run(args, env=env_with(env_extra), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        p = subprocess.CompletedProcess(args, 124, out, err + f"\n[timed out after {timeout}s]")
+    if p.returncode != 0:
+        say_failed(args, p.returncode, p.stderr)
+    return p
+
+
+# ORK's exit line (src/backend/mod.rs Stats::summary). "ORK ran N MUL_MAT on the NPU" counts only
+# MUL_MATs whose results came from the NPU; the ones computed on the CPU instead are counted apart.
+EXIT_LINE = re.compile(
+    r"ORK ran (?P<npu>\d+) MUL_MAT on the NPU \((?P<rows_sent>\d+) rows sent = (?P<ratio>[0-9.]+)x plain W8A8, "
+    r"(?P<submits>\d+) submits\) and (?P<gpu>\d+) on the GPU \((?P<gpu_submits>\d+) submits, [0-9.]+ ms\); "
+    r"(?P<left>\d+) MUL_MAT graph nodes were left to the CPU \(M < ORK_MINM\) at graph split; "
+    r"(?P<fell>\d+) MUL_MAT fell back to the CPU after NPU errors \((?P<errors>\d+) failed NPU runs, [0-9.]+ ms on the CPU\) "
+    r"and (?P<busy>\d+) while another process held the NPU; "
+    r"NPU jobs that reported done but never ran: (?P<never_ran>\d+) detected, (?P<retried>\d+) resubmitted")
+# The simulator's line on what ORK_SIM_FAULT injected.
+INJECTED = re.compile(r"sim fault injection \(ORK_SIM_FAULT\): (?P<never_run>\d+) submits never ran, (?P<holes>\d+) holes, "
+                      r"(?P<short>\d+) short task counts, (?P<timeouts>\d+) timeouts, (?P<resets>\d+) resets, "
+                      r"(?P<sync_fails>\d+) failed syncs injected")
+
+
+def _last(rx, text, conv):
+    ms = list(rx.finditer(text or ""))
+    return {k: conv(k, v) for k, v in ms[-1].groupdict().items()} if ms else None
+
+
+def exit_counters(text):
+    """The counters of the last exit line in `text` (a dict of ints, `ratio` a float), or None."""
+    return _last(EXIT_LINE, text, lambda k, v: float(v) if k == "ratio" else int(v))
+
+
+def injected(text):
+    """What the simulator says it injected (a dict of ints), or None."""
+    return _last(INJECTED, text, lambda _k, v: int(v))
+
+
+def npu_live(c, allow_busy=False):
+    """The exit counters `c` show a live NPU: MUL_MATs ran on it with submits > 0, and none fell
+    back to the CPU (after an NPU error, or, unless `allow_busy`, because another process held
+    the NPU)."""
+    return (c is not None and c["npu"] > 0 and c["submits"] > 0 and c["fell"] == 0 and c["errors"] == 0
+            and (allow_busy or c["busy"] == 0))
+
+
+def npu_words(c):
+    """The exit counters in words, for a check's detail."""
+    if c is None:
+        return "no exit line"
+    return (f"NPU ran {c['npu']} MUL_MAT ({c['submits']} submits), {c['fell']} fell back after {c['errors']} NPU errors, "
+            f"{c['busy']} while another process held the NPU, {c['never_ran']} never-ran jobs detected "
+            f"({c['retried']} resubmitted)")

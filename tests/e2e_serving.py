@@ -15,7 +15,8 @@ Writes the measured figures to $ORK_ENV/e2e-serving-results.md.
 """
 import json, os, re, signal, socket, subprocess, sys, tempfile, threading, time, urllib.request
 
-from e2e_common import BIN, MODELS, check, cpu, env_with, figures, ork, summary, want, write_figures
+from e2e_common import (BIN, MODELS, check, cpu, env_with, exit_counters, figures, npu_live, npu_words, ork, run_tool,
+                        say_failed, summary, want, write_figures)
 
 OUT = os.path.join(os.environ.get("ORK_ENV", "/tmp"), "e2e-serving-results.md")
 MODEL = os.path.join(MODELS, "smollm2-135m-Q8_0.gguf")
@@ -56,8 +57,7 @@ def strip(text, prompt):
 
 
 def generate(env, n=16, extra=(), timeout=600):
-    p = subprocess.run(completion_args(PROMPT, n, extra), env=env_with(env), capture_output=True, text=True,
-                       timeout=timeout)
+    p = run_tool(completion_args(PROMPT, n, extra), env, timeout)  # a failure prints its status and stderr
     return (strip(p.stdout, PROMPT) if p.returncode == 0 else None), p.stderr
 
 
@@ -119,7 +119,7 @@ def server_checks():
     try:
         if not wait_healthy(port, proc):
             log.seek(0)
-            check("server/start", False, log.read()[-800:])
+            check("server/start", False, f"exit status {proc.poll()}; log ends: {log.read()[-800:]}")
             return
         # Warm-up, then the solo references (one request at a time).
         t0 = time.time()
@@ -213,6 +213,8 @@ def two_process_checks(ref):
             try:
                 for p in ps:
                     o, e = p.communicate(timeout=600)
+                    if p.returncode != 0:
+                        say_failed(p.args, p.returncode, e)
                     outs.append((p.returncode, strip(o, PROMPT), e))
             finally:
                 for p in ps:
@@ -220,10 +222,15 @@ def two_process_checks(ref):
                         p.kill()
         texts_ok = all(rc == 0 and t == ref for rc, t, _ in outs)
         arb = [l for _, _, e in outs for l in e.splitlines() if "NPU arbitration:" in l]
-        ran = [max([int(x) for x in re.findall(r"ORK ran (\d+) MUL_MAT on the NPU", e)] or [0]) for _, _, e in outs]
-        check(name, texts_ok and len(arb) >= 1 and (mode == "cpu" or all(r > 0 for r in ran)),
+        cs = [exit_counters(e) for _, _, e in outs]
+        ran = [c["npu"] if c else 0 for c in cs]
+        # wait: both processes ran on a live NPU (nothing fell back); cpu: nothing failed on the NPU,
+        # and what ran while the other process held it went to the CPU (counted apart)
+        live = all(npu_live(c) for c in cs) if mode == "wait" else all(
+            c is not None and c["fell"] == 0 and c["errors"] == 0 for c in cs)
+        check(name, texts_ok and len(arb) >= 1 and live,
               f"texts equal CPU: {[t == ref for _, t, _ in outs]}; NPU matmuls per process {ran}; "
-              f"arbitration lines: {arb[:2]}")
+              f"{'; '.join(npu_words(c) for c in cs)}; arbitration lines: {arb[:2]}")
 
 
 # ------------------------------------------------------------------------------------ RPC
@@ -257,8 +264,7 @@ def rpc_check(ref):
 
 
 def moe_check():
-    p = subprocess.run([f"{BIN}/test-backend-ops", "-b", "ORK", "-o", "MUL_MAT_ID"], env=env_with(ork()),
-                       capture_output=True, text=True, timeout=900)
+    p = run_tool([f"{BIN}/test-backend-ops", "-b", "ORK", "-o", "MUL_MAT_ID"], ork(), timeout=900)
     mt = re.search(r"(\d+)/(\d+) tests passed", p.stdout)
     unsupported = len(re.findall(r"not supported", p.stdout))
     ok = p.returncode == 0 and mt is not None and mt.group(2) == "0" and unsupported > 0

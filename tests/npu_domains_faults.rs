@@ -4,8 +4,9 @@
 mod common;
 
 use common::{rk3588, sim_npu, Rng};
-use ggml_ork::npu::kif::sim::SimFaults;
-use ggml_ork::npu::kif::{DomainId, KifError};
+use ggml_ork::npu::kif::sim::{InjectedCounts, SimFaults};
+use ggml_ork::npu::kif::sim::SimKif;
+use ggml_ork::npu::kif::{Bo, DomainId, KernelInterface, KifError, SubmitDone, SubmitJob, SyncDir};
 use ggml_ork::npu::soc::SocDesc;
 use ggml_ork::npu::{reference_mm, Budget, Npu, NpuConfig, NpuError};
 
@@ -167,12 +168,167 @@ fn reset_is_an_error_and_recovers() {
     faulty_runs(SimFaults { reset_every: Some(4), ..SimFaults::default() }, |e| matches!(e, KifError::Reset));
 }
 
+/// Runs that meet jobs reporting done without (fully) running: with one core (sequential
+/// submits, so a resubmit never lands on the next faulty submit number) every one is detected,
+/// resubmitted once and the result is exact; the detections equal what the simulator injected.
+fn lying_jobs_are_caught(faults: SimFaults, injected: fn(&InjectedCounts) -> u64) {
+    let (sim, npu) = sim_npu(rk3588(), faults);
+    let mut rng = Rng::new(7);
+    // K-split with a full-K companion: M > 1 chains K-slices (several programs per submit).
+    let (k, n) = (2080, 256);
+    let w = rng.i8s(n * k);
+    let rw = npu.upload(&ggml_ork::npu::layout::tile_weight(npu.soc(), &w, n, k).unwrap()).unwrap();
+    let mut never_ran = 0;
+    for i in 0..12 {
+        let m = 1 + i % 5;
+        let a = rng.i8s(m * k);
+        let mut c = vec![0; m * n];
+        let st = npu.mm_run(&rw, &a, m, &mut c, Budget { max_cores: 1 }).unwrap();
+        assert_eq!(c, reference_mm(&a, &w, m, k, n), "run {i} M={m}: a job that never ran was read as done");
+        assert_eq!(st.retries, st.never_ran);
+        never_ran += st.never_ran;
+    }
+    let h = npu.health();
+    assert!(injected(&sim.injected()) > 0, "the fault was injected");
+    assert_eq!(h.never_ran, injected(&sim.injected()), "every injected fault detected, nothing else");
+    assert_eq!((h.retries, h.gave_up, u64::from(never_ran)), (h.never_ran, 0, h.never_ran));
+}
+
+#[test]
+fn a_job_that_never_ran_is_detected_and_resubmitted() {
+    lying_jobs_are_caught(SimFaults { never_run_every: Some(3), ..SimFaults::default() }, |c| c.never_run);
+}
+
+#[test]
+fn a_hole_in_a_chain_is_detected_and_resubmitted() {
+    lying_jobs_are_caught(SimFaults { hole_every: Some(2), ..SimFaults::default() }, |c| c.holes);
+}
+
+#[test]
+fn a_short_task_count_is_detected_and_resubmitted() {
+    lying_jobs_are_caught(SimFaults { short_count_every: Some(2), ..SimFaults::default() }, |c| c.short_counts);
+}
+
+#[test]
+fn a_job_that_never_runs_twice_fails_the_run_and_leaves_c_untouched() {
+    let (sim, npu) = sim_npu(rk3588(), SimFaults { never_run_every: Some(1), ..SimFaults::default() });
+    let mut rng = Rng::new(8);
+    let (k, n) = (512, 256);
+    let w = rng.i8s(n * k);
+    let rw = npu.upload(&ggml_ork::npu::layout::tile_weight(npu.soc(), &w, n, k).unwrap()).unwrap();
+    let a = rng.i8s(4 * k);
+    let sentinel = vec![0x5a5a_5a5a; 4 * n];
+    let mut c = sentinel.clone();
+    let err = npu.mm_run(&rw, &a, 4, &mut c, Budget { max_cores: 3 }).expect_err("nothing ever runs");
+    assert!(matches!(err, NpuError::NeverRan { .. }), "{err}");
+    assert!(err.to_string().contains("left their output unwritten"), "{err}");
+    assert_eq!(c, sentinel, "C must be untouched after a failed run");
+    // Each core detected its job twice (first try, resubmit) and gave up.
+    let h = npu.health();
+    assert_eq!(h.never_ran, sim.injected().never_run);
+    assert_eq!(h.never_ran, 2 * h.gave_up);
+    assert!(h.gave_up >= 1);
+    // Faults off: the same Npu computes exactly again.
+    sim.set_faults(SimFaults::default());
+    npu.mm_run(&rw, &a, 4, &mut c, Budget { max_cores: 3 }).unwrap();
+    assert_eq!(c, reference_mm(&a, &w, 4, k, n));
+}
+
+#[test]
+fn short_task_counts_every_time_fail_the_run() {
+    let (sim, npu) = sim_npu(rk3588(), SimFaults::default());
+    let mut rng = Rng::new(9);
+    let (k, n) = (2080, 64);
+    let w = rng.i8s(n * k);
+    let rw = npu.upload(&ggml_ork::npu::layout::tile_weight(npu.soc(), &w, n, k).unwrap()).unwrap();
+    let a = rng.i8s(3 * k);
+    let mut c = vec![0; 3 * n];
+    let st = npu.mm_run(&rw, &a, 3, &mut c, Budget { max_cores: 1 }).unwrap();
+    assert_eq!(u64::from(st.programs), sim.programs_run(), "a clean run executes every program it submits");
+    // With a short count every submit, nothing can complete: the run fails, nothing is read.
+    sim.set_faults(SimFaults { short_count_every: Some(1), ..SimFaults::default() });
+    let before = sim.programs_run();
+    assert!(matches!(npu.mm_run(&rw, &a, 3, &mut c, Budget { max_cores: 1 }), Err(NpuError::NeverRan { .. })));
+    assert!(sim.programs_run() - before < 2 * u64::from(st.programs), "the short submits ran only part of their programs");
+}
+
+/// The simulator behind a kernel whose task counter comes back one short on every `every`-th
+/// submit although the job ran completely: only the counter check can see it.
+struct ShortCounter {
+    sim: std::sync::Arc<SimKif>,
+    every: u64,
+    submits: std::sync::atomic::AtomicU64,
+}
+
+impl KernelInterface for ShortCounter {
+    fn name(&self) -> &'static str {
+        "short-counter"
+    }
+    fn describe(&self) -> String {
+        self.sim.describe()
+    }
+    fn mem_create(&self, size_bytes: usize, flags: u32, domain: DomainId) -> Result<Bo, KifError> {
+        self.sim.mem_create(size_bytes, flags, domain)
+    }
+    fn mem_sync(&self, bo: &Bo, dir: SyncDir) -> Result<(), KifError> {
+        self.sim.mem_sync(bo, dir)
+    }
+    fn mem_destroy(&self, bo: Bo) -> Result<(), KifError> {
+        self.sim.mem_destroy(bo)
+    }
+    fn submit(&self, job: &SubmitJob<'_>) -> Result<SubmitDone, KifError> {
+        let mut done = self.sim.submit(job)?;
+        if (self.submits.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1) % self.every == 0 {
+            done.task_counter -= 1;
+        }
+        Ok(done)
+    }
+    fn reset(&self) -> Result<(), KifError> {
+        self.sim.reset()
+    }
+}
+
+#[test]
+fn a_task_counter_short_of_the_tasks_submitted_is_resubmitted() {
+    let soc = rk3588();
+    let sim = std::sync::Arc::new(SimKif::with_faults(soc.clone(), SimFaults::default()));
+    let kif = std::sync::Arc::new(ShortCounter { sim: sim.clone(), every: 2, submits: Default::default() });
+    let cfg = NpuConfig { wcache_budget_bytes: Some(u64::MAX), ..NpuConfig::default() };
+    let npu = Npu::with_kif(kif.clone(), soc, &cfg).unwrap();
+    let mut rng = Rng::new(10);
+    let (k, n) = (512, 128);
+    let w = rng.i8s(n * k);
+    let rw = npu.upload(&ggml_ork::npu::layout::tile_weight(npu.soc(), &w, n, k).unwrap()).unwrap();
+    for m in [1, 3, 8, 2] {
+        let a = rng.i8s(m * k);
+        let mut c = vec![0; m * n];
+        npu.mm_run(&rw, &a, m, &mut c, Budget { max_cores: 1 }).unwrap();
+        assert_eq!(c, reference_mm(&a, &w, m, k, n));
+    }
+    // One submit per run (K = 512: one full-K program): submit 1 ran, 2 came back short and
+    // was resubmitted as 3, 4 short → 5, 6 short → 7.
+    let h = npu.health();
+    assert_eq!((h.never_ran, h.retries, h.gave_up), (3, 3, 0), "{h:?}");
+    assert_eq!(sim.submits(), 7);
+}
+
 #[test]
 fn fault_spec_parses() {
     let f = SimFaults::parse("efault_after_mb:64|timeout_every:7,reset_every:11, sync_fail_every:3").unwrap();
     assert_eq!(
         f,
-        SimFaults { efault_after_bytes: Some(64 * MIB), timeout_every: Some(7), reset_every: Some(11), sync_fail_every: Some(3) }
+        SimFaults {
+            efault_after_bytes: Some(64 * MIB),
+            timeout_every: Some(7),
+            reset_every: Some(11),
+            sync_fail_every: Some(3),
+            ..SimFaults::default()
+        }
+    );
+    let f = SimFaults::parse("never_run_every:50,hole_every:13|short_count_every:4").unwrap();
+    assert_eq!(
+        f,
+        SimFaults { never_run_every: Some(50), hole_every: Some(13), short_count_every: Some(4), ..SimFaults::default() }
     );
     assert!(SimFaults::parse("bogus:1").is_err());
     assert!(SimFaults::parse("timeout_every").is_err());

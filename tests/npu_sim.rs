@@ -151,6 +151,39 @@ fn unmodelled_programming_is_refused_loudly() {
     refused(|e| { let n = e.len(); e[n - 2] = RegCmd::NOP }, "0x0041");
     // Feature address outside every BO.
     refused(|e| patch(e, &CNA_FEATURE_DATA_ADDR::REG, 0x10_0000), "outside every live BO");
+    // Fields the model does not compute with, whose other values change the result on hardware.
+    refused(|e| patch(e, &CNA_FC_CON1::REG, 16), "DATA_OFFSET");
+    refused(|e| patch(e, &CNA_FC_CON2::REG, 32), "WEIGHT_OFFSET");
+    refused(|e| patch(e, &CNA_CVT_CON5::REG, 1), "PER_CHANNEL_CVT_EN");
+    let cbuf = |e: &Vec<RegCmd>| e.iter().find(|x| x.writes(&CNA_CBUF_CON0::REG)).unwrap().value();
+    refused(|e| { let v = cbuf(e) | CNA_CBUF_CON0::DATA_REUSE.mask(); patch_all(e, &CNA_CBUF_CON0::REG, v) }, "DATA_REUSE");
+    refused(|e| { let v = cbuf(e) | CNA_CBUF_CON0::WEIGHT_REUSE.mask(); patch_all(e, &CNA_CBUF_CON0::REG, v) }, "WEIGHT_REUSE");
+    let with = |e: &Vec<RegCmd>, reg: &RegDef, f: Field| e.iter().find(|x| x.writes(reg)).unwrap().value() | f.mask();
+    refused(|e| { let v = with(e, &DPU_FEATURE_MODE_CFG::REG, DPU_FEATURE_MODE_CFG::TP_EN); patch(e, &DPU_FEATURE_MODE_CFG::REG, v) }, "TP_EN");
+    refused(|e| { let v = with(e, &DPU_BS_OW_CFG::REG, DPU_BS_OW_CFG::OD_BYPASS); patch(e, &DPU_BS_OW_CFG::REG, v) }, "OD_BYPASS");
+    refused(|e| patch(e, &DPU_OUT_CVT_SHIFT::REG, DPU_OUT_CVT_SHIFT::CVT_TYPE.mask()), "CVT_TYPE");
+    refused(|e| patch(e, &DPU_OUT_CVT_SHIFT::REG, 1 << 12), "MINUS_EXP");
+    refused(|e| patch(e, &CORE_UNK_3030::REG, 1), "CORE_UNK_3030");
+    // A reserved bit, in a checked register and in an ignored one.
+    refused(|e| { let v = with(e, &CNA_DATA_SIZE0::REG, DATAIN_HEIGHT_PLUS_ONE); patch(e, &CNA_DATA_SIZE0::REG, v) }, "reserved bits 0x800");
+    refused(|e| patch(e, &DPU_LUT_CFG::REG, 1 << 8), "DPU_LUT_CFG: reserved bits 0x100");
+}
+
+/// Bit 11 of CNA_DATA_SIZE0: above DATAIN_HEIGHT[10:0], below DATAIN_WIDTH[26:16] — reserved.
+const DATAIN_HEIGHT_PLUS_ONE: regs::Field = regs::Field { name: "bit11", hi: 11, lo: 11, enc: regs::Enc::Plain };
+
+#[test]
+fn ignored_registers_do_not_change_the_result() {
+    // Every ignored register written with a value (reserved bits clear): the result is the same.
+    let mut r = rig();
+    let mut rng = Rng::new(4);
+    let (a, w) = r.data(&mut rng, 4, 64, 32);
+    let mut e = r.prog(4, 64, 32, 32).program(None, 2).unwrap();
+    for (reg, _) in ggml_ork::npu::kif::sim::IGNORED {
+        patch_all(&mut e, reg, 0x5555_5555 & !reg.reserved_mask());
+    }
+    r.submit(&e, 1).unwrap();
+    assert_eq!(r.c_i32(4 * 32), reference_mm(&a, &w, 4, 64, 32));
 }
 
 #[test]

@@ -393,8 +393,13 @@ pub fn finish(dev: &Device) {
     // Whenever there is something to report: NPU work, or weights prepared (packed, loaded from
     // the cache, or left on the CPU) even if no ubatch reached ORK_MINM.
     let weights = s.packed.load(Relaxed) + s.cache_hits.load(Relaxed) + s.not_resident_weights.load(Relaxed);
-    if s.npu_matmuls.load(Relaxed) > 0 || dev.cfg.profile || weights > 0 {
+    s.absorb_health(dev.npu.health());
+    let fell = s.npu_fallbacks.load(Relaxed) + s.busy_fallbacks() + s.npu_never_ran.load(Relaxed);
+    if s.npu_matmuls.load(Relaxed) > 0 || fell > 0 || dev.cfg.profile || weights > 0 {
         log::info!("{}", dev.stats.summary());
+        if let Some(line) = dev.npu.fault_report() {
+            log::info!("{line}");
+        }
     }
     if dev.cfg.profile {
         log::info!("{}", dev.stats.profile(Some(dev.arbiter())));
@@ -414,6 +419,11 @@ mod tests {
 
     /// A device on the simulator, no cache, no cross-process lock.
     fn sim_device() -> Device {
+        sim_device_with(None)
+    }
+
+    /// [`sim_device`] with the simulator's fault injection (`ORK_SIM_FAULT` syntax).
+    fn sim_device_with(fault: Option<&str>) -> Device {
         let (cfg, bad) = Config::from_lookup(|k| match k {
             "ORK_NPU" => Some("sim".into()),
             "ORK_NPU_LOCK" => Some("off".into()),
@@ -425,7 +435,15 @@ mod tests {
             _ => None,
         });
         assert!(bad.is_empty(), "{bad:?}");
-        let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), max_cores: None, pin_cpus: vec![], wcache_budget_bytes: Some(256 << 20), ..NpuConfig::default() })
+        let npu = Npu::open(&NpuConfig {
+            kind: NpuKind::Sim,
+            soc: Some(SocId::Rk3588),
+            max_cores: None,
+            pin_cpus: vec![],
+            wcache_budget_bytes: Some(256 << 20),
+            sim_fault: fault.map(str::to_string),
+            ..NpuConfig::default()
+        })
             .expect("simulator opens");
         Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: None }
     }
@@ -537,6 +555,69 @@ mod tests {
             }
         }
         assert!(worst <= 1e-2 * top, "worst error {worst} of {top}");
+    }
+
+    /// One graph with one NPU MUL_MAT (M = 32) on `dev`: its output.
+    fn one_npu_matmul(dev: &Device) -> Vec<f32> {
+        let store = WeightStore::default();
+        let w = weight_f32();
+        let wb: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let tensor = Tensor { addr: wb.as_ptr() as usize, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"blk.0.ffn_up.weight") };
+        let weight = Weight { tensor, store: Some(&store), model_weight: false };
+        let m = 32;
+        let x: Vec<f32> = (0..m * K).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
+        let mut dst = vec![0f32; m * N];
+        let stream = Stream::default();
+        let nodes = vec![mul_mat(0x100, m, Some(weight), &[])];
+        let io: Vec<Option<(&[f32], &mut [f32])>> = vec![Some((&x, &mut dst))];
+        let mut g = Fake { nodes, weight: &wb, io, cpu_runs: vec![], cpu_fails: false };
+        compute(dev, &stream, &mut g).expect("the walk runs");
+        dst
+    }
+
+    #[test]
+    fn npu_failures_are_counted_apart_from_npu_runs() {
+        let clean = sim_device();
+        let want = one_npu_matmul(&clean);
+        assert_eq!(clean.stats.npu_matmuls.load(Relaxed), 1);
+        // The unrotated scheme runs an F32 weight as two weight terms: two NPU runs per MUL_MAT.
+        assert_eq!(clean.npu.health(), crate::npu::Health::default(), "nothing failed on a clean simulator");
+
+        // Every submit fails: the MUL_MAT is computed on the CPU (the same int8 arithmetic, the
+        // same floats) and counted as a fallback, not as an NPU run.
+        let dead = sim_device_with(Some("timeout_every:1"));
+        assert_eq!(one_npu_matmul(&dead), want, "the CPU fallback computes what the NPU would");
+        let s = &dead.stats;
+        assert_eq!(s.npu_matmuls.load(Relaxed), 0);
+        assert_eq!(s.npu_fallbacks.load(Relaxed), 1);
+        assert_eq!(s.npu_errors.load(Relaxed), 2, "both weight terms' runs failed");
+        assert_eq!(s.phase[0].runs.load(Relaxed), 0);
+        assert_eq!(s.phase[0].npu_failed.load(Relaxed), 1);
+        assert_eq!(s.submits.load(Relaxed), 0);
+        let line = s.summary();
+        assert!(line.starts_with("ORK ran 0 MUL_MAT on the NPU (0 rows sent = 0.00x plain W8A8, 0 submits)"), "{line}");
+        assert!(line.contains("; 1 MUL_MAT fell back to the CPU after NPU errors (2 failed NPU runs, "), "{line}");
+        assert!(s.profile(None).contains("prefill MUL_MAT: npu 0 runs"), "{}", s.profile(None));
+
+        // The second submit reports done without running: detected, resubmitted, exact, and the
+        // MUL_MAT counts as an NPU run with one never-ran job and one resubmit.
+        let flaky = sim_device_with(Some("never_run_every:2"));
+        assert_eq!(one_npu_matmul(&flaky), want, "the resubmit's result, not the stale output");
+        let s = &flaky.stats;
+        s.absorb_health(flaky.npu.health());
+        assert_eq!((s.npu_matmuls.load(Relaxed), s.npu_fallbacks.load(Relaxed)), (1, 0));
+        assert_eq!((s.npu_never_ran.load(Relaxed), s.npu_retries.load(Relaxed)), (1, 1));
+        assert!(s.summary().contains("NPU jobs that reported done but never ran: 1 detected, 1 resubmitted;"), "{}", s.summary());
+        assert_eq!(flaky.npu.fault_report().as_deref().map(|l| l.contains(": 1 submits never ran,")), Some(true));
+
+        // Every submit reports done without running: after the resubmit the run gives up and
+        // the CPU computes the MUL_MAT; both never-ran detections of each run are counted.
+        let liar = sim_device_with(Some("never_run_every:1"));
+        assert_eq!(one_npu_matmul(&liar), want);
+        let s = &liar.stats;
+        s.absorb_health(liar.npu.health());
+        assert_eq!((s.npu_matmuls.load(Relaxed), s.npu_fallbacks.load(Relaxed), s.npu_errors.load(Relaxed)), (0, 1, 2));
+        assert_eq!(liar.npu.health(), crate::npu::Health { never_ran: 4, retries: 2, gave_up: 2 });
     }
 
     #[test]

@@ -33,8 +33,14 @@ pub use weights::{PackedWeight, WeightStore};
 use crate::route::precision::LO_ACT_TERMS;
 
 /// Counters for the profile / summary line.
+///
+/// A MUL_MAT ORK takes counts in exactly one of: `npu_matmuls` (every NPU run of it succeeded),
+/// `npu_fallbacks` (an NPU run failed: computed on the CPU, the failed runs in `npu_errors`),
+/// the phases' `fallback` (another process held the NPU: computed on the CPU without trying),
+/// or `gpu_matmuls`.
 #[derive(Default)]
 pub struct Stats {
+    /// MUL_MATs whose NPU runs all succeeded (their results came from the NPU).
     pub npu_matmuls: AtomicU64,
     pub gpu_matmuls: AtomicU64,
     pub gpu_submits: AtomicU64,
@@ -46,7 +52,18 @@ pub struct Stats {
     /// Weights per precision role (`route::precision::Role`) in ORK's live buffers, counted as
     /// ggml initialises their tensors: the precision plan's view of the model.
     pub announced: [AtomicU64; 3],
+    /// MUL_MATs computed on the CPU because an NPU run of theirs failed.
     pub npu_fallbacks: AtomicU64,
+    /// NPU runs that failed (a MUL_MAT with two weight terms runs twice).
+    pub npu_errors: AtomicU64,
+    /// Time spent computing those MUL_MATs' failed runs on the CPU.
+    pub fallback_ns: AtomicU64,
+    /// NPU errors seen so far (the first three are logged).
+    pub errors_logged: AtomicU64,
+    /// NPU jobs that reported done but did not run (output sentinel or task counter), and
+    /// resubmits: the NPU core's counts (`Npu::health`), copied in before they are reported.
+    pub npu_never_ran: AtomicU64,
+    pub npu_retries: AtomicU64,
     /// NPU matmuls whose rotated activation's int8 terms were those of the matmul before (one
     /// activation read by several weights: Q/K/V, gate/up), not rotated and quantized again.
     pub act_reused: AtomicU64,
@@ -158,6 +175,8 @@ pub struct PhaseStats {
     pub arb_ns: AtomicU64,
     /// Runs computed on the CPU because another process held the NPU.
     pub fallback: AtomicU64,
+    /// Runs computed on the CPU because an NPU run failed.
+    pub npu_failed: AtomicU64,
 }
 
 impl Stats {
@@ -192,11 +211,25 @@ impl Stats {
         g.arb_ns.fetch_add(d(now.arb_ns, before.arb_ns), Relaxed);
     }
 
+    /// MUL_MATs computed on the CPU because another process held the NPU (both phases).
+    pub fn busy_fallbacks(&self) -> u64 {
+        self.phase.iter().map(|p| p.fallback.load(Relaxed)).sum()
+    }
+
+    /// Copies the NPU core's never-ran / resubmit counts in (before a report).
+    pub fn absorb_health(&self, h: crate::npu::Health) {
+        self.npu_never_ran.store(h.never_ran, Relaxed);
+        self.npu_retries.store(h.retries, Relaxed);
+    }
+
+    /// The exit line. "ORK ran N MUL_MAT on the NPU" counts only MUL_MATs whose results came
+    /// from the NPU; the ones computed on the CPU instead are counted after it, by cause.
     pub fn summary(&self) -> String {
         let ms = |a: &AtomicU64| a.load(Relaxed) as f64 / 1e6;
         format!(
             "ORK ran {} MUL_MAT on the NPU ({} rows sent = {:.2}x plain W8A8, {} submits) and {} on the GPU ({} submits, {:.1} ms); {} MUL_MAT graph nodes were left to the CPU \
-             (M < ORK_MINM) at graph split; {} NPU errors fell back to the CPU; weights: {} cache hits, {} packs \
+             (M < ORK_MINM) at graph split; {} MUL_MAT fell back to the CPU after NPU errors ({} failed NPU runs, {:.1} ms on the CPU) \
+             and {} while another process held the NPU; NPU jobs that reported done but never ran: {} detected, {} resubmitted; weights: {} cache hits, {} packs \
              ({} cache writes), prepared in {:.0} ms (source hash {:.0} ms, cache open {:.0} ms, import + verify {:.0} ms; \
              packing {:.0} ms, upload {:.0} ms, cache write {:.0} ms){}; time: act-quant {:.1} ms, npu {:.1} ms, dequant {:.1} ms",
             self.npu_matmuls.load(Relaxed),
@@ -208,6 +241,11 @@ impl Stats {
             ms(&self.gpu_ns),
             self.declined_small_m.load(Relaxed),
             self.npu_fallbacks.load(Relaxed),
+            self.npu_errors.load(Relaxed),
+            ms(&self.fallback_ns),
+            self.busy_fallbacks(),
+            self.npu_never_ran.load(Relaxed),
+            self.npu_retries.load(Relaxed),
             self.cache_hits.load(Relaxed),
             self.packed.load(Relaxed),
             self.cache_writes.load(Relaxed),
@@ -239,7 +277,8 @@ impl Stats {
         for (i, name) in ["prefill", "decode"].iter().enumerate() {
             let p = &self.phase[i];
             out += &format!(
-                "\n  {name:7} MUL_MAT: npu {} runs ({} rows sent = {:.2}x plain W8A8; act-quant {:.1} ms, submit {:.1} ms, wait {:.1} ms, dequant {:.1} ms, arbiter {:.1} ms; {} on the CPU while another process held the NPU), gpu {} runs, cpu {} runs in ORK's graph",
+                "\n  {name:7} MUL_MAT: npu {} runs ({} rows sent = {:.2}x plain W8A8; act-quant {:.1} ms, submit {:.1} ms, wait {:.1} ms, dequant {:.1} ms, arbiter {:.1} ms), \
+                 {} fell back to the CPU after NPU errors, {} on the CPU while another process held the NPU, gpu {} runs, cpu {} runs in ORK's graph",
                 p.runs.load(Relaxed),
                 p.rows_sent.load(Relaxed),
                 p.rows_sent.load(Relaxed) as f64 / p.rows.load(Relaxed).max(1) as f64,
@@ -248,15 +287,23 @@ impl Stats {
                 ms(&p.wait_ns),
                 ms(&p.dequant_ns),
                 ms(&p.arb_ns),
+                p.npu_failed.load(Relaxed),
                 p.fallback.load(Relaxed),
                 self.gpu_phase[i].load(Relaxed),
                 self.cpu_mm[i].load(Relaxed),
             );
         }
         out += &format!(
+            "\n  NPU failures: {} failed NPU runs ({:.1} ms on the CPU instead); {} jobs reported done but never ran, {} resubmitted",
+            self.npu_errors.load(Relaxed),
+            ms(&self.fallback_ns),
+            self.npu_never_ran.load(Relaxed),
+            self.npu_retries.load(Relaxed),
+        );
+        out += &format!(
             "\n  rotated activations quantized once for several weights: {} of {} NPU runs reused the previous run's int8 terms",
             self.act_reused.load(Relaxed),
-            self.npu_matmuls.load(Relaxed)
+            self.npu_matmuls.load(Relaxed) + self.npu_fallbacks.load(Relaxed) + self.busy_fallbacks()
         );
         out += &format!(
             "\n  decode  MUL_MAT left to ggml-cpu at graph split: {} nodes; other ops run by ORK on ggml-cpu: {} ({:.1} ms)",
@@ -494,26 +541,31 @@ impl Device {
         };
         let mut device_ns = 0u64;
         let mut cores = 1u64;
+        // What the NPU did for this MUL_MAT, booked at the end once it is known whether every
+        // run succeeded (only then does the MUL_MAT count as run on the NPU).
+        let (mut submits, mut sent) = (0u64, 0u64);
+        let mut failed_runs = 0u64;
+        let mut cpu_ns = 0u64;
         let r = match &lease {
             Ok(_) => self.npu.mm_run_at(&w.resident, a, rows, c, budget, first),
             Err(e) => Err(NpuError::NoDevice(e.to_string())),
         };
         match r {
             Ok(rs) => {
-                self.stats.submits.fetch_add(rs.submits as u64, Relaxed);
-                self.stats.npu_rows_sent.fetch_add(rows as u64, Relaxed);
-                ps.rows_sent.fetch_add(rows as u64, Relaxed);
+                submits += rs.submits as u64;
+                sent += rows as u64;
                 device_ns += rs.device_ns;
                 cores = rs.cores.max(1) as u64;
             }
             Err(e) => {
                 if lease.is_ok() {
                     self.note_npu_error(&e);
-                } else {
-                    ps.fallback.fetch_add(1, Relaxed);
+                    failed_runs += 1;
                 }
+                let tf = Instant::now();
                 let (q, _, _) = crate::pack::quantize_source(src, n, k, w.rot.as_deref());
                 c.copy_from_slice(&crate::npu::reference_mm(a, &q, rows, k, n));
+                cpu_ns += tf.elapsed().as_nanos() as u64;
             }
         }
         let t2 = Instant::now();
@@ -537,18 +589,20 @@ impl Device {
             };
             if let Ok(rs) = &r {
                 device_ns += rs.device_ns;
-                self.stats.submits.fetch_add(rs.submits as u64, Relaxed);
-                self.stats.npu_rows_sent.fetch_add((lt * m) as u64, Relaxed);
-                ps.rows_sent.fetch_add((lt * m) as u64, Relaxed);
+                submits += rs.submits as u64;
+                sent += (lt * m) as u64;
             }
             if let Err(e) = r {
                 if lease.is_ok() {
                     self.note_npu_error(&e);
+                    failed_runs += 1;
                 }
+                let tf = Instant::now();
                 let rot = w.rot.as_deref();
                 let (q, s, col) = crate::pack::quantize_source(src, n, k, rot);
                 let (ql, _) = crate::pack::quantize_residual(src, n, k, rot, &col, &q, &s);
                 cl.copy_from_slice(&crate::npu::reference_mm(&a[..lt * m * k], &ql, lt * m, k, n));
+                cpu_ns += tf.elapsed().as_nanos() as u64;
             }
             lo_ns = tl.elapsed().as_nanos() as u64;
             // dst += cl · (a_scale · lo_scale), multiply then add per element: the same floats as
@@ -566,22 +620,36 @@ impl Device {
         }
         let t3 = Instant::now();
         // Releasing the lease (and, for the last one, the cross-process flock) is arbiter time.
+        let busy = lease.is_err();
         drop(lease);
         let arb_ns = (ta - t1).as_nanos() as u64 + t3.elapsed().as_nanos() as u64;
         self.stats.arb_ns.fetch_add(arb_ns, Relaxed);
-        let npu_ns = (t2 - ta).as_nanos() as u64;
+        // Time the NPU path took, without what was computed on the CPU instead.
+        let npu_ns = ((t2 - ta).as_nanos() as u64 + lo_ns).saturating_sub(cpu_ns);
         let wait = (device_ns / cores).min(npu_ns);
-        ps.runs.fetch_add(1, Relaxed);
-        ps.rows.fetch_add(m as u64, Relaxed);
+        if busy {
+            ps.fallback.fetch_add(1, Relaxed);
+        } else if failed_runs > 0 {
+            ps.npu_failed.fetch_add(1, Relaxed);
+            self.stats.npu_fallbacks.fetch_add(1, Relaxed);
+            self.stats.npu_errors.fetch_add(failed_runs, Relaxed);
+        } else {
+            ps.runs.fetch_add(1, Relaxed);
+            ps.rows.fetch_add(m as u64, Relaxed);
+            ps.rows_sent.fetch_add(sent, Relaxed);
+            self.stats.npu_matmuls.fetch_add(1, Relaxed);
+            self.stats.npu_rows.fetch_add(m as u64, Relaxed);
+            self.stats.npu_rows_sent.fetch_add(sent, Relaxed);
+            self.stats.submits.fetch_add(submits, Relaxed);
+        }
+        self.stats.fallback_ns.fetch_add(cpu_ns, Relaxed);
         ps.quant_ns.fetch_add((t1 - t0).as_nanos() as u64, Relaxed);
         ps.submit_ns.fetch_add(npu_ns - wait, Relaxed);
         ps.wait_ns.fetch_add(wait, Relaxed);
         let dq_ns = ((t3 - t2).as_nanos() as u64).saturating_sub(lo_ns);
         ps.dequant_ns.fetch_add(dq_ns, Relaxed);
-        self.stats.npu_matmuls.fetch_add(1, Relaxed);
-        self.stats.npu_rows.fetch_add(m as u64, Relaxed);
         self.stats.quant_ns.fetch_add((t1 - t0).as_nanos() as u64, Relaxed);
-        self.stats.npu_ns.fetch_add((t2 - t1).as_nanos() as u64 + lo_ns, Relaxed);
+        self.stats.npu_ns.fetch_add(((t2 - t1).as_nanos() as u64 + lo_ns).saturating_sub(cpu_ns), Relaxed);
         self.stats.dequant_ns.fetch_add(dq_ns, Relaxed);
         self.stats.npu_run_ns.fetch_add((t2 - ta).as_nanos() as u64 + lo_ns, Relaxed);
         SCRATCH.with(|cell| cell.set(sc.kept()));
@@ -601,9 +669,9 @@ impl Device {
         })
     }
 
+    /// Logs an NPU run's error (the first three; all are counted in the exit line).
     fn note_npu_error(&self, e: &NpuError) {
-        let n = self.stats.npu_fallbacks.fetch_add(1, Relaxed);
-        if n < 3 {
+        if self.stats.errors_logged.fetch_add(1, Relaxed) < 3 {
             log::warn!("NPU matmul failed ({e}); computed on the CPU instead");
         }
     }

@@ -15,22 +15,64 @@
 //!   several threads serialise per core and never share scratch.
 //! * A failed submit (timeout, reset, refusal) fails the run: no partial result is ever
 //!   accumulated into the caller's C (the caller merges only after every core succeeded).
-//! * Not modelled yet for hardware: ork's warm-up submit on a cold output buffer and the
-//!   ACT_RESET on entering int8 mode (rknpu-facts §2.6, both unconfirmed outside ork).
+//! * A job that reports done is not trusted (peer-facts §4: a submit can return success while
+//!   the hardware never starts; completion bookkeeping once read a hole as success). Before
+//!   each submit the last output word of every program ([`PlannedProgram::last_out_word`],
+//!   written last by the matmul, rknpu-facts §2.5) is set to [`SENTINEL`] and cleaned to
+//!   memory with the output buffer; after completion every one must have been overwritten and
+//!   the task counter must equal the tasks submitted. Otherwise the job "never ran": it is
+//!   counted ([`Health`]), logged once, submitted once more with fresh sentinels, and if it
+//!   fails again the run fails with [`NpuError::NeverRan`] (the backend computes that matmul
+//!   on the CPU and counts it).
+//! * Warm-up submits on a cold output buffer and the ACT_RESET on entering int8 mode
+//!   (rknpu-facts §2.6) belong to the kernel interfaces that talk to hardware (`kif::rknpu`,
+//!   `kif::rocket`), not to this path.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use crate::npu::domain::DomainSet;
 use crate::npu::kif::{job_flags, mem_flags, Bo, DomainId, Iova, KernelInterface, KifError, RknpuTask, SubmitJob, SyncDir};
 use crate::npu::layout::{self, WeightGeometry};
-use crate::npu::plan::{CorePlan, SubmitIovas, MAX_CHAIN_PROGRAMS};
+use crate::npu::plan::{CorePlan, PlannedProgram, SubmitIovas, MAX_CHAIN_PROGRAMS};
 use crate::npu::regcmd;
 use crate::npu::soc::SocDesc;
 use crate::npu::NpuError;
 
 /// Default submit timeout in ms (ork's `ORK_MM_TIMEOUT` default, rknpu-facts §9).
 pub const DEFAULT_TIMEOUT_MS: u32 = 60_000;
+/// What the host writes into each program's last output word before a submit (int32
+/// 0x7fffffff, ork's doorbell sentinel, rknpu-facts §2.5). No int8 matmul result can equal it:
+/// |Σ| ≤ K·128·128 and K per program is a 16-bit register field (DATAIN_CHANNEL), so
+/// |Σ| ≤ 65535·16384 < 2³¹ − 1.
+pub const SENTINEL: i32 = i32::MAX;
+const _: () = assert!(65_535i64 * 128 * 128 < SENTINEL as i64);
+
+/// Never-ran jobs seen by this `Npu` since it opened (all cores, all runs, failed ones too).
+#[derive(Default)]
+pub(crate) struct HealthCounters {
+    pub never_ran: AtomicU64,
+    pub retries: AtomicU64,
+    pub gave_up: AtomicU64,
+    pub warned: AtomicBool,
+}
+
+/// A snapshot of [`HealthCounters`]: jobs that reported done but did not write their output
+/// (or whose task counter came back short), resubmits, and runs failed after the resubmit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Health {
+    pub never_ran: u64,
+    pub retries: u64,
+    pub gave_up: u64,
+}
+
+impl HealthCounters {
+    pub(crate) fn snapshot(&self) -> Health {
+        Health { never_ran: self.never_ran.load(Relaxed), retries: self.retries.load(Relaxed), gave_up: self.gave_up.load(Relaxed) }
+    }
+}
+
 /// Initial activation / output scratch sizes (grown on demand).
 const ACT_SCRATCH_INITIAL_BYTES: usize = 256 << 10;
 const OUT_SCRATCH_INITIAL_BYTES: usize = 1 << 20;
@@ -55,6 +97,7 @@ pub(crate) struct Shared {
     pub cores: Vec<Mutex<CoreScratch>>,
     pub domains: Mutex<DomainSet>,
     pub timeout_ms: u32,
+    pub health: HealthCounters,
 }
 
 impl Shared {
@@ -116,6 +159,9 @@ pub(crate) struct CoreResult {
     pub submits: u32,
     pub programs: u32,
     pub device_ns: u64,
+    /// Submits of this share detected as never ran, and resubmits.
+    pub never_ran: u32,
+    pub retries: u32,
 }
 
 fn grow(kif: &dyn KernelInterface, bo: &mut Bo, needed: usize, domain: DomainId) -> Result<(), KifError> {
@@ -162,7 +208,7 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
         e.insert(new_set(kif, domain).map_err(sub_err)?);
     }
     let set = guard.sets.get_mut(&domain.0).expect("scratch set");
-    let mut res = CoreResult { local: vec![0i32; m * plan.ncols], submits: 0, programs: 0, device_ns: 0 };
+    let mut res = CoreResult { local: vec![0i32; m * plan.ncols], submits: 0, programs: 0, device_ns: 0, never_ran: 0, retries: 0 };
     let w_iova = w.iova();
     for sub in &plan.submits {
         grow(kif, &mut set.act, sub.act_bytes, domain).map_err(sub_err)?;
@@ -206,21 +252,53 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
             flags: job_flags::PC | job_flags::PINGPONG,
             timeout_ms: shared.timeout_ms,
         };
-        let done = kif.submit(&job).map_err(sub_err)?;
-        if done.task_counter != job.task_number {
-            return Err(sub_err(KifError::Invalid(format!(
-                "submit completed {} of {} tasks",
-                done.task_counter, job.task_number
-            ))));
+        let mut attempt = 0;
+        loop {
+            arm_sentinels(set.out.bytes_mut(), &sub.programs);
+            kif.mem_sync(&set.out, SyncDir::ToDevice).map_err(sub_err)?;
+            let done = kif.submit(&job).map_err(sub_err)?;
+            kif.mem_sync(&set.out, SyncDir::FromDevice).map_err(sub_err)?;
+            res.device_ns += done.hw_elapse_ns;
+            let missing = unlanded(set.out.bytes(), &sub.programs);
+            if done.task_counter == job.task_number && missing == 0 {
+                break;
+            }
+            shared.health.never_ran.fetch_add(1, Relaxed);
+            res.never_ran += 1;
+            let what = format!(
+                "the job reported done but {missing} of {nprogs} programs left their output unwritten (task counter {} of {nprogs})",
+                done.task_counter
+            );
+            if attempt == 1 {
+                shared.health.gave_up.fetch_add(1, Relaxed);
+                return Err(NpuError::NeverRan { op: "mm_run", m, k, n, core, what });
+            }
+            if !shared.health.warned.swap(true, Relaxed) {
+                log::warn!("NPU core {core}: {what}; resubmitting once (later cases are counted in the exit line, not logged)");
+            }
+            shared.health.retries.fetch_add(1, Relaxed);
+            res.retries += 1;
+            attempt += 1;
         }
-        kif.mem_sync(&set.out, SyncDir::FromDevice).map_err(sub_err)?;
         let out = set.out.bytes();
         for p in &sub.programs {
             layout::add_c_block(&out[p.out_offset..], p.mc, p.nc, p.nc, &mut res.local, plan.ncols, p.m0, p.col0);
         }
         res.submits += 1;
         res.programs += nprogs as u32;
-        res.device_ns += done.hw_elapse_ns;
     }
     Ok(res)
+}
+
+/// Writes [`SENTINEL`] into the last output word of each program.
+fn arm_sentinels(out: &mut [u8], programs: &[PlannedProgram]) {
+    for p in programs {
+        let o = p.last_out_word();
+        out[o..o + 4].copy_from_slice(&SENTINEL.to_le_bytes());
+    }
+}
+
+/// Programs whose last output word still holds [`SENTINEL`]: they never wrote their output.
+fn unlanded(out: &[u8], programs: &[PlannedProgram]) -> usize {
+    programs.iter().filter(|p| out[p.last_out_word()..p.last_out_word() + 4] == SENTINEL.to_le_bytes()).count()
 }

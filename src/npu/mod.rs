@@ -34,6 +34,7 @@ use std::time::Instant;
 
 use kif::{KernelInterface, KifError};
 use layout::WeightGeometry;
+pub use mm::Health;
 use mm::{Shared, WeightInner};
 
 /// Which kernel interface to open.
@@ -91,6 +92,10 @@ pub enum NpuError {
     BadBlob { op: &'static str, n: usize, k: usize, got: usize, expected: usize },
     #[error("{op} M={m} K={k} N={n} on NPU core {core}: {source}")]
     Submit { op: &'static str, m: usize, k: usize, n: usize, core: u32, #[source] source: KifError },
+    /// A job reported done but did not run (output sentinel or task counter), twice: the first
+    /// time it was resubmitted (see `mm`).
+    #[error("{op} M={m} K={k} N={n} on NPU core {core}: {what}, again after one resubmit")]
+    NeverRan { op: &'static str, m: usize, k: usize, n: usize, core: u32, what: String },
     #[error(transparent)]
     Regcmd(#[from] regcmd::RegcmdError),
     #[error(transparent)]
@@ -119,6 +124,10 @@ pub struct RunStats {
     pub device_ns: u64,
     /// Wall time of the whole run.
     pub host_ns: u64,
+    /// Submits detected as never ran (reported done, output not written) and resubmitted; a
+    /// run that succeeds had every one of them succeed on the resubmit.
+    pub never_ran: u32,
+    pub retries: u32,
 }
 
 /// A deterministic, self-contained tiled weight blob (what a disk cache stores): the K-slice
@@ -222,6 +231,7 @@ impl Npu {
             cores: (0..cores).map(|_| Mutex::new(mm::CoreScratch::default())).collect(),
             soc,
             timeout_ms,
+            health: mm::HealthCounters::default(),
         });
         let pool = pool::Pool::new(max_cores, &cfg.pin_cpus);
         log::info!("{}", shared.kif.describe());
@@ -235,6 +245,17 @@ impl Npu {
     /// "ORK NPU rk3588 (sim), 3 cores".
     pub fn describe(&self) -> String {
         format!("ORK NPU {} ({}), {} cores", self.shared.soc.id.name(), self.shared.kif.name(), self.max_cores)
+    }
+
+    /// Jobs detected as never ran, resubmits and runs given up since this `Npu` opened.
+    pub fn health(&self) -> Health {
+        self.shared.health.snapshot()
+    }
+
+    /// The kernel interface's line on faults it injected on purpose (the simulator under
+    /// `ORK_SIM_FAULT`); None on a real device.
+    pub fn fault_report(&self) -> Option<String> {
+        self.shared.kif.fault_report()
     }
 
     /// Bytes of weights resident per IOMMU domain (opened domains only).
@@ -399,6 +420,8 @@ impl Npu {
             stats.submits += r.submits;
             stats.programs += r.programs;
             stats.device_ns += r.device_ns;
+            stats.never_ran += r.never_ran;
+            stats.retries += r.retries;
         }
         stats.host_ns = t0.elapsed().as_nanos() as u64;
         Ok(stats)

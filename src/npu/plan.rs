@@ -67,6 +67,16 @@ pub struct PlannedProgram {
     pub sched: Schedule,
 }
 
+impl PlannedProgram {
+    /// Byte offset, in the output scratch, of the last int32 this program writes: row `mc − 1`,
+    /// column `nc − 1` of its dense `[mc][nc]` block (row stride `nc`, as [`PlannedSubmit::regcmd`]
+    /// programs it). The matmul writes it last (rknpu-facts §2.5), so `mm.rs` puts its
+    /// never-ran sentinel there.
+    pub fn last_out_word(&self) -> usize {
+        self.out_offset + (self.mc * self.nc - 1) * 4
+    }
+}
+
 /// One submit: the activation blocks to pack, and the PC-chained programs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PlannedSubmit {

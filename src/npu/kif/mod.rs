@@ -216,6 +216,11 @@ pub trait KernelInterface: Send + Sync {
     fn submit(&self, job: &SubmitJob<'_>) -> Result<SubmitDone, KifError>;
     /// Soft-resets the NPU (every core).
     fn reset(&self) -> Result<(), KifError>;
+    /// One line on the faults this interface injected on purpose (the simulator under
+    /// `ORK_SIM_FAULT`), for the exit log; None for a real device or when nothing is injected.
+    fn fault_report(&self) -> Option<String> {
+        None
+    }
     /// Imports existing host bytes (e.g. an mmapped `.orkpack` payload) as a device buffer.
     /// No interface here can map a file's pages into the device without a copy (see `rknpu`'s
     /// "Import" note: a dma-heap/PRIME import still needs the bytes copied into the dma-buf), so

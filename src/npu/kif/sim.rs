@@ -21,14 +21,25 @@
 //! conversion, non-bypassed BS/BN/EW stages, a layout triple other than ork's verified one, CBUF
 //! splits that cannot hold the data, K over the SoC's single-program ceiling, N over 8192 — is a
 //! loud [`KifError::Invalid`], never a guess. Every address a program uses must lie inside a
-//! live BO of the job's domain.
+//! live BO of the job's domain. Every register of the table is either read ([`CHECKED`]: its
+//! fields checked against what the program means, and the fields the model does not compute
+//! with pinned to the one value modelled, [`PINNED`] — data/weight offsets, per-channel
+//! conversion, CBUF reuse, transposed output, OUT_CVT type/exponent, …) or listed with the
+//! reason the hardware ignores it for this operation ([`IGNORED`]); a set reserved bit in any
+//! register is refused.
 //!
 //! Fault injection ([`SimFaults`], set from tests or from `ORK_SIM_FAULT`, e.g.
 //! `efault_after_mb:64,timeout_every:7,reset_every:11`): EFAULT once a domain holds more than
 //! a given number of bytes (a smaller window), a timeout on every n-th submit, a soft reset on
 //! every n-th submit, a failed cache sync on every n-th sync (`sync_fail_every:N`). A faulted
 //! submit runs only part of its programs first, so a caller that ignored the error would read
-//! wrong results.
+//! wrong results. Three faults report success while the output is not what the job describes
+//! (peer-facts §4): `never_run_every:N` (nothing ran, the counter says all did), `hole_every:N`
+//! (one program skipped, the counter says all ran) and `short_count_every:N` (half ran, the
+//! counter says so); only the caller's checks — the output sentinel and the task counter in
+//! `npu::mm` — can catch them. Otherwise the task counter reports the programs that ran.
+//! [`SimKif::injected`] counts what was injected, and the interface's `fault_report` says it
+//! in the exit log.
 //!
 //! Unsafe: the arena hands out raw mappings like a device would; the only unsafe blocks turn
 //! arena pointers into slices (each with a `// SAFETY:` line).
@@ -66,10 +77,22 @@ pub struct SimFaults {
     pub reset_every: Option<u32>,
     /// Every n-th cache sync fails (EIO, as a kernel whose SYNC ioctl fails would report).
     pub sync_fail_every: Option<u32>,
+    /// Every n-th submit returns success without running any program (peer-facts §4: the
+    /// hardware never started). The task counter reports `task_number`, as the vendor kernel
+    /// writes on a successful wait (rknpu-facts §1.3), so only the output can tell.
+    pub never_run_every: Option<u32>,
+    /// Every n-th submit skips one program (the middle one of its chain; the only one of a
+    /// one-program job) and reports every task done (peer-facts §4: bookkeeping that reported
+    /// the highest landed index, so a hole read as success).
+    pub hole_every: Option<u32>,
+    /// Every n-th submit stops after half its programs and returns success with the honest
+    /// task counter (what a kernel that copies the PC's task count reports).
+    pub short_count_every: Option<u32>,
 }
 
 impl SimFaults {
-    /// Parses `efault_after_mb:N`, `timeout_every:N`, `reset_every:N`, separated by `,` or `|`.
+    /// Parses `efault_after_mb:N`, `timeout_every:N`, `reset_every:N`, `sync_fail_every:N`,
+    /// `never_run_every:N`, `hole_every:N`, `short_count_every:N`, separated by `,` or `|`.
     pub fn parse(s: &str) -> Result<SimFaults, KifError> {
         let mut f = SimFaults::default();
         for item in s.split([',', '|']).map(str::trim).filter(|x| !x.is_empty()) {
@@ -85,6 +108,9 @@ impl SimFaults {
                 "timeout_every" => f.timeout_every = Some(n.max(1) as u32),
                 "reset_every" => f.reset_every = Some(n.max(1) as u32),
                 "sync_fail_every" => f.sync_fail_every = Some(n.max(1) as u32),
+                "never_run_every" => f.never_run_every = Some(n.max(1) as u32),
+                "hole_every" => f.hole_every = Some(n.max(1) as u32),
+                "short_count_every" => f.short_count_every = Some(n.max(1) as u32),
                 other => return Err(KifError::Invalid(format!("ORK_SIM_FAULT: unknown key `{other}`"))),
             }
         }
@@ -181,6 +207,7 @@ pub struct SimKif {
     submits: AtomicU64,
     syncs: AtomicU64,
     programs_run: AtomicU64,
+    injected: Mutex<InjectedCounts>,
 }
 
 impl SimKif {
@@ -205,6 +232,7 @@ impl SimKif {
             submits: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
             programs_run: AtomicU64::new(0),
+            injected: Mutex::new(InjectedCounts::default()),
         }
     }
 
@@ -232,6 +260,11 @@ impl SimKif {
     pub fn programs_run(&self) -> u64 {
         self.programs_run.load(Ordering::Relaxed)
     }
+
+    /// Faults injected so far, by kind.
+    pub fn injected(&self) -> InjectedCounts {
+        *self.injected.lock().unwrap()
+    }
 }
 
 /// An error of the model: something the registers describe that the simulator does not model
@@ -240,10 +273,30 @@ fn unmodelled(what: String) -> KifError {
     KifError::Invalid(format!("sim: {what}"))
 }
 
-/// A submit-time fault to inject after partial execution.
+/// A submit-time fault to inject.
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Injected {
+    /// Half the programs run, then a timeout error.
     Timeout,
+    /// Half the programs run, then a reset error.
     Reset,
+    /// Success reported, nothing ran, counter = task_number.
+    NeverRun,
+    /// Success reported, one program skipped, counter = task_number.
+    Hole,
+    /// Success reported after half the programs, counter = what ran.
+    Short,
+}
+
+/// How many faults of each kind the simulator injected (see [`SimKif::injected`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InjectedCounts {
+    pub timeouts: u64,
+    pub resets: u64,
+    pub never_run: u64,
+    pub holes: u64,
+    pub short_counts: u64,
+    pub sync_fails: u64,
 }
 
 impl KernelInterface for SimKif {
@@ -299,6 +352,7 @@ impl KernelInterface for SimKif {
         }
         let nth = self.syncs.fetch_add(1, Ordering::Relaxed) + 1;
         if self.faults.lock().unwrap().sync_fail_every.is_some_and(|e| nth % e as u64 == 0) {
+            self.injected.lock().unwrap().sync_fails += 1;
             return Err(KifError::Sys { op: "sim mem_sync (injected)", source: nix::Error::EIO });
         }
         Ok(())
@@ -321,13 +375,17 @@ impl KernelInterface for SimKif {
         let n = self.submits.fetch_add(1, Ordering::Relaxed) + 1;
         let injected = {
             let f = self.faults.lock().unwrap();
-            if f.timeout_every.is_some_and(|t| n % u64::from(t) == 0) {
-                Some(Injected::Timeout)
-            } else if f.reset_every.is_some_and(|t| n % u64::from(t) == 0) {
-                Some(Injected::Reset)
-            } else {
-                None
-            }
+            let hit = |every: Option<u32>| every.is_some_and(|t| n % u64::from(t) == 0);
+            [
+                (f.timeout_every, Injected::Timeout),
+                (f.reset_every, Injected::Reset),
+                (f.never_run_every, Injected::NeverRun),
+                (f.hole_every, Injected::Hole),
+                (f.short_count_every, Injected::Short),
+            ]
+            .into_iter()
+            .find(|(every, _)| hit(*every))
+            .map(|(_, kind)| kind)
         };
         let st = self.state.read().unwrap();
         let dm = st
@@ -364,25 +422,159 @@ impl KernelInterface for SimKif {
         let tasks: Vec<RknpuTask> =
             (first..end).step_by(tsize).map(|o| bytemuck::pod_read_unaligned(&tbytes[o..o + tsize])).collect();
 
-        // Injected faults run only part of the job first.
+        if let Some(kind) = injected {
+            let mut c = self.injected.lock().unwrap();
+            match kind {
+                Injected::Timeout => c.timeouts += 1,
+                Injected::Reset => c.resets += 1,
+                Injected::NeverRun => c.never_run += 1,
+                Injected::Hole => c.holes += 1,
+                Injected::Short => c.short_counts += 1,
+            }
+        }
+        if injected == Some(Injected::NeverRun) {
+            // The ioctl returns success; the hardware never started.
+            return Ok(SubmitDone { hw_elapse_ns: 0, task_counter: job.task_number });
+        }
+        // Injected faults run only part of the job (a hole: all but one program).
         let budget = match injected {
-            Some(_) => (job.task_number / 2) as usize,
-            None => usize::MAX,
+            Some(Injected::Timeout | Injected::Reset | Injected::Short) => (job.task_number / 2) as usize,
+            _ => usize::MAX,
         };
-        let ran = execute_tasks(&self.soc, dm, &tasks, budget, job.timeout_ms, &mut |_| Exec::Run)?;
+        let skip = (injected == Some(Injected::Hole)).then_some(job.task_number as usize / 2);
+        let (mut index, mut skipped) = (0usize, 0usize);
+        let fetched = execute_tasks(&self.soc, dm, &tasks, budget, job.timeout_ms, &mut |_| {
+            let run = skip != Some(index);
+            index += 1;
+            if run {
+                Exec::Run
+            } else {
+                skipped += 1;
+                Exec::Skip
+            }
+        })?;
+        let ran = fetched - skipped;
         self.programs_run.fetch_add(ran as u64, Ordering::Relaxed);
         match injected {
             Some(Injected::Timeout) => return Err(KifError::Timeout { timeout_ms: job.timeout_ms }),
             Some(Injected::Reset) => return Err(KifError::Reset),
-            None => {}
+            _ => {}
         }
-        Ok(SubmitDone { hw_elapse_ns: t0.elapsed().as_nanos() as u64, task_counter: job.task_number })
+        // The counter says what ran, except where the modelled kernel's bookkeeping lies (a hole).
+        let task_counter = if injected == Some(Injected::Hole) { job.task_number } else { ran as u32 };
+        Ok(SubmitDone { hw_elapse_ns: t0.elapsed().as_nanos() as u64, task_counter })
     }
 
     fn reset(&self) -> Result<(), KifError> {
         Ok(())
     }
+
+    fn fault_report(&self) -> Option<String> {
+        if *self.faults.lock().unwrap() == SimFaults::default() {
+            return None;
+        }
+        let c = self.injected();
+        Some(format!(
+            "sim fault injection (ORK_SIM_FAULT): {} submits never ran, {} holes, {} short task counts, {} timeouts, {} resets, {} failed syncs injected",
+            c.never_run, c.holes, c.short_counts, c.timeouts, c.resets, c.sync_fails
+        ))
+    }
 }
+
+/// Fields the model does not compute with but whose other values would change the result on
+/// hardware (or whose meaning is unknown): each must hold the one value modelled — what ork's
+/// int8 template writes (rknpu-facts §2.2) — or the program is refused. Unwritten reads as 0.
+pub const PINNED: &[(&regs::RegDef, regs::Field, u64, &str)] = {
+    use regs::*;
+    &[
+        (&CNA_FC_CON1::REG, CNA_FC_CON1::DATA_OFFSET, 0, "no feature data offset"),
+        (&CNA_FC_CON2::REG, CNA_FC_CON2::WEIGHT_OFFSET, 0, "no weight offset"),
+        (&CNA_CVT_CON5::REG, CNA_CVT_CON5::PER_CHANNEL_CVT_EN, 0, "no per-channel input conversion"),
+        (&CNA_CBUF_CON0::REG, CNA_CBUF_CON0::DATA_REUSE, 0, "no CBUF data reuse from the previous program"),
+        (&CNA_CBUF_CON0::REG, CNA_CBUF_CON0::WEIGHT_REUSE, 0, "no CBUF weight reuse from the previous program"),
+        (&CNA_CBUF_CON0::REG, CNA_CBUF_CON0::FC_DATA_BANK, 0, "no FC data bank"),
+        (&CNA_DATA_SIZE3::REG, CNA_DATA_SIZE3::SURF_MODE, 0, "ork's flat layout"),
+        (&CNA_CONV_CON2::REG, CNA_CONV_CON2::KERNEL_GROUP, 0, "one kernel group"),
+        (&CORE_MISC_CFG::REG, CORE_MISC_CFG::DW_EN, 0, "no depthwise convolution"),
+        (&DPU_FEATURE_MODE_CFG::REG, DPU_FEATURE_MODE_CFG::TP_EN, 0, "no transposed output"),
+        (&DPU_FEATURE_MODE_CFG::REG, DPU_FEATURE_MODE_CFG::COMB_USE, 0, "no combined use"),
+        (&DPU_FEATURE_MODE_CFG::REG, DPU_FEATURE_MODE_CFG::NONALIGN, 0, "aligned output"),
+        (&DPU_FEATURE_MODE_CFG::REG, DPU_FEATURE_MODE_CFG::RGP_TYPE, 0, "no regroup"),
+        (&DPU_DATA_FORMAT::REG, DPU_DATA_FORMAT::MC_SURF_OUT, 0, "one output surface"),
+        (&DPU_BS_OW_CFG::REG, DPU_BS_OW_CFG::OD_BYPASS, 0, "ork's int32 write-out"),
+        (&DPU_BS_OW_CFG::REG, DPU_BS_OW_CFG::OW_SRC, 0, "ork's int32 write-out"),
+        (&DPU_BS_OW_CFG::REG, DPU_BS_OW_CFG::TP_ORG_EN, 0, "no transposed output"),
+        (&DPU_BS_OW_CFG::REG, DPU_BS_OW_CFG::RGP_CNTER, 0, "no regroup"),
+        (&DPU_BS_OW_OP::REG, DPU_BS_OW_OP::OW_OP, 0, "no write-out operation"),
+        (&DPU_WDMA_SIZE_0::REG, DPU_WDMA_SIZE_0::TP_PRECISION, 0, "no transposed output"),
+        (&DPU_WDMA_SIZE_0::REG, DPU_WDMA_SIZE_0::SIZE_C_WDMA, 0, "ork's flat output"),
+        (&DPU_DATA_CUBE_HEIGHT::REG, DPU_DATA_CUBE_HEIGHT::MINMAX_CTL, 0, "no min/max"),
+        (&DPU_OUT_CVT_SHIFT::REG, DPU_OUT_CVT_SHIFT::CVT_TYPE, 0, "identity OUT_CVT"),
+        (&DPU_OUT_CVT_SHIFT::REG, DPU_OUT_CVT_SHIFT::CVT_ROUND, 0, "identity OUT_CVT"),
+        (&DPU_OUT_CVT_SHIFT::REG, DPU_OUT_CVT_SHIFT::MINUS_EXP, 0, "identity OUT_CVT"),
+        (&DPU_OFFSET_PEND::REG, DPU_OFFSET_PEND::OFFSET_PEND, 0, "meaning unknown; ork writes 0"),
+        (&CORE_UNK_3030::REG, CORE_UNK_3030::VALUE, 0, "undocumented; Mesa and mtx512 write 0"),
+        (&DPU_UNK_40C4::REG, DPU_UNK_40C4::VALUE, 0, "undocumented; Mesa and mtx512 write 0"),
+    ]
+};
+
+/// Registers of the table whose values the model reads through [`SimKif::decode_matmul`]
+/// (whole or in part, with [`PINNED`] for the rest of their result-changing fields), or
+/// through the PC fetch (chain link, kick).
+pub const CHECKED: &[&regs::RegDef] = {
+    use regs::*;
+    &[
+        &PC_BASE_ADDRESS::REG, &PC_REGISTER_AMOUNTS::REG, &PC_OPERATION_ENABLE::REG, &OP41_UNK_0000::REG,
+        &CNA_CONV_CON1::REG, &CNA_CONV_CON2::REG, &CNA_CONV_CON3::REG, &CNA_DATA_SIZE0::REG, &CNA_DATA_SIZE1::REG,
+        &CNA_DATA_SIZE2::REG, &CNA_DATA_SIZE3::REG, &CNA_WEIGHT_SIZE0::REG, &CNA_WEIGHT_SIZE1::REG,
+        &CNA_WEIGHT_SIZE2::REG, &CNA_CBUF_CON0::REG, &CNA_CVT_CON0::REG, &CNA_FC_CON0::REG, &CNA_FC_CON1::REG,
+        &CNA_PAD_CON0::REG, &CNA_FEATURE_DATA_ADDR::REG, &CNA_FC_CON2::REG, &CNA_DMA_CON1::REG, &CNA_DMA_CON2::REG,
+        &CNA_FC_DATA_SIZE0::REG, &CNA_FC_DATA_SIZE1::REG, &CNA_DCOMP_CTRL::REG, &CNA_DCOMP_ADDR0::REG,
+        &CNA_CVT_CON5::REG, &CORE_MISC_CFG::REG, &CORE_DATAOUT_SIZE_0::REG, &CORE_DATAOUT_SIZE_1::REG,
+        &CORE_CLIP_TRUNCATE::REG, &CORE_UNK_3030::REG, &DPU_FEATURE_MODE_CFG::REG, &DPU_DATA_FORMAT::REG,
+        &DPU_OFFSET_PEND::REG, &DPU_DST_BASE_ADDR::REG, &DPU_DST_SURF_STRIDE::REG, &DPU_DATA_CUBE_WIDTH::REG,
+        &DPU_DATA_CUBE_HEIGHT::REG, &DPU_DATA_CUBE_NOTCH_ADDR::REG, &DPU_DATA_CUBE_CHANNEL::REG, &DPU_BS_CFG::REG,
+        &DPU_BS_OW_CFG::REG, &DPU_BS_OW_OP::REG, &DPU_WDMA_SIZE_0::REG, &DPU_WDMA_SIZE_1::REG, &DPU_BN_CFG::REG,
+        &DPU_EW_CFG::REG, &DPU_OUT_CVT_OFFSET::REG, &DPU_OUT_CVT_SCALE::REG, &DPU_OUT_CVT_SHIFT::REG,
+        &DPU_SURFACE_ADD::REG, &DPU_UNK_40C4::REG, &DPU_RDMA_RDMA_S_POINTER::REG,
+    ]
+};
+
+/// Registers of the table whose values the model does not read, each with why the hardware
+/// ignores it for this operation (an int8 matmul with every DPU stage bypassed) or why it
+/// cannot change the result. Reserved bits are refused in these too.
+pub const IGNORED: &[(&regs::RegDef, &str)] = {
+    use regs::*;
+    const CVT: &str = "input converter bypassed (CNA_CVT_CON0.CVT_BYPASS = 1 is checked)";
+    const DCOMP: &str = "weight decompression off (CNA_DCOMP_CTRL.DECOMP_CONTROL = 0 is checked)";
+    const BS: &str = "BS stage bypassed (DPU_BS_CFG.BS_BYPASS = 1 is checked)";
+    const BN: &str = "BN stage bypassed (DPU_BN_CFG.BN_BYPASS = 1 is checked)";
+    const EW: &str = "EW stage, its LUT included, bypassed (DPU_EW_CFG.EW_BYPASS = 1 is checked)";
+    &[
+        (&CNA_CBUF_CON1::REG, "CBUF data entries: scheduling (rknpu-facts §2.3); the CBUF capacity is checked from CNA_CBUF_CON0"),
+        (&CNA_CVT_CON1::REG, CVT), (&CNA_CVT_CON2::REG, CVT), (&CNA_CVT_CON3::REG, CVT), (&CNA_CVT_CON4::REG, CVT),
+        (&CNA_DMA_CON0::REG, "DMA burst lengths and the 4K-crossing bypass: bus efficiency, not data"),
+        (&CNA_DCOMP_REGNUM::REG, DCOMP),
+        (&CNA_DCOMP_AMOUNT0::REG, DCOMP), (&CNA_DCOMP_AMOUNT1::REG, DCOMP), (&CNA_DCOMP_AMOUNT2::REG, DCOMP),
+        (&CNA_DCOMP_AMOUNT3::REG, DCOMP), (&CNA_DCOMP_AMOUNT4::REG, DCOMP), (&CNA_DCOMP_AMOUNT5::REG, DCOMP),
+        (&CNA_DCOMP_AMOUNT6::REG, DCOMP), (&CNA_DCOMP_AMOUNT7::REG, DCOMP), (&CNA_DCOMP_AMOUNT8::REG, DCOMP),
+        (&CNA_DCOMP_AMOUNT9::REG, DCOMP), (&CNA_DCOMP_AMOUNT10::REG, DCOMP), (&CNA_DCOMP_AMOUNT11::REG, DCOMP),
+        (&CNA_DCOMP_AMOUNT12::REG, DCOMP), (&CNA_DCOMP_AMOUNT13::REG, DCOMP), (&CNA_DCOMP_AMOUNT14::REG, DCOMP),
+        (&CNA_DCOMP_AMOUNT15::REG, DCOMP),
+        (&CNA_PAD_CON1::REG, "pad value: no padding (CNA_PAD_CON0 PAD_TOP = PAD_LEFT = 0 is checked)"),
+        (&DPU_S_POINTER::REG, "DPU ping-pong register-set pointer: which copy of the registers, not their values"),
+        (&DPU_BS_ALU_CFG::REG, BS), (&DPU_BS_MUL_CFG::REG, BS), (&DPU_BS_RELUX_CMP_VALUE::REG, BS),
+        (&DPU_BN_ALU_CFG::REG, BN), (&DPU_BN_MUL_CFG::REG, BN), (&DPU_BN_RELUX_CMP_VALUE::REG, BN),
+        (&DPU_EW_CVT_OFFSET_VALUE::REG, EW), (&DPU_EW_CVT_SCALE_VALUE::REG, EW), (&DPU_EW_RELUX_CMP_VALUE::REG, EW),
+        (&DPU_EW_OP_VALUE_0::REG, EW), (&DPU_EW_OP_VALUE_1::REG, EW), (&DPU_EW_OP_VALUE_2::REG, EW),
+        (&DPU_EW_OP_VALUE_3::REG, EW), (&DPU_EW_OP_VALUE_4::REG, EW), (&DPU_EW_OP_VALUE_5::REG, EW),
+        (&DPU_EW_OP_VALUE_6::REG, EW), (&DPU_EW_OP_VALUE_7::REG, EW),
+        (&DPU_LUT_ACCESS_CFG::REG, EW), (&DPU_LUT_ACCESS_DATA::REG, EW), (&DPU_LUT_CFG::REG, EW), (&DPU_LUT_INFO::REG, EW),
+        (&DPU_LUT_LE_START::REG, EW), (&DPU_LUT_LE_END::REG, EW), (&DPU_LUT_LO_START::REG, EW), (&DPU_LUT_LO_END::REG, EW),
+        (&DPU_LUT_LE_SLOPE_SCALE::REG, EW), (&DPU_LUT_LE_SLOPE_SHIFT::REG, EW), (&DPU_LUT_LO_SLOPE_SCALE::REG, EW),
+        (&DPU_LUT_LO_SLOPE_SHIFT::REG, EW),
+    ]
+};
 
 /// Reads a register that the operation depends on; unwritten is an error.
 fn req(rf: &RegFile, reg: &regs::RegDef) -> Result<u32, KifError> {
@@ -488,7 +680,9 @@ pub fn execute_tasks(
     Ok(ran)
 }
 
-/// Fetches and executes one program; returns the chain link it programmed, if any.
+/// Fetches and executes one program; returns the chain link it programmed, if any. The
+/// hook sees each decoded program first; with [`Exec::Skip`] it is decoded and checked but
+/// its matmul is not computed (an injected hole, a cold output buffer).
 fn run_program(
     soc: &SocDesc,
     mem: &dyn DeviceMemory,
@@ -515,6 +709,10 @@ fn run_program(
         let Some(reg) = rf.apply(e) else {
             return Err(unmodelled(format!("write to a register outside the table: {e}")));
         };
+        let reserved = e.value() & reg.reserved_mask();
+        if reserved != 0 {
+            return Err(unmodelled(format!("{}: reserved bits {reserved:#x} set in {:#010x} (not modelled)", reg.name, e.value())));
+        }
         match reg.block {
             Block::OpEnable => {
                 if prev.map(|p| p.target_op()) != Some(regs::TARGET_OP_41) {
@@ -545,7 +743,7 @@ fn run_program(
         (Some(b), Some(a)) if a != 0 => Some((b as u32, a as u32)),
         _ => None,
     })
-    }
+}
 
 /// Decodes the register file into the one operation the simulator models, refusing
 /// everything else.
@@ -645,13 +843,19 @@ fn decode_matmul(soc: &SocDesc, rf: &RegFile) -> Result<MatmulOp, KifError> {
     expect(rf, &DPU_WDMA_SIZE_0::REG, DPU_WDMA_SIZE_0::CHANNEL_WDMA, n, "WDMA channels")?;
     expect(rf, &DPU_WDMA_SIZE_1::REG, DPU_WDMA_SIZE_1::HEIGHT_WDMA, mc, "WDMA height")?;
     expect(rf, &DPU_WDMA_SIZE_1::REG, DPU_WDMA_SIZE_1::WIDTH_WDMA, 1, "WDMA width")?;
+    for (reg, field, want, what) in PINNED {
+        let got = rf.field(reg, *field);
+        if got != *want {
+            return Err(unmodelled(format!("{}.{} = {got}, only {want} is modelled ({what})", reg.name, field.name)));
+        }
+    }
     let a = u64::from(req(rf, &CNA_FEATURE_DATA_ADDR::REG)?);
     let b = u64::from(req(rf, &CNA_DCOMP_ADDR0::REG)?);
     let c = u64::from(req(rf, &DPU_DST_BASE_ADDR::REG)?);
     Ok(MatmulOp { mc, k, n, s, a, b, c })
-    }
+}
 
-/// Runs one decoded matmul against the address space's memory.
+/// Runs one decoded matmul against the domain's memory.
 fn execute(mem: &dyn DeviceMemory, op: &MatmulOp) -> Result<(), KifError> {
     let MatmulOp { mc, k, n, s, a, b, c } = *op;
     for (what, addr) in [("A", a), ("B", b), ("C", c)] {
@@ -756,5 +960,24 @@ fn has_avx2() -> bool {
     #[cfg(not(target_arch = "x86_64"))]
     {
         false
+    }
+}
+
+#[cfg(test)]
+mod coverage_tests {
+    use super::*;
+
+    #[test]
+    fn every_table_register_is_checked_or_ignored_with_a_reason() {
+        for r in regs::REGISTERS {
+            let checked = CHECKED.iter().any(|c| c.name == r.name);
+            let ignored = IGNORED.iter().any(|(i, why)| i.name == r.name && !why.is_empty());
+            assert!(checked != ignored, "{}: checked {checked}, ignored {ignored} (exactly one)", r.name);
+        }
+        assert_eq!(CHECKED.len() + IGNORED.len(), regs::REGISTERS.len(), "no duplicates");
+        for (reg, field, _, _) in PINNED {
+            assert!(CHECKED.iter().any(|c| c.name == reg.name), "{} pinned but not listed as checked", reg.name);
+            assert!(reg.fields.contains(field), "{}.{} is not a field of it", reg.name, field.name);
+        }
     }
 }
