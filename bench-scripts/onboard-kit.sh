@@ -9,7 +9,8 @@
 # Steps (each reported as RAN / WARN / FAIL / SKIPPED with the reason):
 #   1 board      SoC from the device tree (rk3588 / rk3576); none → automatic dry run
 #   2 driver     /sys/module/rknpu/version (vendor) or the rocket module; /dev/dri/card* and
-#                /dev/accel/* driver names via sysfs and ork-selftest (no dmesg needed)
+#                /dev/accel/* driver names via sysfs and ork-selftest (no dmesg needed); the NPU clock
+#                (devfreq), repeated next to every NPU figure on rocket boards (200 MHz by default)
 #   3 perms      the NPU / GPU device nodes are readable and writable by this user
 #   4 ddr        /sys/class/devfreq/*dmc*: governor, cur/max frequency — WARN when memory is not at
 #                its top frequency (the most common reason for half the published speed)
@@ -58,9 +59,20 @@ SUMMARY=()
 say() { echo "$*" | tee -a "$REPORT"; }
 raw() { tee -a "$REPORT"; }
 block() { echo '```' >>"$REPORT"; cat | tee -a "$REPORT"; echo '```' >>"$REPORT"; }
+# The NPU clock, read again for every figure: mainline (rocket) boards default to 200 MHz with no
+# devfreq governor, so a rocket figure means nothing without it (peer-facts §2).
+npu_clock() {
+  local d f
+  d=$(ls -d /sys/class/devfreq/*npu* 2>/dev/null | head -1)
+  if [[ -n $d && -r $d/cur_freq ]]; then f=$(cat "$d/cur_freq"); echo "NPU clock $((f / 1000000)) MHz ($d)"
+  else echo "NPU clock unknown (no /sys/class/devfreq/*npu*)"; fi
+}
 status() { # step verdict text
-  SUMMARY+=("| $1 | $2 | $3 |")
-  say "**$1: $2** — $3"
+  local text=$3
+  # Steps that measure the NPU carry the clock it ran at, on rocket boards.
+  if [[ ${ROCKET:-0} == 1 && $1 =~ ^(selftest|bench|cache|host)$ ]]; then text="$text [$(npu_clock)]"; fi
+  SUMMARY+=("| $1 | $2 | $text |")
+  say "**$1: $2** — $text"
   say ""
 }
 
@@ -99,7 +111,9 @@ if [[ -r /sys/module/rknpu/version ]]; then
 elif [[ -d /sys/module/rknpu ]]; then
   DRV="rknpu (no version file)"
 fi
-if [[ -d /sys/module/rocket ]]; then DRV="${DRV:+$DRV; }rocket (mainline accel)"; fi
+ROCKET=0
+if [[ -d /sys/module/rocket ]]; then DRV="${DRV:+$DRV; }rocket (mainline accel)"; ROCKET=1; fi
+if [[ -n "$DRV" ]]; then say "- $(npu_clock)"; fi
 {
   for n in /dev/dri/card* /dev/accel/accel*; do
     [[ -e $n ]] || continue

@@ -79,6 +79,7 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_NPU_MC", default: "(all cores)", meaning: "cap on NPU cores per matmul (the core budget); the planner picks within it" },
     VarDoc { name: "ORK_MM_TIMEOUT", default: "60000", meaning: "NPU submit timeout in ms; a submit past it fails (the NPU is soft-reset) and the matmul runs on the CPU" },
     VarDoc { name: "ORK_NO_AFFINITY", default: "0", meaning: "1 (or true, yes, on) = do not pin NPU worker threads to the big CPU cores" },
+    VarDoc { name: "ORK_DOMAIN_CAP_MB", default: "3072", meaning: "weight bytes placed in one IOMMU domain before the next is opened (MiB); lower it below the kernel's per-domain window (the fake kernel's ORK_FK_DOMAIN_MB) so weights span several domains" },
     VarDoc { name: "ORK_WCACHE_BUDGET_MB", default: "RAM - 1024 - ORK buffers", meaning: "resident weight budget (MiB); weights past it keep one int8 term, then stay on the CPU" },
     VarDoc { name: "ORK_CACHE", default: "1", meaning: "0 = do not read or write .orkpack files" },
     VarDoc { name: "ORK_CACHE_MAX_MB", default: "8192", meaning: "size limit of the .orkpack cache directory; least-recently-used entries not in use are removed past it, and when that is not enough the new entry is not written (one warning)" },
@@ -121,6 +122,8 @@ pub struct Config {
     pub mm_timeout_ms: Option<u32>,
     pub no_affinity: bool,
     pub wcache_budget_mb: Option<u64>,
+    /// `ORK_DOMAIN_CAP_MB`: weight bytes per IOMMU domain in MiB (None = the SoC's default).
+    pub domain_cap_mb: Option<u64>,
     pub cache_enabled: bool,
     pub cache_dir: Option<String>,
     /// `ORK_ROTATE`: Hadamard rotation of K on both operands, with the budget of extra terms.
@@ -216,6 +219,7 @@ impl Config {
         let mc = num("ORK_NPU_MC");
         let max_cores = mc.map(|n| n.min(u32::MAX as u64) as u32).filter(|&n| n >= 1);
         let wcache_budget_mb = num("ORK_WCACHE_BUDGET_MB");
+        let domain_cap_mb = num("ORK_DOMAIN_CAP_MB").filter(|&n| n >= 1);
         let mm_timeout_ms = num("ORK_MM_TIMEOUT").map(|n| n.min(u32::MAX as u64) as u32);
         let cache_max_mb = num("ORK_CACHE_MAX_MB").unwrap_or(DEFAULT_CACHE_MAX_MB);
         let log_level = match get("ORK_LOG").as_deref().map(|s| s.trim().to_ascii_lowercase()) {
@@ -280,6 +284,7 @@ impl Config {
             mm_timeout_ms,
             no_affinity: flag(get("ORK_NO_AFFINITY").as_deref()),
             wcache_budget_mb,
+            domain_cap_mb,
             cache_enabled: get("ORK_CACHE").map(|v| v.trim() != "0").unwrap_or(true),
             cache_dir: text("ORK_CACHE_DIR"),
             cache_max_mb,

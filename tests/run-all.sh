@@ -13,7 +13,7 @@ fi
 # Lints as errors, every unsafe block with its SAFETY comment, every pub unsafe fn with its
 # `# Safety` section (clippy comes with set-up).
 echo "== cargo clippy"
-if ! cargo clippy --all-targets --quiet -- -D warnings -W clippy::undocumented_unsafe_blocks -W clippy::missing_safety_doc \
+if ! cargo clippy --workspace --all-targets --quiet -- -D warnings -W clippy::undocumented_unsafe_blocks -W clippy::missing_safety_doc \
      >"$ORK_ENV/cargo-clippy.log" 2>&1; then
   grep -E "^(error|warning)|^ *--> " "$ORK_ENV/cargo-clippy.log" | head -60
   echo "cargo clippy failed (log: $ORK_ENV/cargo-clippy.log)"; exit 1
@@ -26,6 +26,8 @@ echo "== end-to-end (llama.cpp b11549 + ORK on the simulator)"
 python3 "$ROOT/tests/e2e.py" || failed+=(e2e)
 echo "== serving: llama-server --parallel 4, two processes, ggml-rpc-server, MUL_MAT_ID (~5 min)"
 python3 "$ROOT/tests/e2e_serving.py" || failed+=(serving)
+echo "== fake kernel: the rknpu and rocket interfaces through their ioctls, against the simulator (~4 min)"
+bash "$ROOT/tests/fake-kernel/test.sh" || failed+=(fake-kernel)
 
 # ---- the product's own target: aarch64 cross build + the crate's tests under qemu ----------
 # (separate step; ~2 min warm, ~6-8 min cold incl. apt set-up; ORK_CROSS=0 skips it locally)

@@ -32,6 +32,7 @@ impl Device {
             pin_cpus: npu::hostcpu::big_cores_for_pinning(cfg.no_affinity),
             wcache_budget_bytes: cfg.wcache_budget_mb.map(|mb| mb << 20),
             timeout_ms: cfg.mm_timeout_ms,
+            domain_cap_bytes: cfg.domain_cap_mb.map(|mb| mb << 20),
             sim_fault: cfg.sim_fault.clone(),
         };
         let npu = Npu::open(&ncfg).map_err(|e| match cfg.npu {

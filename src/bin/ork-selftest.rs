@@ -124,6 +124,7 @@ fn run_bit_exact_suite(config: &Config, kind: NpuKind, soc: Option<SocId>) -> Re
         pin_cpus: hostcpu::big_cores_for_pinning(config.no_affinity),
         wcache_budget_bytes: config.wcache_budget_mb.map(|mb| mb << 20),
         timeout_ms: config.mm_timeout_ms,
+        domain_cap_bytes: config.domain_cap_mb.map(|mb| mb << 20),
         sim_fault: None,
     };
     let npu = Npu::open(&cfg).map_err(|e| format!("Npu::open: {e}"))?;

@@ -69,6 +69,9 @@ pub struct NpuConfig {
     pub wcache_budget_bytes: Option<u64>,
     /// Submit timeout in ms (`ORK_MM_TIMEOUT`; default [`mm::DEFAULT_TIMEOUT_MS`]).
     pub timeout_ms: Option<u32>,
+    /// Weight bytes per IOMMU domain (`ORK_DOMAIN_CAP_MB`; default the SoC's
+    /// `domain_cap_bytes`). Must stay below the kernel's per-domain window minus scratch.
+    pub domain_cap_bytes: Option<u64>,
     /// The simulator's fault injection (`ORK_SIM_FAULT`, [`kif::sim::SimFaults::parse`]); a bad
     /// spec makes [`Npu::open`] fail.
     pub sim_fault: Option<String>,
@@ -214,6 +217,10 @@ impl Npu {
     /// Builds an `Npu` over an already opened kernel interface (tests use it to keep a handle on
     /// the simulator, e.g. for fault injection or a SoC description with a small IOVA window).
     pub fn with_kif(kif: Arc<dyn KernelInterface>, soc: soc::SocDesc, cfg: &NpuConfig) -> Result<Arc<Npu>, NpuError> {
+        let mut soc = soc;
+        if let Some(cap) = cfg.domain_cap_bytes {
+            soc.domain_cap_bytes = cap;
+        }
         let cores = soc.cores;
         let max_cores = cfg.max_cores.unwrap_or(cores).clamp(1, cores);
         let budget = cfg.wcache_budget_bytes.unwrap_or_else(domain::default_budget_bytes);

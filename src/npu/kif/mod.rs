@@ -249,6 +249,54 @@ pub trait KernelInterface: Send + Sync {
     }
 }
 
+/// The cold-output-buffer defence (rknpu-facts §2.6): on the board the first submit into a
+/// freshly allocated output buffer returns stale data, so ork runs one throw-away warm-up submit
+/// per fresh output buffer and again after every reset. Both hardware interfaces keep the set of
+/// output buffers (by GEM handle) that a submit has written since they were created or since the
+/// last reset; a job whose outputs are not all warm is submitted twice, the first result
+/// discarded.
+#[derive(Default)]
+pub(crate) struct Warmth {
+    warm: std::sync::Mutex<std::collections::HashSet<u32>>,
+    /// Warm-up submits issued (for logs and tests).
+    pub warmups: std::sync::atomic::AtomicU64,
+}
+
+impl Warmth {
+    fn set(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<u32>> {
+        self.warm.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    /// The handles of `outs` that no submit has written yet.
+    pub fn cold(&self, outs: &[u32]) -> Vec<u32> {
+        let w = self.set();
+        outs.iter().copied().filter(|h| !w.contains(h)).collect()
+    }
+    pub fn mark(&self, outs: &[u32]) {
+        self.set().extend(outs.iter().copied());
+    }
+    /// A destroyed buffer's handle may be reused by a new, cold buffer.
+    pub fn forget(&self, handle: u32) {
+        self.set().remove(&handle);
+    }
+    /// After a reset every buffer is cold again.
+    pub fn clear(&self) {
+        self.set().clear();
+    }
+}
+
+/// Registers whose value is an IOVA in the matmul program: activation base, weight base, output
+/// base, and the PC chain link (rknpu-facts §2.2 rows 25/34/61, §2.4).
+pub(crate) fn is_address_reg(e: &crate::npu::regs::RegCmd) -> bool {
+    use crate::npu::regs::{CNA_DCOMP_ADDR0, CNA_FEATURE_DATA_ADDR, DPU_DST_BASE_ADDR, PC_BASE_ADDRESS};
+    e.writes(&CNA_FEATURE_DATA_ADDR::REG) || e.writes(&CNA_DCOMP_ADDR0::REG) || e.writes(&DPU_DST_BASE_ADDR::REG) || e.writes(&PC_BASE_ADDRESS::REG)
+}
+
+/// The DPU destination addresses (`DST_BASE_ADDR`) a regcmd stream writes to.
+pub(crate) fn output_addrs(entries: &[crate::npu::regs::RegCmd]) -> Vec<u32> {
+    use crate::npu::regs::DPU_DST_BASE_ADDR;
+    entries.iter().filter(|e| e.writes(&DPU_DST_BASE_ADDR::REG)).map(|e| e.value()).collect()
+}
+
 /// Piece size of [`KernelInterface::mem_import_observed`]: small enough that a piece just
 /// copied is still in the L2 cache of the cores this targets (Cortex-A76: 512 KiB) when it is
 /// observed.

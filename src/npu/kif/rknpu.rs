@@ -30,6 +30,14 @@
 //!   soft-reset and the submit tried once more (§1.6). ETIMEDOUT becomes [`KifError::Timeout`]:
 //!   the kernel has already reset the whole device (conflict 5). `hw_elapse_time` is ns
 //!   (conflict 1).
+//! * **Board quirks** (rknpu-facts §2.6, from ork; modelled by the fake kernel,
+//!   docs/fake-kernel.md). Entering int8 mode from cold wedges the first submit unless ACT_RESET
+//!   came first: the first submit of a connection issues one ACT_RESET (other cores' first
+//!   submits wait for it). The first submit into a fresh output buffer returns stale data: the
+//!   interface remembers which buffers (by handle) a submit has written since they were created
+//!   or since the last reset, finds a job's outputs from the DPU destination registers of its
+//!   regcmd, and runs a job with a cold output twice, the first result discarded. A timeout
+//!   (the kernel reset the device) or an ACT_RESET makes every buffer cold again.
 //! * **Domains.** MEM_CREATE and SUBMIT carry the domain id themselves, so no explicit switch is
 //!   needed on the native path; [`Rknpu::set_iommu_domain`] (action 25, stock) is offered for
 //!   paths that map into "whatever domain is live" (PRIME imports). The oRKLLM-patched 0x1xx
@@ -54,7 +62,7 @@ use nix::errno::Errno;
 
 use super::drm::{self, DRM_COMMAND_BASE, DRM_IOCTL_TYPE};
 use super::{
-    page_round, Bo, DomainId, Iova, KernelInterface, KifError, SubmitDone, SubmitJob, SyncDir, MAX_DOMAINS,
+    page_round, Bo, DomainId, Iova, KernelInterface, KifError, SubmitDone, SubmitJob, SyncDir, Warmth, MAX_DOMAINS,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -106,6 +114,9 @@ pub const MEM_CREATE_CORE_MASK: u32 = 1;
 /// (rknpu-facts §1.6, ork `submit.c`).
 pub const SUBMIT_RETRIES: u32 = 20;
 pub const SUBMIT_RETRY_SLEEP: Duration = Duration::from_micros(50);
+/// Trailer entries the kernel fetches after `regcfg_amount` (`RKNPU_PC_DATA_EXTRA_AMOUNT`,
+/// rknpu-facts §1.5).
+pub const PC_DATA_EXTRA_ENTRIES: usize = 4;
 /// Entries of `rknpu_submit.subcore_task` filled with the job's range (rknpu-facts §1.3, conflict 7).
 pub const SUBCORE_ENTRIES_FILLED: usize = 3;
 /// Core masks the vendor job code decodes: one bit per core, 0 = AUTO (rknpu-facts §1.4, S2).
@@ -407,14 +418,29 @@ pub fn open(card: Option<&Path>) -> Result<Box<dyn KernelInterface>, KifError> {
     Ok(Box::new(Rknpu::open_path(&path)?))
 }
 
+/// One live buffer as this interface remembers it.
+struct LiveBo {
+    obj_addr: u64,
+    domain: u32,
+    iova: u32,
+    size: usize,
+    /// CPU address of the mapping (an integer so the map is `Send`).
+    cpu_addr: usize,
+}
+
 /// A live connection to the vendor rknpu driver.
 pub struct Rknpu {
     fd: File,
     path: PathBuf,
     drv_version: u32,
     hw_version: u32,
-    /// Live buffers: handle → obj_addr, destroyed on drop if the caller forgot.
-    live: Mutex<HashMap<u32, u64>>,
+    /// Live buffers by handle, destroyed on drop if the caller forgot; also how a submit finds
+    /// the regcmd and output buffers of its programs (the warm-up rule).
+    live: Mutex<HashMap<u32, LiveBo>>,
+    /// Output buffers written since creation or the last reset (cold-buffer quirk, §2.6).
+    warmth: Warmth,
+    /// Whether the NPU has been put into int8 mode (ACT_RESET before the first int8 job, §2.6).
+    int8_entered: Mutex<bool>,
 }
 
 impl Rknpu {
@@ -434,6 +460,8 @@ impl Rknpu {
             drv_version: 0,
             hw_version: 0,
             live: Mutex::new(HashMap::new()),
+            warmth: Warmth::default(),
+            int8_entered: Mutex::new(false),
         };
         dev.drv_version = dev.action(action::GET_DRV_VERSION, 0)?;
         if dev.drv_version < MIN_DRV_VERSION {
@@ -550,7 +578,8 @@ impl KernelInterface for Rknpu {
             .map_raw(&self.fd)
             .map_err(|e| fail(KifError::Sys { op: "mmap", source: drm::io_to_errno(&e) }))?;
         let ptr = map.as_mut_ptr();
-        self.live.lock().unwrap_or_else(|p| p.into_inner()).insert(handle, obj_addr);
+        let rec = LiveBo { obj_addr, domain: domain.0, iova, size, cpu_addr: ptr as usize };
+        self.live().insert(handle, rec);
         log::debug!(
             "rknpu: mem_create {size} B flags {flags:#x} domain {} -> handle {handle} iova {iova:#010x}",
             domain.0
@@ -585,13 +614,87 @@ impl KernelInterface for Rknpu {
 
     fn mem_destroy(&self, bo: Bo) -> Result<(), KifError> {
         let (handle, obj_addr) = (bo.handle, bo.obj_addr);
-        self.live.lock().unwrap_or_else(|p| p.into_inner()).remove(&handle);
+        self.live().remove(&handle);
+        self.warmth.forget(handle);
         drop(bo); // munmap first, then free the object.
         self.destroy_raw(handle, obj_addr)
     }
 
     fn submit(&self, job: &SubmitJob<'_>) -> Result<SubmitDone, KifError> {
         validate_job(job)?;
+        self.enter_int8()?;
+        let outs = self.job_outputs(job)?;
+        let cold = self.warmth.cold(&outs);
+        if !cold.is_empty() {
+            // §2.6: the first submit into a fresh output buffer returns stale data; run the job
+            // once and throw its result away.
+            self.warmth.warmups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            log::debug!("rknpu: warm-up submit for fresh output buffer(s) {cold:?}");
+            self.submit_blocking(job)?;
+            self.warmth.mark(&cold);
+        }
+        self.submit_blocking(job)
+    }
+
+    fn reset(&self) -> Result<(), KifError> {
+        self.warmth.clear();
+        self.action(action::ACT_RESET, 0).map(|_| ())
+    }
+}
+
+impl Rknpu {
+    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<u32, LiveBo>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Entering int8 mode from cold wedges the first submit unless ACT_RESET was issued first
+    /// (rknpu-facts §2.6, ork `run()`): every job here is int8, so the first submit of this
+    /// connection resets the device once. Other cores' first submits wait for it.
+    fn enter_int8(&self) -> Result<(), KifError> {
+        let mut entered = self.int8_entered.lock().unwrap_or_else(|p| p.into_inner());
+        if !*entered {
+            log::debug!("rknpu: ACT_RESET before the first int8 job");
+            self.reset()?;
+            *entered = true;
+        }
+        Ok(())
+    }
+
+    /// The handles of the buffers the job's programs write (their DPU destination), found by
+    /// reading each task's regcmd through its buffer's mapping.
+    fn job_outputs(&self, job: &SubmitJob<'_>) -> Result<Vec<u32>, KifError> {
+        let tasks = super::rocket::read_tasks(job.task_bo.bytes(), job.task_start, job.task_number)?;
+        let live = self.live();
+        let find = |addr: u64, len: usize| {
+            live.iter().find(|(_, b)| {
+                b.domain == job.domain.0 && addr >= u64::from(b.iova) && addr + len as u64 <= u64::from(b.iova) + b.size as u64
+            })
+        };
+        let mut outs = Vec::new();
+        for t in &tasks {
+            let (addr, amount) = (t.regcmd_addr, t.regcfg_amount);
+            let len = (amount as usize + PC_DATA_EXTRA_ENTRIES) * 8;
+            let (_, b) = find(addr, len).ok_or_else(|| {
+                KifError::Invalid(format!("submit: regcmd {addr:#x}+{len} is not inside a live buffer of domain {}", job.domain.0))
+            })?;
+            let off = (addr - u64::from(b.iova)) as usize;
+            // SAFETY: the range lies inside a live mapping (checked by `find`); the live map's
+            // lock is held, so `mem_destroy` cannot unmap it meanwhile; the caller does not write
+            // regcmd while submitting it.
+            let bytes = unsafe { std::slice::from_raw_parts((b.cpu_addr + off) as *const u8, len) };
+            for dst in super::output_addrs(&crate::npu::regcmd::from_bytes(bytes)) {
+                if let Some((&h, _)) = find(u64::from(dst), 1) {
+                    if !outs.contains(&h) {
+                        outs.push(h);
+                    }
+                }
+            }
+        }
+        Ok(outs)
+    }
+
+    /// One job, blocking, with the EINVAL/EBUSY retry-then-reset rule.
+    fn submit_blocking(&self, job: &SubmitJob<'_>) -> Result<SubmitDone, KifError> {
         let mut attempt = 0u32;
         let mut reset_done = false;
         loop {
@@ -617,6 +720,8 @@ impl KernelInterface for Rknpu {
                             job.core_mask,
                             job.timeout_ms
                         );
+                        // The kernel soft-reset the device: every buffer is cold again.
+                        self.warmth.clear();
                         return Err(KifError::Timeout { timeout_ms: job.timeout_ms });
                     }
                     SubmitErrorClass::Retry if attempt < SUBMIT_RETRIES => {
@@ -633,19 +738,15 @@ impl KernelInterface for Rknpu {
             }
         }
     }
-
-    fn reset(&self) -> Result<(), KifError> {
-        self.action(action::ACT_RESET, 0).map(|_| ())
-    }
 }
 
 impl Drop for Rknpu {
     fn drop(&mut self) {
-        let live = std::mem::take(&mut *self.live.lock().unwrap_or_else(|p| p.into_inner()));
+        let live = std::mem::take(&mut *self.live());
         if !live.is_empty() {
             log::debug!("rknpu: destroying {} buffer(s) still alive at close", live.len());
         }
-        for (handle, obj_addr) in live {
+        for (handle, LiveBo { obj_addr, .. }) in live {
             if let Err(e) = self.destroy_raw(handle, obj_addr) {
                 log::warn!("rknpu: MEM_DESTROY of leaked handle {handle} failed: {e}");
             }

@@ -27,20 +27,26 @@
 //! * **Cache maintenance.** `SyncDir::ToDevice` → FINI_BO, `SyncDir::FromDevice` → PREP_BO. The
 //!   first stored uapi version has neither ioctl; `open` probes FINI_BO on a scratch BO and refuses
 //!   such kernels, because without PREP_BO there is no way to wait for a job.
-//! * **No domains, no core choice, no reset.** Each fd has one IOMMU address space, so any domain
-//!   other than 0 is [`KifError::Unsupported`]; `core_mask` is ignored (the kernel's scheduler
-//!   picks a core); the kernel resets a core itself when a job exceeds its fixed 500 ms timeout,
-//!   so [`KernelInterface::reset`] has nothing to do. Memory flags are ignored: rocket BOs are
-//!   always cacheable shmem.
+//! * **One fd per core.** Mainline binds every job of one fd to one core (peer-facts §2), so
+//!   the interface opens [`FDS`] fds and runs a job with `core_mask = 1 << c` on fd `c`; each fd
+//!   has its own IOMMU address space starting at IOVA 0 (0 is a valid address), so buffers
+//!   live on fd 0 and are mirrored into the other fds on first use (see [`Rocket`]). Domains
+//!   other than 0 are [`KifError::Unsupported`]; the kernel resets a core itself when a job
+//!   exceeds its fixed 500 ms timeout, so [`KernelInterface::reset`] has nothing to do. Memory
+//!   flags are ignored: rocket BOs are always cacheable shmem.
+//! * **Cold output buffers** (rknpu-facts §2.6): as on rknpu, a job whose output buffer no job
+//!   has written yet runs twice, the first result discarded.
 //! * **Known blind spot.** Mainline `rocket_ioctl_submit` drops per-job errors (a bad BO handle
 //!   makes the job vanish while the ioctl returns 0), and a job killed by the 500 ms timeout
-//!   still signals its fence. Neither is visible here; the bit-exact self-test is the guard.
+//!   still signals its fence. The handle lists therefore name only buffers that address
+//!   registers point into (never a buffer another thread may be destroying); what still goes
+//!   wrong is invisible to the ioctls and left to the output check of the NPU core.
 //!
 //! Sources: shared reference `rknpu-facts.md` §1.7 (S8: `include/uapi/drm/rocket_accel.h`, both
 //! stored versions, and `drivers/accel/rocket/rocket_job.c`), `rocket_gem.c` (PREP/FINI
 //! semantics), §2.1–2.2 (regcmd entry encoding, DPU DST_BASE_ADDR).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -50,7 +56,7 @@ use nix::errno::Errno;
 
 use super::drm::{self, DRM_COMMAND_BASE, DRM_IOCTL_TYPE};
 use super::{
-    page_round, Bo, DomainId, Iova, KernelInterface, KifError, RknpuTask, SubmitDone, SubmitJob, SyncDir,
+    page_round, Bo, DomainId, Iova, KernelInterface, KifError, RknpuTask, SubmitDone, SubmitJob, SyncDir, Warmth,
     PAGE_BYTES,
 };
 use crate::npu::regcmd;
@@ -249,8 +255,11 @@ pub fn read_tasks(task_bytes: &[u8], task_start: u32, task_number: u32) -> Resul
 
 /// Which BO ranges a regcmd stream references. `ranges` are `(iova_start, size_bytes, handle)`.
 /// Returns (in-handles, out-handles), each sorted and disjoint: a BO named by a DPU
-/// `DST_BASE_ADDR` write (the program's output) is an out-BO; any other BO containing a register
-/// value is an in-BO.
+/// `DST_BASE_ADDR` write (the program's output) is an out-BO; a BO another address register
+/// points into (activations, weights, the PC chain link) is an in-BO. Only address registers
+/// count: IOVAs start at 0 on rocket, so plain values (sizes, strides, 0) fall inside some BO,
+/// and naming another thread's BO that is destroyed meanwhile makes the kernel drop the whole
+/// job while the ioctl returns 0 (seen under the fake kernel: a wrong perplexity, no error).
 pub fn classify_refs(entries: &[RegCmd], ranges: &[(u32, usize, u32)]) -> (Vec<u32>, Vec<u32>) {
     let find = |v: u32| {
         ranges
@@ -260,8 +269,8 @@ pub fn classify_refs(entries: &[RegCmd], ranges: &[(u32, usize, u32)]) -> (Vec<u
     };
     let (mut ins, mut outs) = (Vec::new(), Vec::new());
     for &e in entries {
-        if e.target_op() == 0 {
-            continue; // no-op entry
+        if e.target_op() == 0 || !super::is_address_reg(&e) {
+            continue; // no-op entry, or a value that is not an address
         }
         if let Some(h) = find(e.value()) {
             if e.writes(&DPU_DST_BASE_ADDR::REG) {
@@ -288,27 +297,63 @@ pub fn find_node() -> Result<PathBuf, KifError> {
     drm::find_by_driver(Path::new(ACCEL_DIR), "accel", DRIVER_NAME)
 }
 
-/// Opens the mainline rocket driver as a kernel interface.
+/// Opens the mainline rocket driver as a kernel interface, one fd per core of [`FDS`].
 pub fn open() -> Result<Box<dyn KernelInterface>, KifError> {
     let path = find_node()?;
     Ok(Box::new(Rocket::open_path(&path)?))
 }
 
-/// Bookkeeping of one live BO, keyed by its IOVA.
+/// File descriptors opened per device: one per NPU core (RK3588 has 3). Mainline binds all
+/// jobs of one fd to one core's scheduler (peer-facts §2), so a job on `core_mask = 1 << c`
+/// goes to fd `c`.
+pub const FDS: usize = 3;
+
+/// Bookkeeping of one live BO on one fd, keyed by its IOVA.
 struct BoRec {
     handle: u32,
     size_bytes: usize,
     /// CPU address of the mapping (kept as an integer so the map is `Send`).
     cpu_addr: usize,
+    /// Bumped by every `mem_sync(ToDevice)`: the CPU changed the bytes (primary BOs only).
+    gen: u64,
 }
 
-/// A live connection to the rocket driver.
-pub struct Rocket {
+/// One open fd: its own IOMMU address space (IOVAs start at 0) and its own core.
+struct CoreFd {
     fd: File,
-    path: PathBuf,
-    /// Live BOs by IOVA start. Held while a submit reads regcmd through the mappings, so a
-    /// concurrent `mem_destroy` cannot unmap them mid-read.
+    /// Live BOs of this fd by IOVA start. Held while a submit reads regcmd through the
+    /// mappings, so a concurrent `mem_destroy` cannot unmap them mid-read.
     bos: Mutex<BTreeMap<u32, BoRec>>,
+}
+
+/// The copy of a primary BO (fd 0) in another core's address space.
+struct Mirror {
+    handle: u32,
+    iova: u32,
+    size_bytes: usize,
+    map: memmap2::MmapRaw,
+    /// The primary's `gen` this copy was made from (`u64::MAX` = never).
+    synced_gen: u64,
+}
+
+/// A live connection to the rocket driver: one fd per core.
+///
+/// Buffers are created on fd 0 (the *primary*: the `Bo`'s IOVA and CPU mapping are fd 0's). A
+/// job for core 0 runs on fd 0 as is. A job for core `c > 0` runs on fd `c`, whose address space
+/// is private: every buffer the job touches gets a *mirror* BO on fd `c` (created on first use);
+/// before the job, mirrors whose primary changed since (`mem_sync(ToDevice)` bumps a generation)
+/// are refreshed by copy, and the regcmd is copied with its address registers translated into fd
+/// `c`'s IOVAs; after the job the outputs are copied back into the primary. A weight is
+/// therefore resident once per core that runs it — the price of mainline's per-fd address
+/// spaces (PRIME imports get no NPU address on rocket).
+pub struct Rocket {
+    path: PathBuf,
+    fds: Vec<CoreFd>,
+    /// Per core: primary handle → mirror on that core's fd (index 0 stays empty). Lock order:
+    /// a core's `mirrors` before any `bos`.
+    mirrors: Vec<Mutex<HashMap<u32, Mirror>>>,
+    /// Output buffers written since creation (primary handles; cold-buffer quirk, §2.6).
+    warmth: Warmth,
 }
 
 fn monotonic_now_ns() -> i64 {
@@ -321,37 +366,11 @@ fn monotonic_now_ns() -> i64 {
     ns
 }
 
-impl Rocket {
-    /// Opens `path`, checks the driver name, and checks that PREP_BO/FINI_BO exist.
-    pub fn open_path(path: &Path) -> Result<Rocket, KifError> {
-        let fd = drm::open_node(path)?;
-        let name = drm::driver_name(&fd)?;
-        if name != DRIVER_NAME {
-            return Err(KifError::NoDevice(format!(
-                "{} is DRM driver \"{name}\", not \"{DRIVER_NAME}\"",
-                path.display()
-            )));
-        }
-        let dev = Rocket { fd, path: path.to_path_buf(), bos: Mutex::new(BTreeMap::new()) };
-        // Probe FINI_BO: kernels with only CREATE_BO/SUBMIT cannot wait for a job.
-        let probe = dev.mem_create(PAGE_BYTES, 0, DomainId(0))?;
-        let fini = dev.fini_bo(probe.handle);
-        dev.mem_destroy(probe)?;
-        if let Err(e) = fini {
-            log::error!("rocket: FINI_BO probe failed ({e}); kernel too old");
-            return Err(KifError::Unsupported {
-                driver: "rocket",
-                what: "kernel without DRM_ROCKET_PREP_BO/FINI_BO (cannot wait for jobs)",
-            });
-        }
-        log::info!("{}", dev.describe());
-        Ok(dev)
-    }
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
-    fn bos(&self) -> std::sync::MutexGuard<'_, BTreeMap<u32, BoRec>> {
-        self.bos.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
+impl CoreFd {
     fn fini_bo(&self, handle: u32) -> Result<(), KifError> {
         let a = DrmRocketFiniBo { handle, reserved: 0 };
         // SAFETY: `a` is a valid drm_rocket_fini_bo for the whole call; `self.fd` is open.
@@ -365,6 +384,7 @@ impl Rocket {
         let a = DrmRocketPrepBo {
             handle,
             reserved: 0,
+            // An absolute CLOCK_MONOTONIC deadline, not a duration (rocket_gem.c).
             timeout_ns: monotonic_now_ns() + timeout_ms as i64 * 1_000_000,
         };
         // SAFETY: `a` is a valid drm_rocket_prep_bo for the whole call; `self.fd` is open.
@@ -376,67 +396,8 @@ impl Rocket {
             })
     }
 
-    /// Builds the in/out handle lists of a job by scanning each task's regcmd.
-    fn job_refs(&self, tasks: &[DrmRocketTask]) -> Result<(Vec<u32>, Vec<u32>), KifError> {
-        let bos = self.bos();
-        let ranges: Vec<(u32, usize, u32)> =
-            bos.iter().map(|(&iova, r)| (iova, r.size_bytes, r.handle)).collect();
-        let mut entries = Vec::new();
-        let mut regcmd_handles = Vec::new();
-        for t in tasks {
-            let len_bytes = t.regcmd_count as usize * 8;
-            let (&start, rec) = bos.range(..=t.regcmd).next_back().ok_or_else(|| {
-                KifError::Invalid(format!("rocket: regcmd {:#010x} is not in a live buffer", t.regcmd))
-            })?;
-            let off = (t.regcmd - start) as usize;
-            if off + len_bytes > rec.size_bytes {
-                return Err(KifError::Invalid(format!(
-                    "rocket: regcmd {:#010x} + {} entries overruns its buffer",
-                    t.regcmd, t.regcmd_count
-                )));
-            }
-            // SAFETY: the range lies inside a live mapping (checked above); the map lock is held,
-            // so `mem_destroy` cannot unmap it meanwhile; the caller does not write regcmd while
-            // submitting it (the same contract the device needs).
-            let bytes = unsafe { std::slice::from_raw_parts((rec.cpu_addr + off) as *const u8, len_bytes) };
-            entries.extend(regcmd::from_bytes(bytes));
-            regcmd_handles.push(rec.handle);
-        }
-        drop(bos);
-        let (mut ins, mut outs) = classify_refs(&entries, &ranges);
-        if outs.is_empty() {
-            // Nothing to wait on: make the regcmd buffers the completion carriers.
-            log::debug!("rocket: job writes no known buffer; waiting on its regcmd buffer instead");
-            outs = regcmd_handles;
-            outs.sort_unstable();
-            outs.dedup();
-        } else {
-            ins.extend(regcmd_handles);
-        }
-        ins.sort_unstable();
-        ins.dedup();
-        ins.retain(|h| outs.binary_search(h).is_err());
-        Ok((ins, outs))
-    }
-}
-
-impl KernelInterface for Rocket {
-    fn name(&self) -> &'static str {
-        "rocket"
-    }
-
-    fn describe(&self) -> String {
-        format!("rocket (mainline accel) at {}", self.path.display())
-    }
-
-    fn mem_create(&self, size_bytes: usize, flags: u32, domain: DomainId) -> Result<Bo, KifError> {
-        if domain.0 != 0 {
-            return Err(KifError::Unsupported { driver: "rocket", what: "IOMMU domains other than 0" });
-        }
-        if size_bytes == 0 {
-            return Err(KifError::Invalid("mem_create: size 0".into()));
-        }
-        let size = page_round(size_bytes);
+    /// CREATE_BO + mmap. Returns (handle, IOVA, mapping). IOVA 0 is a valid address.
+    fn create(&self, size: usize) -> Result<(u32, u32, memmap2::MmapRaw), KifError> {
         let size32 = u32::try_from(size)
             .map_err(|_| KifError::Invalid(format!("rocket: a BO is at most 4 GiB, asked {size} B")))?;
         let mut c = DrmRocketCreateBo { size: size32, ..DrmRocketCreateBo::default() };
@@ -460,35 +421,10 @@ impl KernelInterface for Rocket {
             .len(size)
             .map_raw(&self.fd)
             .map_err(|e| fail(KifError::Sys { op: "mmap", source: drm::io_to_errno(&e) }))?;
-        let ptr = map.as_mut_ptr();
-        self.bos().insert(iova, BoRec { handle, size_bytes: size, cpu_addr: ptr as usize });
-        log::debug!("rocket: create_bo {size} B flags {flags:#x} (ignored) -> handle {handle} iova {iova:#010x}");
-        // SAFETY: `map` is a shared read-write mapping of exactly `size` bytes, moved into the Bo,
-        // which keeps it alive (munmap on drop).
-        Ok(unsafe { Bo::from_raw(handle, 0, Iova(iova), size, domain, ptr, Box::new(map)) })
+        Ok((handle, iova, map))
     }
 
-    fn mem_sync(&self, bo: &Bo, dir: SyncDir) -> Result<(), KifError> {
-        match dir {
-            SyncDir::ToDevice => self.fini_bo(bo.handle),
-            SyncDir::FromDevice => self.prep_bo(bo.handle, DEFAULT_WAIT_MS),
-        }
-    }
-
-    fn mem_destroy(&self, bo: Bo) -> Result<(), KifError> {
-        let handle = bo.handle;
-        self.bos().remove(&bo.iova.0);
-        drop(bo); // munmap before the handle goes.
-        drm::gem_close(&self.fd, handle)
-    }
-
-    fn submit(&self, job: &SubmitJob<'_>) -> Result<SubmitDone, KifError> {
-        if job.domain.0 != 0 {
-            return Err(KifError::Unsupported { driver: "rocket", what: "IOMMU domains other than 0" });
-        }
-        let descs = read_tasks(job.task_bo.bytes(), job.task_start, job.task_number)?;
-        let tasks = descs.iter().map(rocket_task_from).collect::<Result<Vec<_>, _>>()?;
-        let (ins, outs) = self.job_refs(&tasks)?;
+    fn submit(&self, tasks: &[DrmRocketTask], ins: &[u32], outs: &[u32]) -> Result<(), KifError> {
         let rj = DrmRocketJob {
             tasks: tasks.as_ptr() as u64,
             in_bo_handles: ins.as_ptr() as u64,
@@ -504,23 +440,270 @@ impl KernelInterface for Rocket {
             job_struct_size: std::mem::size_of::<DrmRocketJob>() as u32,
             reserved: 0,
         };
-        log::trace!(
-            "rocket: submit {} task(s), in {:?}, out {:?} (core_mask {:#x} ignored)",
-            tasks.len(),
-            ins,
-            outs,
-            job.core_mask
-        );
-        // SAFETY: `s` points at `rj`, which points at `tasks`, `ins` and `outs`; all four live on
-        // this stack frame until the ioctl returns (the kernel copies them in during the call).
+        // SAFETY: `s` points at `rj`, which points at `tasks`, `ins` and `outs`; all four live
+        // until the ioctl returns (the kernel copies them in during the call).
         drm::restart(|| unsafe { sys::rocket_submit(self.fd.as_raw_fd(), &s) })
-            .map_err(|source| KifError::Sys { op: "DRM_ROCKET_SUBMIT", source })?;
-        let timeout_ms = if job.timeout_ms == 0 { DEFAULT_WAIT_MS } else { job.timeout_ms };
-        let t0 = std::time::Instant::now();
-        for &h in &outs {
-            self.prep_bo(h, timeout_ms)?;
+            .map(|_| ())
+            .map_err(|source| KifError::Sys { op: "DRM_ROCKET_SUBMIT", source })
+    }
+}
+
+impl Rocket {
+    /// Opens [`FDS`] fds on `path` (one per core), checks the driver name, and checks that
+    /// PREP_BO/FINI_BO exist.
+    pub fn open_path(path: &Path) -> Result<Rocket, KifError> {
+        let mut fds = Vec::with_capacity(FDS);
+        for _ in 0..FDS {
+            let fd = drm::open_node(path)?;
+            let name = drm::driver_name(&fd)?;
+            if name != DRIVER_NAME {
+                return Err(KifError::NoDevice(format!(
+                    "{} is DRM driver \"{name}\", not \"{DRIVER_NAME}\"",
+                    path.display()
+                )));
+            }
+            fds.push(CoreFd { fd, bos: Mutex::new(BTreeMap::new()) });
         }
-        log::trace!("rocket: job done after {:?}", t0.elapsed());
+        let dev = Rocket { path: path.to_path_buf(), fds, mirrors: (0..FDS).map(|_| Mutex::new(HashMap::new())).collect(), warmth: Warmth::default() };
+        // Probe FINI_BO: kernels with only CREATE_BO/SUBMIT cannot wait for a job.
+        let probe = dev.mem_create(PAGE_BYTES, 0, DomainId(0))?;
+        let fini = dev.fds[0].fini_bo(probe.handle);
+        dev.mem_destroy(probe)?;
+        if let Err(e) = fini {
+            log::error!("rocket: FINI_BO probe failed ({e}); kernel too old");
+            return Err(KifError::Unsupported {
+                driver: "rocket",
+                what: "kernel without DRM_ROCKET_PREP_BO/FINI_BO (cannot wait for jobs)",
+            });
+        }
+        log::info!("{}", dev.describe());
+        Ok(dev)
+    }
+
+    /// Reads the regcmd entries of `tasks` through fd 0's mappings, with the primary handle of
+    /// the buffer holding each task's regcmd.
+    fn read_regcmd(&self, tasks: &[DrmRocketTask]) -> Result<Vec<(u32, u32, Vec<RegCmd>)>, KifError> {
+        let bos = lock(&self.fds[0].bos);
+        let mut out = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            let len_bytes = t.regcmd_count as usize * 8;
+            let (&start, rec) = bos.range(..=t.regcmd).next_back().ok_or_else(|| {
+                KifError::Invalid(format!("rocket: regcmd {:#010x} is not in a live buffer", t.regcmd))
+            })?;
+            let off = (t.regcmd - start) as usize;
+            if off + len_bytes > rec.size_bytes {
+                return Err(KifError::Invalid(format!(
+                    "rocket: regcmd {:#010x} + {} entries overruns its buffer",
+                    t.regcmd, t.regcmd_count
+                )));
+            }
+            // SAFETY: the range lies inside a live mapping (checked above); the map lock is
+            // held, so `mem_destroy` cannot unmap it meanwhile; the caller does not write regcmd
+            // while submitting it (the same contract the device needs).
+            let bytes = unsafe { std::slice::from_raw_parts((rec.cpu_addr + off) as *const u8, len_bytes) };
+            out.push((rec.handle, t.regcmd - start, regcmd::from_bytes(bytes)));
+        }
+        Ok(out)
+    }
+
+    /// The in/out handle lists (primary handles) of a job, from its regcmd.
+    fn job_refs(&self, progs: &[(u32, u32, Vec<RegCmd>)]) -> (Vec<u32>, Vec<u32>) {
+        let ranges: Vec<(u32, usize, u32)> =
+            lock(&self.fds[0].bos).iter().map(|(&iova, r)| (iova, r.size_bytes, r.handle)).collect();
+        let entries: Vec<RegCmd> = progs.iter().flat_map(|(_, _, e)| e.iter().copied()).collect();
+        let mut regcmd_handles: Vec<u32> = progs.iter().map(|(h, _, _)| *h).collect();
+        let (mut ins, mut outs) = classify_refs(&entries, &ranges);
+        if outs.is_empty() {
+            // Nothing to wait on: make the regcmd buffers the completion carriers.
+            log::debug!("rocket: job writes no known buffer; waiting on its regcmd buffer instead");
+            regcmd_handles.sort_unstable();
+            regcmd_handles.dedup();
+            outs = regcmd_handles;
+        } else {
+            ins.extend(regcmd_handles);
+        }
+        ins.sort_unstable();
+        ins.dedup();
+        ins.retain(|h| outs.binary_search(h).is_err());
+        (ins, outs)
+    }
+
+    /// Runs the job on fd 0 (core 0): the buffers are the primaries.
+    fn run_primary(&self, progs: &[(u32, u32, Vec<RegCmd>)], tasks: &[DrmRocketTask], ins: &[u32], outs: &[u32], timeout_ms: u32) -> Result<(), KifError> {
+        let _ = progs;
+        let fd = &self.fds[0];
+        fd.submit(tasks, ins, outs)?;
+        for &h in outs {
+            fd.prep_bo(h, timeout_ms)?;
+        }
+        Ok(())
+    }
+
+    /// Runs the job on fd `core` through mirrors (see [`Rocket`]).
+    fn run_mirrored(&self, core: usize, progs: &[(u32, u32, Vec<RegCmd>)], ins: &[u32], outs: &[u32], timeout_ms: u32) -> Result<(), KifError> {
+        let cfd = &self.fds[core];
+        let mut mirrors = lock(&self.mirrors[core]);
+        // Primary records by handle and by IOVA (for translation).
+        let prim: Vec<(u32, u32, usize, usize, u64)> =
+            lock(&self.fds[0].bos).iter().map(|(&iova, r)| (r.handle, iova, r.size_bytes, r.cpu_addr, r.gen)).collect();
+        let by_handle = |h: u32| prim.iter().find(|p| p.0 == h).copied();
+        let by_addr = |v: u32| prim.iter().find(|p| v >= p.1 && (v as u64) < p.1 as u64 + p.2 as u64).copied();
+        // Every buffer the job names (inputs, outputs, the regcmd buffers) and every buffer an
+        // address register points into gets a mirror; refresh the stale ones.
+        let mut need: Vec<u32> = ins.iter().chain(outs).copied().collect();
+        for (_, _, entries) in progs {
+            for e in entries.iter().filter(|e| super::is_address_reg(e)) {
+                if let Some(p) = by_addr(e.value()) {
+                    need.push(p.0);
+                }
+            }
+        }
+        need.sort_unstable();
+        need.dedup();
+        for &h in &need {
+            let (_, _, size, cpu, gen) = by_handle(h).ok_or_else(|| KifError::Invalid(format!("rocket: handle {h} is not live")))?;
+            if let std::collections::hash_map::Entry::Vacant(v) = mirrors.entry(h) {
+                let (mh, miova, map) = cfd.create(size)?;
+                log::debug!("rocket: mirror of BO {h} on core {core}: handle {mh} iova {miova:#010x}");
+                v.insert(Mirror { handle: mh, iova: miova, size_bytes: size, map, synced_gen: u64::MAX });
+            }
+            let m = mirrors.get_mut(&h).expect("mirror just made");
+            if m.synced_gen != gen {
+                // SAFETY: both mappings are live and `size` bytes long (the mirror was created
+                // with the primary's size); the caller does not write the primary while
+                // submitting it; nothing else writes the mirror.
+                unsafe { std::ptr::copy_nonoverlapping(cpu as *const u8, m.map.as_mut_ptr(), m.size_bytes) };
+                m.synced_gen = gen;
+                cfd.fini_bo(m.handle)?;
+            }
+        }
+        // Regcmd with the address registers moved into fd `core`'s address space.
+        let mut tasks = Vec::with_capacity(progs.len());
+        for (h, off, entries) in progs {
+            let translated: Vec<RegCmd> = entries
+                .iter()
+                .map(|&e| {
+                    if !super::is_address_reg(&e) {
+                        return Ok(e);
+                    }
+                    let v = e.value();
+                    let p = by_addr(v).ok_or_else(|| KifError::Invalid(format!("rocket: address register {e} points at no live buffer")))?;
+                    let m = &mirrors[&p.0];
+                    Ok(RegCmd::raw(e.target_op(), e.offset(), m.iova + (v - p.1)))
+                })
+                .collect::<Result<_, KifError>>()?;
+            let m = &mirrors[h];
+            let bytes = regcmd::to_bytes(&translated);
+            // SAFETY: `off + bytes.len()` lies inside the primary regcmd buffer (checked in
+            // `read_regcmd`), and the mirror has the primary's size.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), m.map.as_mut_ptr().add(*off as usize), bytes.len()) };
+            // The mirror now differs from the primary: refresh it from the primary next time.
+            let m = mirrors.get_mut(h).expect("mirror");
+            m.synced_gen = u64::MAX;
+            cfd.fini_bo(m.handle)?;
+            tasks.push(DrmRocketTask { regcmd: m.iova + off, regcmd_count: entries.len() as u32 });
+        }
+        let mins: Vec<u32> = ins.iter().map(|h| mirrors[h].handle).collect();
+        let mouts: Vec<u32> = outs.iter().map(|h| mirrors[h].handle).collect();
+        cfd.submit(&tasks, &mins, &mouts)?;
+        for &h in &mouts {
+            cfd.prep_bo(h, timeout_ms)?;
+        }
+        // Results back into the primaries the caller reads.
+        for &h in outs {
+            let (_, _, _, cpu, _) = by_handle(h).expect("live primary");
+            let m = &mirrors[&h];
+            // SAFETY: as above, both mappings are live and the mirror's size is the primary's.
+            unsafe { std::ptr::copy_nonoverlapping(m.map.as_ptr(), cpu as *mut u8, m.size_bytes) };
+        }
+        Ok(())
+    }
+
+    fn run_on(&self, core: usize, progs: &[(u32, u32, Vec<RegCmd>)], tasks: &[DrmRocketTask], ins: &[u32], outs: &[u32], timeout_ms: u32) -> Result<(), KifError> {
+        if core == 0 {
+            self.run_primary(progs, tasks, ins, outs, timeout_ms)
+        } else {
+            self.run_mirrored(core, progs, ins, outs, timeout_ms)
+        }
+    }
+}
+
+impl KernelInterface for Rocket {
+    fn name(&self) -> &'static str {
+        "rocket"
+    }
+
+    fn describe(&self) -> String {
+        format!("rocket (mainline accel) at {}, {} fds (one per core)", self.path.display(), self.fds.len())
+    }
+
+    fn mem_create(&self, size_bytes: usize, flags: u32, domain: DomainId) -> Result<Bo, KifError> {
+        if domain.0 != 0 {
+            return Err(KifError::Unsupported { driver: "rocket", what: "IOMMU domains other than 0" });
+        }
+        if size_bytes == 0 {
+            return Err(KifError::Invalid("mem_create: size 0".into()));
+        }
+        let size = page_round(size_bytes);
+        let (handle, iova, map) = self.fds[0].create(size)?;
+        let ptr = map.as_mut_ptr();
+        lock(&self.fds[0].bos).insert(iova, BoRec { handle, size_bytes: size, cpu_addr: ptr as usize, gen: 0 });
+        log::debug!("rocket: create_bo {size} B flags {flags:#x} (ignored) -> handle {handle} iova {iova:#010x}");
+        // SAFETY: `map` is a shared read-write mapping of exactly `size` bytes, moved into the Bo,
+        // which keeps it alive (munmap on drop).
+        Ok(unsafe { Bo::from_raw(handle, 0, Iova(iova), size, domain, ptr, Box::new(map)) })
+    }
+
+    fn mem_sync(&self, bo: &Bo, dir: SyncDir) -> Result<(), KifError> {
+        match dir {
+            SyncDir::ToDevice => {
+                if let Some(r) = lock(&self.fds[0].bos).get_mut(&bo.iova.0) {
+                    r.gen += 1;
+                }
+                self.fds[0].fini_bo(bo.handle)
+            }
+            SyncDir::FromDevice => self.fds[0].prep_bo(bo.handle, DEFAULT_WAIT_MS),
+        }
+    }
+
+    fn mem_destroy(&self, bo: Bo) -> Result<(), KifError> {
+        let handle = bo.handle;
+        let gone: Vec<(usize, Mirror)> =
+            self.mirrors.iter().enumerate().filter_map(|(c, m)| lock(m).remove(&handle).map(|m| (c, m))).collect();
+        for (core, m) in gone {
+            let mh = m.handle;
+            drop(m); // munmap before the handle goes.
+            drm::gem_close(&self.fds[core].fd, mh)?;
+        }
+        lock(&self.fds[0].bos).remove(&bo.iova.0);
+        self.warmth.forget(handle);
+        drop(bo); // munmap before the handle goes.
+        drm::gem_close(&self.fds[0].fd, handle)
+    }
+
+    fn submit(&self, job: &SubmitJob<'_>) -> Result<SubmitDone, KifError> {
+        if job.domain.0 != 0 {
+            return Err(KifError::Unsupported { driver: "rocket", what: "IOMMU domains other than 0" });
+        }
+        if job.core_mask.count_ones() > 1 || job.core_mask >= 1 << self.fds.len() {
+            return Err(KifError::Unsupported { driver: "rocket", what: "core_mask must name one of the opened cores (or 0)" });
+        }
+        let core = if job.core_mask == 0 { 0 } else { job.core_mask.trailing_zeros() as usize };
+        let descs = read_tasks(job.task_bo.bytes(), job.task_start, job.task_number)?;
+        let tasks = descs.iter().map(rocket_task_from).collect::<Result<Vec<_>, _>>()?;
+        let progs = self.read_regcmd(&tasks)?;
+        let (ins, outs) = self.job_refs(&progs);
+        let timeout_ms = if job.timeout_ms == 0 { DEFAULT_WAIT_MS } else { job.timeout_ms };
+        log::trace!("rocket: submit {} task(s) on core {core}, in {ins:?}, out {outs:?}", tasks.len());
+        let cold = self.warmth.cold(&outs);
+        if !cold.is_empty() {
+            // §2.6: the first submit into a fresh output buffer returns stale data.
+            self.warmth.warmups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            log::debug!("rocket: warm-up job for fresh output buffer(s) {cold:?}");
+            self.run_on(core, &progs, &tasks, &ins, &outs, timeout_ms)?;
+            self.warmth.mark(&cold);
+        }
+        self.run_on(core, &progs, &tasks, &ins, &outs, timeout_ms)?;
         Ok(SubmitDone { hw_elapse_ns: 0, task_counter: job.task_number })
     }
 
@@ -532,9 +715,10 @@ impl KernelInterface for Rocket {
 
 impl Drop for Rocket {
     fn drop(&mut self) {
-        let live = std::mem::take(&mut *self.bos());
-        if !live.is_empty() {
-            log::debug!("rocket: {} BO(s) still alive at close; the kernel frees them with the fd", live.len());
+        let live = std::mem::take(&mut *lock(&self.fds[0].bos));
+        let mirrors: usize = self.mirrors.iter().map(|m| std::mem::take(&mut *lock(m)).len()).sum();
+        if !live.is_empty() || mirrors > 0 {
+            log::debug!("rocket: {} BO(s) and {mirrors} mirror(s) still alive at close; the kernel frees them with the fds", live.len());
         }
     }
 }

@@ -179,11 +179,14 @@ impl DomainMap {
         (ceiling >= IOVA_FLOOR + size).then(|| ceiling - size)
     }
 
-    /// The BO containing `[iova, iova + len)`, with the offset of `iova` in it.
-    fn resolve(&self, iova: u64, len: u64) -> Option<(&SimBo, u64)> {
+}
+
+impl DeviceMemory for DomainMap {
+    fn resolve(&self, iova: u64, len: u64) -> Option<*mut u8> {
         let (&start, bo) = self.bos.range(..=iova).next_back()?;
         let off = iova - start;
-        (off + len <= bo.size).then_some((bo, off))
+        // SAFETY: `off + len ≤ bo.size` (checked first), so the pointer stays inside the block.
+        (off + len <= bo.size).then(|| unsafe { bo.mem.ptr.add(off as usize) })
     }
 }
 
@@ -439,40 +442,18 @@ impl KernelInterface for SimKif {
             _ => usize::MAX,
         };
         let skip = (injected == Some(Injected::Hole)).then_some(job.task_number as usize / 2);
-        let mut ran = 0usize;
-        let mut index = 0usize;
-        let mut rf = RegFile::default();
-        let max_sub = self.soc.max_submit_tasks.max(1) as usize;
-        'outer: for chunk in tasks.chunks(max_sub) {
-            let t = chunk[0];
-            let regcfg_amount = t.regcfg_amount;
-            let mut amount = regcmd::register_amounts(regcfg_amount, self.soc.pc_data_amount_scale);
-            let mut addr = t.regcmd_addr;
-            if addr > u64::from(u32::MAX) || addr % 16 != 0 {
-                return Err(unmodelled(format!("task regcmd_addr {addr:#x} is not a 16-byte aligned 32-bit IOVA")));
+        let (mut index, mut skipped) = (0usize, 0usize);
+        let fetched = execute_tasks(&self.soc, dm, &tasks, budget, job.timeout_ms, &mut |_| {
+            let run = skip != Some(index);
+            index += 1;
+            if run {
+                Exec::Run
+            } else {
+                skipped += 1;
+                Exec::Skip
             }
-            for i in 0..chunk.len() {
-                if ran >= budget {
-                    break 'outer;
-                }
-                let execute = skip != Some(index);
-                let link = self.run_program(dm, &mut rf, addr, amount, execute)?;
-                index += 1;
-                ran += usize::from(execute);
-                if i + 1 < chunk.len() {
-                    match link {
-                        Some((next, next_amount)) => {
-                            addr = u64::from(next);
-                            amount = next_amount;
-                        }
-                        None => {
-                            log::warn!("sim: chain ended after {index} of {} programs", job.task_number);
-                            return Err(KifError::Timeout { timeout_ms: job.timeout_ms });
-                        }
-                    }
-                }
-            }
-        }
+        })?;
+        let ran = fetched - skipped;
         self.programs_run.fetch_add(ran as u64, Ordering::Relaxed);
         match injected {
             Some(Injected::Timeout) => return Err(KifError::Timeout { timeout_ms: job.timeout_ms }),
@@ -621,215 +602,299 @@ struct MatmulOp {
     c: u64,
 }
 
-impl SimKif {
-    /// Fetches and executes one program; returns the chain link it programmed, if any.
-    /// With `execute` false the program is decoded and checked but its matmul is not computed
-    /// (an injected hole).
-    fn run_program(&self, dm: &DomainMap, rf: &mut RegFile, addr: u64, amount: u32, execute: bool) -> Result<Option<(u32, u32)>, KifError> {
-        let entries = (u64::from(amount) + 1) * u64::from(self.soc.pc_data_amount_scale);
-        let (bo, off) = dm
-            .resolve(addr, entries * 8)
-            .ok_or_else(|| unmodelled(format!("regcmd fetch {addr:#x}+{} is outside every live BO", entries * 8)))?;
-        // SAFETY: `resolve` checked `off + entries*8 ≤ bo.size`; the block lives in `bo.mem`.
-        let bytes = unsafe { std::slice::from_raw_parts(bo.mem.ptr.add(off as usize), (entries * 8) as usize) };
-        let stream = regcmd::from_bytes(bytes);
-        rf.clear(&regs::PC_BASE_ADDRESS::REG);
-        rf.clear(&regs::PC_REGISTER_AMOUNTS::REG);
-        let mut prev: Option<RegCmd> = None;
-        let mut kicked = false;
-        for e in stream {
-            if e.is_nop() {
-                continue;
+impl MatmulOp {
+    /// Bytes written from C: `mc` rows of `n` int32 at a row stride of `s` elements.
+    fn c_len(&self) -> u64 {
+        ((self.mc - 1) * self.s + self.n) * 4
+    }
+}
+
+/// Device memory of one address space, as the datapath reads and writes it: the simulator's
+/// domain maps, or the fake kernel's buffer objects (`fake-kernel/`).
+pub trait DeviceMemory {
+    /// CPU address of `[iova, iova + len)` when the whole range lies inside one live buffer.
+    /// The pointer must stay valid (and the buffer alive) while the caller holds `&self`.
+    fn resolve(&self, iova: u64, len: u64) -> Option<*mut u8>;
+}
+
+/// One decoded program, shown to the hook of [`execute_tasks`] before it runs.
+#[derive(Clone, Copy, Debug)]
+pub struct ProgramTrace {
+    /// Output (DPU DST_BASE_ADDR) IOVA and the bytes the program writes from there.
+    pub c_iova: u64,
+    pub c_len: u64,
+}
+
+/// What the hook of [`execute_tasks`] decides for a decoded program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exec {
+    /// Compute and write the output.
+    Run,
+    /// Decode, count, but write nothing (a board quirk: the output keeps stale bytes).
+    Skip,
+}
+
+/// The PC of one core running a job: `tasks` as the vendor kernel programs them (§1.5: only the
+/// first task of each sub-submit of at most `soc.max_submit_tasks` starts the PC; later programs
+/// are reached through the in-stream chain links), at most `budget` programs. Returns the number
+/// of programs executed (the PC task counter). A chain that ends early is a timeout.
+pub fn execute_tasks(
+    soc: &SocDesc,
+    mem: &dyn DeviceMemory,
+    tasks: &[RknpuTask],
+    budget: usize,
+    timeout_ms: u32,
+    hook: &mut dyn FnMut(&ProgramTrace) -> Exec,
+) -> Result<usize, KifError> {
+    let mut ran = 0usize;
+    let mut rf = RegFile::default();
+    let max_sub = soc.max_submit_tasks.max(1) as usize;
+    'outer: for chunk in tasks.chunks(max_sub) {
+        let t = chunk[0];
+        let regcfg_amount = t.regcfg_amount;
+        let mut amount = regcmd::register_amounts(regcfg_amount, soc.pc_data_amount_scale);
+        let mut addr = t.regcmd_addr;
+        if addr > u64::from(u32::MAX) || addr % 16 != 0 {
+            return Err(unmodelled(format!("task regcmd_addr {addr:#x} is not a 16-byte aligned 32-bit IOVA")));
+        }
+        for i in 0..chunk.len() {
+            if ran >= budget {
+                break 'outer;
             }
-            let Some(reg) = rf.apply(e) else {
-                return Err(unmodelled(format!("write to a register outside the table: {e}")));
-            };
-            let reserved = e.value() & reg.reserved_mask();
-            if reserved != 0 {
-                return Err(unmodelled(format!("{}: reserved bits {reserved:#x} set in {:#010x} (not modelled)", reg.name, e.value())));
-            }
-            match reg.block {
-                Block::OpEnable => {
-                    if prev.map(|p| p.target_op()) != Some(regs::TARGET_OP_41) {
-                        return Err(unmodelled("kick without the preceding 0x0041 word".into()));
+            let link = run_program(soc, mem, &mut rf, addr, amount, hook)?;
+            ran += 1;
+            if i + 1 < chunk.len() {
+                match link {
+                    Some((next, next_amount)) => {
+                        addr = u64::from(next);
+                        amount = next_amount;
                     }
-                    if e.value() != regcmd::OP_ENABLE_MATMUL {
-                        return Err(unmodelled(format!("operation enable {:#x}: only CNA+CORE+DPU (0x0d) is modelled", e.value())));
+                    None => {
+                        log::warn!("sim: chain ended after {ran} of {} programs", tasks.len());
+                        return Err(KifError::Timeout { timeout_ms });
                     }
-                    let op = self.decode_matmul(rf)?;
-                    if execute {
-                        self.execute(dm, &op)?;
-                    }
-                    kicked = true;
                 }
-                Block::Op41 if e.value() != 0 => return Err(unmodelled(format!("0x0041 word with value {:#x}", e.value()))),
-                Block::DpuRdma => return Err(unmodelled(format!("DPU_RDMA programming ({e}) is not modelled"))),
-                _ => {}
             }
-            prev = Some(e);
         }
-        if !kicked {
-            return Err(unmodelled(format!("program at {addr:#x} has no operation-enable kick")));
-        }
-        let amount = rf.get(&regs::PC_REGISTER_AMOUNTS::REG).map(|v| regs::PC_REGISTER_AMOUNTS::PC_DATA_AMOUNT.decode(v));
-        let base = rf.get(&regs::PC_BASE_ADDRESS::REG).map(|v| regs::PC_BASE_ADDRESS::PC_SOURCE_ADDR.decode(v));
-        Ok(match (base, amount) {
-            (Some(b), Some(a)) if a != 0 => Some((b as u32, a as u32)),
-            _ => None,
-        })
     }
+    Ok(ran)
+}
 
-    /// Decodes the register file into the one operation the simulator models, refusing
-    /// everything else.
-    fn decode_matmul(&self, rf: &RegFile) -> Result<MatmulOp, KifError> {
-        use regs::*;
-        // Input side (CNA).
-        expect(rf, &CNA_CONV_CON1::REG, CNA_CONV_CON1::CONV_MODE, 0, "direct convolution")?;
-        expect(rf, &CNA_CONV_CON1::REG, CNA_CONV_CON1::IN_PRECISION, 0, "int8 input; fp16/int4 not modelled")?;
-        expect(rf, &CNA_CONV_CON1::REG, CNA_CONV_CON1::PROC_PRECISION, 0, "int8 processing")?;
-        expect(rf, &CNA_CONV_CON1::REG, CNA_CONV_CON1::DECONV, 0, "no deconvolution")?;
-        expect(rf, &CNA_CONV_CON1::REG, CNA_CONV_CON1::ARGB_IN, 0, "no image input")?;
-        expect(rf, &CNA_CONV_CON1::REG, CNA_CONV_CON1::NONALIGN_DMA, 0, "aligned DMA")?;
-        expect(rf, &CNA_CONV_CON1::REG, CNA_CONV_CON1::GROUP_LINE_OFF, 1, "ork's flat-layout triple")?;
-        let con3 = req(rf, &CNA_CONV_CON3::REG)?;
-        if con3 != CNA_CONV_CON3::REG.pack(&[(CNA_CONV_CON3::CONV_X_STRIDE, 1), (CNA_CONV_CON3::CONV_Y_STRIDE, 1)]).unwrap() {
-            return Err(unmodelled(format!("CNA_CONV_CON3 {con3:#x}: only stride 1×1, no dilation is modelled")));
+/// Fetches and executes one program; returns the chain link it programmed, if any. The
+/// hook sees each decoded program first; with [`Exec::Skip`] it is decoded and checked but
+/// its matmul is not computed (an injected hole, a cold output buffer).
+fn run_program(
+    soc: &SocDesc,
+    mem: &dyn DeviceMemory,
+    rf: &mut RegFile,
+    addr: u64,
+    amount: u32,
+    hook: &mut dyn FnMut(&ProgramTrace) -> Exec,
+) -> Result<Option<(u32, u32)>, KifError> {
+    let entries = (u64::from(amount) + 1) * u64::from(soc.pc_data_amount_scale);
+    let ptr = mem
+        .resolve(addr, entries * 8)
+        .ok_or_else(|| unmodelled(format!("regcmd fetch {addr:#x}+{} is outside every live BO", entries * 8)))?;
+    // SAFETY: `resolve` checked that `entries*8` bytes from `ptr` lie inside one live buffer.
+    let bytes = unsafe { std::slice::from_raw_parts(ptr, (entries * 8) as usize) };
+    let stream = regcmd::from_bytes(bytes);
+    rf.clear(&regs::PC_BASE_ADDRESS::REG);
+    rf.clear(&regs::PC_REGISTER_AMOUNTS::REG);
+    let mut prev: Option<RegCmd> = None;
+    let mut kicked = false;
+    for e in stream {
+        if e.is_nop() {
+            continue;
         }
-        expect(rf, &CNA_DATA_SIZE0::REG, CNA_DATA_SIZE0::DATAIN_WIDTH, 1, "matmul as a 1-wide cube")?;
-        let mc = rf.field(&CNA_DATA_SIZE0::REG, CNA_DATA_SIZE0::DATAIN_HEIGHT);
-        let k = rf.field(&CNA_DATA_SIZE1::REG, CNA_DATA_SIZE1::DATAIN_CHANNEL);
-        expect(rf, &CNA_DATA_SIZE1::REG, CNA_DATA_SIZE1::DATAIN_CHANNEL_REAL, k, "real channels = channels")?;
-        expect(rf, &CNA_DATA_SIZE2::REG, CNA_DATA_SIZE2::DATAOUT_WIDTH, 1, "1-wide output")?;
-        expect(rf, &CNA_DATA_SIZE3::REG, CNA_DATA_SIZE3::DATAOUT_ATOMICS, mc, "atomics = height")?;
-        expect(rf, &CNA_WEIGHT_SIZE2::REG, CNA_WEIGHT_SIZE2::WEIGHT_WIDTH, 1, "1×1 kernels")?;
-        expect(rf, &CNA_WEIGHT_SIZE2::REG, CNA_WEIGHT_SIZE2::WEIGHT_HEIGHT, 1, "1×1 kernels")?;
-        let n = rf.field(&CNA_WEIGHT_SIZE2::REG, CNA_WEIGHT_SIZE2::WEIGHT_KERNELS);
-        expect(rf, &CNA_WEIGHT_SIZE1::REG, CNA_WEIGHT_SIZE1::WEIGHT_BYTES_PER_KERNEL, k, "int8 kernels of K bytes")?;
-        expect(rf, &CNA_WEIGHT_SIZE0::REG, CNA_WEIGHT_SIZE0::WEIGHT_BYTES, k * n, "K·N weight bytes")?;
-        if mc == 0 || k == 0 || n == 0 || k % 32 != 0 || n % 32 != 0 {
-            return Err(unmodelled(format!("matmul mc={mc} K={k} N={n}: the tiled layout needs K%32 = N%32 = 0")));
+        let Some(reg) = rf.apply(e) else {
+            return Err(unmodelled(format!("write to a register outside the table: {e}")));
+        };
+        let reserved = e.value() & reg.reserved_mask();
+        if reserved != 0 {
+            return Err(unmodelled(format!("{}: reserved bits {reserved:#x} set in {:#010x} (not modelled)", reg.name, e.value())));
         }
-        expect(rf, &CNA_CVT_CON0::REG, CNA_CVT_CON0::CVT_BYPASS, 1, "input converter bypassed")?;
-        expect(rf, &CNA_CVT_CON0::REG, CNA_CVT_CON0::DATA_SIGN, 1, "signed int8 input")?;
-        expect(rf, &CNA_DCOMP_CTRL::REG, CNA_DCOMP_CTRL::DECOMP_CONTROL, 0, "no weight decompression")?;
-        expect(rf, &CNA_PAD_CON0::REG, CNA_PAD_CON0::PAD_TOP, 0, "no padding")?;
-        expect(rf, &CNA_PAD_CON0::REG, CNA_PAD_CON0::PAD_LEFT, 0, "no padding")?;
-        expect(rf, &CNA_FC_CON0::REG, CNA_FC_CON0::FC_SKIP_EN, 0, "no FC skipping")?;
-        expect(rf, &CNA_DMA_CON1::REG, CNA_DMA_CON1::LINE_STRIDE, k / 16, "ork's flat-layout triple (LINE_STRIDE = K/16)")?;
-        expect(rf, &CNA_DMA_CON2::REG, CNA_DMA_CON2::SURF_STRIDE, 0, "ork's flat-layout triple")?;
-        expect(rf, &CNA_FC_DATA_SIZE0::REG, CNA_FC_DATA_SIZE0::DMA_WIDTH, 1, "1-wide DMA")?;
-        expect(rf, &CNA_FC_DATA_SIZE0::REG, CNA_FC_DATA_SIZE0::DMA_HEIGHT, mc, "DMA height = cube height")?;
-        expect(rf, &CNA_FC_DATA_SIZE1::REG, CNA_FC_DATA_SIZE1::DMA_CHANNEL, k, "DMA channels = K")?;
-        // CBUF: the feature rows and one 32-kernel weight group must fit their banks.
-        let data_banks = rf.field(&CNA_CBUF_CON0::REG, CNA_CBUF_CON0::DATA_BANK);
-        let weight_banks = rf.field(&CNA_CBUF_CON0::REG, CNA_CBUF_CON0::WEIGHT_BANK);
-        let bank = u64::from(self.soc.cbuf_bank_bytes);
-        if data_banks == 0 || weight_banks == 0 || data_banks + weight_banks > u64::from(self.soc.cbuf_banks) {
-            return Err(unmodelled(format!("CBUF split {data_banks} data + {weight_banks} weight banks of {}", self.soc.cbuf_banks)));
-        }
-        if mc * k > data_banks * bank {
-            return Err(unmodelled(format!("feature cube {mc}×{k} B exceeds {data_banks} CBUF data banks")));
-        }
-        if 32 * k > weight_banks * bank {
-            return Err(unmodelled(format!("a 32-kernel weight group of {} B exceeds {weight_banks} CBUF weight banks", 32 * k)));
-        }
-        if k > u64::from(self.soc.fullk_ceiling) {
-            return Err(unmodelled(format!("K={k} exceeds the single-program ceiling {} (the hardware wedges)", self.soc.fullk_ceiling)));
-        }
-        if n > u64::from(self.soc.n_max_per_program) {
-            return Err(unmodelled(format!("N={n} exceeds {} per program (silently wrong on hardware)", self.soc.n_max_per_program)));
-        }
-        // CORE.
-        expect(rf, &CORE_MISC_CFG::REG, CORE_MISC_CFG::PROC_PRECISION, 0, "int8 MACs")?;
-        expect(rf, &CORE_DATAOUT_SIZE_0::REG, CORE_DATAOUT_SIZE_0::DATAOUT_HEIGHT, mc, "CORE output height")?;
-        expect(rf, &CORE_DATAOUT_SIZE_0::REG, CORE_DATAOUT_SIZE_0::DATAOUT_WIDTH, 1, "CORE output width")?;
-        expect(rf, &CORE_DATAOUT_SIZE_1::REG, CORE_DATAOUT_SIZE_1::DATAOUT_CHANNEL, n, "CORE output channels")?;
-        expect(rf, &CORE_CLIP_TRUNCATE::REG, CORE_CLIP_TRUNCATE::CLIP_TRUNCATE, 0, "no accumulator truncation")?;
-        // DPU: write-out of int32, all stages bypassed, identity conversion.
-        expect(rf, &DPU_FEATURE_MODE_CFG::REG, DPU_FEATURE_MODE_CFG::FLYING_MODE, 0, "output from CORE")?;
-        expect(rf, &DPU_FEATURE_MODE_CFG::REG, DPU_FEATURE_MODE_CFG::OUTPUT_MODE, u64::from(regcmd::DPU_OUTPUT_MODE_CAPTURE), "write to memory")?;
-        expect(rf, &DPU_FEATURE_MODE_CFG::REG, DPU_FEATURE_MODE_CFG::CONV_MODE, 0, "direct convolution")?;
-        expect(rf, &DPU_DATA_FORMAT::REG, DPU_DATA_FORMAT::OUT_PRECISION, u64::from(regcmd::PRECISION_INT32), "int32 output; int8/int16/fp output conversion not modelled")?;
-        expect(rf, &DPU_DATA_FORMAT::REG, DPU_DATA_FORMAT::IN_PRECISION, 0, "int8 input")?;
-        expect(rf, &DPU_DATA_FORMAT::REG, DPU_DATA_FORMAT::PROC_PRECISION, 0, "int8 processing")?;
-        expect(rf, &DPU_BS_CFG::REG, DPU_BS_CFG::BS_BYPASS, 1, "BS stage bypassed")?;
-        expect(rf, &DPU_BN_CFG::REG, DPU_BN_CFG::BN_BYPASS, 1, "BN stage bypassed")?;
-        expect(rf, &DPU_EW_CFG::REG, DPU_EW_CFG::EW_BYPASS, 1, "EW stage bypassed")?;
-        expect(rf, &DPU_OUT_CVT_OFFSET::REG, DPU_OUT_CVT_OFFSET::OUT_CVT_OFFSET, 0, "identity OUT_CVT")?;
-        expect(rf, &DPU_OUT_CVT_SCALE::REG, DPU_OUT_CVT_SCALE::OUT_CVT_SCALE, 1, "identity OUT_CVT")?;
-        expect(rf, &DPU_OUT_CVT_SCALE::REG, DPU_OUT_CVT_SCALE::FP32TOFP16_EN, 0, "no fp16 output")?;
-        expect(rf, &DPU_OUT_CVT_SHIFT::REG, DPU_OUT_CVT_SHIFT::OUT_CVT_SHIFT, 0, "identity OUT_CVT")?;
-        for f in [DPU_BS_OW_CFG::SIZE_E_0, DPU_BS_OW_CFG::SIZE_E_1, DPU_BS_OW_CFG::SIZE_E_2] {
-            expect(rf, &DPU_BS_OW_CFG::REG, f, u64::from(regcmd::OW_SIZE_E_INT32), "int32 write-out")?;
-        }
-        expect(rf, &DPU_SURFACE_ADD::REG, DPU_SURFACE_ADD::SURF_ADD, u64::from(regcmd::SURF_ADD_INT32), "int32 surface")?;
-        expect(rf, &DPU_DST_SURF_STRIDE::REG, DPU_DST_SURF_STRIDE::DST_SURF_STRIDE, 1, "ork's flat output")?;
-        expect(rf, &DPU_DATA_CUBE_WIDTH::REG, DPU_DATA_CUBE_WIDTH::WIDTH, 1, "1-wide cube")?;
-        expect(rf, &DPU_DATA_CUBE_HEIGHT::REG, DPU_DATA_CUBE_HEIGHT::HEIGHT, mc, "DPU height = mc")?;
-        expect(rf, &DPU_DATA_CUBE_CHANNEL::REG, DPU_DATA_CUBE_CHANNEL::CHANNEL, n, "DPU channels = N")?;
-        let s = rf.field(&DPU_DATA_CUBE_CHANNEL::REG, DPU_DATA_CUBE_CHANNEL::ORIG_CHANNEL);
-        let g = u64::from(regcmd::NOTCH_ELEMS_INT32);
-        if s < n || s % g != 0 {
-            return Err(unmodelled(format!("row stride ORIG_CHANNEL={s} with N={n}")));
-        }
-        expect(rf, &DPU_DATA_CUBE_NOTCH_ADDR::REG, DPU_DATA_CUBE_NOTCH_ADDR::NOTCH_ADDR_0, n / g, "notch = N in 16-byte groups")?;
-        expect(rf, &DPU_DATA_CUBE_NOTCH_ADDR::REG, DPU_DATA_CUBE_NOTCH_ADDR::NOTCH_ADDR_1, s / g, "notch = s in 16-byte groups")?;
-        expect(rf, &DPU_WDMA_SIZE_0::REG, DPU_WDMA_SIZE_0::CHANNEL_WDMA, n, "WDMA channels")?;
-        expect(rf, &DPU_WDMA_SIZE_1::REG, DPU_WDMA_SIZE_1::HEIGHT_WDMA, mc, "WDMA height")?;
-        expect(rf, &DPU_WDMA_SIZE_1::REG, DPU_WDMA_SIZE_1::WIDTH_WDMA, 1, "WDMA width")?;
-        for (reg, field, want, what) in PINNED {
-            let got = rf.field(reg, *field);
-            if got != *want {
-                return Err(unmodelled(format!("{}.{} = {got}, only {want} is modelled ({what})", reg.name, field.name)));
+        match reg.block {
+            Block::OpEnable => {
+                if prev.map(|p| p.target_op()) != Some(regs::TARGET_OP_41) {
+                    return Err(unmodelled("kick without the preceding 0x0041 word".into()));
+                }
+                if e.value() != regcmd::OP_ENABLE_MATMUL {
+                    return Err(unmodelled(format!("operation enable {:#x}: only CNA+CORE+DPU (0x0d) is modelled", e.value())));
+                }
+                let op = decode_matmul(soc, rf)?;
+                let trace = ProgramTrace { c_iova: op.c, c_len: op.c_len() };
+                if hook(&trace) == Exec::Run {
+                    execute(mem, &op)?;
+                }
+                kicked = true;
             }
+            Block::Op41 if e.value() != 0 => return Err(unmodelled(format!("0x0041 word with value {:#x}", e.value()))),
+            Block::DpuRdma => return Err(unmodelled(format!("DPU_RDMA programming ({e}) is not modelled"))),
+            _ => {}
         }
-        let a = u64::from(req(rf, &CNA_FEATURE_DATA_ADDR::REG)?);
-        let b = u64::from(req(rf, &CNA_DCOMP_ADDR0::REG)?);
-        let c = u64::from(req(rf, &DPU_DST_BASE_ADDR::REG)?);
-        Ok(MatmulOp { mc, k, n, s, a, b, c })
+        prev = Some(e);
     }
+    if !kicked {
+        return Err(unmodelled(format!("program at {addr:#x} has no operation-enable kick")));
+    }
+    let amount = rf.get(&regs::PC_REGISTER_AMOUNTS::REG).map(|v| regs::PC_REGISTER_AMOUNTS::PC_DATA_AMOUNT.decode(v));
+    let base = rf.get(&regs::PC_BASE_ADDRESS::REG).map(|v| regs::PC_BASE_ADDRESS::PC_SOURCE_ADDR.decode(v));
+    Ok(match (base, amount) {
+        (Some(b), Some(a)) if a != 0 => Some((b as u32, a as u32)),
+        _ => None,
+    })
+}
 
-    /// Runs one decoded matmul against the domain's memory.
-    fn execute(&self, dm: &DomainMap, op: &MatmulOp) -> Result<(), KifError> {
-        let MatmulOp { mc, k, n, s, a, b, c } = *op;
-        for (what, addr) in [("A", a), ("B", b), ("C", c)] {
-            if addr % 16 != 0 {
-                return Err(unmodelled(format!("{what} address {addr:#x} is not 16-byte aligned")));
-            }
-        }
-        let a_len = mc * k;
-        let b_len = k * n;
-        let c_len = ((mc - 1) * s + n) * 4;
-        let res = |what: &str, addr: u64, len: u64| {
-            dm.resolve(addr, len)
-                .ok_or_else(|| unmodelled(format!("{what} range {addr:#x}+{len} is outside every live BO of the domain")))
-        };
-        let (abo, aoff) = res("A", a, a_len)?;
-        let (bbo, boff) = res("B", b, b_len)?;
-        let (cbo, coff) = res("C", c, c_len)?;
-        let overlaps = |x: u64, xl: u64| x < c + c_len && c < x + xl;
-        if overlaps(a, a_len) || overlaps(b, b_len) {
-            return Err(unmodelled("C overlaps A or B".into()));
-        }
-        // SAFETY: each range was checked to lie inside its live BO; A and B are only read and
-        // do not overlap C, which is the only range written.
-        let (av, wv, cv) = unsafe {
-            (
-                std::slice::from_raw_parts(abo.mem.ptr.add(aoff as usize) as *const i8, a_len as usize),
-                std::slice::from_raw_parts(bbo.mem.ptr.add(boff as usize) as *const i8, b_len as usize),
-                std::slice::from_raw_parts_mut(cbo.mem.ptr.add(coff as usize), c_len as usize),
-            )
-        };
-        let out = matmul_tiled(av, wv, mc as usize, k as usize, n as usize);
-        let (n, s) = (n as usize, s as usize);
-        for (r, row) in out.chunks_exact(n).enumerate() {
-            let dst = &mut cv[r * s * 4..r * s * 4 + n * 4];
-            for (d, v) in dst.chunks_exact_mut(4).zip(row) {
-                d.copy_from_slice(&v.to_le_bytes());
-            }
-        }
-        Ok(())
+/// Decodes the register file into the one operation the simulator models, refusing
+/// everything else.
+fn decode_matmul(soc: &SocDesc, rf: &RegFile) -> Result<MatmulOp, KifError> {
+    use regs::*;
+    // Input side (CNA).
+    expect(rf, &CNA_CONV_CON1::REG, CNA_CONV_CON1::CONV_MODE, 0, "direct convolution")?;
+    expect(rf, &CNA_CONV_CON1::REG, CNA_CONV_CON1::IN_PRECISION, 0, "int8 input; fp16/int4 not modelled")?;
+    expect(rf, &CNA_CONV_CON1::REG, CNA_CONV_CON1::PROC_PRECISION, 0, "int8 processing")?;
+    expect(rf, &CNA_CONV_CON1::REG, CNA_CONV_CON1::DECONV, 0, "no deconvolution")?;
+    expect(rf, &CNA_CONV_CON1::REG, CNA_CONV_CON1::ARGB_IN, 0, "no image input")?;
+    expect(rf, &CNA_CONV_CON1::REG, CNA_CONV_CON1::NONALIGN_DMA, 0, "aligned DMA")?;
+    expect(rf, &CNA_CONV_CON1::REG, CNA_CONV_CON1::GROUP_LINE_OFF, 1, "ork's flat-layout triple")?;
+    let con3 = req(rf, &CNA_CONV_CON3::REG)?;
+    if con3 != CNA_CONV_CON3::REG.pack(&[(CNA_CONV_CON3::CONV_X_STRIDE, 1), (CNA_CONV_CON3::CONV_Y_STRIDE, 1)]).unwrap() {
+        return Err(unmodelled(format!("CNA_CONV_CON3 {con3:#x}: only stride 1×1, no dilation is modelled")));
     }
+    expect(rf, &CNA_DATA_SIZE0::REG, CNA_DATA_SIZE0::DATAIN_WIDTH, 1, "matmul as a 1-wide cube")?;
+    let mc = rf.field(&CNA_DATA_SIZE0::REG, CNA_DATA_SIZE0::DATAIN_HEIGHT);
+    let k = rf.field(&CNA_DATA_SIZE1::REG, CNA_DATA_SIZE1::DATAIN_CHANNEL);
+    expect(rf, &CNA_DATA_SIZE1::REG, CNA_DATA_SIZE1::DATAIN_CHANNEL_REAL, k, "real channels = channels")?;
+    expect(rf, &CNA_DATA_SIZE2::REG, CNA_DATA_SIZE2::DATAOUT_WIDTH, 1, "1-wide output")?;
+    expect(rf, &CNA_DATA_SIZE3::REG, CNA_DATA_SIZE3::DATAOUT_ATOMICS, mc, "atomics = height")?;
+    expect(rf, &CNA_WEIGHT_SIZE2::REG, CNA_WEIGHT_SIZE2::WEIGHT_WIDTH, 1, "1×1 kernels")?;
+    expect(rf, &CNA_WEIGHT_SIZE2::REG, CNA_WEIGHT_SIZE2::WEIGHT_HEIGHT, 1, "1×1 kernels")?;
+    let n = rf.field(&CNA_WEIGHT_SIZE2::REG, CNA_WEIGHT_SIZE2::WEIGHT_KERNELS);
+    expect(rf, &CNA_WEIGHT_SIZE1::REG, CNA_WEIGHT_SIZE1::WEIGHT_BYTES_PER_KERNEL, k, "int8 kernels of K bytes")?;
+    expect(rf, &CNA_WEIGHT_SIZE0::REG, CNA_WEIGHT_SIZE0::WEIGHT_BYTES, k * n, "K·N weight bytes")?;
+    if mc == 0 || k == 0 || n == 0 || k % 32 != 0 || n % 32 != 0 {
+        return Err(unmodelled(format!("matmul mc={mc} K={k} N={n}: the tiled layout needs K%32 = N%32 = 0")));
+    }
+    expect(rf, &CNA_CVT_CON0::REG, CNA_CVT_CON0::CVT_BYPASS, 1, "input converter bypassed")?;
+    expect(rf, &CNA_CVT_CON0::REG, CNA_CVT_CON0::DATA_SIGN, 1, "signed int8 input")?;
+    expect(rf, &CNA_DCOMP_CTRL::REG, CNA_DCOMP_CTRL::DECOMP_CONTROL, 0, "no weight decompression")?;
+    expect(rf, &CNA_PAD_CON0::REG, CNA_PAD_CON0::PAD_TOP, 0, "no padding")?;
+    expect(rf, &CNA_PAD_CON0::REG, CNA_PAD_CON0::PAD_LEFT, 0, "no padding")?;
+    expect(rf, &CNA_FC_CON0::REG, CNA_FC_CON0::FC_SKIP_EN, 0, "no FC skipping")?;
+    expect(rf, &CNA_DMA_CON1::REG, CNA_DMA_CON1::LINE_STRIDE, k / 16, "ork's flat-layout triple (LINE_STRIDE = K/16)")?;
+    expect(rf, &CNA_DMA_CON2::REG, CNA_DMA_CON2::SURF_STRIDE, 0, "ork's flat-layout triple")?;
+    expect(rf, &CNA_FC_DATA_SIZE0::REG, CNA_FC_DATA_SIZE0::DMA_WIDTH, 1, "1-wide DMA")?;
+    expect(rf, &CNA_FC_DATA_SIZE0::REG, CNA_FC_DATA_SIZE0::DMA_HEIGHT, mc, "DMA height = cube height")?;
+    expect(rf, &CNA_FC_DATA_SIZE1::REG, CNA_FC_DATA_SIZE1::DMA_CHANNEL, k, "DMA channels = K")?;
+    // CBUF: the feature rows and one 32-kernel weight group must fit their banks.
+    let data_banks = rf.field(&CNA_CBUF_CON0::REG, CNA_CBUF_CON0::DATA_BANK);
+    let weight_banks = rf.field(&CNA_CBUF_CON0::REG, CNA_CBUF_CON0::WEIGHT_BANK);
+    let bank = u64::from(soc.cbuf_bank_bytes);
+    if data_banks == 0 || weight_banks == 0 || data_banks + weight_banks > u64::from(soc.cbuf_banks) {
+        return Err(unmodelled(format!("CBUF split {data_banks} data + {weight_banks} weight banks of {}", soc.cbuf_banks)));
+    }
+    if mc * k > data_banks * bank {
+        return Err(unmodelled(format!("feature cube {mc}×{k} B exceeds {data_banks} CBUF data banks")));
+    }
+    if 32 * k > weight_banks * bank {
+        return Err(unmodelled(format!("a 32-kernel weight group of {} B exceeds {weight_banks} CBUF weight banks", 32 * k)));
+    }
+    if k > u64::from(soc.fullk_ceiling) {
+        return Err(unmodelled(format!("K={k} exceeds the single-program ceiling {} (the hardware wedges)", soc.fullk_ceiling)));
+    }
+    if n > u64::from(soc.n_max_per_program) {
+        return Err(unmodelled(format!("N={n} exceeds {} per program (silently wrong on hardware)", soc.n_max_per_program)));
+    }
+    // CORE.
+    expect(rf, &CORE_MISC_CFG::REG, CORE_MISC_CFG::PROC_PRECISION, 0, "int8 MACs")?;
+    expect(rf, &CORE_DATAOUT_SIZE_0::REG, CORE_DATAOUT_SIZE_0::DATAOUT_HEIGHT, mc, "CORE output height")?;
+    expect(rf, &CORE_DATAOUT_SIZE_0::REG, CORE_DATAOUT_SIZE_0::DATAOUT_WIDTH, 1, "CORE output width")?;
+    expect(rf, &CORE_DATAOUT_SIZE_1::REG, CORE_DATAOUT_SIZE_1::DATAOUT_CHANNEL, n, "CORE output channels")?;
+    expect(rf, &CORE_CLIP_TRUNCATE::REG, CORE_CLIP_TRUNCATE::CLIP_TRUNCATE, 0, "no accumulator truncation")?;
+    // DPU: write-out of int32, all stages bypassed, identity conversion.
+    expect(rf, &DPU_FEATURE_MODE_CFG::REG, DPU_FEATURE_MODE_CFG::FLYING_MODE, 0, "output from CORE")?;
+    expect(rf, &DPU_FEATURE_MODE_CFG::REG, DPU_FEATURE_MODE_CFG::OUTPUT_MODE, u64::from(regcmd::DPU_OUTPUT_MODE_CAPTURE), "write to memory")?;
+    expect(rf, &DPU_FEATURE_MODE_CFG::REG, DPU_FEATURE_MODE_CFG::CONV_MODE, 0, "direct convolution")?;
+    expect(rf, &DPU_DATA_FORMAT::REG, DPU_DATA_FORMAT::OUT_PRECISION, u64::from(regcmd::PRECISION_INT32), "int32 output; int8/int16/fp output conversion not modelled")?;
+    expect(rf, &DPU_DATA_FORMAT::REG, DPU_DATA_FORMAT::IN_PRECISION, 0, "int8 input")?;
+    expect(rf, &DPU_DATA_FORMAT::REG, DPU_DATA_FORMAT::PROC_PRECISION, 0, "int8 processing")?;
+    expect(rf, &DPU_BS_CFG::REG, DPU_BS_CFG::BS_BYPASS, 1, "BS stage bypassed")?;
+    expect(rf, &DPU_BN_CFG::REG, DPU_BN_CFG::BN_BYPASS, 1, "BN stage bypassed")?;
+    expect(rf, &DPU_EW_CFG::REG, DPU_EW_CFG::EW_BYPASS, 1, "EW stage bypassed")?;
+    expect(rf, &DPU_OUT_CVT_OFFSET::REG, DPU_OUT_CVT_OFFSET::OUT_CVT_OFFSET, 0, "identity OUT_CVT")?;
+    expect(rf, &DPU_OUT_CVT_SCALE::REG, DPU_OUT_CVT_SCALE::OUT_CVT_SCALE, 1, "identity OUT_CVT")?;
+    expect(rf, &DPU_OUT_CVT_SCALE::REG, DPU_OUT_CVT_SCALE::FP32TOFP16_EN, 0, "no fp16 output")?;
+    expect(rf, &DPU_OUT_CVT_SHIFT::REG, DPU_OUT_CVT_SHIFT::OUT_CVT_SHIFT, 0, "identity OUT_CVT")?;
+    for f in [DPU_BS_OW_CFG::SIZE_E_0, DPU_BS_OW_CFG::SIZE_E_1, DPU_BS_OW_CFG::SIZE_E_2] {
+        expect(rf, &DPU_BS_OW_CFG::REG, f, u64::from(regcmd::OW_SIZE_E_INT32), "int32 write-out")?;
+    }
+    expect(rf, &DPU_SURFACE_ADD::REG, DPU_SURFACE_ADD::SURF_ADD, u64::from(regcmd::SURF_ADD_INT32), "int32 surface")?;
+    expect(rf, &DPU_DST_SURF_STRIDE::REG, DPU_DST_SURF_STRIDE::DST_SURF_STRIDE, 1, "ork's flat output")?;
+    expect(rf, &DPU_DATA_CUBE_WIDTH::REG, DPU_DATA_CUBE_WIDTH::WIDTH, 1, "1-wide cube")?;
+    expect(rf, &DPU_DATA_CUBE_HEIGHT::REG, DPU_DATA_CUBE_HEIGHT::HEIGHT, mc, "DPU height = mc")?;
+    expect(rf, &DPU_DATA_CUBE_CHANNEL::REG, DPU_DATA_CUBE_CHANNEL::CHANNEL, n, "DPU channels = N")?;
+    let s = rf.field(&DPU_DATA_CUBE_CHANNEL::REG, DPU_DATA_CUBE_CHANNEL::ORIG_CHANNEL);
+    let g = u64::from(regcmd::NOTCH_ELEMS_INT32);
+    if s < n || s % g != 0 {
+        return Err(unmodelled(format!("row stride ORIG_CHANNEL={s} with N={n}")));
+    }
+    expect(rf, &DPU_DATA_CUBE_NOTCH_ADDR::REG, DPU_DATA_CUBE_NOTCH_ADDR::NOTCH_ADDR_0, n / g, "notch = N in 16-byte groups")?;
+    expect(rf, &DPU_DATA_CUBE_NOTCH_ADDR::REG, DPU_DATA_CUBE_NOTCH_ADDR::NOTCH_ADDR_1, s / g, "notch = s in 16-byte groups")?;
+    expect(rf, &DPU_WDMA_SIZE_0::REG, DPU_WDMA_SIZE_0::CHANNEL_WDMA, n, "WDMA channels")?;
+    expect(rf, &DPU_WDMA_SIZE_1::REG, DPU_WDMA_SIZE_1::HEIGHT_WDMA, mc, "WDMA height")?;
+    expect(rf, &DPU_WDMA_SIZE_1::REG, DPU_WDMA_SIZE_1::WIDTH_WDMA, 1, "WDMA width")?;
+    for (reg, field, want, what) in PINNED {
+        let got = rf.field(reg, *field);
+        if got != *want {
+            return Err(unmodelled(format!("{}.{} = {got}, only {want} is modelled ({what})", reg.name, field.name)));
+        }
+    }
+    let a = u64::from(req(rf, &CNA_FEATURE_DATA_ADDR::REG)?);
+    let b = u64::from(req(rf, &CNA_DCOMP_ADDR0::REG)?);
+    let c = u64::from(req(rf, &DPU_DST_BASE_ADDR::REG)?);
+    Ok(MatmulOp { mc, k, n, s, a, b, c })
+}
+
+/// Runs one decoded matmul against the domain's memory.
+fn execute(mem: &dyn DeviceMemory, op: &MatmulOp) -> Result<(), KifError> {
+    let MatmulOp { mc, k, n, s, a, b, c } = *op;
+    for (what, addr) in [("A", a), ("B", b), ("C", c)] {
+        if addr % 16 != 0 {
+            return Err(unmodelled(format!("{what} address {addr:#x} is not 16-byte aligned")));
+        }
+    }
+    let a_len = mc * k;
+    let b_len = k * n;
+    let c_len = op.c_len();
+    let res = |what: &str, addr: u64, len: u64| {
+        mem.resolve(addr, len)
+            .ok_or_else(|| unmodelled(format!("{what} range {addr:#x}+{len} is outside every live BO of the domain")))
+    };
+    let ap = res("A", a, a_len)?;
+    let bp = res("B", b, b_len)?;
+    let cp = res("C", c, c_len)?;
+    let overlaps = |x: u64, xl: u64| x < c + c_len && c < x + xl;
+    if overlaps(a, a_len) || overlaps(b, b_len) {
+        return Err(unmodelled("C overlaps A or B".into()));
+    }
+    // SAFETY: each range was checked to lie inside its live BO; A and B are only read and
+    // do not overlap C, which is the only range written.
+    let (av, wv, cv) = unsafe {
+        (
+            std::slice::from_raw_parts(ap as *const i8, a_len as usize),
+            std::slice::from_raw_parts(bp as *const i8, b_len as usize),
+            std::slice::from_raw_parts_mut(cp, c_len as usize),
+        )
+    };
+    let out = matmul_tiled(av, wv, mc as usize, k as usize, n as usize);
+    let (n, s) = (n as usize, s as usize);
+    for (r, row) in out.chunks_exact(n).enumerate() {
+        let dst = &mut cv[r * s * 4..r * s * 4 + n * 4];
+        for (d, v) in dst.chunks_exact_mut(4).zip(row) {
+            d.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    Ok(())
 }
 
 /// `C[mc][n] = A[mc][k] · Wᵀ` with A row-major int8 and W tiled `[n/32][k/32][32][32]` int8

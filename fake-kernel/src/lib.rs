@@ -1,0 +1,1197 @@
+//! The fake NPU kernel: what `tests/fake-kernel/run.sh` preloads so that the product's real
+//! kernel interfaces (`src/npu/kif/rknpu.rs`, `rocket.rs`, `drm.rs`) run without a board.
+//!
+//! In the spirit of Mesa's drm-shim: `src/shim.c` (the object LD_PRELOAD names) intercepts
+//! open/openat, opendir, ioctl, mmap/munmap and close, and hands everything that concerns the
+//! NPU's device nodes to this library; discovery reads (`/dev/dri`, `/dev/accel`,
+//! `/proc/device-tree/compatible`) are redirected to a fake tree. Submits execute on the same
+//! bit-exact datapath as the simulator ([`ggml_ork::npu::kif::sim::execute_tasks`]).
+//!
+//! The ioctl arguments are decoded here by byte offset from the reference facts
+//! (`rknpu-facts.md` §1.2/§1.3/§1.7), not with the product's `#[repr(C)]` structs, so a layout
+//! mistake in the product is not mirrored by its own test device.
+//!
+//! Personalities (`ORK_FAKE_KERNEL`):
+//! * `rknpu` — vendor driver 0.9.8 on `/dev/dri/card1` (`card0` is a display controller,
+//!   "rockchip-drm"): ACTION, MEM_CREATE/MAP/DESTROY/SYNC, SUBMIT. GEM handles per fd, IOMMU
+//!   domains 0..15 device-wide, each a window of `ORK_FK_DOMAIN_MB` (default 4096) with IOVAs
+//!   handed out top-down and EFAULT when a buffer does not fit; the task array is read from the
+//!   task BO named by `task_obj_addr` (which must carry KERNEL_MAPPING); the target core's
+//!   `subcore_task` entry gives the task range; `task_counter` is the number of programs the PC
+//!   ran; ACT_RESET resets the device.
+//! * `rocket` — mainline accel driver on `/dev/accel/accel0`: CREATE_BO, SUBMIT, PREP_BO,
+//!   FINI_BO, GEM_CLOSE. One IOMMU address space per fd, handed out bottom-up from IOVA 0; each
+//!   fd is bound to one core at open (the least used); SUBMIT returns at once and a per-core
+//!   worker runs the job later; PREP_BO waits for the BO's write fence until an absolute
+//!   CLOCK_MONOTONIC deadline (EBUSY if it has passed, ETIMEDOUT if it passes while waiting); a
+//!   job naming a handle the fd does not own vanishes while the ioctl returns 0; a job whose
+//!   program the hardware would not run is killed after the 500 ms job timeout and still signals
+//!   its fence.
+//!
+//! Board behaviour (`ORK_FK_QUIRKS`, comma-separated; rknpu-facts §2.6, peer-facts §4):
+//! * `cold` — the first submit into a buffer that no submit wrote since it was created (or since
+//!   the last reset) leaves the output stale: its programs are decoded but write nothing;
+//! * `wedge` — (rknpu) entering int8 mode from cold wedges the first submit unless ACT_RESET was
+//!   issued first: the submit times out (ETIMEDOUT, task_counter 0) and the kernel resets;
+//! * `never_run_every:N` — every N-th submit reports success (task_counter = task_number) and
+//!   runs nothing;
+//! * the window (`ORK_FK_DOMAIN_MB`) is the domain overflow: MEM_CREATE past it is EFAULT.
+//!
+//! At exit one line of counters goes to stderr and, with `ORK_FK_STATS=<path>`, `key=value`
+//! lines to that file (what the tests read).
+//!
+//! Unsafe: this is a kernel for the process it lives in: it reads and writes ioctl arguments
+//! and user arrays through raw pointers the caller passed, and maps memfds. Each block says why
+//! the access is valid in the terms a kernel would (the caller passed it; the BO is alive).
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{c_char, c_int, c_ulong, c_void, CStr, CString};
+use std::io::Write;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock, RwLock};
+use std::time::{Duration, Instant};
+
+use ggml_ork::npu::kif::sim::{execute_tasks, DeviceMemory, Exec, ProgramTrace};
+use ggml_ork::npu::kif::RknpuTask;
+use ggml_ork::npu::soc::{SocDesc, SocId};
+use nix::libc;
+
+const NOT_OURS: c_int = -100_000;
+const PAGE: u64 = 4096;
+const MAX_FD: usize = 4096;
+const MAX_DOMAINS: u32 = 16;
+const ROCKET_JOB_TIMEOUT: Duration = Duration::from_millis(500);
+
+// ---------------------------------------------------------------------------------------------
+// ioctl numbers, computed from the facts (`dir<<30 | size<<16 | type<<8 | nr`, type 'd')
+// ---------------------------------------------------------------------------------------------
+
+const fn ioc(dir: u64, nr: u64, size: u64) -> u64 {
+    (dir << 30) | (size << 16) | (0x64 << 8) | nr
+}
+const fn iowr(nr: u64, size: u64) -> u64 {
+    ioc(3, nr, size)
+}
+const fn iow(nr: u64, size: u64) -> u64 {
+    ioc(1, nr, size)
+}
+const DRM_VERSION: u64 = iowr(0x00, 64);
+const DRM_GEM_CLOSE: u64 = iow(0x09, 8);
+const RKNPU_ACTION: u64 = iowr(0x40, 8);
+const RKNPU_SUBMIT: u64 = iowr(0x41, 104);
+const RKNPU_MEM_CREATE: u64 = iowr(0x42, 48);
+const RKNPU_MEM_MAP: u64 = iowr(0x43, 16);
+const RKNPU_MEM_DESTROY: u64 = iowr(0x44, 16);
+const RKNPU_MEM_SYNC: u64 = iowr(0x45, 32);
+const ROCKET_CREATE_BO: u64 = iowr(0x40, 24);
+const ROCKET_SUBMIT: u64 = iow(0x41, 24);
+const ROCKET_PREP_BO: u64 = iow(0x42, 16);
+const ROCKET_FINI_BO: u64 = iow(0x43, 8);
+
+// `rknpu_mem_create.flags` bits used here (§1.4).
+const MEM_CACHEABLE: u32 = 1 << 1;
+const MEM_KERNEL_MAPPING: u32 = 1 << 3;
+
+// ---------------------------------------------------------------------------------------------
+// Raw argument access
+// ---------------------------------------------------------------------------------------------
+
+/// An ioctl argument block of a known size.
+struct Arg(*mut u8);
+
+impl Arg {
+    fn u32(&self, off: usize) -> u32 {
+        // SAFETY: the caller of ioctl passed a pointer to the argument struct whose size the
+        // request number encodes; every offset read here is inside that size (facts §1.3).
+        unsafe { std::ptr::read_unaligned(self.0.add(off) as *const u32) }
+    }
+    fn u64(&self, off: usize) -> u64 {
+        // SAFETY: as in `u32`.
+        unsafe { std::ptr::read_unaligned(self.0.add(off) as *const u64) }
+    }
+    fn set_u32(&self, off: usize, v: u32) {
+        // SAFETY: as in `u32`; the argument is read-write (_IOWR) where this is called.
+        unsafe { std::ptr::write_unaligned(self.0.add(off) as *mut u32, v) }
+    }
+    fn set_u64(&self, off: usize, v: u64) {
+        // SAFETY: as in `set_u32`.
+        unsafe { std::ptr::write_unaligned(self.0.add(off) as *mut u64, v) }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Configuration and counters
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Personality {
+    Rknpu,
+    Rocket,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Quirks {
+    cold: bool,
+    wedge: bool,
+    never_run_every: Option<u64>,
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|s| !s.trim().is_empty())
+}
+
+fn die(msg: &str) -> ! {
+    eprintln!("ork-fake-kernel: {msg}");
+    std::process::abort()
+}
+
+fn parse_quirks(s: &str) -> Quirks {
+    let mut q = Quirks::default();
+    for item in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+        match item.split_once(':') {
+            None if item == "cold" => q.cold = true,
+            None if item == "wedge" => q.wedge = true,
+            None if item == "none" => {}
+            Some(("never_run_every", n)) => match n.parse::<u64>() {
+                Ok(n) if n > 0 => q.never_run_every = Some(n),
+                _ => die(&format!("ORK_FK_QUIRKS: `{item}`: N must be a positive number")),
+            },
+            _ => die(&format!("ORK_FK_QUIRKS: unknown quirk `{item}` (cold, wedge, never_run_every:N, none)")),
+        }
+    }
+    q
+}
+
+#[derive(Default)]
+struct Stats {
+    opens: AtomicU64,
+    ioctls: AtomicU64,
+    mem_create: AtomicU64,
+    efault: AtomicU64,
+    submits: AtomicU64,
+    programs: AtomicU64,
+    jobs_per_core: [AtomicU64; 3],
+    programs_per_core: [AtomicU64; 3],
+    act_reset: AtomicU64,
+    stale: AtomicU64,
+    wedged: AtomicU64,
+    never_ran: AtomicU64,
+    bad: AtomicU64,
+    vanished: AtomicU64,
+    killed: AtomicU64,
+    prep_timeouts: AtomicU64,
+    max_domain: AtomicU64,
+    domains_used: AtomicU64,
+    client_maps: AtomicU64,
+}
+
+fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Buffer objects and address spaces
+// ---------------------------------------------------------------------------------------------
+
+/// A buffer object: a memfd (what a client mmap maps) and the kernel's own mapping of it (what
+/// the NPU reads and writes).
+struct KBo {
+    memfd: OwnedFd,
+    kptr: usize,
+    size: u64,
+    flags: u32,
+    iova: u64,
+    domain: u32,
+    obj_addr: u64,
+    /// Written by a submit since creation or the last reset (the `cold` quirk).
+    warm: AtomicBool,
+    /// Jobs queued that write this BO (rocket's write fence).
+    pending: AtomicU32,
+}
+
+impl Drop for KBo {
+    fn drop(&mut self) {
+        // SAFETY: `kptr..kptr+size` is the mapping made in `KBo::new`, unmapped only here.
+        unsafe { libc::munmap(self.kptr as *mut c_void, self.size as usize) };
+    }
+}
+
+static NEXT_BO: AtomicU64 = AtomicU64::new(1);
+
+impl KBo {
+    fn new(size: u64, flags: u32, iova: u64, domain: u32) -> Result<KBo, c_int> {
+        let name = CString::new("ork-fake-bo").unwrap();
+        // SAFETY: memfd_create with a valid NUL-terminated name.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(libc::ENOMEM);
+        }
+        // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
+        let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: ftruncate on our own memfd.
+        if unsafe { libc::ftruncate(memfd.as_raw_fd(), size as libc::off_t) } != 0 {
+            return Err(libc::ENOMEM);
+        }
+        // SAFETY: a fresh shared mapping of the whole memfd; checked against MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), size as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, memfd.as_raw_fd(), 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(libc::ENOMEM);
+        }
+        let id = NEXT_BO.fetch_add(1, Ordering::Relaxed);
+        Ok(KBo {
+            memfd,
+            kptr: p as usize,
+            size,
+            flags,
+            iova,
+            domain,
+            // Looks like an arm64 kernel pointer, never like an IOVA.
+            obj_addr: 0xffff_ff80_0000_0000 | (id << 12),
+            warm: AtomicBool::new(false),
+            pending: AtomicU32::new(0),
+        })
+    }
+}
+
+/// One IOMMU address space: live BOs by IOVA.
+#[derive(Default)]
+struct Space {
+    bos: BTreeMap<u64, Arc<KBo>>,
+    used: u64,
+}
+
+impl Space {
+    /// Highest gap of `size` below `top`, not below `floor` (the Linux IOVA allocator, vendor).
+    fn top_down(&self, size: u64, top: u64, floor: u64) -> Option<u64> {
+        let mut ceiling = top;
+        for (&start, bo) in self.bos.iter().rev() {
+            let end = start + bo.size;
+            if end <= ceiling && ceiling - end >= size && ceiling - size >= floor {
+                return Some(ceiling - size);
+            }
+            ceiling = ceiling.min(start);
+        }
+        (ceiling >= floor + size).then(|| ceiling - size)
+    }
+
+    /// Lowest gap of `size` from 0 (drm_mm first fit, rocket).
+    fn bottom_up(&self, size: u64, top: u64) -> Option<u64> {
+        let mut at = 0u64;
+        for (&start, bo) in &self.bos {
+            if start >= at + size {
+                return Some(at);
+            }
+            at = at.max(start + bo.size);
+        }
+        (at + size <= top).then_some(at)
+    }
+
+    fn bo_at(&self, iova: u64) -> Option<&Arc<KBo>> {
+        let (&start, bo) = self.bos.range(..=iova).next_back()?;
+        (iova < start + bo.size).then_some(bo)
+    }
+
+    fn make_cold(&self) {
+        for bo in self.bos.values() {
+            bo.warm.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
+impl DeviceMemory for Space {
+    fn resolve(&self, iova: u64, len: u64) -> Option<*mut u8> {
+        let (&start, bo) = self.bos.range(..=iova).next_back()?;
+        let off = iova - start;
+        // SAFETY: `off + len ≤ size` is checked first; the mapping lives as long as the BO,
+        // which the space holds while the caller borrows it.
+        (off + len <= bo.size).then(|| unsafe { (bo.kptr as *mut u8).add(off as usize) })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The device and its open files
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Node {
+    Display,
+    Rknpu,
+    Rocket,
+}
+
+/// Per open file: GEM handles and mmap offsets (both are per drm_file in DRM).
+struct File {
+    node: Node,
+    handles: HashMap<u32, Arc<KBo>>,
+    offsets: HashMap<u64, Arc<KBo>>,
+    next_handle: u32,
+    next_offset: u64,
+    /// rocket: the fd's address space and core.
+    rocket: Option<Arc<RocketFile>>,
+}
+
+struct RocketFile {
+    space: RwLock<Space>,
+    core: usize,
+}
+
+struct RknpuDev {
+    /// IOMMU domains (device-wide; each its own window).
+    domains: RwLock<HashMap<u32, Space>>,
+    objs: Mutex<HashMap<u64, Arc<KBo>>>,
+    int8_ready: AtomicBool,
+}
+
+struct RocketJob {
+    file: Arc<RocketFile>,
+    tasks: Vec<(u32, u32)>,
+    outs: Vec<Arc<KBo>>,
+    submitted: Instant,
+    seq: u64,
+}
+
+struct Kernel {
+    personality: Personality,
+    soc: SocDesc,
+    tree: PathBuf,
+    window: u64,
+    quirks: Quirks,
+    stats: Stats,
+    files: Mutex<HashMap<c_int, File>>,
+    is_dev: Vec<AtomicBool>,
+    rknpu: RknpuDev,
+    /// Open rocket fds per core (for the core choice at open).
+    rocket_fds_per_core: Mutex<[u32; 3]>,
+    rocket_queues: Vec<Mutex<mpsc::Sender<RocketJob>>>,
+    fence: (Mutex<()>, Condvar),
+    /// Client mappings of BOs: address → length.
+    maps: Mutex<HashMap<usize, usize>>,
+    redirects: Mutex<HashMap<String, &'static CStr>>,
+}
+
+static KERNEL: OnceLock<Kernel> = OnceLock::new();
+
+fn kernel() -> &'static Kernel {
+    KERNEL.get_or_init(Kernel::new)
+}
+
+impl Kernel {
+    fn new() -> Kernel {
+        let personality = match env("ORK_FAKE_KERNEL").as_deref() {
+            Some("rknpu") => Personality::Rknpu,
+            Some("rocket") => Personality::Rocket,
+            other => die(&format!("ORK_FAKE_KERNEL={other:?}: must be rknpu or rocket")),
+        };
+        let soc_id = match env("ORK_FK_SOC") {
+            None => SocId::Rk3588,
+            Some(s) => SocId::parse(&s).unwrap_or_else(|| die(&format!("ORK_FK_SOC={s}: rk3588 or rk3576"))),
+        };
+        let soc = SocDesc::get(soc_id);
+        let window = match env("ORK_FK_DOMAIN_MB") {
+            None => 4096 << 20,
+            Some(s) => match s.parse::<u64>() {
+                Ok(mb) if (1..=4096).contains(&mb) => mb << 20,
+                _ => die(&format!("ORK_FK_DOMAIN_MB={s}: 1..4096")),
+            },
+        };
+        let quirks = parse_quirks(&env("ORK_FK_QUIRKS").unwrap_or_default());
+        let tree = env("ORK_FK_TREE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| std::env::temp_dir().join(format!("ork-fake-kernel-{}", std::process::id())));
+        let k = Kernel {
+            personality,
+            tree,
+            window,
+            quirks,
+            stats: Stats::default(),
+            files: Mutex::new(HashMap::new()),
+            is_dev: (0..MAX_FD).map(|_| AtomicBool::new(false)).collect(),
+            rknpu: RknpuDev { domains: RwLock::new(HashMap::new()), objs: Mutex::new(HashMap::new()), int8_ready: AtomicBool::new(false) },
+            rocket_fds_per_core: Mutex::new([0; 3]),
+            rocket_queues: (0..soc.cores.min(3))
+                .map(|core| {
+                    let (tx, rx) = mpsc::channel::<RocketJob>();
+                    std::thread::Builder::new()
+                        .name(format!("fk-rocket-core{core}"))
+                        .spawn(move || {
+                            while let Ok(job) = rx.recv() {
+                                kernel().rocket_run(core as usize, job);
+                            }
+                        })
+                        .expect("spawn fake rocket core");
+                    Mutex::new(tx)
+                })
+                .collect(),
+            soc,
+            fence: (Mutex::new(()), Condvar::new()),
+            maps: Mutex::new(HashMap::new()),
+            redirects: Mutex::new(HashMap::new()),
+        };
+        k.make_tree();
+        k
+    }
+
+    fn make_tree(&self) {
+        let t = &self.tree;
+        let mk = |rel: &str, body: &[u8]| {
+            let p = t.join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap_or_else(|e| die(&format!("{}: {e}", p.display())));
+            std::fs::write(&p, body).unwrap_or_else(|e| die(&format!("{}: {e}", p.display())));
+        };
+        mk("dev/dri/card0", b"");
+        match self.personality {
+            Personality::Rknpu => mk("dev/dri/card1", b""),
+            Personality::Rocket => mk("dev/accel/accel0", b""),
+        }
+        let compat = format!("radxa,rock-5b\0rockchip,{}\0", self.soc.id.name());
+        mk("proc/device-tree/compatible", compat.as_bytes());
+        // Vendor kernels run the NPU at up to 1 GHz (devfreq); mainline boards clock it at
+        // 200 MHz by default (peer-facts §2).
+        let hz: &[u8] = if self.personality == Personality::Rocket { b"200000000\n" } else { b"1000000000\n" };
+        mk("sys/class/devfreq/fdab0000.npu/cur_freq", hz);
+    }
+
+    fn redirect(&self, path: &str) -> Option<&'static CStr> {
+        let rel = path.strip_prefix('/')?;
+        let to = self.tree.join(rel);
+        let keep = path == "/dev/dri" || path == "/dev/accel" || to.exists();
+        if !keep {
+            return None;
+        }
+        let mut r = self.redirects.lock().unwrap();
+        let c = r.entry(path.to_string()).or_insert_with(|| {
+            let c = CString::new(to.to_string_lossy().into_owned()).unwrap();
+            Box::leak(c.into_boxed_c_str())
+        });
+        Some(*c)
+    }
+
+    fn open(&self, path: &str) -> c_int {
+        let node = match (self.personality, path) {
+            (_, "/dev/dri/card0") => Node::Display,
+            (Personality::Rknpu, "/dev/dri/card1") => Node::Rknpu,
+            (Personality::Rocket, "/dev/accel/accel0") => Node::Rocket,
+            (_, p) if p.starts_with("/dev/dri/") || p.starts_with("/dev/accel/") => return -libc::ENOENT,
+            _ => return NOT_OURS,
+        };
+        let name = CString::new(format!("ork-fake-{}", path.rsplit('/').next().unwrap_or("node"))).unwrap();
+        // SAFETY: memfd_create with a valid name; the fd stands for the open device file.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return -libc::EMFILE;
+        }
+        if fd as usize >= MAX_FD {
+            // SAFETY: closing the fd we just created.
+            unsafe { libc::close(fd) };
+            return -libc::EMFILE;
+        }
+        let rocket = (node == Node::Rocket).then(|| {
+            let mut per = self.rocket_fds_per_core.lock().unwrap();
+            let cores = self.soc.cores.min(3) as usize;
+            let core = (0..cores).min_by_key(|&c| per[c]).unwrap_or(0);
+            per[core] += 1;
+            Arc::new(RocketFile { space: RwLock::new(Space::default()), core })
+        });
+        let f = File { node, handles: HashMap::new(), offsets: HashMap::new(), next_handle: 1, next_offset: 0x1_0000_0000, rocket };
+        self.files.lock().unwrap().insert(fd, f);
+        self.is_dev[fd as usize].store(true, Ordering::Release);
+        add(&self.stats.opens, 1);
+        fd
+    }
+
+    fn close(&self, fd: c_int) {
+        self.is_dev[fd as usize].store(false, Ordering::Release);
+        let Some(f) = self.files.lock().unwrap().remove(&fd) else { return };
+        if let Some(rf) = &f.rocket {
+            self.rocket_fds_per_core.lock().unwrap()[rf.core] -= 1;
+        }
+        if f.node == Node::Rknpu {
+            // The kernel frees a file's GEM objects when it is closed.
+            for bo in f.handles.values() {
+                self.rknpu_free(bo);
+            }
+        }
+    }
+
+    fn ioctl(&self, fd: c_int, req: u64, arg: *mut c_void) -> c_int {
+        add(&self.stats.ioctls, 1);
+        let a = Arg(arg as *mut u8);
+        if arg.is_null() {
+            return -libc::EFAULT;
+        }
+        let node = match self.files.lock().unwrap().get(&fd) {
+            Some(f) => f.node,
+            None => return -libc::EBADF,
+        };
+        match (node, req) {
+            (_, DRM_VERSION) => self.drm_version(node, &a),
+            (Node::Rknpu, RKNPU_ACTION) => self.rknpu_action(&a),
+            (Node::Rknpu, RKNPU_MEM_CREATE) => self.rknpu_mem_create(fd, &a),
+            (Node::Rknpu, RKNPU_MEM_MAP) => self.with_file(fd, |f| match f.handles.get(&a.u32(0)) {
+                Some(bo) => {
+                    let off = f.next_offset;
+                    f.next_offset += bo.size;
+                    f.offsets.insert(off, bo.clone());
+                    a.set_u64(8, off);
+                    0
+                }
+                None => -libc::EINVAL,
+            }),
+            (Node::Rknpu, RKNPU_MEM_DESTROY) => self.rknpu_mem_destroy(fd, &a),
+            (Node::Rknpu, RKNPU_MEM_SYNC) => self.rknpu_mem_sync(&a),
+            (Node::Rknpu, RKNPU_SUBMIT) => self.rknpu_submit(&a),
+            (Node::Rocket, ROCKET_CREATE_BO) => self.rocket_create_bo(fd, &a),
+            (Node::Rocket, ROCKET_SUBMIT) => self.rocket_submit(fd, &a),
+            (Node::Rocket, ROCKET_PREP_BO) => self.rocket_prep_bo(fd, &a),
+            (Node::Rocket, ROCKET_FINI_BO) => {
+                if a.u32(4) != 0 {
+                    return -libc::EINVAL;
+                }
+                self.with_file(fd, |f| if f.handles.contains_key(&a.u32(0)) { 0 } else { -libc::ENOENT })
+            }
+            (Node::Rocket, DRM_GEM_CLOSE) => self.rocket_gem_close(fd, &a),
+            (_, r) => {
+                eprintln!("ork-fake-kernel: {node:?} node: ioctl {r:#x} is not modelled (ENOTTY)");
+                -libc::ENOTTY
+            }
+        }
+    }
+
+    fn with_file<R>(&self, fd: c_int, f: impl FnOnce(&mut File) -> R) -> R {
+        let mut files = self.files.lock().unwrap();
+        f(files.get_mut(&fd).expect("file of a live fd"))
+    }
+
+    /// `struct drm_version` (LP64): three i32, then (len usize, ptr) for name, date, desc.
+    fn drm_version(&self, node: Node, a: &Arg) -> c_int {
+        let (name, date, desc, ver) = match node {
+            Node::Display => ("rockchip-drm", "20140818", "Rockchip Soc DRM", (1, 0, 0)),
+            Node::Rknpu => ("rknpu", "20240828", "RKNPU driver", (0, 9, 8)),
+            Node::Rocket => ("rocket", "20240101", "rocket DRM", (0, 0, 1)),
+        };
+        a.set_u32(0, ver.0);
+        a.set_u32(4, ver.1);
+        a.set_u32(8, ver.2);
+        for (i, s) in [name, date, desc].iter().enumerate() {
+            let len_off = 16 + i * 16;
+            let cap = a.u64(len_off) as usize;
+            let ptr = a.u64(len_off + 8) as *mut u8;
+            if cap > 0 && !ptr.is_null() {
+                let n = cap.min(s.len());
+                // SAFETY: the caller provided `cap` writable bytes at `ptr` (drm_version contract).
+                unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), ptr, n) };
+            }
+            a.set_u64(len_off, s.len() as u64);
+        }
+        0
+    }
+
+    // ---- rknpu ---------------------------------------------------------------------------
+
+    fn rknpu_action(&self, a: &Arg) -> c_int {
+        let v = match a.u32(0) {
+            0 => 0x4649_5245, // GET_HW_VERSION ("FIRE")
+            1 => 908,         // GET_DRV_VERSION 0.9.8
+            2 => 1_000_000_000,
+            6 => {
+                add(&self.stats.act_reset, 1);
+                self.rknpu_reset();
+                0
+            }
+            18 => 1,
+            19 => 0,
+            20 => return -libc::EINVAL, // POWER_ON: no such case in 0.9.8
+            22 | 23 => 0,
+            24 => 0,
+            25 => {
+                if a.u32(4) >= MAX_DOMAINS {
+                    return -libc::EINVAL;
+                }
+                0
+            }
+            other => {
+                eprintln!("ork-fake-kernel: rknpu ACTION {other} is not modelled (EINVAL)");
+                return -libc::EINVAL;
+            }
+        };
+        a.set_u32(4, v);
+        0
+    }
+
+    /// Soft reset: the mode is int8-ready, every buffer cold again (ork re-warms after a reset).
+    fn rknpu_reset(&self) {
+        self.rknpu.int8_ready.store(true, Ordering::Relaxed);
+        for s in self.rknpu.domains.read().unwrap().values() {
+            s.make_cold();
+        }
+    }
+
+    /// `rknpu_mem_create` (48 B): handle u32 @0, flags u32 @4, size u64 @8, obj_addr u64 @16,
+    /// dma_addr u64 @24, sram_size u64 @32, iommu_domain_id s32 @40, core_mask u32 @44.
+    fn rknpu_mem_create(&self, fd: c_int, a: &Arg) -> c_int {
+        add(&self.stats.mem_create, 1);
+        if a.u32(0) != 0 {
+            // An existing handle (PRIME import) skips allocation (S4): not used by the product.
+            eprintln!("ork-fake-kernel: MEM_CREATE on an existing handle (import) is not modelled");
+            return -libc::EINVAL;
+        }
+        let (flags, size, domain) = (a.u32(4), a.u64(8), a.u32(40));
+        if size == 0 || domain >= MAX_DOMAINS {
+            return -libc::EINVAL;
+        }
+        let size = size.div_ceil(PAGE) * PAGE;
+        let mut doms = self.rknpu.domains.write().unwrap();
+        let space = doms.entry(domain).or_default();
+        let Some(iova) = space.top_down(size, self.window, PAGE) else {
+            add(&self.stats.efault, 1);
+            eprintln!(
+                "ork-fake-kernel: MEM_CREATE {size} B in domain {domain}: window of {} MiB full ({} MiB used): EFAULT",
+                self.window >> 20,
+                space.used >> 20
+            );
+            return -libc::EFAULT;
+        };
+        let bo = match KBo::new(size, flags, iova, domain) {
+            Ok(b) => Arc::new(b),
+            Err(e) => return -e,
+        };
+        space.bos.insert(iova, bo.clone());
+        space.used += size;
+        let used_domains = doms.values().filter(|s| !s.bos.is_empty()).count() as u64;
+        drop(doms);
+        self.stats.domains_used.fetch_max(used_domains, Ordering::Relaxed);
+        self.stats.max_domain.fetch_max(u64::from(domain), Ordering::Relaxed);
+        self.rknpu.objs.lock().unwrap().insert(bo.obj_addr, bo.clone());
+        let handle = self.with_file(fd, |f| {
+            let h = f.next_handle;
+            f.next_handle += 1;
+            f.handles.insert(h, bo.clone());
+            h
+        });
+        a.set_u32(0, handle);
+        a.set_u64(16, bo.obj_addr);
+        a.set_u64(24, iova);
+        a.set_u64(32, 0);
+        0
+    }
+
+    fn rknpu_free(&self, bo: &Arc<KBo>) {
+        self.rknpu.objs.lock().unwrap().remove(&bo.obj_addr);
+        let mut doms = self.rknpu.domains.write().unwrap();
+        if let Some(s) = doms.get_mut(&bo.domain) {
+            if s.bos.remove(&bo.iova).is_some() {
+                s.used -= bo.size;
+            }
+        }
+    }
+
+    /// `rknpu_mem_destroy` (16 B): handle u32 @0, reserved u32 @4, obj_addr u64 @8.
+    fn rknpu_mem_destroy(&self, fd: c_int, a: &Arg) -> c_int {
+        let (handle, obj) = (a.u32(0), a.u64(8));
+        let bo = self.with_file(fd, |f| {
+            let bo = f.handles.get(&handle).filter(|b| b.obj_addr == obj).cloned()?;
+            f.handles.remove(&handle);
+            f.offsets.retain(|_, b| !Arc::ptr_eq(b, &bo));
+            Some(bo)
+        });
+        match bo {
+            Some(bo) => {
+                self.rknpu_free(&bo);
+                0
+            }
+            None => -libc::EINVAL,
+        }
+    }
+
+    /// `rknpu_mem_sync` (32 B): flags u32 @0, reserved @4, obj_addr u64 @8, offset @16, size @24.
+    fn rknpu_mem_sync(&self, a: &Arg) -> c_int {
+        let (flags, obj, off, size) = (a.u32(0), a.u64(8), a.u64(16), a.u64(24));
+        let objs = self.rknpu.objs.lock().unwrap();
+        let Some(bo) = objs.get(&obj) else { return -libc::EINVAL };
+        if bo.flags & MEM_CACHEABLE == 0 || flags & !3 != 0 || flags == 0 || off + size > bo.size {
+            return -libc::EINVAL;
+        }
+        // The memfd mappings are coherent: nothing to flush.
+        0
+    }
+
+    /// `rknpu_submit` (104 B): flags @0, timeout @4, task_start @8, task_number @12,
+    /// task_counter @16 (out), priority @20, task_obj_addr u64 @24, iommu_domain_id @32,
+    /// reserved @36, task_base_addr u64 @40, hw_elapse_time s64 @48 (out), core_mask @56,
+    /// fence_fd @60, subcore_task[5] {start, number} @64.
+    fn rknpu_submit(&self, a: &Arg) -> c_int {
+        let t0 = Instant::now();
+        let nth = self.stats.submits.fetch_add(1, Ordering::Relaxed) + 1;
+        let (task_number, task_obj, domain, core_mask, timeout) = (a.u32(12), a.u64(24), a.u32(32), a.u32(56), a.u32(4));
+        a.set_u32(16, 0);
+        if task_number == 0 || domain >= MAX_DOMAINS {
+            return -libc::EINVAL;
+        }
+        let all = (1u32 << self.soc.cores) - 1;
+        if core_mask & !all != 0 {
+            return -libc::EINVAL;
+        }
+        if core_mask.count_ones() > 1 {
+            eprintln!("ork-fake-kernel: rknpu SUBMIT with multi-core mask {core_mask:#x}: kernel-side splits are not modelled (EINVAL)");
+            return -libc::EINVAL;
+        }
+        // core_mask 0 = AUTO: the least-loaded core; here core 0.
+        let core = if core_mask == 0 { 0 } else { core_mask.trailing_zeros() as usize };
+        // The kernel reads only the target core's subcore entry (facts §1.3, conflict 7).
+        let (start, number) = (a.u32(64 + core * 8), a.u32(64 + core * 8 + 4));
+        if number == 0 {
+            eprintln!("ork-fake-kernel: rknpu SUBMIT: subcore_task[{core}] has task_number 0 (a kernel Oops on the board)");
+            add(&self.stats.bad, 1);
+            return -libc::EINVAL;
+        }
+        let task_bo = match self.rknpu.objs.lock().unwrap().get(&task_obj) {
+            Some(b) => b.clone(),
+            None => return -libc::EINVAL,
+        };
+        let tsize = std::mem::size_of::<RknpuTask>() as u64;
+        if (u64::from(start) + u64::from(number)) * tsize > task_bo.size {
+            return -libc::EINVAL;
+        }
+        if task_bo.flags & MEM_KERNEL_MAPPING == 0 {
+            eprintln!("ork-fake-kernel: rknpu SUBMIT: task buffer without KERNEL_MAPPING: the kernel reads a malformed task; the job hangs");
+            add(&self.stats.bad, 1);
+            return -libc::ETIMEDOUT;
+        }
+        // SAFETY: the range was checked against the task BO's size; the kernel mapping lives
+        // as long as `task_bo`.
+        let raw = unsafe {
+            std::slice::from_raw_parts((task_bo.kptr as *const u8).add((u64::from(start) * tsize) as usize), (u64::from(number) * tsize) as usize)
+        };
+        let tasks: Vec<RknpuTask> = raw.chunks_exact(tsize as usize).map(ggml_ork_pod_read).collect();
+        add(&self.stats.jobs_per_core[core], 1);
+        if self.quirks.wedge && !self.rknpu.int8_ready.load(Ordering::Relaxed) {
+            add(&self.stats.wedged, 1);
+            eprintln!("ork-fake-kernel: rknpu SUBMIT: int8 mode entered without ACT_RESET: the job wedged ({timeout} ms timeout, device reset)");
+            self.rknpu_reset();
+            return -libc::ETIMEDOUT;
+        }
+        if self.quirks.never_run_every.is_some_and(|n| nth % n == 0) {
+            add(&self.stats.never_ran, 1);
+            a.set_u32(16, task_number);
+            a.set_u64(48, 1000);
+            return 0;
+        }
+        let doms = self.rknpu.domains.read().unwrap();
+        let Some(space) = doms.get(&domain) else { return -libc::EINVAL };
+        let mut written: Vec<Arc<KBo>> = Vec::new();
+        let cold = self.quirks.cold;
+        let stats = &self.stats;
+        let mut hook = |t: &ProgramTrace| {
+            let Some(bo) = space.bo_at(t.c_iova) else { return Exec::Run };
+            if !written.iter().any(|b| Arc::ptr_eq(b, bo)) {
+                written.push(bo.clone());
+            }
+            if cold && !bo.warm.load(Ordering::Relaxed) {
+                add(&stats.stale, 1);
+                Exec::Skip
+            } else {
+                Exec::Run
+            }
+        };
+        let r = execute_tasks(&self.soc, space, &tasks, usize::MAX, timeout, &mut hook);
+        for b in &written {
+            b.warm.store(true, Ordering::Relaxed);
+        }
+        drop(doms);
+        match r {
+            Ok(ran) => {
+                add(&self.stats.programs, ran as u64);
+                add(&self.stats.programs_per_core[core], ran as u64);
+                a.set_u32(16, ran as u32);
+                a.set_u64(48, t0.elapsed().as_nanos() as u64);
+                0
+            }
+            Err(e) => {
+                add(&self.stats.bad, 1);
+                eprintln!("ork-fake-kernel: rknpu SUBMIT on core {core}, domain {domain}: the hardware would not run this job: {e}; timeout and device reset");
+                self.rknpu_reset();
+                -libc::ETIMEDOUT
+            }
+        }
+    }
+
+    // ---- rocket --------------------------------------------------------------------------
+
+    fn rocket_file(&self, fd: c_int) -> Arc<RocketFile> {
+        self.with_file(fd, |f| f.rocket.clone().expect("rocket file"))
+    }
+
+    /// `drm_rocket_create_bo` (24 B): size u32 @0, handle u32 @4 (out), dma_address u64 @8
+    /// (out), offset u64 @16 (out).
+    fn rocket_create_bo(&self, fd: c_int, a: &Arg) -> c_int {
+        add(&self.stats.mem_create, 1);
+        let size = u64::from(a.u32(0));
+        if size == 0 {
+            return -libc::EINVAL;
+        }
+        let size = size.div_ceil(PAGE) * PAGE;
+        let rf = self.rocket_file(fd);
+        let mut space = rf.space.write().unwrap();
+        let Some(iova) = space.bottom_up(size, self.window) else {
+            add(&self.stats.efault, 1);
+            return -libc::ENOSPC;
+        };
+        let bo = match KBo::new(size, MEM_CACHEABLE, iova, 0) {
+            Ok(b) => Arc::new(b),
+            Err(e) => return -e,
+        };
+        space.bos.insert(iova, bo.clone());
+        space.used += size;
+        drop(space);
+        self.stats.domains_used.fetch_max(1, Ordering::Relaxed);
+        let (handle, offset) = self.with_file(fd, |f| {
+            let h = f.next_handle;
+            f.next_handle += 1;
+            f.handles.insert(h, bo.clone());
+            let off = f.next_offset;
+            f.next_offset += size;
+            f.offsets.insert(off, bo.clone());
+            (h, off)
+        });
+        a.set_u32(4, handle);
+        a.set_u64(8, iova);
+        a.set_u64(16, offset);
+        0
+    }
+
+    fn rocket_gem_close(&self, fd: c_int, a: &Arg) -> c_int {
+        let handle = a.u32(0);
+        let rf = self.rocket_file(fd);
+        let bo = self.with_file(fd, |f| {
+            let bo = f.handles.remove(&handle)?;
+            f.offsets.retain(|_, b| !Arc::ptr_eq(b, &bo));
+            Some(bo)
+        });
+        let Some(bo) = bo else { return -libc::EINVAL };
+        let mut space = rf.space.write().unwrap();
+        if space.bos.remove(&bo.iova).is_some() {
+            space.used -= bo.size;
+        }
+        0
+    }
+
+    /// `drm_rocket_submit` (24 B): jobs u64 @0, job_count u32 @8, job_struct_size u32 @12,
+    /// reserved u64 @16. `drm_rocket_job` (40 B): tasks u64 @0, in_bo_handles u64 @8,
+    /// out_bo_handles u64 @16, task_count @24, task_struct_size @28, in count @32, out count @36.
+    /// `drm_rocket_task` (8 B): regcmd u32 @0, regcmd_count u32 @4.
+    fn rocket_submit(&self, fd: c_int, a: &Arg) -> c_int {
+        let (jobs, count, jsize) = (a.u64(0), a.u32(8), a.u32(12) as usize);
+        if a.u64(16) != 0 || jsize < 40 || jobs == 0 {
+            return -libc::EINVAL;
+        }
+        let rf = self.rocket_file(fd);
+        for j in 0..count as usize {
+            add(&self.stats.submits, 1);
+            let job = Arg((jobs as usize + j * jsize) as *mut u8);
+            let (tasks_p, in_p, out_p) = (job.u64(0), job.u64(8), job.u64(16));
+            let (ntask, tsize, nin, nout) = (job.u32(24), job.u32(28) as usize, job.u32(32), job.u32(36));
+            if tsize < 8 || ntask == 0 {
+                return -libc::EINVAL;
+            }
+            let read_handles = |p: u64, n: u32| -> Vec<u32> {
+                (0..n as usize)
+                    // SAFETY: the caller passed `n` u32 handles at `p` (drm_rocket_job contract).
+                    .map(|i| unsafe { std::ptr::read_unaligned((p as usize + i * 4) as *const u32) })
+                    .collect()
+            };
+            let (ins, outs) = (read_handles(in_p, nin), read_handles(out_p, nout));
+            let tasks: Vec<(u32, u32)> = (0..ntask as usize)
+                .map(|i| {
+                    let t = Arg((tasks_p as usize + i * tsize) as *mut u8);
+                    (t.u32(0), t.u32(4))
+                })
+                .collect();
+            let resolved = self.with_file(fd, |f| {
+                let all: Option<Vec<Arc<KBo>>> = ins.iter().chain(&outs).map(|h| f.handles.get(h).cloned()).collect();
+                all.map(|v| v[ins.len()..].to_vec())
+            });
+            let Some(out_bos) = resolved else {
+                // Mainline drops the job and the ioctl still returns 0 (peer-facts §2).
+                add(&self.stats.vanished, 1);
+                eprintln!("ork-fake-kernel: rocket SUBMIT names a handle this fd does not own: the job vanished (ioctl returns 0)");
+                continue;
+            };
+            for b in &out_bos {
+                b.pending.fetch_add(1, Ordering::AcqRel);
+            }
+            let seq = self.stats.submits.load(Ordering::Relaxed);
+            let job = RocketJob { file: rf.clone(), tasks, outs: out_bos, submitted: Instant::now(), seq };
+            self.rocket_queues[rf.core].lock().unwrap().send(job).expect("fake rocket core alive");
+        }
+        0
+    }
+
+    /// One core of the rocket personality runs a job (each task on its own: TASK_NUMBER 1).
+    fn rocket_run(&self, core: usize, job: RocketJob) {
+        add(&self.stats.jobs_per_core[core], 1);
+        let never = self.quirks.never_run_every.is_some_and(|n| job.seq % n == 0);
+        let mut killed = None;
+        if never {
+            add(&self.stats.never_ran, 1);
+        } else {
+            let space = job.file.space.read().unwrap();
+            let mut written: Vec<Arc<KBo>> = Vec::new();
+            let cold = self.quirks.cold;
+            let stats = &self.stats;
+            for &(regcmd, count) in &job.tasks {
+                if count < 4 {
+                    killed = Some(format!("regcmd_count {count} has no trailer"));
+                    break;
+                }
+                let t = RknpuTask { regcfg_amount: count - 4, regcmd_addr: u64::from(regcmd), ..RknpuTask::default() };
+                let mut hook = |t: &ProgramTrace| {
+                    let Some(bo) = space.bo_at(t.c_iova) else { return Exec::Run };
+                    if !written.iter().any(|b| Arc::ptr_eq(b, bo)) {
+                        written.push(bo.clone());
+                    }
+                    if cold && !bo.warm.load(Ordering::Relaxed) {
+                        add(&stats.stale, 1);
+                        Exec::Skip
+                    } else {
+                        Exec::Run
+                    }
+                };
+                match execute_tasks(&self.soc, &*space, &[t], usize::MAX, 500, &mut hook) {
+                    Ok(n) => {
+                        add(&self.stats.programs, n as u64);
+                        add(&self.stats.programs_per_core[core], n as u64);
+                    }
+                    Err(e) => {
+                        killed = Some(e.to_string());
+                        break;
+                    }
+                }
+            }
+            for b in &written {
+                b.warm.store(true, Ordering::Relaxed);
+            }
+        }
+        if let Some(why) = killed {
+            add(&self.stats.killed, 1);
+            eprintln!("ork-fake-kernel: rocket job on core {core} would hang: {why}; killed by the 500 ms job timeout, its fence still signals");
+            let left = ROCKET_JOB_TIMEOUT.saturating_sub(job.submitted.elapsed());
+            std::thread::sleep(left);
+        }
+        let _g = self.fence.0.lock().unwrap();
+        for b in &job.outs {
+            b.pending.fetch_sub(1, Ordering::AcqRel);
+        }
+        self.fence.1.notify_all();
+    }
+
+    /// `drm_rocket_prep_bo` (16 B): handle u32 @0, reserved u32 @4, timeout_ns s64 @8 — an
+    /// absolute CLOCK_MONOTONIC deadline.
+    fn rocket_prep_bo(&self, fd: c_int, a: &Arg) -> c_int {
+        if a.u32(4) != 0 {
+            return -libc::EINVAL;
+        }
+        let Some(bo) = self.with_file(fd, |f| f.handles.get(&a.u32(0)).cloned()) else { return -libc::ENOENT };
+        let deadline = a.u64(8) as i64;
+        let passed_at_call = monotonic_ns() >= deadline;
+        let mut g = self.fence.0.lock().unwrap();
+        loop {
+            if bo.pending.load(Ordering::Acquire) == 0 {
+                return 0;
+            }
+            let now = monotonic_ns();
+            if now >= deadline {
+                add(&self.stats.prep_timeouts, 1);
+                return if passed_at_call { -libc::EBUSY } else { -libc::ETIMEDOUT };
+            }
+            let wait = Duration::from_nanos(((deadline - now) as u64).min(10_000_000));
+            g = self.fence.1.wait_timeout(g, wait).unwrap().0;
+        }
+    }
+
+    // ---- mmap ----------------------------------------------------------------------------
+
+    fn mmap(&self, addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: i64) -> Result<*mut c_void, c_int> {
+        let bo = self.with_file(fd, |f| f.offsets.get(&(off as u64)).cloned()).ok_or(libc::EINVAL)?;
+        if len as u64 > bo.size || flags & libc::MAP_SHARED == 0 {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: maps the BO's own memfd; the result is checked against MAP_FAILED.
+        let p = unsafe { libc::mmap(addr, len, prot, flags, bo.memfd.as_raw_fd(), 0) };
+        if p == libc::MAP_FAILED {
+            return Err(libc::ENOMEM);
+        }
+        self.maps.lock().unwrap().insert(p as usize, len);
+        add(&self.stats.client_maps, 1);
+        Ok(p)
+    }
+
+    fn report(&self) {
+        let s = &self.stats;
+        if s.opens.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let live_maps = self.maps.lock().map(|m| m.len()).unwrap_or(0);
+        let pairs: Vec<(&str, String)> = vec![
+            ("personality", format!("{:?}", self.personality).to_lowercase()),
+            ("opens", g(&s.opens).to_string()),
+            ("ioctls", g(&s.ioctls).to_string()),
+            ("mem_create", g(&s.mem_create).to_string()),
+            ("efault", g(&s.efault).to_string()),
+            ("domains_used", g(&s.domains_used).to_string()),
+            ("max_domain", g(&s.max_domain).to_string()),
+            ("submits", g(&s.submits).to_string()),
+            ("programs", g(&s.programs).to_string()),
+            ("jobs_per_core", s.jobs_per_core.iter().map(|c| g(c).to_string()).collect::<Vec<_>>().join(",")),
+            ("programs_per_core", s.programs_per_core.iter().map(|c| g(c).to_string()).collect::<Vec<_>>().join(",")),
+            ("act_reset", g(&s.act_reset).to_string()),
+            ("stale", g(&s.stale).to_string()),
+            ("wedged", g(&s.wedged).to_string()),
+            ("never_ran", g(&s.never_ran).to_string()),
+            ("bad", g(&s.bad).to_string()),
+            ("vanished", g(&s.vanished).to_string()),
+            ("killed", g(&s.killed).to_string()),
+            ("prep_timeouts", g(&s.prep_timeouts).to_string()),
+            ("client_maps", g(&s.client_maps).to_string()),
+            ("live_client_maps", live_maps.to_string()),
+        ];
+        let line: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        eprintln!("ork-fake-kernel: {}", line.join(" "));
+        if let Some(p) = env("ORK_FK_STATS") {
+            let body: String = pairs.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+            if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(&p) {
+                let _ = f.write_all(format!("pid={}\n{body}\n", std::process::id()).as_bytes());
+            }
+        }
+        if env("ORK_FK_TREE").is_none() {
+            let _ = std::fs::remove_dir_all(&self.tree);
+        }
+    }
+}
+
+fn ggml_ork_pod_read(c: &[u8]) -> RknpuTask {
+    let u = |o: usize| u32::from_le_bytes(c[o..o + 4].try_into().unwrap());
+    // rknpu_task (packed, 40 B): flags, op_idx, enable_mask, int_mask, int_clear, int_status,
+    // regcfg_amount, regcfg_offset (u32 each), regcmd_addr u64 @32.
+    RknpuTask {
+        flags: u(0),
+        op_idx: u(4),
+        enable_mask: u(8),
+        int_mask: u(12),
+        int_clear: u(16),
+        int_status: u(20),
+        regcfg_amount: u(24),
+        regcfg_offset: u(28),
+        regcmd_addr: u64::from_le_bytes(c[32..40].try_into().unwrap()),
+    }
+}
+
+fn monotonic_ns() -> i64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime fills the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points for shim.c
+// ---------------------------------------------------------------------------------------------
+
+/// Runs `f`, turning a panic into `fallback` (no unwinding into C).
+fn guard<R>(fallback: R, f: impl FnOnce() -> R) -> R {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        eprintln!("ork-fake-kernel: internal panic");
+        fallback
+    })
+}
+
+/// Whether `fd` is an open fake device file. Lock-free (the shim calls it on every fd).
+#[no_mangle]
+pub extern "C" fn ork_fk_is_dev(fd: c_int) -> c_int {
+    match KERNEL.get() {
+        Some(k) if fd >= 0 && (fd as usize) < MAX_FD => k.is_dev[fd as usize].load(Ordering::Acquire) as c_int,
+        _ => 0,
+    }
+}
+
+/// Opens a device node: an fd, -errno, or `NOT_OURS` (-100000) for paths that are not nodes.
+///
+/// # Safety
+/// `path` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn ork_fk_open(path: *const c_char, _flags: c_int) -> c_int {
+    // SAFETY: the shim passes open()'s path argument, a C string.
+    let p = unsafe { CStr::from_ptr(path) }.to_string_lossy().into_owned();
+    guard(-libc::EIO, || kernel().open(&p))
+}
+
+/// Where a discovery path lives in the fake tree, or NULL.
+///
+/// # Safety
+/// `path` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn ork_fk_redirect(path: *const c_char) -> *const c_char {
+    // SAFETY: the shim passes a C string.
+    let p = unsafe { CStr::from_ptr(path) }.to_string_lossy().into_owned();
+    guard(std::ptr::null(), || kernel().redirect(&p).map_or(std::ptr::null(), |c| c.as_ptr()))
+}
+
+/// An ioctl on a fake device fd: ≥ 0 or -errno.
+///
+/// # Safety
+/// `arg` points at the argument block the request number describes.
+#[no_mangle]
+pub unsafe extern "C" fn ork_fk_ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
+    #[allow(clippy::useless_conversion)] // reason: c_ulong is u32 on 32-bit targets
+    let req = u64::from(req);
+    guard(-libc::EIO, || kernel().ioctl(fd, req, arg))
+}
+
+/// mmap of a fake device fd at a BO's fake offset.
+///
+/// # Safety
+/// `err` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn ork_fk_mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: libc::off_t, err: *mut c_int) -> *mut c_void {
+    #[allow(clippy::useless_conversion)] // reason: off_t is i32 on some 32-bit targets
+    let off = i64::from(off);
+    match guard(Err(libc::EIO), || kernel().mmap(addr, len, prot, flags, fd, off)) {
+        Ok(p) => p,
+        Err(e) => {
+            // SAFETY: the shim passes a pointer to its local errno slot.
+            unsafe { *err = e };
+            libc::MAP_FAILED
+        }
+    }
+}
+
+/// Every munmap of the process (to track client mappings of BOs). Takes only the map lock,
+/// which is never held across a libc call.
+#[no_mangle]
+pub extern "C" fn ork_fk_munmap(addr: *mut c_void, _len: usize) {
+    if let Some(k) = KERNEL.get() {
+        if let Ok(mut m) = k.maps.lock() {
+            m.remove(&(addr as usize));
+        }
+    }
+}
+
+/// close() of a fake device fd.
+#[no_mangle]
+pub extern "C" fn ork_fk_close(fd: c_int) {
+    if let Some(k) = KERNEL.get() {
+        guard((), || k.close(fd));
+    }
+}
+
+/// At exit: the counters (stderr, and `ORK_FK_STATS`).
+#[no_mangle]
+pub extern "C" fn ork_fk_report() {
+    if let Some(k) = KERNEL.get() {
+        guard((), || k.report());
+    }
+}

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The fake-kernel step of the test command (tests/run-all.sh): builds the plugin, ork-selftest,
+# the fake kernel and its shim, then runs tests/fake-kernel/test.py (docs/fake-kernel.md).
+source "$(dirname "$0")/../common.sh"
+cd "$ROOT"
+build_plugin
+cargo build --release --quiet --bin ork-selftest -p ggml-ork
+cargo build --release --quiet -p ork-fake-kernel
+"${CC:-cc}" -O2 -Wall -Werror -shared -fPIC -o target/release/libork_fake_kernel_shim.so fake-kernel/src/shim.c -ldl -lpthread
+python3 "$ROOT/tests/fake-kernel/test.py"
