@@ -135,7 +135,7 @@ fn check_release(build: u32) {
 
     // 1. sizes, offsets, values
     let b = format!("ORK_BUILD={build}");
-    let ours = probe(&dir.join("ours"), &[b.clone(), format!("ORK_LAYOUT_H=\"{layout_h}\"")], &[hdrs.clone()]);
+    let ours = probe(&dir.join("ours"), &[b.clone(), format!("ORK_LAYOUT_H=\"{layout_h}\"")], std::slice::from_ref(&hdrs));
     let theirs = probe(&dir.join("theirs"), &[b, "UPSTREAM".into()], &up_inc);
     let mut diffs = Vec::new();
     for (a, b) in ours.lines().zip(theirs.lines()) {

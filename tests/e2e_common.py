@@ -50,3 +50,21 @@ def summary():
 def write_figures(path):
     with open(path, "w") as f:
         f.write("| check | figure |\n|---|---|\n" + "\n".join(figures) + "\n")
+
+
+# ---- added for tests/e2e_releases.py (the same plugin in several llama.cpp releases) ----
+import hashlib as _hashlib
+import re as _re
+
+# The demo's own prompt (tests/demo.sh), read from the script so the two cannot drift apart.
+DEMO_PROMPT = _re.search(r'^PROMPT=\$\{1:-"([^"]+)"\}',
+                         open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo.sh")).read(),
+                         _re.M).group(1)
+
+
+def file_sha256(path):
+    h = _hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(1 << 22):
+            h.update(b)
+    return h.hexdigest()

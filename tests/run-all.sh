@@ -26,6 +26,8 @@ echo "== end-to-end (llama.cpp b11549 + ORK on the simulator)"
 python3 "$ROOT/tests/e2e.py" || failed+=(e2e)
 echo "== serving: llama-server --parallel 4, two processes, ggml-rpc-server, MUL_MAT_ID (~5 min)"
 python3 "$ROOT/tests/e2e_serving.py" || failed+=(serving)
+echo "== one libggml-ork.so in llama.cpp b11549, b10809 and b10566, and in a ggml it does not know (~4 min)"
+python3 "$ROOT/tests/e2e_releases.py" || failed+=(releases)
 
 # ---- the product's own target: aarch64 cross build + the crate's tests under qemu ----------
 # (separate step; ~2 min warm, ~6-8 min cold incl. apt set-up; ORK_CROSS=0 skips it locally)
