@@ -17,6 +17,11 @@ fn main() {
     if autocfg::new().probe_rustc_version(1, 89) {
         autocfg::emit("ork_avx512");
     }
+    // Never unloaded (RTLD_NODELETE): ggml's loader dlcloses a plugin whose ggml_backend_init
+    // returned NULL (a ggml it does not know), and some tools then load all backends again; kept
+    // mapped, the plugin's statics persist, so the second load finds the same (empty) answer
+    // without a second "unsupported ggml" line.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
     println!("cargo:rerun-if-changed=ggml-headers");
     println!("cargo:rerun-if-changed=build.rs");
     let target = env::var("TARGET").unwrap();
