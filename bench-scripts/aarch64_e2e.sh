@@ -11,7 +11,7 @@ source "$ROOT/tests/common.sh"
 cd "$ROOT"
 eval "$(bash tests/cross/build-llama.sh)"            # LLAMA_BIN_AARCH64
 bash tests/cross/release.sh >/dev/null
-SO_A64=$(ls -t "$ROOT"/dist/libggml-ork-b*-aarch64.so | head -1)
+SO_A64=$(ls -t "$ROOT"/dist/libggml-ork*-aarch64.so | head -1)
 build_plugin                                        # ORK_LIB (x86-64)
 N=${N_TOKENS:-16}
 M=$ORK_MODELS/smollm2-135m-Q8_0.gguf

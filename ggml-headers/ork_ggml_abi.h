@@ -1,11 +1,20 @@
 /*
- * ggml-ork's own declaration of the subset of the ggml dynamic-backend ABI it uses.
+ * ggml-ork's own declaration of the subset of the ggml dynamic-backend ABI it uses: the part that
+ * is the SAME in every supported llama.cpp release. Each supported layout has its own header,
+ * which includes this one and adds what differs (the backend API version, the buffer-type and
+ * backend interface tables, the precision enum):
  *
- * Pinned to llama.cpp b11549 / ggml 0.26.0, GGML_BACKEND_API_VERSION 3. Written from the ABI
- * facts (shared reference "ggml-backend-abi.md" §0) and checked against the pinned upstream
- * headers by tests/abi_drift.rs, which compiles tests/abi_probe.c once against this file and once
- * against upstream's ggml.h + ggml-backend-impl.h and compares sizes, field offsets and enum
- * values. Any drift fails the test suite.
+ *   ork_ggml_b11549.h  llama.cpp b11549, ggml 0.26.0, GGML_BACKEND_API_VERSION 3 (pinned)
+ *   ork_ggml_b10809.h  llama.cpp b10809, ggml 0.23.0, GGML_BACKEND_API_VERSION 2
+ *   ork_ggml_b10566.h  llama.cpp b10566, ggml 0.21.0, GGML_BACKEND_API_VERSION 2
+ *
+ * Written from the ABI facts (shared reference "ggml-backend-abi.md" §0, "peer-facts.md" §5) and
+ * checked against each release's own headers by tests/abi_drift.rs, which compiles
+ * tests/abi_probe.c once against a layout header and once against that release's ggml.h +
+ * ggml-backend-impl.h + ggml-impl.h and compares sizes, field offsets and enum values; a
+ * second compile (ORK_ABI_CHECK) puts the layout's interface tables, renamed by ORK_TAG, and
+ * every function declared here next to upstream's headers, so a member or prototype whose type
+ * differs, or a function the release lacks, is a compile error. Any drift fails the test suite.
  *
  * Only what the plugin touches is declared. Struct and enum tags are upstream's so the same probe
  * source compiles against both.
@@ -17,15 +26,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define GGML_BACKEND_API_VERSION 3
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifndef ORK_TAG
+#define ORK_TAG(tag) tag
+#endif
+
+#ifndef ORK_ABI_CHECK
+
 #define GGML_MAX_DIMS 4
 #define GGML_MAX_SRC 10
 #define GGML_MAX_NAME 64
 #define GGML_MAX_OP_PARAMS 64
-
-#ifdef __cplusplus
-extern "C" {
-#endif
 
 enum ggml_status {
     GGML_STATUS_ALLOC_FAILED = -2,
@@ -82,16 +96,6 @@ enum ggml_tensor_flag {
     GGML_TENSOR_FLAG_OUTPUT = 2,
     GGML_TENSOR_FLAG_PARAM = 4,
     GGML_TENSOR_FLAG_LOSS = 8,
-};
-
-/* MUL_MAT op_params slots (int32). */
-enum ggml_prec {
-    GGML_PREC_DEFAULT = 0,
-    GGML_PREC_F32 = 10,
-    GGML_PREC_BF16 = 15,
-    GGML_PREC_F16 = 20,
-    GGML_PREC_Q8 = 30,
-    GGML_PREC_Q4 = 40,
 };
 
 enum ggml_log_level {
@@ -206,26 +210,12 @@ struct ggml_backend_dev_props {
     struct ggml_backend_dev_caps caps;
 };
 
-/* 8 members in v3: alloc_buffer_n (3rd) and get_alloc_size_n (7th) are new. 64 bytes. */
-struct ggml_backend_buffer_type_i {
-    const char * (*get_name)(ggml_backend_buffer_type_t buft);
-    ggml_backend_buffer_t (*alloc_buffer)(ggml_backend_buffer_type_t buft, size_t size);
-    ggml_backend_buffer_t (*alloc_buffer_n)(ggml_backend_buffer_type_t buft, struct ggml_tensor ** tensors, int n_tensors);
-    size_t (*get_alignment)(ggml_backend_buffer_type_t buft);
-    size_t (*get_max_size)(ggml_backend_buffer_type_t buft);
-    size_t (*get_alloc_size)(ggml_backend_buffer_type_t buft, const struct ggml_tensor * tensor);
-    size_t (*get_alloc_size_n)(ggml_backend_buffer_type_t buft, struct ggml_tensor ** tensors, int n_tensors);
-    bool (*is_host)(ggml_backend_buffer_type_t buft);
-};
+#endif /* !ORK_ABI_CHECK */
 
-struct ggml_backend_buffer_type {
-    struct ggml_backend_buffer_type_i iface;
-    ggml_backend_dev_t device;
-    void * context;
-};
-
+/* ---- the interface tables (vtables); ORK_TAG renames their tags when the drift test compiles
+ * them next to upstream's to compare every member's type ---- */
 /* 11 members, 88 bytes. */
-struct ggml_backend_buffer_i {
+struct ORK_TAG(ggml_backend_buffer_i) {
     void (*free_buffer)(ggml_backend_buffer_t buffer);
     void * (*get_base)(ggml_backend_buffer_t buffer);
     enum ggml_status (*init_tensor)(ggml_backend_buffer_t buffer, struct ggml_tensor * tensor);
@@ -239,54 +229,8 @@ struct ggml_backend_buffer_i {
     void (*reset)(ggml_backend_buffer_t buffer);
 };
 
-/* 120 bytes, no trailing binding pointer in v3. */
-struct ggml_backend_buffer {
-    struct ggml_backend_buffer_i iface;
-    ggml_backend_buffer_type_t buft;
-    void * context;
-    size_t size;
-    enum ggml_backend_buffer_usage usage;
-};
-
-struct ggml_backend_graph_optimize_params {
-    void (*add_alloc_dep)(void * user_data, struct ggml_tensor * tensor, struct ggml_tensor * until);
-    void * user_data;
-};
-
-/* 16 members, 128 bytes. */
-struct ggml_backend_i {
-    const char * (*get_name)(ggml_backend_t backend);
-    void (*free)(ggml_backend_t backend);
-    void (*set_tensor_async)(ggml_backend_t backend, struct ggml_tensor * tensor, const void * data, size_t offset, size_t size);
-    void (*get_tensor_async)(ggml_backend_t backend, const struct ggml_tensor * tensor, void * data, size_t offset, size_t size);
-    void (*set_tensor_2d_async)(ggml_backend_t backend, struct ggml_tensor * tensor, const void * data, size_t offset, size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data);
-    void (*get_tensor_2d_async)(ggml_backend_t backend, const struct ggml_tensor * tensor, void * data, size_t offset, size_t size, size_t n_copies, size_t stride_tensor, size_t stride_data);
-    bool (*cpy_tensor_async)(ggml_backend_t backend_src, ggml_backend_t backend_dst, const struct ggml_tensor * src, struct ggml_tensor * dst);
-    void (*synchronize)(ggml_backend_t backend);
-    ggml_backend_graph_plan_t (*graph_plan_create)(ggml_backend_t backend, const struct ggml_cgraph * cgraph);
-    void (*graph_plan_free)(ggml_backend_t backend, ggml_backend_graph_plan_t plan);
-    void (*graph_plan_update)(ggml_backend_t backend, ggml_backend_graph_plan_t plan, const struct ggml_cgraph * cgraph);
-    enum ggml_status (*graph_plan_compute)(ggml_backend_t backend, ggml_backend_graph_plan_t plan);
-    enum ggml_status (*graph_compute)(ggml_backend_t backend, struct ggml_cgraph * cgraph);
-    void (*event_record)(ggml_backend_t backend, ggml_backend_event_t event);
-    void (*event_wait)(ggml_backend_t backend, ggml_backend_event_t event);
-    void (*graph_optimize)(ggml_backend_t backend, struct ggml_cgraph * cgraph, struct ggml_backend_graph_optimize_params * params);
-};
-
-struct ggml_backend {
-    ggml_guid_t guid;
-    struct ggml_backend_i iface;
-    ggml_backend_dev_t device;
-    void * context;
-};
-
-struct ggml_backend_event {
-    struct ggml_backend_device * device;
-    void * context;
-};
-
 /* 15 members, 120 bytes. */
-struct ggml_backend_device_i {
+struct ORK_TAG(ggml_backend_device_i) {
     const char * (*get_name)(ggml_backend_dev_t dev);
     const char * (*get_description)(ggml_backend_dev_t dev);
     void (*get_memory)(ggml_backend_dev_t dev, size_t * free, size_t * total);
@@ -304,30 +248,49 @@ struct ggml_backend_device_i {
     void (*event_synchronize)(ggml_backend_dev_t dev, ggml_backend_event_t event);
 };
 
-struct ggml_backend_device {
-    struct ggml_backend_device_i iface;
-    ggml_backend_reg_t reg;
-    void * context;
-};
-
 /* 4 members, 32 bytes. */
-struct ggml_backend_reg_i {
+struct ORK_TAG(ggml_backend_reg_i) {
     const char * (*get_name)(ggml_backend_reg_t reg);
     size_t (*get_device_count)(ggml_backend_reg_t reg);
     ggml_backend_dev_t (*get_device)(ggml_backend_reg_t reg, size_t index);
     void * (*get_proc_address)(ggml_backend_reg_t reg, const char * name);
 };
 
+#ifndef ORK_ABI_CHECK
+
+/* 120 bytes, no trailing binding pointer in v3. */
+struct ggml_backend_buffer {
+    struct ORK_TAG(ggml_backend_buffer_i) iface;
+    ggml_backend_buffer_type_t buft;
+    void * context;
+    size_t size;
+    enum ggml_backend_buffer_usage usage;
+};
+
+struct ggml_backend_event {
+    struct ggml_backend_device * device;
+    void * context;
+};
+
+struct ggml_backend_device {
+    struct ORK_TAG(ggml_backend_device_i) iface;
+    ggml_backend_reg_t reg;
+    void * context;
+};
+
 struct ggml_backend_reg {
     int api_version; /* must equal GGML_BACKEND_API_VERSION */
-    struct ggml_backend_reg_i iface;
+    struct ORK_TAG(ggml_backend_reg_i) iface;
     void * context;
 };
 
 typedef void (*ggml_log_callback)(enum ggml_log_level level, const char * text, void * user_data);
 typedef bool (*ggml_backend_set_n_threads_t)(ggml_backend_t backend, int n_threads);
 
-/* ---- functions exported by libggml-base.so.0 that the plugin calls ---- */
+#endif /* !ORK_ABI_CHECK */
+
+/* ---- functions exported by libggml-base.so.0 that the plugin calls (same prototype in every
+ * supported release) ---- */
 ggml_backend_buffer_t ggml_backend_buffer_init(ggml_backend_buffer_type_t buft, struct ggml_backend_buffer_i iface, void * context, size_t size);
 bool ggml_backend_buft_is_host(ggml_backend_buffer_type_t buft);
 const struct ggml_type_traits * ggml_get_type_traits(enum ggml_type type);
@@ -347,6 +310,7 @@ enum ggml_status ggml_backend_graph_compute(ggml_backend_t backend, struct ggml_
 void ggml_backend_free(ggml_backend_t backend);
 void ggml_log_get(ggml_log_callback * log_callback, void ** user_data);
 void ggml_fp16_to_fp32_row(const uint16_t * x, float * y, int64_t n);
+const char * ggml_version(void);
 
 #ifdef __cplusplus
 }

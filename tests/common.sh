@@ -3,7 +3,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 eval "$(bash "$ROOT/tests/setup-env.sh" --print-env)"
-export LLAMA_SRC LLAMA_BIN ORK_MODELS ORK_CORPUS ORK_ENV
+export LLAMA_SRC LLAMA_BIN ORK_MODELS ORK_CORPUS ORK_ENV ORK_RELEASES
 
 # Build the plugin and publish it under ggml's naming, libggml-ork.so.
 build_plugin() {

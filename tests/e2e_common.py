@@ -119,3 +119,21 @@ def npu_words(c):
     return (f"NPU ran {c['npu']} MUL_MAT ({c['submits']} submits), {c['fell']} fell back after {c['errors']} NPU errors, "
             f"{c['busy']} while another process held the NPU, {c['never_ran']} never-ran jobs detected "
             f"({c['retried']} resubmitted)")
+
+
+# ---- added for tests/e2e_releases.py (the same plugin in several llama.cpp releases) ----
+import hashlib as _hashlib
+import re as _re
+
+# The demo's own prompt (tests/demo.sh), read from the script so the two cannot drift apart.
+DEMO_PROMPT = _re.search(r'^PROMPT=\$\{1:-"([^"]+)"\}',
+                         open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo.sh")).read(),
+                         _re.M).group(1)
+
+
+def file_sha256(path):
+    h = _hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(1 << 22):
+            h.update(b)
+    return h.hexdigest()

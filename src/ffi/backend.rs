@@ -3,7 +3,8 @@
 //! does not run itself.
 
 use super::abi::*;
-use super::registry::{device, registry, GUID};
+use super::host::{self, BackendFns};
+use super::registry::{device, layout, registry, GUID};
 use super::{api, guard, tensor, Poison};
 use crate::backend::graph::{self, Graph, Node, Stream, WeightData};
 use std::ffi::{c_char, c_void};
@@ -46,7 +47,8 @@ impl BackendCtx {
     /// # Safety
     /// `b` is NULL or a live ggml backend.
     unsafe fn of<'a>(b: ggml_backend_t) -> Option<&'a BackendCtx> {
-        // SAFETY: a live backend (caller).
+        // SAFETY: a live backend (caller). Its guid and context sit at the same offsets in every
+        // supported layout (host.rs test `layouts_differ_where_the_headers_say_and_agree_elsewhere`).
         let b = unsafe { b.as_ref() }?;
         // SAFETY: backends with ORK's guid were made by `new`, whose context is a BackendCtx
         // that lives until `backend_free`.
@@ -66,37 +68,19 @@ fn with_backend<R>(name: &str, c: Option<&BackendCtx>, fail: R, f: impl FnOnce(&
     }
 }
 
-/// A new backend (stream) on device `dev`.
+/// The backend's callbacks; `host::new_backend` lays them out in the host's table shape.
+const BACKEND_FNS: BackendFns = BackendFns { get_name: backend_get_name, free: backend_free, graph_compute: backend_graph_compute };
+
+/// A new backend (stream) on device `dev`, in the host's layout (NULL before the registry knows it).
 pub(super) fn new(dev: ggml_backend_dev_t) -> ggml_backend_t {
-    let b = Box::new(ggml_backend {
-        guid: &GUID as *const ggml_guid as *mut ggml_guid,
-        iface: ggml_backend_i {
-            get_name: Some(backend_get_name),
-            free: Some(backend_free),
-            set_tensor_async: None,
-            get_tensor_async: None,
-            set_tensor_2d_async: None,
-            get_tensor_2d_async: None,
-            cpy_tensor_async: None,
-            synchronize: None,
-            graph_plan_create: None,
-            graph_plan_free: None,
-            graph_plan_update: None,
-            graph_plan_compute: None,
-            graph_compute: Some(backend_graph_compute),
-            event_record: None,
-            event_wait: None,
-            graph_optimize: None,
-        },
-        device: dev,
-        context: Box::into_raw(Box::new(BackendCtx {
-            stream: Stream::default(),
-            cpu: Mutex::new(None),
-            n_threads: AtomicI32::new(0),
-            poison: Poison::new("backend"),
-        })) as *mut c_void,
+    let Some(l) = layout() else { return std::ptr::null_mut() };
+    let ctx = Box::new(BackendCtx {
+        stream: Stream::default(),
+        cpu: Mutex::new(None),
+        n_threads: AtomicI32::new(0),
+        poison: Poison::new("backend"),
     });
-    Box::into_raw(b)
+    host::new_backend(l, &BACKEND_FNS, &GUID as *const ggml_guid as *mut ggml_guid, dev, Box::into_raw(ctx) as *mut c_void)
 }
 
 /// The `ggml_backend_set_n_threads` proc ORK's registry hands out.
@@ -123,11 +107,16 @@ unsafe extern "C" fn backend_free(b: ggml_backend_t) {
         if let Some(dev) = device() {
             graph::finish(dev);
         }
-        // SAFETY: made by Box::into_raw in `new`; ggml frees each backend once.
-        let b = unsafe { Box::from_raw(b) };
-        if !b.context.is_null() {
+        // SAFETY: ggml calls this with one of its live backends; `of` checks it is ORK's.
+        if unsafe { BackendCtx::of(b) }.is_none() {
+            return;
+        }
+        let Some(l) = layout() else { return };
+        // SAFETY: an ORK backend, made by `new` in the registry's layout; ggml frees each once.
+        let context = unsafe { host::free_backend(l, b) };
+        if !context.is_null() {
             // SAFETY: the BackendCtx boxed in `new`.
-            drop(unsafe { Box::from_raw(b.context as *mut BackendCtx) });
+            drop(unsafe { Box::from_raw(context as *mut BackendCtx) });
         }
     })
 }

@@ -2,6 +2,7 @@
 //! their tensors mean to ORK is `crate::backend::buffer::Buffer`'s business.
 
 use super::abi::*;
+use super::host::BuftFns;
 use super::registry::{built, device, registry, DEVICE};
 use super::{api, guard, tensor, Poison};
 use crate::backend::buffer::Buffer;
@@ -14,17 +15,9 @@ const TENSOR_ALIGN: usize = 64;
 /// Alignment of the buffer base (a page, so packed views and mappings line up).
 const BASE_ALIGN: usize = 4096;
 
-/// The buffer type's interface table.
-pub(super) const BUFT_IFACE: ggml_backend_buffer_type_i = ggml_backend_buffer_type_i {
-    get_name: Some(buft_get_name),
-    alloc_buffer: Some(buft_alloc_buffer),
-    alloc_buffer_n: None,
-    get_alignment: Some(buft_get_alignment),
-    get_max_size: None,
-    get_alloc_size: None,
-    get_alloc_size_n: None,
-    is_host: Some(buft_is_host),
-};
+/// The buffer type's callbacks; `host::new_buft` lays them out in the host's table shape.
+pub(super) const BUFT_FNS: BuftFns =
+    BuftFns { get_name: buft_get_name, alloc_buffer: buft_alloc_buffer, get_alignment: buft_get_alignment, is_host: buft_is_host };
 
 /// A buffer's interface table.
 const BUF_IFACE: ggml_backend_buffer_i = ggml_backend_buffer_i {
@@ -55,7 +48,9 @@ unsafe extern "C" fn buft_is_host(_buft: ggml_backend_buffer_type_t) -> bool {
     guard("buft_is_host", true, || true)
 }
 
-/// `ggml_backend_buft_is_host` without linking it: reads the buffer type's own `is_host`.
+/// Whether any buffer type is host memory: the host's own `ggml_backend_buft_is_host` (resolved
+/// at run time), which reads the table in the host's layout (`is_host` sits at byte 56 in API 3,
+/// at 40 in API 2, so the plugin must not read it itself).
 ///
 /// # Safety
 /// `buft` is NULL or a live ggml buffer type.
@@ -63,11 +58,10 @@ pub(super) unsafe fn buft_is_host_any(buft: ggml_backend_buffer_type_t) -> bool 
     if buft.is_null() {
         return false;
     }
-    // SAFETY: `buft` is a live ggml buffer type; its iface is readable.
-    match unsafe { (*buft).iface.is_host } {
-        // SAFETY: calling the buffer type's own callback with itself, as ggml does.
-        Some(f) => unsafe { f(buft) },
-        None => false,
+    match api::get() {
+        // SAFETY: a live buffer type of this process's ggml, passed to its own accessor.
+        Ok(api) => unsafe { (api.buft_is_host)(buft) },
+        Err(_) => false,
     }
 }
 

@@ -1,6 +1,8 @@
-//! The entry point `ggml_backend_init` and the registry ("ORK", zero or one device).
+//! The entry point `ggml_backend_init` and the registry ("ORK", zero or one device), in the
+//! layout of the ggml the plugin finds itself in (`host.rs`); none in a ggml it does not know.
 
 use super::abi::*;
+use super::host::{self, Layout};
 use super::{api, backend, buffer, device, guard, Poison};
 use crate::backend::Device;
 use crate::config::Config;
@@ -9,11 +11,15 @@ use std::ptr::{null, null_mut};
 use std::sync::OnceLock;
 
 /// Everything the plugin registers; leaked once, so every pointer handed to ggml stays valid for
-/// the life of the process (ggml never unregisters a backend).
+/// the life of the process (ggml never unregisters a backend). In a host whose ggml the plugin
+/// does not know, `reg`, `dev` and `buft` are NULL and there is no device.
 pub(super) struct Registry {
     reg: *mut ggml_backend_reg,
     dev: *mut ggml_backend_device,
-    pub(super) buft: *mut ggml_backend_buffer_type,
+    /// In the host's layout (`host::new_buft`): compared and handed to ggml, never read here.
+    pub(super) buft: ggml_backend_buffer_type_t,
+    /// The host's layout (None: unknown host, nothing registered).
+    pub(super) layout: Option<Layout>,
     device: Option<&'static Device>,
     pub(super) name: CString,
     pub(super) description: CString,
@@ -48,6 +54,23 @@ pub(super) fn device() -> Option<&'static Device> {
 
 fn build_registry() -> Registry {
     let cfg = Config::get();
+    let layout = match host::classify(&host::facts()) {
+        Ok(l) => l,
+        Err(line) => {
+            log::warn!("{line}");
+            return Registry {
+                reg: null_mut(),
+                dev: null_mut(),
+                buft: null_mut(),
+                layout: None,
+                device: None,
+                name: c"ORK".into(),
+                description: CString::default(),
+            };
+        }
+    };
+    let marks = layout.marks();
+    log::debug!("host: llama.cpp b{} layout (ggml {}, backend API {})", marks.llama_build, marks.ggml_version, marks.api_version);
     let device = match Device::open(cfg, api::get().map(|_| ())) {
         Ok(d) => {
             let d: &'static Device = Box::leak(Box::new(d));
@@ -61,7 +84,7 @@ fn build_registry() -> Registry {
     };
     let description = CString::new(device.map(|d| d.npu.describe()).unwrap_or_default()).unwrap_or_default();
     let reg = Box::leak(Box::new(ggml_backend_reg {
-        api_version: GGML_BACKEND_API_VERSION as i32,
+        api_version: marks.api_version,
         iface: ggml_backend_reg_i {
             get_name: Some(reg_get_name),
             get_device_count: Some(reg_get_device_count),
@@ -71,11 +94,12 @@ fn build_registry() -> Registry {
         context: null_mut(),
     }));
     let dev = Box::leak(Box::new(ggml_backend_device { iface: device::IFACE, reg, context: null_mut() }));
-    let buft = Box::leak(Box::new(ggml_backend_buffer_type { iface: buffer::BUFT_IFACE, device: dev, context: null_mut() }));
-    Registry { reg, dev, buft, device, name: c"ORK".into(), description }
+    let buft = host::new_buft(layout, &buffer::BUFT_FNS, dev);
+    Registry { reg, dev, buft, layout: Some(layout), device, name: c"ORK".into(), description }
 }
 
-/// The dynamic-backend entry point: returns the "ORK" registry (zero or one device).
+/// The dynamic-backend entry point: returns the "ORK" registry (zero or one device) in the host's
+/// layout, or NULL in a ggml the plugin does not know (after one line saying so).
 #[no_mangle]
 pub extern "C" fn ggml_backend_init() -> ggml_backend_reg_t {
     guard("ggml_backend_init", null_mut(), || registry().reg)
@@ -83,6 +107,11 @@ pub extern "C" fn ggml_backend_init() -> ggml_backend_reg_t {
 
 unsafe extern "C" fn reg_get_name(_reg: ggml_backend_reg_t) -> *const c_char {
     guard("reg_get_name", null(), || registry().name.as_ptr())
+}
+
+/// The host's layout (None before `ggml_backend_init` or in an unknown host).
+pub(super) fn layout() -> Option<Layout> {
+    REGISTRY.get().and_then(|r| r.layout)
 }
 
 unsafe extern "C" fn reg_get_device_count(_reg: ggml_backend_reg_t) -> usize {

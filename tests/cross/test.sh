@@ -7,7 +7,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
 eval "$(bash tests/setup-env.sh --print-env)"
-export LLAMA_SRC LLAMA_BIN ORK_MODELS ORK_ENV
+export LLAMA_SRC LLAMA_BIN ORK_MODELS ORK_ENV ORK_RELEASES
 bash tests/cross/setup.sh
 source tests/cross/env.sh
 export ORK_REQUIRE_GLSLC=${ORK_REQUIRE_GLSLC:-1}

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""The same libggml-ork.so (one file, one sha256) inside several llama.cpp releases.
+
+For each supported release -- the pinned b11549 (backend API 3) and b10809 / b10566 (API 2),
+built by tests/setup-releases.sh into $ORK_RELEASES/b<N>/build/bin -- with that release's own,
+unmodified tools: `--list-devices` lists ORK; 16 greedy tokens on SmolLM2-135M Q8_0 equal that
+release's CPU output (and the NPU ran matmuls); `test-backend-ops -b ORK -o MUL_MAT` passes; the
+perplexity (a few chunks) is within the pinned release's bound of that release's CPU figure.
+Then a ggml the plugin does not know: a faked ggml_version() in b11549, and b10809 with an extra
+API-3 symbol: exit code 0, no ORK device, one line naming the host's version and the supported ones.
+Prints one line per check and "N passed, M failed"; exit status 1 on any failure.
+Environment: LLAMA_BIN, ORK_RELEASES, ORK_MODELS, ORK_CORPUS, ORK_LIB (tests/run-all.sh sets them).
+Writes the figures to $ORK_ENV/e2e-releases-results.md.
+"""
+import os, re, subprocess, sys, tempfile, time
+
+from e2e_common import (BIN, DEMO_PROMPT, LIB, MODELS, check, cpu, env_with, figures, file_sha256, ork,
+                        summary, want, write_figures)
+
+CORPUS = os.environ["ORK_CORPUS"]
+OUT = os.path.join(os.environ.get("ORK_ENV", "/tmp"), "e2e-releases-results.md")
+RELEASES_DIR = os.environ["ORK_RELEASES"]
+CHUNKS = os.environ.get("ORK_RELEASES_PPL_CHUNKS", "8")  # 4 chunks: ORK-CPU 1.2% on b11549, above the bound
+PPL_BOUND = 0.01      # |dPPL| / PPL on Q8_0, as tests/e2e.py bounds the pinned release
+MODEL = os.path.join(MODELS, "smollm2-135m-Q8_0.gguf")
+# (release, its tools' directory, the ggml version and backend API version the plugin should see)
+RELEASES = [("b11549", BIN, "0.26.0", 3),
+            ("b10809", os.path.join(RELEASES_DIR, "b10809/build/bin"), "0.23.0", 2),
+            ("b10566", os.path.join(RELEASES_DIR, "b10566/build/bin"), "0.21.0", 2)]
+SUPPORTED = [r[0] for r in RELEASES]
+
+
+def run(args, env_extra, timeout=900):
+    t0 = time.time()
+    p = subprocess.run(args, env=env_with(env_extra), capture_output=True, text=True, timeout=timeout)
+    return p, time.time() - t0
+
+
+def generate(bin_dir, n, env):
+    p, dt = run([f"{bin_dir}/llama-completion", "-m", MODEL, "-p", DEMO_PROMPT, "-n", str(n), "--temp", "0",
+                 "-no-cnv", "-t", "2", "--no-warmup", "--seed", "1"], env)
+    if p.returncode != 0:
+        return None, p.stderr[-600:], dt
+    text = p.stdout
+    return (text[len(DEMO_PROMPT):] if text.startswith(DEMO_PROMPT) else text), p.stderr, dt
+
+
+def ppl(bin_dir, env):
+    p, dt = run([f"{bin_dir}/llama-perplexity", "-m", MODEL, "-f", CORPUS, "-c", "128", "-b", "128",
+                 "--chunks", CHUNKS, "-t", "2"], env)
+    mt = re.search(r"Final estimate: PPL = ([0-9.]+)", p.stdout + p.stderr)
+    return (float(mt.group(1)) if mt else None), dt, p
+
+
+def version_of(bin_dir):
+    p, _ = run([f"{bin_dir}/llama-completion", "--version"], {})
+    m = re.search(r"build (\d+)", p.stdout + p.stderr)
+    return f"b{m.group(1)}" if m else "?"
+
+
+sha = file_sha256(LIB)
+print(f"plugin: {LIB}, sha256 {sha}", flush=True)
+figures.append(f"| plugin | {os.path.basename(LIB)} sha256 {sha} |")
+
+for rel, bin_dir, ggml_v, api in RELEASES:
+    if not want(f"releases/{rel}"):
+        continue
+    if not os.path.exists(f"{bin_dir}/llama-completion"):
+        check(f"releases/{rel}/set-up", False, f"no tools in {bin_dir} (tests/setup-releases.sh)")
+        continue
+    built = version_of(bin_dir)
+    check(f"releases/{rel}/tools", built == rel, f"{bin_dir}: llama-completion --version says {built}")
+
+    # 1. the device is listed, in this release's layout
+    p, _ = run([f"{bin_dir}/llama-completion", "--list-devices"], ork(ORK_LOG="debug"))
+    layout = re.search(r"host: llama\.cpp (b\d+) layout \(ggml (\S+), backend API (\d+)\)", p.stderr)
+    seen = (layout.group(1), layout.group(2), int(layout.group(3))) if layout else None
+    listed = re.search(r"^\s+ORK: ", p.stdout, re.M) is not None
+    check(f"releases/{rel}/devices", p.returncode == 0 and listed and seen == (rel, ggml_v, api),
+          f"rc {p.returncode}, ORK {'listed' if listed else 'NOT listed'}, plugin saw {seen}")
+
+    # 2. greedy parity with this release's CPU
+    a, ea, dta = generate(bin_dir, 16, ork())
+    b, eb, dtb = generate(bin_dir, 16, cpu())
+    ran = re.search(r"ORK ran (\d+) MUL_MAT on the NPU", ea or "")
+    ok = a is not None and b is not None and a == b and ran is not None and int(ran.group(1)) > 0
+    check(f"releases/{rel}/greedy", ok, f"ORK {a!r} vs CPU {b!r}; NPU matmuls: {ran.group(1) if ran else 'none'}"
+                                        + ("" if a is not None else f"; ORK stderr ends {ea!r}"))
+
+    # 3. test-backend-ops MUL_MAT against this release's CPU backend
+    p, dt = run([f"{bin_dir}/test-backend-ops", "-b", "ORK", "-o", "MUL_MAT"], ork())
+    mt = re.search(r"(\d+)/(\d+) tests passed", p.stdout)
+    passed, total = (int(mt.group(1)), int(mt.group(2))) if mt else (0, -1)
+    ok = p.returncode == 0 and mt is not None and passed == total and total > 0 and "FAIL" not in p.stdout
+    check(f"releases/{rel}/test-backend-ops", ok, f"{passed}/{total} MUL_MAT cases passed, rc {p.returncode}, {dt:.0f}s"
+                                                   + ("" if mt else f"; output ends {(p.stdout + p.stderr)[-400:]!r}"))
+    figures.append(f"| {rel} test-backend-ops -b ORK -o MUL_MAT | {passed}/{total} passed, {dt:.0f}s |")
+
+    # 4. perplexity within the pinned release's bound of this release's CPU figure
+    po, dto, pr = ppl(bin_dir, ork())
+    pc, dtc, _ = ppl(bin_dir, cpu())
+    ok = po is not None and pc is not None and abs(po - pc) / pc <= PPL_BOUND and "ORK ran" in pr.stderr
+    rel_d = abs(po - pc) / pc * 100 if po and pc else float("nan")
+    check(f"releases/{rel}/perplexity", ok, f"ORK {po} vs CPU {pc} (|dPPL| {rel_d:.3f}% <= {PPL_BOUND*100:.0f}%), "
+                                            f"{CHUNKS}x128 tokens, {dto:.0f}s vs {dtc:.0f}s"
+                                            + ("" if po else f"; ORK output ends {(pr.stdout + pr.stderr)[-400:]!r}"))
+    figures.append(f"| {rel} (ggml {ggml_v}, API {api}) | greedy 16 tokens {'equal' if a == b and a else 'DIFFER'}; "
+                   f"PPL ORK {po}, CPU {pc}, |dPPL| {rel_d:.3f}% ({CHUNKS} chunks x 128) |")
+
+# 5. a ggml the plugin does not know: fake what the host exports with an LD_PRELOAD library
+UNKNOWN = [  # (name, release whose tools run, C source of the preloaded library, version the line names)
+    ("unknown/faked-version", RELEASES[0], 'const char * ggml_version(void) { return "0.99.0"; }', "0.99.0"),
+    ("unknown/api3-symbol-in-b10809", RELEASES[1],
+     "void * ggml_backend_buft_alloc_buffer_n(void * b, void ** t, int n) { (void)b; (void)t; (void)n; return 0; }",
+     "0.23.0"),
+]
+with tempfile.TemporaryDirectory() as d:
+    for name, (rel, bin_dir, _, _), src, v in UNKNOWN:
+        if not want(f"releases/{name}") or not os.path.exists(f"{bin_dir}/llama-completion"):
+            continue
+        c, so = os.path.join(d, "shim.c"), os.path.join(d, f"{name.replace('/', '-')}.so")
+        open(c, "w").write(src + "\n")
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", so, c], check=True)
+        p, _ = run([f"{bin_dir}/llama-completion", "--list-devices"], ork(LD_PRELOAD=so))
+        lines = [l for l in p.stderr.splitlines() if l.startswith("ork: ")]
+        line = lines[0] if lines else ""
+        ok = (p.returncode == 0 and "ORK" not in p.stdout and len(lines) == 1 and f"ggml {v} " in line
+              and all(s in line for s in SUPPORTED))
+        check(f"releases/{name}", ok, f"{rel} tools: rc {p.returncode}, ORK {'LISTED' if 'ORK' in p.stdout else 'not listed'}, "
+                                      f"{len(lines)} ork line(s): {lines}")
+
+check("releases/same-file", file_sha256(LIB) == sha, f"sha256 {sha} before and after")
+npass, nfail = summary()
+write_figures(OUT)
+print(f"e2e-releases: {npass} passed, {nfail} failed")
+sys.exit(1 if nfail else 0)
