@@ -12,10 +12,10 @@ Prints one line per check and closes with "N passed, M failed". Exit status 1 on
 Environment: LLAMA_BIN, ORK_MODELS, ORK_CORPUS, ORK_LIB (set by tests/run-all.sh).
 Writes the measured figures to $ORK_ENV/e2e-results.md.
 """
-import hashlib, os, re, subprocess, sys, time
+import os, re, subprocess, sys, time
 
-from e2e_common import (BIN, LIB, MODELS, check, cpu, exit_counters, figures, injected, npu_live, npu_words, ork,
-                        run_tool, summary, want, write_figures)
+from e2e_common import (BIN, DEMO_PROMPT, LIB, MODELS, check, cpu, exit_counters, figures, file_sha256, injected,
+                        npu_live, npu_words, ork, run_tool, summary, want, write_figures)
 
 # KL divergence against the CPU's F16 logits (section 5): ORK passes when its mean KLD is at most
 # KLD_BOUND x the CPU's mean KLD on the same model file (docs/precision.md).
@@ -31,8 +31,7 @@ CORPUS = os.environ["ORK_CORPUS"]
 OUT = os.path.join(os.environ.get("ORK_ENV", "/tmp"), "e2e-results.md")
 CHUNKS = os.environ.get("ORK_E2E_PPL_CHUNKS", "12")
 # The demo's own prompt (tests/demo.sh), read from the script so the two cannot drift apart.
-_DEMO = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo.sh")).read()
-PROMPT = re.search(r'^PROMPT=\$\{1:-"([^"]+)"\}', _DEMO, re.M).group(1)
+PROMPT = DEMO_PROMPT
 
 def run(args, env_extra, timeout=1800):
     """A tool run; a failed one prints its exit status and the end of its stderr (run_tool)."""
@@ -237,14 +236,6 @@ if want(name):
 KLD_DIR = os.path.join(os.environ.get("ORK_ENV", "/tmp"), "kld")
 
 
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(1 << 22):
-            h.update(b)
-    return h.hexdigest()
-
-
 def llama_build():
     p = subprocess.run([f"{BIN}/llama-perplexity", "--version"], capture_output=True, text=True)
     m = re.search(r"build (\d+), commit (\S+)\)", p.stdout + p.stderr)
@@ -273,7 +264,7 @@ def kld_base(stem, chunks, build):
     """The F16 base logits' file, made on the CPU when absent: (path or None, seconds spent making
     it, the output's tail when that failed)."""
     m = os.path.join(MODELS, f"{stem}-F16.gguf")
-    key = f"{sha256(m)[:12]}-corpus{sha256(CORPUS)[:8]}"
+    key = f"{file_sha256(m)[:12]}-corpus{file_sha256(CORPUS)[:8]}"
     path = os.path.join(KLD_DIR, f"{stem}-F16-c128x{chunks}-{build}-{key}.kld")
     if os.path.exists(path):
         return path, 0.0, None
