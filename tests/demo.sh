@@ -4,6 +4,8 @@
 # simulator here: ORK_NPU=sim). First run sets everything up (~6 min on 2 cores).
 # ORK_DEMO_TYPE=Q4_K_M (or F16) picks another of the set-up models; ORK_DECODE=gpu
 # ORK_VK_DEVICE=llvmpipe puts decode on the GPU (lavapipe here).
+# The demo needs the pinned release only; the test command also sets up the earlier supported ones.
+export ORK_SETUP_RELEASES=${ORK_SETUP_RELEASES:-0}
 source "$(dirname "$0")/common.sh"
 build_plugin
 M=$ORK_MODELS/smollm2-135m-${ORK_DEMO_TYPE:-Q8_0}.gguf

@@ -169,8 +169,11 @@ if [ ! -f "$CORPUS" ] || ! need_sha "$CORPUS" $CORPUS_SHA 2>/dev/null; then
   mv "$CORPUS.tmp" "$CORPUS"
 fi
 
-# 6. the other supported llama.cpp releases (a few tools each; ~4-5 min per release cold on 2 cores)
-bash "$(dirname "${BASH_SOURCE[0]}")/setup-releases.sh"
+# 6. the other supported llama.cpp releases (a few tools each; ~4-5 min per release cold on 2 cores),
+# for the test command; the demo does not need them (it sets ORK_SETUP_RELEASES=0).
+if [ "${ORK_SETUP_RELEASES:-1}" != 0 ]; then
+  bash "$(dirname "${BASH_SOURCE[0]}")/setup-releases.sh"
+fi
 
 log "environment ready in $ORK_ENV"
 if [ "${1:-}" = "--print-env" ]; then
