@@ -25,6 +25,11 @@
 #  12 host       bench-scripts/host_bench.sh on the big cores: the NEON quantizers/dequantizers vs
 #                memcpy and ggml-cpu, packing per core and its scaling, ORK's per-token host time
 #                in decode with the real NPU (the ratios this workplace can only proxy)
+#  13 e2e        the CI's fake-kernel checks against the real device node, no preload
+#                (tests/fake-kernel/test.py --device real): greedy 16 tokens, perplexity 2 x 128,
+#                test-backend-ops -b ORK -o MUL_MAT, ORK_NPU=<this board's driver> vs ORK_NPU=sim
+#                on this board, the exit line requiring a live NPU; one board/<check> line per
+#                CI fake-kernel/<check> line, the NPU clock on each on rocket
 #
 # --dry-run (automatic without a board) runs every step that can run here — the checks read what
 # exists, the build, the regcmd capture, the arms on the simulator with short settings — and says
@@ -43,7 +48,7 @@ while [[ $# -gt 0 ]]; do
     --threads) THREADS=$2; shift ;;
     --out) OUTFILE=$2; shift ;;
     --skip-bench) SKIP_BENCH=1 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
     *) echo "onboard-kit: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -70,7 +75,7 @@ npu_clock() {
 status() { # step verdict text
   local text=$3
   # Steps that measure the NPU carry the clock it ran at, on rocket boards.
-  if [[ ${ROCKET:-0} == 1 && $1 =~ ^(selftest|bench|cache|host)$ ]]; then text="$text [$(npu_clock)]"; fi
+  if [[ ${ROCKET:-0} == 1 && $1 =~ ^(selftest|bench|cache|host|e2e)$ ]]; then text="$text [$(npu_clock)]"; fi
   SUMMARY+=("| $1 | $2 | $text |")
   say "**$1: $2** — $text"
   say ""
@@ -113,6 +118,9 @@ elif [[ -d /sys/module/rknpu ]]; then
 fi
 ROCKET=0
 if [[ -d /sys/module/rocket ]]; then DRV="${DRV:+$DRV; }rocket (mainline accel)"; ROCKET=1; fi
+# The ORK_NPU value of this board's driver (step 13); rknpu when both modules are loaded.
+NPU_KIND=""
+if [[ -d /sys/module/rknpu ]]; then NPU_KIND=rknpu; elif [[ $ROCKET == 1 ]]; then NPU_KIND=rocket; fi
 if [[ -n "$DRV" ]]; then say "- $(npu_clock)"; fi
 {
   for n in /dev/dri/card* /dev/accel/accel*; do
@@ -346,6 +354,34 @@ else
   HOST_ENV=(BENCH_NPU=auto BENCH_THREADS="$THREADS" BENCH_TASKSET="$TASKSET" REPEATS=3 DECODE_TOKENS=40)
 fi
 bench_script host "$WORK/host.txt" host_lines raw -- "${HOST_ENV[@]}" -- "$ROOT/bench-scripts/host_bench.sh"
+
+# ------------------------------------------------------------------ 13 e2e
+say "## 13. end-to-end checks on the device node (the CI's fake-kernel checks)"
+if [[ $BUILT != 1 ]]; then
+  status "e2e" SKIPPED "build failed"
+elif [[ $DRY == 1 || -z "$NPU_KIND" ]]; then
+  status "e2e" SKIPPED "no rknpu/rocket driver here; CI runs the same checks under the fake kernel (bash tests/fake-kernel/test.sh)"
+else
+  if [[ -z "${LLAMA_BIN:-}" || -z "${ORK_MODELS:-}" || -z "${ORK_CORPUS:-}" ]]; then
+    eval "$(bash "$ROOT/tests/setup-env.sh" --print-env 2>>"$WORK/setup.log")" || true
+  fi
+  E2E_MODEL=${MODEL:-${ORK_MODELS:+$ORK_MODELS/smollm2-135m-Q8_0.gguf}}
+  if [[ -z "${LLAMA_BIN:-}" || ! -x "$LLAMA_BIN/llama-completion" || ! -x "$LLAMA_BIN/llama-perplexity" \
+        || ! -x "$LLAMA_BIN/test-backend-ops" || ! -f "$E2E_MODEL" || ! -f "${ORK_CORPUS:-}" ]]; then
+    status "e2e" SKIPPED "no llama-completion / llama-perplexity / test-backend-ops, model or corpus (LLAMA_BIN=${LLAMA_BIN:-unset}, model=${E2E_MODEL:-unset}, ORK_CORPUS=${ORK_CORPUS:-unset})"
+  else
+    LLAMA_BIN=$LLAMA_BIN ORK_MODELS=${ORK_MODELS:-$(dirname "$E2E_MODEL")} ORK_CORPUS=$ORK_CORPUS ORK_LIB=$ORK_LIB \
+      python3 "$ROOT/tests/fake-kernel/test.py" --device real --npu "$NPU_KIND" --model "$E2E_MODEL" >"$WORK/e2e.txt" 2>&1
+    rc=$?
+    block <"$WORK/e2e.txt"
+    tally=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$WORK/e2e.txt" | tail -1)
+    if [[ $rc == 0 ]]; then
+      status "e2e" RAN "ORK_NPU=$NPU_KIND on the device node vs ORK_NPU=sim: ${tally:-?} (compare each board/<check> line with CI's fake-kernel/<check>)"
+    else
+      status "e2e" FAIL "tests/fake-kernel/test.py --device real exit $rc: ${tally:-no tally} (lines above)"
+    fi
+  fi
+fi
 
 # ------------------------------------------------------------------ summary
 {

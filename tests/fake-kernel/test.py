@@ -14,17 +14,42 @@ Checks, each one PASS/FAIL line:
   driver's defence is missing): cold (warm-up submit), wedge (ACT_RESET), and
   never_run_every:N (the output sentinel, when the product has one).
 Environment: LLAMA_BIN, ORK_MODELS, ORK_CORPUS, ORK_LIB (tests/common.sh). Exit status 1 on a failure.
+
+`--device real` (bench-scripts/onboard-kit.sh, on a board) runs the same greedy, perplexity and
+test-backend-ops checks against the board's real device node instead: no preload, ORK_NPU=<the
+board's driver> (--npu, default from /sys/module) against ORK_NPU=sim on the same board, each line
+named board/<check> where CI prints fake-kernel/<check>. The fake kernel's verdict is replaced by
+the exit line's: a live NPU (submits > 0, 0 fell back, 0 NPU errors), never-ran jobs reported; on
+rocket every line carries the NPU clock. The fake-kernel-only checks (per-core job counts, domain
+windows, quirk injection) print SKIP lines.
 """
-import os, re, subprocess, sys, tempfile, time
+import argparse, glob, os, re, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from e2e_common import BIN, LIB, MODELS, check, env_with, summary  # noqa: E402
+from e2e_common import BIN, LIB, MODELS, check, env_with, exit_counters, npu_live, npu_words, summary  # noqa: E402
+
+_ap = argparse.ArgumentParser(description="The fake-kernel checks (CI) or the same checks on a board's real NPU.")
+_ap.add_argument("--device", choices=("fake", "real"), default="fake",
+                 help="fake: under tests/fake-kernel/run.sh (CI); real: the board's device node, no preload")
+_ap.add_argument("--npu", choices=("rknpu", "rocket"), help="with --device real: the board's driver (default: /sys/module)")
+_ap.add_argument("--model", help="the GGUF model (default: SmolLM2-135M Q8_0 in ORK_MODELS)")
+OPTS = _ap.parse_args()
+REAL = OPTS.device == "real"
+if REAL:
+    BOARD_NPU = OPTS.npu or ("rknpu" if os.path.isdir("/sys/module/rknpu")
+                             else "rocket" if os.path.isdir("/sys/module/rocket") else None)
+    if BOARD_NPU is None:
+        print("test.py --device real: neither /sys/module/rknpu nor /sys/module/rocket; pass --npu rknpu|rocket")
+        sys.exit(2)
+    NPUS, PREFIX, WHO = (BOARD_NPU,), "board", "board"
+else:
+    NPUS, PREFIX, WHO = ("rknpu", "rocket"), "fake-kernel", "fake kernel"
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 RUN = os.path.join(ROOT, "tests", "fake-kernel", "run.sh")
 SELFTEST = os.path.join(ROOT, "target", "release", "ork-selftest")
 CORPUS = os.environ["ORK_CORPUS"]
-MODEL = os.path.join(MODELS, "smollm2-135m-Q8_0.gguf")
+MODEL = OPTS.model or os.path.join(MODELS, "smollm2-135m-Q8_0.gguf")
 _DEMO = open(os.path.join(ROOT, "tests", "demo.sh")).read()
 PROMPT = re.search(r'^PROMPT=\$\{1:-"([^"]+)"\}', _DEMO, re.M).group(1)
 TMP = tempfile.mkdtemp(prefix="ork-fk-test-")
@@ -36,18 +61,19 @@ DOMAIN_CAP_MB, DOMAIN_WINDOW_MB = 112, 144
 
 
 def run(args, npu, extra=None, timeout=900):
-    """Runs `args` with ORK_NPU=npu (under the fake kernel unless npu == "sim"). Returns
-    (process, fake-kernel counters or None, seconds)."""
+    """Runs `args` with ORK_NPU=npu (under the fake kernel unless npu == "sim" or --device real).
+    Returns (process, fake-kernel counters or None, seconds)."""
     env = dict(COMMON, ORK_NPU=npu, **(extra or {}))
     stats = os.path.join(TMP, f"stats-{time.time_ns()}")
-    if npu != "sim":
+    preload = npu != "sim" and not REAL
+    if preload:
         env["ORK_FK_STATS"] = stats
         args = [RUN] + args
     t0 = time.time()
     p = subprocess.run(args, env=env_with(env), capture_output=True, text=True, timeout=timeout)
     dt = time.time() - t0
     if p.returncode != 0:
-        print(f"  {os.path.basename(args[1] if npu != 'sim' else args[0])} (ORK_NPU={npu}): rc {p.returncode}; "
+        print(f"  {os.path.basename(args[1] if preload else args[0])} (ORK_NPU={npu}): rc {p.returncode}; "
               f"stderr ends: {p.stderr[-800:]!r}", flush=True)
     counters = None
     if os.path.exists(stats):
@@ -69,6 +95,32 @@ def clean(c):
                                                         + (f", {bad}" if bad else ""))
 
 
+def npu_clock():
+    """The board's NPU clock (devfreq), as printed next to every figure on rocket boards (mainline
+    defaults to 200 MHz with no governor, peer-facts section 2)."""
+    for d in sorted(glob.glob("/sys/class/devfreq/*npu*")):
+        try:
+            return f"NPU clock {int(open(os.path.join(d, 'cur_freq')).read()) // 1000000} MHz ({d})"
+        except (OSError, ValueError):
+            pass
+    return "NPU clock unknown (no /sys/class/devfreq/*npu*)"
+
+
+def verdict(c, err, npu):
+    """(ok, words): the fake kernel's verdict `clean(c)`, or with --device real the exit line's: a
+    live NPU (MUL_MATs ran with submits > 0, 0 fell back, 0 NPU errors), never-ran jobs reported,
+    and on rocket the NPU clock."""
+    if not REAL:
+        return clean(c)
+    x = exit_counters(err)
+    return npu_live(x), f"exit line: {npu_words(x)}" + (f" [{npu_clock()}]" if npu == "rocket" else "")
+
+
+def skip_fake_only(name, why):
+    """With --device real: the SKIP line of a check that only the fake kernel can make."""
+    print(f"SKIP {PREFIX}/{name}: fake-kernel only ({why})", flush=True)
+
+
 def ork_line(err):
     """(MUL_MATs the NPU ran, MUL_MATs that fell back to the CPU after NPU errors) from the exit
     line (both wordings: "N NPU errors fell back" and "N MUL_MAT fell back to the CPU after NPU
@@ -86,7 +138,7 @@ def generate(npu, extra=None):
 
 
 # 0. the tools under test exist
-for f in (SELFTEST, os.path.join(ROOT, "target", "release", "libork_fake_kernel.so")):
+for f in (() if REAL else (SELFTEST, os.path.join(ROOT, "target", "release", "libork_fake_kernel.so"))):
     if not os.path.exists(f):
         print(f"missing {f}: run tests/fake-kernel/test.sh (it builds them)")
         sys.exit(1)
@@ -95,20 +147,23 @@ for f in (SELFTEST, os.path.join(ROOT, "target", "release", "libork_fake_kernel.
 ref, ref_err, _, dt = generate("sim")
 print(f"  sim: {ork_line(ref_err)[0]} NPU matmuls, {dt:.0f}s", flush=True)
 greedy_counters = {}
-for npu in ("rknpu", "rocket"):
+for npu in NPUS:
     text, err, c, dt = generate(npu)
     ran, fell = ork_line(err)
-    ok_c, why = clean(c)
+    ok_c, why = verdict(c, err, npu)
     greedy_counters[npu] = c
-    check(f"fake-kernel/greedy/{npu}", ref is not None and text == ref and ran > 0 and fell == 0 and ok_c,
+    check(f"{PREFIX}/greedy/{npu}", ref is not None and text == ref and ran > 0 and fell == 0 and ok_c,
           f"text {'equals' if text == ref else 'differs from'} ORK_NPU=sim ({text!r}); {ran} NPU matmuls, "
-          f"{fell} fell back; fake kernel: {why}; {dt:.0f}s")
+          f"{fell} fell back; {WHO}: {why}; {dt:.0f}s")
 
 # 2. rocket: one fd per core, a prefill matmul on each of the 3 cores
-c = greedy_counters.get("rocket")
-per = [int(x) for x in c["jobs_per_core"].split(",")] if c else []
-check("fake-kernel/rocket-3-cores", len(per) == 3 and all(n > 0 for n in per) and int(c.get("opens", "0")) >= 3,
-      f"jobs per core {per} on {c.get('opens') if c else '?'} opened fds")
+if REAL:
+    skip_fake_only("rocket-3-cores", "the fake kernel's per-core job counts")
+else:
+    c = greedy_counters.get("rocket")
+    per = [int(x) for x in c["jobs_per_core"].split(",")] if c else []
+    check("fake-kernel/rocket-3-cores", len(per) == 3 and all(n > 0 for n in per) and int(c.get("opens", "0")) >= 3,
+          f"jobs per core {per} on {c.get('opens') if c else '?'} opened fds")
 
 # 3. perplexity, 2 chunks
 def ppl(npu):
@@ -119,11 +174,11 @@ def ppl(npu):
 
 
 pref, _, _, _ = ppl("sim")
-for npu in ("rknpu", "rocket"):
+for npu in NPUS:
     v, err, c, dt = ppl(npu)
-    ok_c, why = clean(c)
-    check(f"fake-kernel/perplexity/{npu}", pref is not None and v == pref and ork_line(err)[1] == 0 and ok_c,
-          f"PPL {v} vs ORK_NPU=sim {pref} (2 x 128 tokens); fake kernel: {why}; {dt:.0f}s")
+    ok_c, why = verdict(c, err, npu)
+    check(f"{PREFIX}/perplexity/{npu}", pref is not None and v == pref and ork_line(err)[1] == 0 and ok_c,
+          f"PPL {v} vs ORK_NPU=sim {pref} (2 x 128 tokens); {WHO}: {why}; {dt:.0f}s")
 
 # 4. test-backend-ops MUL_MAT (the default ORK_MINM: the prefill shapes; ORK_MINM=1 takes minutes)
 def tbo(npu):
@@ -133,11 +188,20 @@ def tbo(npu):
 
 
 tref, _, _, _ = tbo("sim")
-for npu in ("rknpu", "rocket"):
+for npu in NPUS:
     v, err, c, dt = tbo(npu)
-    ok_c, why = clean(c)
-    check(f"fake-kernel/test-backend-ops/{npu}", tref is not None and v == tref and ork_line(err)[1] == 0 and ok_c,
-          f"{v} vs ORK_NPU=sim {tref}; fake kernel: {why}; {dt:.0f}s")
+    ok_c, why = verdict(c, err, npu)
+    check(f"{PREFIX}/test-backend-ops/{npu}", tref is not None and v == tref and ork_line(err)[1] == 0 and ok_c,
+          f"{v} vs ORK_NPU=sim {tref}; {WHO}: {why}; {dt:.0f}s")
+
+if REAL:
+    # The rest needs the fake kernel: its IOMMU window, its counters and its quirk injection.
+    skip_fake_only("domains", "ORK_FK_DOMAIN_MB, the fake kernel's domain count")
+    skip_fake_only("domains-efault", "ORK_FK_DOMAIN_MB, the fake kernel's EFAULT count")
+    skip_fake_only("quirk/*", "ORK_FK_QUIRKS; a board's own quirks, if it has them, strike in the checks above")
+    npass, nfail = summary()
+    print(f"{npass} passed, {nfail} failed")
+    sys.exit(1 if nfail else 0)
 
 # 5. a small IOMMU window: the weights span >= 3 domains, no EFAULT, same text
 text, err, c, dt = generate("rknpu", {"ORK_FK_DOMAIN_MB": DOMAIN_WINDOW_MB, "ORK_DOMAIN_CAP_MB": DOMAIN_CAP_MB})
