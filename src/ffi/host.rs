@@ -41,34 +41,23 @@ fn text(b: &'static [u8]) -> &'static str {
     CStr::from_bytes_with_nul(b).ok().and_then(|c| c.to_str().ok()).unwrap_or("?")
 }
 
+/// The marks of one layout from its generated module (`ggml-headers/ork_ggml_b<N>.h`).
+macro_rules! marks {
+    ($layout:expr, $m:ident) => {
+        Marks {
+            layout: $layout,
+            llama_build: $m::ORK_LLAMA_BUILD,
+            ggml_version: text($m::ORK_GGML_VERSION),
+            api_version: $m::GGML_BACKEND_API_VERSION as i32,
+            has_buft_alloc_buffer_n: $m::ORK_HAS_BUFT_ALLOC_BUFFER_N != 0,
+            has_op_alloc_size_may_expand: $m::ORK_HAS_OP_ALLOC_SIZE_MAY_EXPAND != 0,
+        }
+    };
+}
+
 /// The supported layouts, newest first, with their marks from `ggml-headers/ork_ggml_b<N>.h`.
 pub(crate) fn supported() -> [Marks; 3] {
-    [
-        Marks {
-            layout: Layout::B11549,
-            llama_build: abi::ORK_LLAMA_BUILD,
-            ggml_version: text(abi::ORK_GGML_VERSION),
-            api_version: abi::GGML_BACKEND_API_VERSION as i32,
-            has_buft_alloc_buffer_n: abi::ORK_HAS_BUFT_ALLOC_BUFFER_N != 0,
-            has_op_alloc_size_may_expand: abi::ORK_HAS_OP_ALLOC_SIZE_MAY_EXPAND != 0,
-        },
-        Marks {
-            layout: Layout::B10809,
-            llama_build: abi_b10809::ORK_LLAMA_BUILD,
-            ggml_version: text(abi_b10809::ORK_GGML_VERSION),
-            api_version: abi_b10809::GGML_BACKEND_API_VERSION as i32,
-            has_buft_alloc_buffer_n: abi_b10809::ORK_HAS_BUFT_ALLOC_BUFFER_N != 0,
-            has_op_alloc_size_may_expand: abi_b10809::ORK_HAS_OP_ALLOC_SIZE_MAY_EXPAND != 0,
-        },
-        Marks {
-            layout: Layout::B10566,
-            llama_build: abi_b10566::ORK_LLAMA_BUILD,
-            ggml_version: text(abi_b10566::ORK_GGML_VERSION),
-            api_version: abi_b10566::GGML_BACKEND_API_VERSION as i32,
-            has_buft_alloc_buffer_n: abi_b10566::ORK_HAS_BUFT_ALLOC_BUFFER_N != 0,
-            has_op_alloc_size_may_expand: abi_b10566::ORK_HAS_OP_ALLOC_SIZE_MAY_EXPAND != 0,
-        },
-    ]
+    [marks!(Layout::B11549, abi), marks!(Layout::B10809, abi_b10809), marks!(Layout::B10566, abi_b10566)]
 }
 
 impl Layout {
