@@ -6,7 +6,8 @@
 #   bash bench-scripts/precision_table.sh [MODEL_PREFIX ...]    # default: smollm2-135m
 #
 # MODEL_PREFIX names the set-up's models ($ORK_MODELS/<prefix>-{F16,Q8_0,Q4_K_M}.gguf). The F16
-# base logits are made once per prefix in $ORK_ENV/kld/. Takes ~3 min per row on 2 cores.
+# base logits are made once per prefix in $ORK_ENV/kld/. Takes ~1 min per row on 2 cores. TYPES (default
+# "Q8_0 F16 Q4_K_M") picks the model types.
 source "$(dirname "$0")/../tests/common.sh"
 set +e
 build_plugin >/dev/null
@@ -31,12 +32,13 @@ for prefix in "${@:-smollm2-135m}"; do
   base="$ORK_ENV/kld/$prefix-F16-${CHUNKS}x128.kld"
   [ -f "$base" ] || env GGML_BACKEND_PATH="$ORK_LIB" ORK_OFF=1 "$LLAMA_BIN/llama-perplexity" -m "$ORK_MODELS/$prefix-F16.gguf" \
       -f "$ORK_CORPUS" -c 128 -b 128 --chunks "$CHUNKS" -t 2 --kl-divergence-base "$base" >/dev/null 2>&1
-  for t in Q8_0 F16 Q4_K_M; do
+  for t in ${TYPES:-Q8_0 F16 Q4_K_M}; do
     run "$prefix" "$t" "CPU (ggml-cpu)" ORK_OFF=1
-    run "$prefix" "$t" "ORK default (rotated, ORK_NPU_WORK=1.40)"
-    run "$prefix" "$t" "ORK rotated, ORK_NPU_WORK=1.15" ORK_NPU_WORK=1.15
-    run "$prefix" "$t" "ORK rotated plain W8A8 (ORK_NPU_WORK=1)" ORK_NPU_WORK=1
+    run "$prefix" "$t" "ORK default (rotated, mean correction, ORK_NPU_WORK=1)"
+    run "$prefix" "$t" "ORK rotated, no mean correction (ORK_MEAN_CORRECT=0)" ORK_MEAN_CORRECT=0
+    run "$prefix" "$t" "ORK rotated, mean correction, ORK_NPU_WORK=1.05" ORK_NPU_WORK=1.05
+    run "$prefix" "$t" "ORK rotated, mean correction, ORK_NPU_WORK=1.40" ORK_NPU_WORK=1.40
+    run "$prefix" "$t" "ORK rotated plain W8A8 everywhere (ORK_ACT_TERMS=1 ORK_WEIGHT_TERMS=1)" ORK_ACT_TERMS=1 ORK_WEIGHT_TERMS=1
     run "$prefix" "$t" "ORK unrotated multi-term (ORK_ROTATE=0)" ORK_ROTATE=0
-    run "$prefix" "$t" "ORK unrotated plain W8A8 (ORK_ROTATE=0 ORK_ACT_TERMS=1 ORK_WEIGHT_TERMS=1)" ORK_ROTATE=0 ORK_ACT_TERMS=1 ORK_WEIGHT_TERMS=1
   done
 done

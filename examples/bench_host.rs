@@ -19,6 +19,9 @@
 //!    32-row block while it is in cache; before commit bd138d2 the separate
 //!    `quantize_source` + `npu::npu::layout::tile_weight`, same bytes) in GB/s of int8 weight
 //!    produced per core (target ≥ 1 GB/s), and its speed-up on all cores (target ≥ 1.8× on 2).
+//! 5. The mean correction's host work per matmul (`quant::mean::mean_row` + `pack::source_matvec`
+//!    over a Q8_0 weight, which runs beside the NPU run) against the rotated activation path of the
+//!    same matmul's M rows (rotate + one int8 term), per token.
 //!
 //! Everything in 1–3 runs in a one-thread rayon pool: the comparison is per core, the way ggml-cpu
 //! quantizes its share of rows on each of its threads.
@@ -34,7 +37,7 @@
 //! `ORK_BENCH_SAMPLE_MS` (time per sample, default 1: on a shared, loaded machine a sample much
 //! shorter than a scheduler time slice is rarely preempted, and the median discards those that
 //! are; 3 ms samples gave ratios off by 2-3× at load 8 on 2 cores), `ORK_BENCH_ONLY` (comma list of the
-//! sections to run: `quant`, `dequant`, `pack`; default all).
+//! sections to run: `quant`, `dequant`, `pack`, `mean`; default all).
 
 use std::ffi::c_void;
 use std::hint::black_box;
@@ -413,6 +416,52 @@ fn main() {
                 "{:.1} ms on {ncpu} cores; best-of-rounds ratio {best:.2}× (shared machine: other load lowers the median)",
                 tn * 1e3
             ),
+        });
+    }
+
+    // 5. the mean correction's host product (quant::mean): one source_matvec of the GGUF weight per
+    //    matmul, against the rotated activation path of that matmul's M rows, one core each.
+    let mean_shapes: &[(usize, usize, usize)] = if section("mean") { &[(128, 1536, 576), (512, 1536, 576), (512, 2048, 2048)] } else { &[] };
+    for &(m, n, k) in mean_shapes {
+        let w = activations(n * k, k, 91 + n as u64);
+        let x = activations(m * k, k, 5 + m as u64);
+        let q8: Option<Vec<u8>> = ggml.as_ref().map(|g| {
+            let mut b = vec![0u8; n * k / QK8_0 * Q8_0_BLOCK_BYTES];
+            g.quantize(&w, n, k, &mut b);
+            b
+        });
+        let f32_bytes: Vec<u8> = bytemuck::cast_slice(&w).to_vec();
+        let f32_row = |row: &[u8], out: &mut [f32]| out.copy_from_slice(bytemuck::cast_slice(row));
+        let q8_row = |row: &[u8], out: &mut [f32]| ggml.as_ref().unwrap().dequantize_row(row, out);
+        let (src, what) = match &q8 {
+            Some(b) => (
+                WeightSource { name: "", ggml_type: GGML_TYPE_Q8_0 as u32, bytes: b, row_bytes: k / QK8_0 * Q8_0_BLOCK_BYTES, to_float: &q8_row },
+                "Q8_0",
+            ),
+            None => (WeightSource { name: "", ggml_type: 0, bytes: &f32_bytes, row_bytes: k * 4, to_float: &f32_row }, "f32"),
+        };
+        let rot = ggml_ork::quant::rotate::Rotation::new(k).expect("a rotation of K");
+        let mut xr = vec![0f32; m * k];
+        let (mut qr, mut sr) = (vec![0i8; m * k], vec![0f32; m]);
+        one.install(|| {
+            let mut rotated = || {
+                xr.copy_from_slice(black_box(&x));
+                for row in xr.chunks_mut(k) {
+                    rot.apply_row(row);
+                }
+                quant::quantize_rows(&xr, m, k, &mut qr, &mut sr);
+                black_box(&mut qr);
+            };
+            let mut mean = || {
+                let r = quant::mean::mean_row(black_box(&x), m, k).expect("a mean row");
+                black_box(ggml_ork::pack::source_matvec(&src, n, k, &r.mean));
+            };
+            let (ta, tm, r) = paired(&mut rotated, &mut mean, rounds, sample_s);
+            rows.push(Row::info(
+                format!("mean correction ({what} N={n} K={k}) vs rotate + quantize of M={m} rows"),
+                r,
+                format!("mean row + matvec {:.0} µs per matmul = {:.2} µs per token; activation path {:.2} µs per token", tm * 1e6, tm * 1e6 / m as f64, ta * 1e6 / m as f64),
+            ));
         });
     }
 

@@ -50,7 +50,7 @@ pub enum LockMode {
 pub const DEFAULT_CACHE_MAX_MB: u64 = 8192;
 
 /// `ORK_NPU_WORK`'s default: extra int8 terms may add 40 % to the layers' plain W8A8 NPU work.
-pub const DEFAULT_NPU_WORK: f64 = 1.40;
+pub const DEFAULT_NPU_WORK: f64 = 1.0;
 
 /// One documented variable: name, default, meaning.
 pub struct VarDoc {
@@ -71,7 +71,8 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_NPU_LOCK", default: "wait", meaning: "cross-process NPU arbitration (advisory flock per NPU, taken by the first NPU matmul of a graph_compute call and kept while no other process asks for it, at most 20 ms; see src/route/arbiter.rs): wait (queue behind the other process), cpu (run the matmul's int8 arithmetic on the CPU instead), off" },
     VarDoc { name: "ORK_LOCK_DIR", default: "$XDG_RUNTIME_DIR, /run/lock or /tmp", meaning: "directory of the NPU lock files (ork-npu-<soc>-<interface>.lock)" },
     VarDoc { name: "ORK_ROTATE", default: "1", meaning: "1 = rotate K by a Hadamard matrix on both operands (weights when packed, activation rows on the host) so that one int8 term each does most of the work, with extra terms within ORK_NPU_WORK (docs/precision.md); 0 = no rotation, the multi-term scheme (2 weight terms, 2 activation terms, 3 for F32/F16/BF16 weights: 3x-4x the NPU rows)" },
-    VarDoc { name: "ORK_NPU_WORK", default: "1.40", meaning: "with ORK_ROTATE=1, the layers' NPU work per token (multiply-accumulates) as a ratio of plain W8A8 that extra int8 terms may use: granted to the attention value projections, then the attention output projections, then the FFN down-projections, in the order of their measured gain, each to all layers or none; the output head gets 2 weight + 2 activation terms outside it (docs/precision.md); 1 = plain W8A8 everywhere; F32/F16/BF16 weights always get two weight and two activation terms" },
+    VarDoc { name: "ORK_NPU_WORK", default: "1", meaning: "with ORK_ROTATE=1, the layers' NPU work per token (multiply-accumulates) as a ratio of plain W8A8 that extra int8 terms may use: granted to the attention value projections (1.05 holds these: 3-4 % more work), then the attention output projections (1.15), then the FFN down-projections (1.40), in the order of their measured gain, each to all layers or none; 1 = one term in every layer; the output head gets 2 weight + 2 activation terms outside it (docs/precision.md); F32/F16/BF16 weights always get two weight and two activation terms" },
+    VarDoc { name: "ORK_MEAN_CORRECT", default: "1", meaning: "with ORK_ROTATE=1, 1 = correct every NPU matmul of M >= 2 rows along its rows' mean: the host computes the mean row's exact product with the GGUF weight (one matrix-vector product per matmul, overlapped with the NPU run) and each row gets its share of the NPU's error on it (docs/precision.md); 0 = off" },
     VarDoc { name: "ORK_ACT_TERMS", default: "auto", meaning: "int8 terms per activation row (x ≈ Σ s_t·q_t, T·M NPU rows) for every weight, overriding the plan: auto (ORK_NPU_WORK's plan; without rotation 3 for F32/F16/BF16 weights, else 2), 1, 2, 3" },
     VarDoc { name: "ORK_WEIGHT_TERMS", default: "auto", meaning: "int8 terms per weight for every weight, overriding the plan: auto (ORK_NPU_WORK's plan; without rotation 2), 1, or 2; a second term that does not fit the resident budget is dropped" },
     VarDoc { name: "ORK_SOC", default: "(device tree)", meaning: "force the SoC description: rk3588 or rk3576" },
@@ -128,6 +129,9 @@ pub struct Config {
     pub cache_dir: Option<String>,
     /// `ORK_ROTATE`: Hadamard rotation of K on both operands, with the budget of extra terms.
     pub rotate: bool,
+    /// `ORK_MEAN_CORRECT`: the host's exact product on the rows' mean corrects the NPU's (with
+    /// the rotation).
+    pub mean_correct: bool,
     /// `ORK_NPU_WORK`: NPU rows per token as a ratio of plain W8A8 that extra int8 terms may use.
     pub npu_work: f64,
     /// `ORK_CACHE_MAX_MB`: size limit of the cache directory in MiB.
@@ -257,14 +261,17 @@ impl Config {
             },
         };
         let is_flag = |v: &str| matches!(v.trim().to_ascii_lowercase().as_str(), "" | "0" | "1" | "true" | "false" | "yes" | "no" | "on" | "off");
-        for name in ["ORK_OFF", "ORK_NO_AFFINITY", "ORK_PROFILE", "ORK_ROTATE"] {
+        for name in ["ORK_OFF", "ORK_NO_AFFINITY", "ORK_PROFILE", "ORK_ROTATE", "ORK_MEAN_CORRECT"] {
             if let Some(v) = get(name).filter(|v| !is_flag(v)) {
-                let taken = if name == "ORK_ROTATE" { 1 } else { 0 };
+                let taken = if name == "ORK_ROTATE" || name == "ORK_MEAN_CORRECT" { 1 } else { 0 };
                 bad.push(format!("{name}={v:?} is not 0 or 1; taken as {taken}"));
             }
         }
         // ORK_ROTATE is on unless set to an off value (0, false, no, off).
-        let rotate = !matches!(get("ORK_ROTATE").map(|v| v.trim().to_ascii_lowercase()).as_deref(), Some("0" | "false" | "no" | "off"));
+        let on_unless_off = |name: &str| !matches!(get(name).map(|v| v.trim().to_ascii_lowercase()).as_deref(), Some("0" | "false" | "no" | "off"));
+        let rotate = on_unless_off("ORK_ROTATE");
+        // ORK_MEAN_CORRECT likewise.
+        let mean_correct = on_unless_off("ORK_MEAN_CORRECT");
         let text = |name: &str| get(name).filter(|s| !s.trim().is_empty());
         let cfg = Config {
             npu,
@@ -276,6 +283,7 @@ impl Config {
             lock_dir: text("ORK_LOCK_DIR"),
             weight_terms,
             rotate,
+            mean_correct,
             npu_work,
             act_terms,
             soc: text("ORK_SOC"),
@@ -360,6 +368,10 @@ mod tests {
         let (c, bad) = parse(&[("ORK_NPU_WORK", "0.5"), ("ORK_ROTATE", "maybe")]);
         assert_eq!((c.npu_work, c.rotate, bad.len()), (DEFAULT_NPU_WORK, true, 2), "bad values: the defaults, one line each");
         assert!(bad[1].contains("taken as 1"), "{bad:?}");
+        assert!(parse(&[]).0.mean_correct, "the mean correction is the default");
+        assert!(!parse(&[("ORK_MEAN_CORRECT", "no")]).0.mean_correct);
+        let (c, bad) = parse(&[("ORK_MEAN_CORRECT", "sometimes")]);
+        assert!(c.mean_correct && bad.len() == 1 && bad[0].contains("taken as 1"), "{bad:?}");
     }
 
     #[test]

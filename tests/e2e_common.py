@@ -99,6 +99,15 @@ def exit_counters(text):
     return _last(EXIT_LINE, text, lambda k, v: float(v) if k == "ratio" else int(v))
 
 
+MEAN_CORRECTED = re.compile(r"mean correction [0-9.]+ ms on the host for (?P<n>[0-9]+) MUL_MAT")
+
+
+def mean_corrected(text):
+    """MUL_MATs the last exit line in `text` says were corrected along their rows' mean, or None."""
+    found = MEAN_CORRECTED.findall(text)
+    return int(found[-1]) if found else None
+
+
 def injected(text):
     """What the simulator says it injected (a dict of ints), or None."""
     return _last(INJECTED, text, lambda _k, v: int(v))

@@ -83,9 +83,9 @@ fn rotation_makes_one_term_accurate_on_outlier_activations() {
 #[test]
 fn the_plan_sends_its_terms_and_the_counters_count_them() {
     // A model of 30 layers of 7 matmuls of this test's K x N and a head, as ORK's buffers
-    // announce it (all of one shape here, so the default budget has room for the value and
+    // announce it (all of one shape here, so a budget of 1.15 has room for the value and
     // output projections' second weight terms, not the down-projections').
-    let dev = device(&[]);
+    let dev = device(&[("ORK_NPU_WORK", "1.15")]);
     for role in Role::ALL {
         let count = match role {
             Role::Head => 1,
@@ -98,7 +98,7 @@ fn the_plan_sends_its_terms_and_the_counters_count_them() {
     let other = nmse_typed(&dev, "blk.3.ffn_up.weight", Q8_0);
     assert_eq!(dev.stats.npu_rows_sent.load(Relaxed), M as u64, "plain W8A8 for ordinary weights");
     nmse_typed(&dev, "blk.3.ffn_down.weight", Q8_0);
-    assert_eq!(dev.stats.npu_rows_sent.load(Relaxed), 2 * M as u64, "down-projections: plain at the default budget");
+    assert_eq!(dev.stats.npu_rows_sent.load(Relaxed), 2 * M as u64, "down-projections: plain at this budget");
     let v = nmse_typed(&dev, "blk.3.attn_v.weight", Q8_0);
     assert_eq!(dev.stats.npu_rows_sent.load(Relaxed), 4 * M as u64, "a second weight term: one more row per row");
     let head = nmse_typed(&dev, "output.weight", Q8_0);
@@ -140,4 +140,63 @@ fn an_activation_read_by_several_weights_is_rotated_and_quantized_once() {
     let k_new = run(&pk, &kk, &x);
     assert_eq!(dev.stats.act_reused.load(Relaxed), 1, "changed values are not reused");
     assert_ne!(k_new, k_after_q);
+}
+
+/// `|y − x·Wᵀ|² / |x·Wᵀ|²` of one rotated MUL_MAT of a Q8_0-labelled weight on `dev`, with
+/// activation rows that share a large common component (LLM hidden states: the same channels
+/// large on every token) plus each row's own part.
+fn nmse_common(dev: &Device) -> f64 {
+    let mut r = lcg(11);
+    let w: Vec<f32> = (0..N * K).map(|_| r()).collect();
+    let common: Vec<f32> = (0..K).map(|i| r() * if matches!(i, 7 | 300) { 60.0 } else { 3.0 }).collect();
+    let x: Vec<f32> = (0..M * K).map(|i| common[i % K] + 0.5 * r()).collect();
+    let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let src = WeightSource { name: "blk.0.ffn_up.weight", ggml_type: 8, bytes: &bytes, row_bytes: 4 * K, to_float: &to_float };
+    let pw = pack(dev, &src, N, K).expect("packs");
+    let mut y = vec![0f32; M * N];
+    dev.run_mul_mat(&pw, &src, &x, M, &mut y);
+    let (mut e, mut s) = (0f64, 0f64);
+    for i in 0..M {
+        for j in 0..N {
+            let exact: f64 = (0..K).map(|t| x[i * K + t] as f64 * w[j * K + t] as f64).sum();
+            e += (y[i * N + j] as f64 - exact).powi(2);
+            s += exact * exact;
+        }
+    }
+    e / s
+}
+
+#[test]
+fn the_mean_correction_removes_the_common_error_at_the_same_npu_work() {
+    let on = device(&[]);
+    let off = device(&[("ORK_MEAN_CORRECT", "0")]);
+    let (a, b) = (nmse_common(&on), nmse_common(&off));
+    assert!(a < 0.5 * b, "corrected NMSE {a:e} vs uncorrected {b:e}");
+    for (d, corrected) in [(&on, 1), (&off, 0)] {
+        assert_eq!(d.stats.npu_rows_sent.load(Relaxed), M as u64, "plain W8A8 either way: no extra NPU row");
+        assert_eq!(d.stats.npu_matmuls.load(Relaxed), 1);
+        assert_eq!(d.stats.npu_fallbacks.load(Relaxed), 0, "nothing fell back to the CPU");
+        assert_eq!(d.stats.mean_corrected.load(Relaxed), corrected);
+    }
+    assert!(on.stats.summary().contains("mean correction") && on.stats.summary().contains("for 1 MUL_MAT"), "{}", on.stats.summary());
+    // Unrotated (the multi-term scheme) is left as it is.
+    let legacy = device(&[("ORK_ROTATE", "0")]);
+    nmse_common(&legacy);
+    assert_eq!(legacy.stats.mean_corrected.load(Relaxed), 0);
+}
+
+#[test]
+fn source_matvec_is_the_dequantized_product() {
+    let (n, k) = (100, 96);
+    let mut r = lcg(4);
+    let w: Vec<f32> = (0..n * k).map(|_| r()).collect();
+    let x: Vec<f32> = (0..k).map(|_| r() * 10.0).collect();
+    let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let src = WeightSource { name: "w", ggml_type: 0, bytes: &bytes, row_bytes: 4 * k, to_float: &to_float };
+    let y = ggml_ork::pack::source_matvec(&src, n, k, &x);
+    for j in 0..n {
+        let want: f64 = (0..k).map(|t| w[j * k + t] as f64 * x[t] as f64).sum();
+        let mag: f64 = (0..k).map(|t| (w[j * k + t] as f64 * x[t] as f64).abs()).sum();
+        assert!((y[j] as f64 - want).abs() <= 1e-6 * mag, "row {j}: {} vs {want}", y[j]);
+    }
 }

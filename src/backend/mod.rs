@@ -93,6 +93,10 @@ pub struct Stats {
     pub quant_ns: AtomicU64,
     pub npu_ns: AtomicU64,
     pub dequant_ns: AtomicU64,
+    /// MUL_MATs corrected along their rows' mean, and the host time it took (the matrix-vector
+    /// product on its own thread, overlapped with the NPU run, plus the correction).
+    pub mean_corrected: AtomicU64,
+    pub mean_ns: AtomicU64,
     pub submits: AtomicU64,
     /// Per phase (0 = prefill, 1 = decode): NPU runs and their time split.
     pub phase: [PhaseStats; 2],
@@ -232,7 +236,8 @@ impl Stats {
              (M < ORK_MINM) at graph split; {} MUL_MAT fell back to the CPU after NPU errors ({} failed NPU runs, {:.1} ms on the CPU) \
              and {} while another process held the NPU; NPU jobs that reported done but never ran: {} detected, {} resubmitted; weights: {} cache hits, {} packs \
              ({} cache writes), prepared in {:.0} ms (source hash {:.0} ms, cache open {:.0} ms, import + verify {:.0} ms; \
-             packing {:.0} ms, upload {:.0} ms, cache write {:.0} ms){}; time: act-quant {:.1} ms, npu {:.1} ms, dequant {:.1} ms",
+             packing {:.0} ms, upload {:.0} ms, cache write {:.0} ms){}; time: act-quant {:.1} ms, npu {:.1} ms, dequant {:.1} ms, \
+             mean correction {:.1} ms on the host for {} MUL_MAT (beside the NPU runs)",
             self.npu_matmuls.load(Relaxed),
             self.npu_rows_sent.load(Relaxed),
             self.npu_rows_sent.load(Relaxed) as f64 / self.npu_rows.load(Relaxed).max(1) as f64,
@@ -267,6 +272,8 @@ impl Stats {
             ms(&self.quant_ns),
             ms(&self.npu_ns),
             ms(&self.dequant_ns),
+            ms(&self.mean_ns),
+            self.mean_corrected.load(Relaxed),
         )
     }
 
@@ -487,8 +494,36 @@ impl Device {
 
     /// Runs `dst = x · Wᵀ` for `x: [M, K] f32` and `dst: [M, N] f32` with a packed weight.
     /// On an NPU error the same int8 arithmetic runs on the CPU (exact same result) and the error
-    /// is logged once per kind.
+    /// is logged once per kind. With the rotation and `ORK_MEAN_CORRECT` (the default), a run of
+    /// M ≥ 2 rows is corrected along the rows' mean (`quant::mean`): the host's exact product on
+    /// the mean row, computed from the GGUF weight on another thread while the NPU runs.
     pub fn run_mul_mat(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32]) {
+        let mean = if self.cfg.mean_correct && w.rot.is_some() { quant::mean::mean_row(x, m, w.k) } else { None };
+        let Some(mean) = mean else {
+            return self.run_mul_mat_npu(w, src, x, m, dst);
+        };
+        let (k, n) = (w.k, w.n);
+        std::thread::scope(|s| {
+            let exact = s.spawn(|| {
+                let t = Instant::now();
+                let y = crate::pack::source_matvec(src, n, k, &mean.mean);
+                (y, t.elapsed().as_nanos() as u64)
+            });
+            self.run_mul_mat_npu(w, src, x, m, dst);
+            let t = Instant::now();
+            match exact.join() {
+                Ok((y, gemv_ns)) => {
+                    quant::mean::correct_to_mean(dst, m, n, &mean.coef, &y);
+                    self.stats.mean_corrected.fetch_add(1, Relaxed);
+                    self.stats.mean_ns.fetch_add(gemv_ns + t.elapsed().as_nanos() as u64, Relaxed);
+                }
+                Err(_) => log::warn!("the mean correction's host product failed; this MUL_MAT keeps the NPU's result uncorrected"),
+            }
+        })
+    }
+
+    /// [`Device::run_mul_mat`] without the mean correction: the NPU runs of the plan's terms.
+    fn run_mul_mat_npu(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32]) {
         let (k, n) = (w.k, w.n);
         assert_eq!(x.len(), m * k, "x is not [M, K]");
         assert_eq!(dst.len(), m * n, "dst is not [M, N]");

@@ -206,10 +206,16 @@ fn main() {
     println!("#   predicted, W8A8 1 term, all on the NPU, no split overhead: prefill {:.0} (pp256), decode {:.1}", a.prefill_tok_s, a.decode_tok_s);
     // Each precision setting inside llama.cpp (this policy's routing; the environment's other
     // variables apply, the precision ones are set per line).
-    let settings: [(&str, &[(&str, &str)]); 4] = [
+    let rot = |work: &'static str| -> [(&'static str, &'static str); 5] {
+        [("ORK_ROTATE", "1"), ("ORK_NPU_WORK", work), ("ORK_MEAN_CORRECT", ""), ("ORK_ACT_TERMS", ""), ("ORK_WEIGHT_TERMS", "")]
+    };
+    let (default, v, attn, wide) = (rot(""), rot("1.05"), rot("1.15"), rot("1.40"));
+    let settings: [(&str, &[(&str, &str)]); 6] = [
         ("this environment's precision settings", &[]),
-        ("plain W8A8, rotated (ORK_NPU_WORK=1)", &[("ORK_ROTATE", "1"), ("ORK_NPU_WORK", "1"), ("ORK_ACT_TERMS", ""), ("ORK_WEIGHT_TERMS", "")]),
-        ("default: rotated, extra terms within ORK_NPU_WORK=1.15", &[("ORK_ROTATE", "1"), ("ORK_NPU_WORK", "1.15"), ("ORK_ACT_TERMS", ""), ("ORK_WEIGHT_TERMS", "")]),
+        ("default: rotated, the mean correction, ORK_NPU_WORK=1 (one term in every layer)", &default),
+        ("rotated, extra terms within ORK_NPU_WORK=1.05", &v),
+        ("rotated, extra terms within ORK_NPU_WORK=1.15", &attn),
+        ("rotated, extra terms within ORK_NPU_WORK=1.40", &wide),
         ("unrotated multi-term (ORK_ROTATE=0: 2 weight, 2 activation terms)", &[("ORK_ROTATE", "0"), ("ORK_ACT_TERMS", ""), ("ORK_WEIGHT_TERMS", "")]),
     ];
     for (what, set) in settings {

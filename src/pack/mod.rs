@@ -86,6 +86,41 @@ pub fn quantize_source(src: &WeightSource<'_>, n: usize, k: usize, rot: Option<&
     })
 }
 
+/// `y = W·x` for the source weight `W: [N, K]` as ggml dequantizes it (`to_float`, unrotated) and
+/// `x: [K]`: the host's exact product on one row (the mean correction, `quant::mean`). f32
+/// products summed in eight f32 lanes per row (no f64: K·N of them per matmul), rows spread over
+/// rayon's threads in blocks of 64.
+pub fn source_matvec(src: &WeightSource<'_>, n: usize, k: usize, x: &[f32]) -> Vec<f32> {
+    use rayon::prelude::*;
+    assert_eq!(x.len(), k, "x is not [K]");
+    let mut y = vec![0f32; n];
+    y.par_chunks_mut(64).enumerate().for_each_init(
+        || vec![0f32; k],
+        |row, (b, ys)| {
+            for (i, yv) in ys.iter_mut().enumerate() {
+                src.dequantize_row(b * 64 + i, row);
+                *yv = dot8(row, x);
+            }
+        },
+    );
+    y
+}
+
+/// `Σ a·b` in eight f32 lanes (each lane's products summed in order, then the lanes pairwise):
+/// the compiler turns it into SIMD multiplies and adds.
+fn dot8(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let tail: f32 = ra.iter().zip(rb).map(|(&x, &y)| x * y).sum();
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
 /// `v[j] ← v[j] · inv[j]`: a dequantized weight row divided by the column equalisation (as its
 /// reciprocal). The first step of both weight terms, in every packing path.
 fn equalise_row(v: &mut [f32], inv: &[f32]) {

@@ -12,6 +12,7 @@
 
 use rayon::prelude::*;
 
+pub mod mean;
 pub mod rotate;
 pub mod simd;
 pub mod types;

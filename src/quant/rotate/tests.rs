@@ -91,6 +91,11 @@ fn syl(i: usize, j: usize) -> f64 {
 /// blocks of H_m/√m; H_m from the popcount formula, not from the WHT.
 fn apply_by_definition(r: &Rotation, x: &[f32]) -> Vec<f64> {
     let (m, b) = (r.block_len(), r.blocks());
+    // x·D: the random sign diagonal first.
+    let mut x = x.to_vec();
+    for &i in r.flipped() {
+        x[i as usize] = -x[i as usize];
+    }
     // z[i₁][j₂] = Σ_{j₁} x[i₁][j₁]·H_m[j₁][j₂]
     let mut z = vec![0f64; r.k()];
     for i1 in 0..b {
@@ -200,6 +205,25 @@ fn widths_not_a_multiple_of_32_have_no_rotation() {
 #[should_panic(expected = "row is not [K]")]
 fn a_row_of_the_wrong_length_panics() {
     Rotation::new(64).unwrap().apply_row(&mut [0.0; 63]);
+}
+
+#[test]
+fn the_sign_diagonal_is_fixed_per_k_and_about_half() {
+    for k in [32, 576, 640, 1536, 2048, 8960] {
+        let (a, b) = (Rotation::new(k).unwrap(), Rotation::new(k).unwrap());
+        assert_eq!(a.flipped(), b.flipped(), "K = {k}: the same D in every build of R");
+        let f = a.flipped().len() as f64 / k as f64;
+        assert!((0.35..0.65).contains(&f), "K = {k}: {f} of the channels negated");
+        assert!(a.flipped().windows(2).all(|w| w[0] < w[1]) && a.flipped().iter().all(|&i| (i as usize) < k));
+    }
+    assert_ne!(&Rotation::new(576).unwrap().flipped()[..8], &Rotation::new(640).unwrap().flipped()[..8], "seeded per K");
+    // D moves a constant row off H's first column: without it H maps all of a constant row's
+    // energy into one channel (absmax = √K · value); with it, no channel gets more than a few RMS.
+    let r = Rotation::new(2048).unwrap();
+    let mut x = vec![1.0f32; 2048];
+    r.apply_row(&mut x);
+    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    assert!(amax < 5.0, "constant row: absmax {amax} after D·H (√K = 45 without D)");
 }
 
 #[test]
