@@ -22,7 +22,7 @@ run() { # prefix type label env...
   local kld top ppl ratio
   kld=$(echo "$out" | awk '/^Mean +KLD/ {print $3}')
   top=$(echo "$out" | awk '/^Same top p/ {print $4}')
-  ppl=$(echo "$out" | grep -E '^Mean +PPL\(Q\)' | sed 's/.*: *//' | awk '{print $1}')
+  ppl=$(echo "$out" | grep -E '^Mean +PPL\(Q\) +:' | sed 's/.*: *//' | awk '{print $1}')
   ratio=$(echo "$out" | grep -oE 'rows sent = [0-9.]+x' | grep -oE '[0-9.]+x' | tail -1)
   echo "| $prefix $t | $label | ${ratio:--} | $kld | $top % | $ppl |"
 }

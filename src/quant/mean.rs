@@ -73,13 +73,15 @@ pub fn correct_to_mean(dst: &mut [f32], m: usize, n: usize, coef: &[f32], exact:
             *a += v as f64;
         }
     }
-    let b: Vec<f32> = mean.iter().zip(exact).map(|(&s, &e)| (e as f64 - s / m as f64) as f32).collect();
+    // A column whose exact value or NPU mean is not finite (a damaged weight row) is left as the
+    // NPU computed it rather than spread over every row.
+    let b: Vec<f32> = mean.iter().zip(exact).map(|(&s, &e)| (e as f64 - s / m as f64) as f32).map(|v| if v.is_finite() { v } else { 0.0 }).collect();
     for (row, &c) in dst.chunks_exact_mut(n).zip(coef) {
         for (d, &bj) in row.iter_mut().zip(&b) {
             *d += c * bj;
         }
     }
-    let ee: f64 = exact.iter().map(|&v| v as f64 * v as f64).sum();
+    let ee: f64 = exact.iter().filter(|v| v.is_finite()).map(|&v| v as f64 * v as f64).sum();
     let bb: f64 = b.iter().map(|&v| v as f64 * v as f64).sum();
     if ee > 0.0 {
         (bb / ee).sqrt()
@@ -167,6 +169,13 @@ mod tests {
         let r1 = mean_row(&x1, m, k).unwrap();
         correct_to_mean(&mut y1, m, n, &r1.coef, &matmul(&r1.mean, &w, 1, k, n));
         assert!(err(&y1, &matmul(&x1, &w, m, k, n)) < 1e-4, "identical rows are exact after it");
+    }
+
+    #[test]
+    fn a_column_that_is_not_finite_is_left_alone() {
+        let mut y = vec![1.0f32, 2.0, 3.0, 4.0];
+        correct_to_mean(&mut y, 2, 2, &[1.0, 1.0], &[f32::NAN, 4.0]);
+        assert_eq!(y, [1.0, 3.0, 3.0, 5.0], "column 0 untouched, column 1 moved to its exact mean");
     }
 
     /// A row unlike the others (orthogonal to their common direction, as large) keeps nearly all
