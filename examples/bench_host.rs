@@ -253,6 +253,33 @@ fn verdict(ok: Option<bool>) -> &'static str {
     }
 }
 
+/// A weight's source bytes for the benchmarks: ggml's Q8_0 of `w: [N, K]` when ggml-cpu is loaded,
+/// else `w` as f32.
+fn source_bytes(ggml: Option<&GgmlQ8>, w: &[f32], n: usize, k: usize) -> Vec<u8> {
+    match ggml {
+        Some(g) => {
+            let mut b = vec![0u8; n * k / QK8_0 * Q8_0_BLOCK_BYTES];
+            g.quantize(w, n, k, &mut b);
+            b
+        }
+        None => bytemuck::cast_slice(w).to_vec(),
+    }
+}
+
+/// Dequantizes one f32 source row (the bytes are the values).
+fn f32_row(row: &[u8], out: &mut [f32]) {
+    out.copy_from_slice(bytemuck::cast_slice(row));
+}
+
+/// The [`WeightSource`] over [`source_bytes`]' bytes, and its type's name.
+fn weight_source<'a>(q8: bool, bytes: &'a [u8], k: usize, q8_row: &'a (dyn Fn(&[u8], &mut [f32]) + Sync), f32_row: &'a (dyn Fn(&[u8], &mut [f32]) + Sync)) -> (WeightSource<'a>, &'static str) {
+    if q8 {
+        (WeightSource { name: "", ggml_type: GGML_TYPE_Q8_0 as u32, bytes, row_bytes: k / QK8_0 * Q8_0_BLOCK_BYTES, to_float: q8_row }, "Q8_0")
+    } else {
+        (WeightSource { name: "", ggml_type: 0, bytes, row_bytes: k * 4, to_float: f32_row }, "f32")
+    }
+}
+
 fn main() {
     let rounds = env_usize("ORK_BENCH_ROUNDS", 41).max(1);
     let sample_s = env_usize("ORK_BENCH_SAMPLE_MS", 1) as f64 / 1e3;
@@ -375,21 +402,9 @@ fn main() {
     let pack_shapes: &[(usize, usize)] = if section("pack") { &[(1536, 576), (2048, 2048)] } else { &[] };
     for &(n, k) in pack_shapes {
         let w = activations(n * k, k, 77 + n as u64);
-        let q8: Option<Vec<u8>> = ggml.as_ref().map(|g| {
-            let mut b = vec![0u8; n * k / QK8_0 * Q8_0_BLOCK_BYTES];
-            g.quantize(&w, n, k, &mut b);
-            b
-        });
-        let f32_bytes: Vec<u8> = bytemuck::cast_slice(&w).to_vec();
-        let f32_row = |row: &[u8], out: &mut [f32]| out.copy_from_slice(bytemuck::cast_slice(row));
-        let q8_row = |row: &[u8], out: &mut [f32]| ggml.as_ref().unwrap().dequantize_row(row, out);
-        let (src, what) = match &q8 {
-            Some(b) => (
-                WeightSource { name: "", ggml_type: GGML_TYPE_Q8_0 as u32, bytes: b, row_bytes: k / QK8_0 * Q8_0_BLOCK_BYTES, to_float: &q8_row },
-                "Q8_0",
-            ),
-            None => (WeightSource { name: "", ggml_type: 0, bytes: &f32_bytes, row_bytes: k * 4, to_float: &f32_row }, "f32"),
-        };
+        let bytes = source_bytes(ggml.as_ref(), &w, n, k);
+        let (q8_row, f32_row) = (|row: &[u8], out: &mut [f32]| ggml.as_ref().unwrap().dequantize_row(row, out), f32_row);
+        let (src, what) = weight_source(ggml.is_some(), &bytes, k, &q8_row, &f32_row);
         let pack = || {
             black_box(pack_source(&soc, &src, n, k, 1, None).expect("pack_source"));
         };
@@ -425,21 +440,9 @@ fn main() {
     for &(m, n, k) in mean_shapes {
         let w = activations(n * k, k, 91 + n as u64);
         let x = activations(m * k, k, 5 + m as u64);
-        let q8: Option<Vec<u8>> = ggml.as_ref().map(|g| {
-            let mut b = vec![0u8; n * k / QK8_0 * Q8_0_BLOCK_BYTES];
-            g.quantize(&w, n, k, &mut b);
-            b
-        });
-        let f32_bytes: Vec<u8> = bytemuck::cast_slice(&w).to_vec();
-        let f32_row = |row: &[u8], out: &mut [f32]| out.copy_from_slice(bytemuck::cast_slice(row));
-        let q8_row = |row: &[u8], out: &mut [f32]| ggml.as_ref().unwrap().dequantize_row(row, out);
-        let (src, what) = match &q8 {
-            Some(b) => (
-                WeightSource { name: "", ggml_type: GGML_TYPE_Q8_0 as u32, bytes: b, row_bytes: k / QK8_0 * Q8_0_BLOCK_BYTES, to_float: &q8_row },
-                "Q8_0",
-            ),
-            None => (WeightSource { name: "", ggml_type: 0, bytes: &f32_bytes, row_bytes: k * 4, to_float: &f32_row }, "f32"),
-        };
+        let bytes = source_bytes(ggml.as_ref(), &w, n, k);
+        let (q8_row, f32_row) = (|row: &[u8], out: &mut [f32]| ggml.as_ref().unwrap().dequantize_row(row, out), f32_row);
+        let (src, what) = weight_source(ggml.is_some(), &bytes, k, &q8_row, &f32_row);
         let rot = ggml_ork::quant::rotate::Rotation::new(k).expect("a rotation of K");
         let mut xr = vec![0f32; m * k];
         let (mut qr, mut sr) = (vec![0i8; m * k], vec![0f32; m]);

@@ -49,11 +49,17 @@ fn nmse_typed(dev: &Device, name: &str, ggml_type: u32) -> f64 {
     let mut r = lcg(5);
     let w: Vec<f32> = (0..N * K).map(|_| r()).collect();
     let x: Vec<f32> = (0..M * K).map(|i| r() * if matches!(i % K, 7 | 300) { 200.0 } else { 1.0 }).collect();
+    nmse_of(dev, name, ggml_type, &w, &x)
+}
+
+/// `|y − x·Wᵀ|² / |x·Wᵀ|²` of one MUL_MAT of `w: [N, K]` (f32 bytes, labelled `ggml_type`) and
+/// `x: [M, K]` on `dev`, against the exact product in f64.
+fn nmse_of(dev: &Device, name: &str, ggml_type: u32, w: &[f32], x: &[f32]) -> f64 {
     let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
     let src = WeightSource { name, ggml_type, bytes: &bytes, row_bytes: 4 * K, to_float: &to_float };
     let pw = pack(dev, &src, N, K).expect("packs");
     let mut y = vec![0f32; M * N];
-    dev.run_mul_mat(&pw, &src, &x, M, &mut y);
+    dev.run_mul_mat(&pw, &src, x, M, &mut y);
     let (mut e, mut s) = (0f64, 0f64);
     for i in 0..M {
         for j in 0..N {
@@ -150,20 +156,7 @@ fn nmse_common(dev: &Device) -> f64 {
     let w: Vec<f32> = (0..N * K).map(|_| r()).collect();
     let common: Vec<f32> = (0..K).map(|i| r() * if matches!(i, 7 | 300) { 60.0 } else { 3.0 }).collect();
     let x: Vec<f32> = (0..M * K).map(|i| common[i % K] + 0.5 * r()).collect();
-    let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let src = WeightSource { name: "blk.0.ffn_up.weight", ggml_type: 8, bytes: &bytes, row_bytes: 4 * K, to_float: &to_float };
-    let pw = pack(dev, &src, N, K).expect("packs");
-    let mut y = vec![0f32; M * N];
-    dev.run_mul_mat(&pw, &src, &x, M, &mut y);
-    let (mut e, mut s) = (0f64, 0f64);
-    for i in 0..M {
-        for j in 0..N {
-            let exact: f64 = (0..K).map(|t| x[i * K + t] as f64 * w[j * K + t] as f64).sum();
-            e += (y[i * N + j] as f64 - exact).powi(2);
-            s += exact * exact;
-        }
-    }
-    e / s
+    nmse_of(dev, "blk.0.ffn_up.weight", 8, &w, &x)
 }
 
 #[test]
