@@ -253,6 +253,15 @@ fn verdict(ok: Option<bool>) -> &'static str {
     }
 }
 
+/// The default activation path of `x: [M, K]`: every row rotated (into `xr`), then one int8 term.
+fn rotate_quantize(rot: &ggml_ork::quant::rotate::Rotation, x: &[f32], m: usize, xr: &mut [f32], q: &mut [i8], s: &mut [f32]) {
+    xr.copy_from_slice(x);
+    for row in xr.chunks_mut(rot.k()) {
+        rot.apply_row(row);
+    }
+    quant::quantize_rows(xr, m, rot.k(), q, s);
+}
+
 /// A weight's source bytes for the benchmarks: ggml's Q8_0 of `w: [N, K]` when ggml-cpu is loaded,
 /// else `w` as f32.
 fn source_bytes(ggml: Option<&GgmlQ8>, w: &[f32], n: usize, k: usize) -> Vec<u8> {
@@ -330,11 +339,7 @@ fn main() {
             };
             // The default activation path: rotate every row, then one int8 term.
             let mut rotated = || {
-                xr.copy_from_slice(black_box(&x));
-                for row in xr.chunks_mut(k) {
-                    rot.apply_row(row);
-                }
-                quant::quantize_rows(&xr, m, k, &mut qr, &mut sr);
+                rotate_quantize(&rot, black_box(&x), m, &mut xr, &mut qr, &mut sr);
                 black_box(&mut qr);
             };
             let gbs = |t: f64| format!("{:.2} GB/s of f32 in", (m * k * 4) as f64 / t / 1e9);
@@ -448,11 +453,7 @@ fn main() {
         let (mut qr, mut sr) = (vec![0i8; m * k], vec![0f32; m]);
         one.install(|| {
             let mut rotated = || {
-                xr.copy_from_slice(black_box(&x));
-                for row in xr.chunks_mut(k) {
-                    rot.apply_row(row);
-                }
-                quant::quantize_rows(&xr, m, k, &mut qr, &mut sr);
+                rotate_quantize(&rot, black_box(&x), m, &mut xr, &mut qr, &mut sr);
                 black_box(&mut qr);
             };
             let mut mean = || {
