@@ -57,7 +57,7 @@ TMP = tempfile.mkdtemp(prefix="ork-fk-test-")
 # import them), in a directory of this test only.
 COMMON = {"GGML_BACKEND_PATH": LIB, "ORK_CACHE_DIR": os.path.join(TMP, "cache"), "ORK_FK_BUILD": "0"}
 # Small window: cap per domain (product) below the fake kernel's window, leaving room for scratch.
-DOMAIN_CAP_MB, DOMAIN_WINDOW_MB = 112, 144
+DOMAIN_CAP_MB, DOMAIN_WINDOW_MB = 64, 96
 
 
 def run(args, npu, extra=None, timeout=900):
