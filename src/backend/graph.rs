@@ -519,24 +519,14 @@ mod tests {
     #[test]
     fn a_walk_groups_cpu_runs_around_the_npu_matmul() {
         let dev = sim_device();
-        let store = WeightStore::default();
-        let w = weight_f32();
-        let wb: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let tensor = Tensor { addr: wb.as_ptr() as usize, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"blk.0.ffn_up.weight") };
-        let weight = Weight { tensor, store: Some(&store), model_weight: false };
-        let m = 32;
-        let x: Vec<f32> = (0..m * K).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
-        let mut dst = vec![0f32; m * N];
         let stream = Stream::default();
-        {
-            // other, view, NPU MUL_MAT (M = ORK_MINM), other, decode MUL_MAT (M = 1: the CPU)
-            let nodes = vec![Node::Other, Node::View, mul_mat(0x100, m, Some(weight), &[]), Node::Other, mul_mat(0x300, 1, Some(weight), &[0x100])];
-            let mut io: Vec<Option<(&[f32], &mut [f32])>> = (0..nodes.len()).map(|_| None).collect();
-            io[2] = Some((&x, &mut dst));
-            let mut g = Fake { nodes, weight: &wb, io, cpu_runs: vec![], cpu_fails: false };
-            compute(&dev, &stream, &mut g).expect("the walk runs");
-            assert_eq!(g.cpu_runs, vec![0..2, 3..5], "the view stays inside the first run; the decode MUL_MAT joins the second");
-        }
+        // other, view, NPU MUL_MAT (M = ORK_MINM), other, decode MUL_MAT (M = 1: the CPU)
+        let (dst, cpu_runs) = walk(&dev, &stream, |npu, weight| {
+            (vec![Node::Other, Node::View, npu, Node::Other, mul_mat(0x300, 1, Some(weight), &[0x100])], 2)
+        });
+        assert_eq!(cpu_runs, vec![0..2, 3..5], "the view stays inside the first run; the decode MUL_MAT joins the second");
+        let (m, w) = (M_NPU, weight_f32());
+        let x = input(m);
         let s = &dev.stats;
         assert_eq!(s.npu_matmuls.load(Relaxed), 1);
         assert_eq!(s.packed.load(Relaxed), 1, "packed at its first MUL_MAT");
@@ -557,22 +547,37 @@ mod tests {
         assert!(worst <= 1e-2 * top, "worst error {worst} of {top}");
     }
 
-    /// One graph with one NPU MUL_MAT (M = 32) on `dev`: its output.
-    fn one_npu_matmul(dev: &Device) -> Vec<f32> {
+    /// Rows of the NPU MUL_MAT in [`walk`]'s graphs (ORK_MINM).
+    const M_NPU: usize = 32;
+
+    /// The activation `[m, K]` of [`walk`]'s NPU MUL_MAT.
+    fn input(m: usize) -> Vec<f32> {
+        (0..m * K).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect()
+    }
+
+    /// Runs on `dev` the graph `nodes(npu, weight)` makes around `npu`, an NPU MUL_MAT
+    /// (M = [`M_NPU`], at address 0x100) of the test weight: the nodes and the index `npu` sits at.
+    /// Returns that MUL_MAT's output and the CPU runs of the walk.
+    fn walk(dev: &Device, stream: &Stream, nodes: impl for<'g> FnOnce(Node<'g>, Weight<'g>) -> (Vec<Node<'g>>, usize)) -> (Vec<f32>, Vec<Range<usize>>) {
         let store = WeightStore::default();
-        let w = weight_f32();
-        let wb: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let wb: Vec<u8> = weight_f32().iter().flat_map(|v| v.to_le_bytes()).collect();
         let tensor = Tensor { addr: wb.as_ptr() as usize, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"blk.0.ffn_up.weight") };
         let weight = Weight { tensor, store: Some(&store), model_weight: false };
-        let m = 32;
-        let x: Vec<f32> = (0..m * K).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
-        let mut dst = vec![0f32; m * N];
-        let stream = Stream::default();
-        let nodes = vec![mul_mat(0x100, m, Some(weight), &[])];
-        let io: Vec<Option<(&[f32], &mut [f32])>> = vec![Some((&x, &mut dst))];
+        let x = input(M_NPU);
+        let mut dst = vec![0f32; M_NPU * N];
+        let (nodes, at) = nodes(mul_mat(0x100, M_NPU, Some(weight), &[]), weight);
+        let mut io: Vec<Option<(&[f32], &mut [f32])>> = (0..nodes.len()).map(|_| None).collect();
+        io[at] = Some((&x, &mut dst));
         let mut g = Fake { nodes, weight: &wb, io, cpu_runs: vec![], cpu_fails: false };
-        compute(dev, &stream, &mut g).expect("the walk runs");
-        dst
+        compute(dev, stream, &mut g).expect("the walk runs");
+        let cpu_runs = std::mem::take(&mut g.cpu_runs);
+        drop(g);
+        (dst, cpu_runs)
+    }
+
+    /// One graph with one NPU MUL_MAT (M = 32) on `dev`: its output.
+    fn one_npu_matmul(dev: &Device) -> Vec<f32> {
+        walk(dev, &Stream::default(), |npu, _| (vec![npu], 0)).0
     }
 
     #[test]
