@@ -82,7 +82,8 @@ EXIT_LINE = re.compile(
     r"(?P<left>\d+) MUL_MAT graph nodes were left to the CPU \(M < ORK_MINM\) at graph split; "
     r"(?P<fell>\d+) MUL_MAT fell back to the CPU after NPU errors \((?P<errors>\d+) failed NPU runs, [0-9.]+ ms on the CPU\) "
     r"and (?P<busy>\d+) while another process held the NPU; "
-    r"NPU jobs that reported done but never ran: (?P<never_ran>\d+) detected, (?P<retried>\d+) resubmitted")
+    r"NPU jobs that reported done but never ran: (?P<never_ran>\d+) detected, (?P<retried>\d+) resubmitted; "
+    r"[^\n]*?mean correction [0-9.]+ ms on the host for (?P<mean_corrected>\d+) MUL_MAT")
 # The simulator's line on what ORK_SIM_FAULT injected.
 INJECTED = re.compile(r"sim fault injection \(ORK_SIM_FAULT\): (?P<never_run>\d+) submits never ran, (?P<holes>\d+) holes, "
                       r"(?P<short>\d+) short task counts, (?P<timeouts>\d+) timeouts, (?P<resets>\d+) resets, "
@@ -97,15 +98,6 @@ def _last(rx, text, conv):
 def exit_counters(text):
     """The counters of the last exit line in `text` (a dict of ints, `ratio` a float), or None."""
     return _last(EXIT_LINE, text, lambda k, v: float(v) if k == "ratio" else int(v))
-
-
-MEAN_CORRECTED = re.compile(r"mean correction [0-9.]+ ms on the host for (?P<n>[0-9]+) MUL_MAT")
-
-
-def mean_corrected(text):
-    """MUL_MATs the last exit line in `text` says were corrected along their rows' mean, or None."""
-    found = MEAN_CORRECTED.findall(text)
-    return int(found[-1]) if found else None
 
 
 def injected(text):
