@@ -216,6 +216,24 @@ pub(crate) struct BuftFns {
     pub is_host: unsafe extern "C" fn(ggml_backend_buffer_type_t) -> bool,
 }
 
+/// ORK's buffer type in the API-2 table of the generated module `$m` (b10809, b10566), leaked.
+macro_rules! buft_api2 {
+    ($m:ident, $f:expr, $device:expr, $context:expr) => {
+        Box::into_raw(Box::new($m::ggml_backend_buffer_type {
+            iface: $m::ggml_backend_buffer_type_i {
+                get_name: Some($f.get_name),
+                alloc_buffer: Some($f.alloc_buffer),
+                get_alignment: Some($f.get_alignment),
+                get_max_size: None,
+                get_alloc_size: None,
+                is_host: Some($f.is_host),
+            },
+            device: $device,
+            context: $context,
+        })) as ggml_backend_buffer_type_t
+    };
+}
+
 /// ORK's buffer type in `layout`'s shape, leaked (ggml never frees a buffer type). The pointer
 /// is only compared and handed to ggml; Rust never reads it through another layout's type.
 pub(crate) fn new_buft(layout: Layout, f: &BuftFns, device: ggml_backend_dev_t) -> ggml_backend_buffer_type_t {
@@ -235,30 +253,9 @@ pub(crate) fn new_buft(layout: Layout, f: &BuftFns, device: ggml_backend_dev_t) 
             device,
             context,
         })),
-        Layout::B10809 => Box::into_raw(Box::new(abi_b10809::ggml_backend_buffer_type {
-            iface: abi_b10809::ggml_backend_buffer_type_i {
-                get_name: Some(f.get_name),
-                alloc_buffer: Some(f.alloc_buffer),
-                get_alignment: Some(f.get_alignment),
-                get_max_size: None,
-                get_alloc_size: None,
-                is_host: Some(f.is_host),
-            },
-            device,
-            context,
-        })) as ggml_backend_buffer_type_t,
-        Layout::B10566 => Box::into_raw(Box::new(abi_b10566::ggml_backend_buffer_type {
-            iface: abi_b10566::ggml_backend_buffer_type_i {
-                get_name: Some(f.get_name),
-                alloc_buffer: Some(f.alloc_buffer),
-                get_alignment: Some(f.get_alignment),
-                get_max_size: None,
-                get_alloc_size: None,
-                is_host: Some(f.is_host),
-            },
-            device,
-            context,
-        })) as ggml_backend_buffer_type_t,
+        // The API-2 table (no `alloc_buffer_n` / `get_alloc_size_n`), the same in both releases.
+        Layout::B10809 => buft_api2!(abi_b10809, f, device, context),
+        Layout::B10566 => buft_api2!(abi_b10566, f, device, context),
     }
 }
 
