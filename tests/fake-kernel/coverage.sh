@@ -9,7 +9,10 @@ cd "$ROOT"
 BIN=$(dirname "$(rustc --print target-libdir)")/bin
 OUT=$ROOT/target/cov
 rm -rf "$OUT/prof" && mkdir -p "$OUT/prof"
-RUSTFLAGS="-C instrument-coverage" cargo build --release --quiet --bin ork-selftest --target-dir "$OUT"
+# The instrumented build scripts write profiles of their own when they run: keep them in $OUT,
+# apart from the runs' (by default they land as default_*.profraw in the working directory).
+LLVM_PROFILE_FILE="$OUT/build-prof/%p.profraw" RUSTFLAGS="-C instrument-coverage" \
+  cargo build --release --quiet --bin ork-selftest --target-dir "$OUT"
 cargo build --release --quiet -p ork-fake-kernel
 "${CC:-cc}" -O2 -Wall -Werror -shared -fPIC -o target/release/libork_fake_kernel_shim.so fake-kernel/src/shim.c -ldl -lpthread
 for run in "rknpu cold,wedge" "rocket cold,wedge" "rknpu none"; do
