@@ -7,7 +7,8 @@
 #
 # MODEL_PREFIX names the set-up's models ($ORK_MODELS/<prefix>-{F16,Q8_0,Q4_K_M}.gguf). The F16
 # base logits are made once per prefix in $ORK_ENV/kld/. Takes ~1 min per row on 2 cores. TYPES (default
-# "Q8_0 F16 Q4_K_M") picks the model types.
+# "Q8_0 F16 Q4_K_M") picks the model types; CONFIGS (an extended regex over the configuration
+# labels, default all) picks the rows.
 source "$(dirname "$0")/../tests/common.sh"
 set +e
 build_plugin >/dev/null
@@ -15,6 +16,7 @@ CHUNKS=${CHUNKS:-8}
 mkdir -p "$ORK_ENV/kld"
 run() { # prefix type label env...
   local prefix=$1 t=$2 label=$3; shift 3
+  [[ "$label" =~ ${CONFIGS:-.} ]] || return 0
   local base="$ORK_ENV/kld/$prefix-F16-${CHUNKS}x128.kld"
   local out
   out=$(env GGML_BACKEND_PATH="$ORK_LIB" ORK_NPU=sim ORK_CACHE=0 "$@" "$LLAMA_BIN/llama-perplexity" -m "$ORK_MODELS/$prefix-$t.gguf" \
@@ -33,11 +35,12 @@ for prefix in "${@:-smollm2-135m}"; do
   [ -f "$base" ] || env GGML_BACKEND_PATH="$ORK_LIB" ORK_OFF=1 "$LLAMA_BIN/llama-perplexity" -m "$ORK_MODELS/$prefix-F16.gguf" \
       -f "$ORK_CORPUS" -c 128 -b 128 --chunks "$CHUNKS" -t 2 --kl-divergence-base "$base" >/dev/null 2>&1
   for t in ${TYPES:-Q8_0 F16 Q4_K_M}; do
+    calibrate_models "$prefix-$t" >&2
     run "$prefix" "$t" "CPU (ggml-cpu)" ORK_OFF=1
-    run "$prefix" "$t" "ORK default (rotated, mean correction, ORK_NPU_WORK=1)"
-    run "$prefix" "$t" "ORK rotated, no mean correction (ORK_MEAN_CORRECT=0)" ORK_MEAN_CORRECT=0
-    run "$prefix" "$t" "ORK rotated, mean correction, ORK_NPU_WORK=1.05" ORK_NPU_WORK=1.05
-    run "$prefix" "$t" "ORK rotated, mean correction, ORK_NPU_WORK=1.40" ORK_NPU_WORK=1.40
+    run "$prefix" "$t" "ORK default (rotated, calibrated correction, ORK_NPU_WORK=1)"
+    run "$prefix" "$t" "ORK rotated, no calibrated correction (ORK_MEAN_CORRECT=0)" ORK_MEAN_CORRECT=0
+    run "$prefix" "$t" "ORK rotated, calibrated correction, ORK_NPU_WORK=1.05" ORK_NPU_WORK=1.05
+    run "$prefix" "$t" "ORK rotated, calibrated correction, ORK_NPU_WORK=1.40" ORK_NPU_WORK=1.40
     run "$prefix" "$t" "ORK rotated plain W8A8 everywhere (ORK_ACT_TERMS=1 ORK_WEIGHT_TERMS=1)" ORK_ACT_TERMS=1 ORK_WEIGHT_TERMS=1
     run "$prefix" "$t" "ORK unrotated multi-term (ORK_ROTATE=0)" ORK_ROTATE=0
   done

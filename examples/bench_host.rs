@@ -19,8 +19,8 @@
 //!    32-row block while it is in cache; before commit bd138d2 the separate
 //!    `quantize_source` + `npu::npu::layout::tile_weight`, same bytes) in GB/s of int8 weight
 //!    produced per core (target ≥ 1 GB/s), and its speed-up on all cores (target ≥ 1.8× on 2).
-//! 5. The mean correction's host work per matmul (`quant::mean::mean_row` + `pack::source_matvec`
-//!    over a Q8_0 weight, which runs beside the NPU run) against the rotated activation path of the
+//! 5. The calibrated correction's host work per matmul (`quant::mean::correct_along`: a K-dot
+//!    and N multiply-adds per row, after the NPU run) against the rotated activation path of the
 //!    same matmul's M rows (rotate + one int8 term), per token.
 //!
 //! Everything in 1–3 runs in a one-thread rayon pool: the comparison is per core, the way ggml-cpu
@@ -439,15 +439,13 @@ fn main() {
         });
     }
 
-    // 5. the mean correction's host product (quant::mean): one source_matvec of the GGUF weight per
-    //    matmul, against the rotated activation path of that matmul's M rows, one core each.
-    let mean_shapes: &[(usize, usize, usize)] = if section("mean") { &[(128, 1536, 576), (512, 1536, 576), (512, 2048, 2048)] } else { &[] };
+    // 5. the calibrated correction (quant::mean::correct_along) of M output rows, against the
+    //    rotated activation path of the same M rows, one core each.
+    let mean_shapes: &[(usize, usize, usize)] = if section("mean") { &[(128, 1536, 576), (512, 1536, 576), (512, 2048, 2048), (512, 6144, 2048)] } else { &[] };
     for &(m, n, k) in mean_shapes {
-        let w = activations(n * k, k, 91 + n as u64);
         let x = activations(m * k, k, 5 + m as u64);
-        let bytes = source_bytes(ggml.as_ref(), &w, n, k);
-        let (q8_row, f32_row) = (|row: &[u8], out: &mut [f32]| ggml.as_ref().unwrap().dequantize_row(row, out), f32_row);
-        let (src, what) = weight_source(ggml.is_some(), &bytes, k, &q8_row, &f32_row);
+        let dir = quant::mean::Direction::new(activations(k, k, 77), &vec![1.0; n], &vec![0.5; n]).expect("a direction");
+        let mut y = vec![0f32; m * n];
         let rot = ggml_ork::quant::rotate::Rotation::new(k).expect("a rotation of K");
         let mut xr = vec![0f32; m * k];
         let (mut qr, mut sr) = (vec![0i8; m * k], vec![0f32; m]);
@@ -457,14 +455,13 @@ fn main() {
                 black_box(&mut qr);
             };
             let mut mean = || {
-                let r = quant::mean::mean_row(black_box(&x), m, k).expect("a mean row");
-                black_box(ggml_ork::pack::source_matvec(&src, n, k, &r.mean));
+                quant::mean::correct_along(black_box(&mut y), black_box(&x), m, k, n, &dir);
             };
             let (ta, tm, r) = paired(&mut rotated, &mut mean, rounds, sample_s);
             rows.push(Row::info(
-                format!("mean correction ({what} N={n} K={k}) vs rotate + quantize of M={m} rows"),
+                format!("calibrated correction (N={n} K={k}) vs rotate + quantize of M={m} rows"),
                 r,
-                format!("mean row + matvec {:.0} µs per matmul = {:.2} µs per token; activation path {:.2} µs per token", tm * 1e6, tm * 1e6 / m as f64, ta * 1e6 / m as f64),
+                format!("correction {:.0} µs per matmul = {:.2} µs per token; activation path {:.2} µs per token", tm * 1e6, tm * 1e6 / m as f64, ta * 1e6 / m as f64),
             ));
         });
     }

@@ -72,7 +72,9 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_LOCK_DIR", default: "$XDG_RUNTIME_DIR, /run/lock or /tmp", meaning: "directory of the NPU lock files (ork-npu-<soc>-<interface>.lock)" },
     VarDoc { name: "ORK_ROTATE", default: "1", meaning: "1 = rotate K by a Hadamard matrix on both operands (weights when packed, activation rows on the host) (with a random sign diagonal) so that one int8 term each does the work, with the mean correction (ORK_MEAN_CORRECT) and extra terms within ORK_NPU_WORK (docs/precision.md); 0 = no rotation, the multi-term scheme (2 weight terms, 2 activation terms, 3 for F32/F16/BF16 weights: 3x-4x the NPU rows)" },
     VarDoc { name: "ORK_NPU_WORK", default: "1", meaning: "with ORK_ROTATE=1, the layers' NPU work per token (multiply-accumulates) as a ratio of plain W8A8 that extra int8 terms may use: granted to the attention value projections (1.05 holds these: 3-4 % more work), then the attention output projections (1.15), then the FFN down-projections (1.40), in the order of their measured gain, each to all layers or none; 1 = one term in every layer; the output head gets 2 weight + 2 activation terms outside it (docs/precision.md); F32/F16/BF16 weights always get two weight and two activation terms" },
-    VarDoc { name: "ORK_MEAN_CORRECT", default: "1", meaning: "with ORK_ROTATE=1, 1 = correct every NPU matmul of M >= 2 rows along its rows' mean: the host computes the mean row's exact product with the GGUF weight (one matrix-vector product per matmul, overlapped with the NPU run) and each row gets its share of the NPU's error on it (docs/precision.md); 0 = off" },
+    VarDoc { name: "ORK_MEAN_CORRECT", default: "1", meaning: "with ORK_ROTATE=1, 1 = correct every NPU matmul row along its weight's calibrated direction (the mean of the rows the weight saw in a calibration run, ORK_CALIBRATION): the host's exact product on that direction, computed once per weight, replaces the NPU's on each row's share of it, from that row alone (docs/precision.md); 0 = off" },
+    VarDoc { name: "ORK_CALIBRATE", default: "0", meaning: "1 = record: every NPU matmul adds its activation rows to its weight's entry in the calibration file, written when the backend is freed (run a calibration text, e.g. llama-perplexity over a few chunks; tests/common.sh calibrate_models)" },
+    VarDoc { name: "ORK_CALIBRATION", default: "<cache dir>/calibration.orkcal", meaning: "the calibration file (src/cache/calib.rs); without it, or for a weight it has no entry for, rows keep the NPU's result uncorrected" },
     VarDoc { name: "ORK_ACT_TERMS", default: "auto", meaning: "int8 terms per activation row (x ≈ Σ s_t·q_t, T·M NPU rows) for every weight, overriding the plan: auto (ORK_NPU_WORK's plan; without rotation 3 for F32/F16/BF16 weights, else 2), 1, 2, 3" },
     VarDoc { name: "ORK_WEIGHT_TERMS", default: "auto", meaning: "int8 terms per weight for every weight, overriding the plan: auto (ORK_NPU_WORK's plan; without rotation 2), 1, or 2; a second term that does not fit the resident budget is dropped" },
     VarDoc { name: "ORK_SOC", default: "(device tree)", meaning: "force the SoC description: rk3588 or rk3576" },
@@ -132,6 +134,10 @@ pub struct Config {
     /// `ORK_MEAN_CORRECT`: the host's exact product on the rows' mean corrects the NPU's (with
     /// the rotation).
     pub mean_correct: bool,
+    /// `ORK_CALIBRATE`: record each NPU weight's activation rows into the calibration file.
+    pub calibrate: bool,
+    /// `ORK_CALIBRATION`: the calibration file (None = in the cache directory).
+    pub calibration: Option<String>,
     /// `ORK_NPU_WORK`: NPU rows per token as a ratio of plain W8A8 that extra int8 terms may use.
     pub npu_work: f64,
     /// `ORK_CACHE_MAX_MB`: size limit of the cache directory in MiB.
@@ -261,7 +267,7 @@ impl Config {
             },
         };
         let is_flag = |v: &str| matches!(v.trim().to_ascii_lowercase().as_str(), "" | "0" | "1" | "true" | "false" | "yes" | "no" | "on" | "off");
-        for name in ["ORK_OFF", "ORK_NO_AFFINITY", "ORK_PROFILE", "ORK_ROTATE", "ORK_MEAN_CORRECT"] {
+        for name in ["ORK_OFF", "ORK_NO_AFFINITY", "ORK_PROFILE", "ORK_ROTATE", "ORK_MEAN_CORRECT", "ORK_CALIBRATE"] {
             if let Some(v) = get(name).filter(|v| !is_flag(v)) {
                 let taken = if name == "ORK_ROTATE" || name == "ORK_MEAN_CORRECT" { 1 } else { 0 };
                 bad.push(format!("{name}={v:?} is not 0 or 1; taken as {taken}"));
@@ -284,6 +290,8 @@ impl Config {
             weight_terms,
             rotate,
             mean_correct,
+            calibrate: flag(get("ORK_CALIBRATE").as_deref()),
+            calibration: text("ORK_CALIBRATION"),
             npu_work,
             act_terms,
             soc: text("ORK_SOC"),

@@ -8,8 +8,9 @@
 export ORK_SETUP_RELEASES=${ORK_SETUP_RELEASES:-0}
 source "$(dirname "$0")/common.sh"
 build_plugin
+calibrate_models "smollm2-135m-${ORK_DEMO_TYPE:-Q8_0}"
 M=$ORK_MODELS/smollm2-135m-${ORK_DEMO_TYPE:-Q8_0}.gguf
-PROMPT=${1:-"The Industrial Revolution began in Britain in the late eighteenth century. Steam engines, iron and coal changed how goods were made, and factories drew workers from the countryside into the growing towns. Its most important consequence was"}
+PROMPT=${1:-"Johannes Gutenberg built the first printing press with movable type in Mainz around 1450. Before it, every book was copied by hand. The printing press changed Europe because books could be made quickly and cheaply. Within fifty years of its invention"}
 
 echo "== devices (GGML_BACKEND_PATH=$ORK_LIB, ORK_NPU=sim)"
 GGML_BACKEND_PATH=$ORK_LIB ORK_NPU=sim "$LLAMA_BIN/llama-cli" --list-devices 2>&1 | grep -v "^load_backend" || true

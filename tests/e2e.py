@@ -312,14 +312,14 @@ if want("kld") or want(GEMMA_PPL):
                 ran, fell, rr = o["ran"], o["fell"], o["rows_ratio"]
                 # The default plan's rows: the head's 3 rows per row and a second weight term on
                 # the value projections: 1.16x plain W8A8 (docs/precision.md); every NPU MUL_MAT
-                # corrected along its rows' mean.
+                # corrected along its weight's calibrated direction (tests/common.sh calibrate_models).
                 mc = o["counters"]["mean_corrected"] if o["counters"] else None
                 check(f"{name}/npu", o["rc"] == 0 and npu_live(o["counters"]) and rr is not None and rr <= ROWS_BOUND
                       and ran is not None and mc == ran[0],
                       f"ORK ran {ran[0] if ran else 'no'} MUL_MAT on the NPU ({ran[1] if ran else '?'} rows sent = "
                       f"{rr}x plain W8A8, bound {ROWS_BOUND}; {ran[2] if ran else '?'} submits), "
                       f"{fell if fell is not None else '?'} MUL_MAT fell back to the CPU, {mc} corrected along "
-                      f"their mean, rc {o['rc']}")
+                      f"their weight's calibrated direction, rc {o['rc']}")
                 figures.append(f"| KLD {stem} {t} | ORK {fmt(o)}; CPU {fmt(c)}; ORK/CPU {ratio:.3f} "
                                f"(bound {bound}); NPU {ran[0] if ran else 0} MUL_MAT, {ran[1] if ran else 0} rows sent ({rr}x plain W8A8), "
                                f"{ran[2] if ran else 0} submits; F16 PPL {c['ppl_base']}; {chunks} chunks x 128 |")

@@ -9,7 +9,7 @@ LIB = os.environ["ORK_LIB"]
 ONLY = set(filter(None, os.environ.get("ORK_E2E_ONLY", "").split(",")))
 
 # Variables a caller's shell may set that would change what a check measures.
-_CLEARED = ("ORK_NPU", "ORK_OFF", "ORK_MINM", "ORK_DECODE", "ORK_NPU_LOCK", "ORK_LOCK_DIR", "GGML_BACKEND_PATH")
+_CLEARED = ("ORK_NPU", "ORK_OFF", "ORK_MINM", "ORK_DECODE", "ORK_NPU_LOCK", "ORK_LOCK_DIR", "ORK_CALIBRATE", "GGML_BACKEND_PATH")
 
 results, figures = [], []
 
@@ -83,7 +83,7 @@ EXIT_LINE = re.compile(
     r"(?P<fell>\d+) MUL_MAT fell back to the CPU after NPU errors \((?P<errors>\d+) failed NPU runs, [0-9.]+ ms on the CPU\) "
     r"and (?P<busy>\d+) while another process held the NPU; "
     r"NPU jobs that reported done but never ran: (?P<never_ran>\d+) detected, (?P<retried>\d+) resubmitted; "
-    r"[^\n]*?mean correction [0-9.]+ ms on the host for (?P<mean_corrected>\d+) MUL_MAT")
+    r"[^\n]*?correction [0-9.]+ ms on the host for (?P<mean_corrected>\d+) MUL_MAT")
 # The simulator's line on what ORK_SIM_FAULT injected.
 INJECTED = re.compile(r"sim fault injection \(ORK_SIM_FAULT\): (?P<never_run>\d+) submits never ran, (?P<holes>\d+) holes, "
                       r"(?P<short>\d+) short task counts, (?P<timeouts>\d+) timeouts, (?P<resets>\d+) resets, "

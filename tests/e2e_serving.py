@@ -9,20 +9,24 @@
    cross-process NPU arbitration (ORK_NPU_LOCK=wait and =cpu).
 3. ggml-rpc-server -d ORK + llama-completion --rpc: greedy text equals a local CPU run's.
 4. MUL_MAT_ID (MoE experts) is refused by ORK: test-backend-ops finds no supported case.
+5. Batch invariance: request A's top-10 log-probabilities (8 greedy tokens) in llama-server
+   --parallel 2 are bit-identical alone and while request B shares its ubatches (B short, B long,
+   B decoding while A's prompt runs), every MUL_MAT on the NPU (ORK_MINM=1 ORK_DECODE=npu); and a
+   long prompt's are the same with -ub 128 and -ub 512 wherever the CPU's own are.
 Loopback only, every wait bounded. Prints PASS/FAIL lines and "N passed, M failed"; exit 1 on
 failure. Environment: LLAMA_BIN, ORK_MODELS, ORK_LIB (set by tests/run-all.sh).
 Writes the measured figures to $ORK_ENV/e2e-serving-results.md.
 """
 import json, os, re, signal, socket, subprocess, sys, tempfile, threading, time, urllib.request
 
-from e2e_common import (BIN, MODELS, check, cpu, env_with, exit_counters, figures, npu_live, npu_words, ork, run_tool,
+from e2e_common import (BIN, DEMO_PROMPT, MODELS, check, cpu, env_with, exit_counters, figures, npu_live, npu_words, ork, run_tool,
                         say_failed, summary, want, write_figures)
 
 OUT = os.path.join(os.environ.get("ORK_ENV", "/tmp"), "e2e-serving-results.md")
 MODEL = os.path.join(MODELS, "smollm2-135m-Q8_0.gguf")
-PROMPT = ("The Industrial Revolution began in Britain in the late eighteenth century. Steam engines, "
-          "iron and coal changed how goods were made, and factories drew workers from the countryside "
-          "into the growing towns. Its most important consequence was")
+# The demo's prompt: no near-tie in its first 16 greedy tokens on the CPU (smallest top-2 margin
+# 0.245 nats on Q8_0, 0.385 on F16; bench-scripts/near_ties.py, docs/precision.md).
+PROMPT = DEMO_PROMPT
 TOPICS = ["the printing press", "the steam locomotive", "the telegraph", "vaccination",
           "the electric light bulb", "the telephone", "the airplane", "the internet"]
 PROMPTS = [f"Write a short paragraph for a school textbook about {t}. Explain who invented it, when it "
@@ -273,6 +277,100 @@ def rpc_check(ref):
         log.close()
 
 
+# ------------------------------------------------------------------------------------ batch invariance
+A_PROMPT = PROMPT
+
+
+def corpus_text(chars, start=40000):
+    with open(os.environ["ORK_CORPUS"], encoding="utf-8", errors="replace") as f:
+        f.seek(start)
+        return f.read(chars)
+
+
+def probs(port, prompt, n_predict=8):
+    """The top-10 (token, log-probability) pairs of each of `n_predict` greedy tokens."""
+    body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "top_k": 1, "seed": 1, "n_probs": 10,
+            "cache_prompt": False, "post_sampling_probs": False}
+    r = post(port, "/completion", body)
+    return [tuple((t.get("id"), t.get("logprob")) for t in step.get("top_logprobs", [])) for step in r.get("completion_probabilities", [])]
+
+
+def serve(env, extra):
+    """A llama-server on a free port with `env`: (port, process, log) or None after one failed check."""
+    port = free_port()
+    log = tempfile.TemporaryFile(mode="w+")
+    args = [f"{BIN}/llama-server", "-m", MODEL, "--host", "127.0.0.1", "--port", str(port), "--parallel", "2",
+            "-c", "4096", "-t", "2", "--no-warmup", "--temp", "0", *extra]
+    proc = subprocess.Popen(args, env=env_with(env), stdout=log, stderr=subprocess.STDOUT)
+    if not wait_healthy(port, proc):
+        log.seek(0)
+        check("server/batch-invariant/start", False, f"{extra}: exit status {proc.poll()}; log ends: {log.read()[-600:]}")
+        stop(proc)
+        return None
+    return port, proc, log
+
+
+def first_diff(a, b):
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return f"token {i}: {x[:3]} vs {y[:3]}"
+    return "lengths differ" if len(a) != len(b) else "none"
+
+
+def batch_invariance_check():
+    env = ork(ORK_MINM=1, ORK_DECODE="npu")
+    b_short, b_long = "Name three rivers of France.", corpus_text(3000)
+    srv = serve(env, ["-b", "512", "-ub", "128"])
+    if srv is None:
+        return
+    port, proc, log = srv
+    cases = {}
+    try:
+        alone = probs(port, A_PROMPT)
+        for name, b, b_n, delay in (("B short", b_short, 4, 0.0), ("B long", b_long, 2, 0.0), ("B decoding", b_short, 64, 1.5)):
+            got = {}
+            tb = threading.Thread(target=lambda: got.setdefault("b", probs(port, b, b_n)))
+            tb.start()
+            time.sleep(delay + 0.05)
+            got["a"] = probs(port, A_PROMPT)
+            tb.join(timeout=900)
+            cases[name] = got["a"]
+    finally:
+        stop(proc)
+        log.seek(0)
+        c = exit_counters(log.read())
+        log.close()
+    same = [n for n, a in cases.items() if a == alone]
+    ok = len(alone) == 8 and all(len(s) == 10 for s in alone) and len(same) == 3 and npu_live(c)
+    check("server/batch-invariant", ok,
+          f"A's top-10 log-probabilities of 8 tokens bit-identical to A alone in {len(same)}/3 cases ({', '.join(same) or 'none'}); "
+          + "; ".join(f"{n}: {first_diff(a, alone)}" for n, a in cases.items() if a != alone)
+          + f"; ORK_MINM=1 ORK_DECODE=npu: {npu_words(c)}")
+    # The same long prompt cut into ubatches of 128 and of 512: ORK's rows are the same wherever the
+    # CPU's own are (ggml-cpu's attention over a ubatch is the CPU's business).
+    long_a = corpus_text(1400, start=90000)
+    got = {}
+    for who, e in (("ORK", ork()), ("CPU", cpu())):
+        for ub in ("128", "512"):
+            srv = serve(e, ["-b", "512", "-ub", ub])
+            if srv is None:
+                return
+            port, proc, log = srv
+            try:
+                got[(who, ub)] = probs(port, long_a, 4)
+            finally:
+                stop(proc)
+                log.seek(0)
+                if who == "ORK":
+                    got[(who, ub, "c")] = exit_counters(log.read())
+                log.close()
+    ork_same, cpu_same = got[("ORK", "128")] == got[("ORK", "512")], got[("CPU", "128")] == got[("CPU", "512")]
+    live = all(npu_live(got[("ORK", ub, "c")]) for ub in ("128", "512"))
+    check("server/batch-invariant-ub", (ork_same or not cpu_same) and live and len(got[("ORK", "128")]) == 4,
+          f"a ~350-token prompt's top-10 log-probabilities with -ub 128 and -ub 512: ORK {'identical' if ork_same else 'DIFFER (' + first_diff(got[('ORK', '128')], got[('ORK', '512')]) + ')'}, "
+          f"CPU {'identical' if cpu_same else 'differ (' + first_diff(got[('CPU', '128')], got[('CPU', '512')]) + ')'}; NPU live in both: {live}")
+
+
 def moe_check():
     p = run_tool([f"{BIN}/test-backend-ops", "-b", "ORK", "-o", "MUL_MAT_ID"], ork(), timeout=900)
     mt = re.search(r"(\d+)/(\d+) tests passed", p.stdout)
@@ -295,6 +393,8 @@ if __name__ == "__main__":
         rpc_check(ref)
     if want("moe"):
         moe_check()
+    if want("server/batch-invariant"):
+        batch_invariance_check()
     npass, nfail = summary()
     write_figures(OUT)
     print(f"e2e-serving: {npass} passed, {nfail} failed ({time.time() - t_start:.0f}s)")

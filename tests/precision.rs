@@ -18,7 +18,7 @@ fn device(pairs: &[(&str, &str)]) -> Device {
     let (cfg, bad) = Config::from_lookup(|k| pairs.iter().find(|(a, _)| *a == k).map(|(_, b)| b.to_string()));
     assert!(bad.is_empty(), "{bad:?}");
     let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), ..NpuConfig::default() }).expect("simulator opens");
-    Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: None }
+    Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: None, calib: None }
 }
 
 fn lcg(seed: u64) -> impl FnMut() -> f32 {
@@ -148,22 +148,68 @@ fn an_activation_read_by_several_weights_is_rotated_and_quantized_once() {
     assert_ne!(k_new, k_after_q);
 }
 
-/// `|y − x·Wᵀ|² / |x·Wᵀ|²` of one rotated MUL_MAT of a Q8_0-labelled weight on `dev`, with
-/// activation rows that share a large common component (LLM hidden states: the same channels
-/// large on every token) plus each row's own part.
-fn nmse_common(dev: &Device) -> f64 {
+/// Activation rows sharing a large common component (LLM hidden states: the same channels large
+/// on every token) plus each row's own part; `seed` picks the rows, not the component.
+fn common_rows(seed: u64, m: usize) -> Vec<f32> {
     let mut r = lcg(11);
-    let w: Vec<f32> = (0..N * K).map(|_| r()).collect();
     let common: Vec<f32> = (0..K).map(|i| r() * if matches!(i, 7 | 300) { 60.0 } else { 3.0 }).collect();
-    let x: Vec<f32> = (0..M * K).map(|i| common[i % K] + 0.5 * r()).collect();
-    nmse_of(dev, "blk.0.ffn_up.weight", 8, &w, &x)
+    let mut r = lcg(seed);
+    (0..m * K).map(|i| common[i % K] * (1.0 + 0.2 * r()) + 0.5 * r()).collect()
+}
+
+/// The fixture weight of [`common_rows`]' tests, as f32 bytes labelled Q8_0.
+fn common_weight() -> Vec<f32> {
+    let mut r = lcg(12);
+    (0..N * K).map(|_| r()).collect()
+}
+
+/// A device reading the calibration file `cal`, or recording into it.
+fn calibrated(cal: &std::path::Path, record: bool, extra: &[(&str, &str)]) -> Device {
+    let mut d = device(extra);
+    d.calib = Some(ggml_ork::cache::calib::Store::open(cal, record));
+    d
+}
+
+/// One MUL_MAT of the fixture weight on `x: [m, K]` (m may be any number of rows).
+fn run_rows(dev: &Device, x: &[f32]) -> Vec<f32> {
+    let w = common_weight();
+    let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let src = WeightSource { name: "blk.0.ffn_up.weight", ggml_type: 8, bytes: &bytes, row_bytes: 4 * K, to_float: &to_float };
+    let pw = pack(dev, &src, N, K).expect("packs");
+    let m = x.len() / K;
+    let mut y = vec![0f32; m * N];
+    dev.run_mul_mat(&pw, &src, x, m, &mut y);
+    y
+}
+
+/// `|y − x·Wᵀ|² / |x·Wᵀ|²` of [`run_rows`].
+fn nmse_rows(dev: &Device, x: &[f32]) -> f64 {
+    let (w, y, m) = (common_weight(), run_rows(dev, x), x.len() / K);
+    let (mut e, mut s) = (0f64, 0f64);
+    for i in 0..m {
+        for j in 0..N {
+            let exact: f64 = (0..K).map(|t| x[i * K + t] as f64 * w[j * K + t] as f64).sum();
+            e += (y[i * N + j] as f64 - exact).powi(2);
+            s += exact * exact;
+        }
+    }
+    e / s
 }
 
 #[test]
-fn the_mean_correction_removes_the_common_error_at_the_same_npu_work() {
-    let on = device(&[]);
+fn the_calibrated_correction_removes_the_common_error_row_by_row() {
+    let dir = std::env::temp_dir().join(format!("ork-precision-cal-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cal = dir.join("c.orkcal");
+    // Calibration: other rows than the ones measured (another "text").
+    let rec = calibrated(&cal, true, &[]);
+    run_rows(&rec, &common_rows(99, 64));
+    assert_eq!(rec.stats.mean_corrected.load(Relaxed), 0, "recording corrects nothing");
+    assert_eq!(rec.calib.as_ref().unwrap().flush().unwrap(), 1, "one weight recorded");
+    let on = calibrated(&cal, false, &[]);
     let off = device(&[("ORK_MEAN_CORRECT", "0")]);
-    let (a, b) = (nmse_common(&on), nmse_common(&off));
+    let x = common_rows(5, M);
+    let (a, b) = (nmse_rows(&on, &x), nmse_rows(&off, &x));
     assert!(a < 0.5 * b, "corrected NMSE {a:e} vs uncorrected {b:e}");
     for (d, corrected) in [(&on, 1), (&off, 0)] {
         assert_eq!(d.stats.npu_rows_sent.load(Relaxed), M as u64, "plain W8A8 either way: no extra NPU row");
@@ -171,25 +217,33 @@ fn the_mean_correction_removes_the_common_error_at_the_same_npu_work() {
         assert_eq!(d.stats.npu_fallbacks.load(Relaxed), 0, "nothing fell back to the CPU");
         assert_eq!(d.stats.mean_corrected.load(Relaxed), corrected);
     }
-    assert!(on.stats.summary().contains("mean correction") && on.stats.summary().contains("for 1 MUL_MAT"), "{}", on.stats.summary());
-    // Unrotated (the multi-term scheme) is left as it is.
-    let legacy = device(&[("ORK_ROTATE", "0")]);
-    nmse_common(&legacy);
-    assert_eq!(legacy.stats.mean_corrected.load(Relaxed), 0);
-}
-
-#[test]
-fn source_matvec_is_the_dequantized_product() {
-    let (n, k) = (100, 96);
-    let mut r = lcg(4);
-    let w: Vec<f32> = (0..n * k).map(|_| r()).collect();
-    let x: Vec<f32> = (0..k).map(|_| r() * 10.0).collect();
-    let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let src = WeightSource { name: "w", ggml_type: 0, bytes: &bytes, row_bytes: 4 * k, to_float: &to_float };
-    let y = ggml_ork::pack::source_matvec(&src, n, k, &x);
-    for j in 0..n {
-        let want: f64 = (0..k).map(|t| w[j * k + t] as f64 * x[t] as f64).sum();
-        let mag: f64 = (0..k).map(|t| (w[j * k + t] as f64 * x[t] as f64).abs()).sum();
-        assert!((y[j] as f64 - want).abs() <= 1e-6 * mag, "row {j}: {} vs {want}", y[j]);
+    assert!(on.stats.summary().contains("correction") && on.stats.summary().contains("for 1 MUL_MAT"), "{}", on.stats.summary());
+    // Batch invariance: each row's output is the same bits alone, behind 35 other rows, beside
+    // rows unlike it (another seed, scaled) and at M = 1.
+    let all = run_rows(&on, &x);
+    let row = |y: &[f32], i: usize| y[i * N..(i + 1) * N].to_vec();
+    let mut others = common_rows(77, 35);
+    others.iter_mut().step_by(3).for_each(|v| *v *= -4.0);
+    for i in [0, 13, M - 1] {
+        let xi = &x[i * K..(i + 1) * K];
+        let alone = run_rows(&on, xi);
+        let mut behind = others.clone();
+        behind.extend_from_slice(xi);
+        let behind = run_rows(&on, &behind);
+        let mut beside = xi.to_vec();
+        beside.extend_from_slice(&others[..4 * K]);
+        let beside = run_rows(&on, &beside);
+        assert_eq!(alone, row(&all, i), "row {i}: a row's result does not depend on what shares its ubatch");
+        assert_eq!(row(&behind, 35), alone, "row {i} behind 35 others");
+        assert_eq!(row(&beside, 0), alone, "row {i} beside unlike rows");
     }
+    // Without a calibration entry (another file) nothing is corrected.
+    let empty = calibrated(&dir.join("none.orkcal"), false, &[]);
+    run_rows(&empty, &x);
+    assert_eq!(empty.stats.mean_corrected.load(Relaxed), 0);
+    // Unrotated (the multi-term scheme) is left as it is.
+    let legacy = calibrated(&cal, false, &[("ORK_ROTATE", "0")]);
+    run_rows(&legacy, &x);
+    assert_eq!(legacy.stats.mean_corrected.load(Relaxed), 0);
+    let _ = std::fs::remove_dir_all(&dir);
 }

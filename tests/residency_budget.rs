@@ -66,7 +66,7 @@ fn an_explicit_budget_is_kept() {
         ..NpuConfig::default()
     })
     .expect("simulator opens");
-    let dev = Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: None };
+    let dev = Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: None, calib: None };
     dev.host_buffers_changed(1 << 40);
     assert_eq!(dev.npu.residency_budget(), 64 << 20, "ORK_WCACHE_BUDGET_MB wins");
     dev.host_buffers_changed(-(1 << 40));
@@ -86,7 +86,7 @@ fn device_with_budget(budget: u64, dir: &std::path::Path) -> Device {
     let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), max_cores: None, pin_cpus: vec![], wcache_budget_bytes: Some(budget), ..NpuConfig::default() })
         .expect("simulator opens");
     let cache = Some(ggml_ork::cache::PackCache::new(dir, u64::MAX));
-    Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache }
+    Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache, calib: None }
 }
 
 #[test]

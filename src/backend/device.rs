@@ -57,7 +57,7 @@ impl Device {
         } else {
             None
         };
-        Ok(Device { npu, vk, cfg, stats: Default::default(), cache: crate::cache::PackCache::from_config(cfg) })
+        Ok(Device { npu, vk, cfg, stats: Default::default(), cache: crate::cache::PackCache::from_config(cfg), calib: crate::cache::calib::Store::from_config(cfg) })
     }
 
     /// Free and total system RAM in bytes (the NPU shares it; resident weights come out of it).

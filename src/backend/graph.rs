@@ -404,6 +404,13 @@ pub fn finish(dev: &Device) {
     if dev.cfg.profile {
         log::info!("{}", dev.stats.profile(Some(dev.arbiter())));
     }
+    if let Some(c) = &dev.calib {
+        match c.flush() {
+            Ok(0) => {}
+            Ok(n) => log::info!("calibration: the activation rows of {n} weights written to {}", c.path().display()),
+            Err(e) => log::warn!("calibration: {} not written: {e}", c.path().display()),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -445,7 +452,7 @@ mod tests {
             ..NpuConfig::default()
         })
             .expect("simulator opens");
-        Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: None }
+        Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: None, calib: None }
     }
 
     fn f32_row(row: &[u8], out: &mut [f32]) {

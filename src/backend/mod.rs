@@ -93,8 +93,8 @@ pub struct Stats {
     pub quant_ns: AtomicU64,
     pub npu_ns: AtomicU64,
     pub dequant_ns: AtomicU64,
-    /// MUL_MATs corrected along their rows' mean, and the host time it took (the matrix-vector
-    /// product on its own thread, overlapped with the NPU run, plus the correction).
+    /// MUL_MATs whose rows were corrected along their weight's calibrated direction, and the host
+    /// time it took (a K-dot and N adds per row, after the NPU run).
     pub mean_corrected: AtomicU64,
     pub mean_ns: AtomicU64,
     pub submits: AtomicU64,
@@ -237,7 +237,7 @@ impl Stats {
              and {} while another process held the NPU; NPU jobs that reported done but never ran: {} detected, {} resubmitted; weights: {} cache hits, {} packs \
              ({} cache writes), prepared in {:.0} ms (source hash {:.0} ms, cache open {:.0} ms, import + verify {:.0} ms; \
              packing {:.0} ms, upload {:.0} ms, cache write {:.0} ms){}; time: act-quant {:.1} ms, npu {:.1} ms, dequant {:.1} ms, \
-             mean correction {:.1} ms on the host for {} MUL_MAT (beside the NPU runs)",
+             correction {:.1} ms on the host for {} MUL_MAT (each row along its weight's calibrated direction)",
             self.npu_matmuls.load(Relaxed),
             self.npu_rows_sent.load(Relaxed),
             self.npu_rows_sent.load(Relaxed) as f64 / self.npu_rows.load(Relaxed).max(1) as f64,
@@ -346,6 +346,9 @@ pub struct Device {
     pub stats: Stats,
     /// The `.orkpack` cache (None when `ORK_CACHE=0` or no directory resolves).
     pub cache: Option<PackCache>,
+    /// The calibration file the correction reads or `ORK_CALIBRATE` records into
+    /// (`cache::calib::Store::from_config`).
+    pub calib: Option<crate::cache::calib::Store>,
 }
 
 /// A MUL_MAT as ggml describes it, reduced to what decides acceptance.
@@ -494,35 +497,49 @@ impl Device {
 
     /// Runs `dst = x · Wᵀ` for `x: [M, K] f32` and `dst: [M, N] f32` with a packed weight.
     /// On an NPU error the same int8 arithmetic runs on the CPU (exact same result) and the error
-    /// is logged once per kind. With the rotation and `ORK_MEAN_CORRECT` (the default), a run of
-    /// M ≥ 2 rows is corrected along the rows' mean (`quant::mean`): the host's exact product on
-    /// the mean row, computed from the GGUF weight on another thread while the NPU runs.
+    /// is logged once per kind. With the rotation and `ORK_MEAN_CORRECT` (the default), each row
+    /// is then corrected along its weight's calibrated direction from its own values
+    /// (`quant::mean`), so a row's result does not depend on the other rows of the ubatch; with
+    /// `ORK_CALIBRATE=1` the rows are recorded into the calibration file instead.
     pub fn run_mul_mat(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32]) {
-        let mean = if self.cfg.mean_correct && w.rot.is_some() { quant::mean::mean_row(x, m, w.k) } else { None };
-        let Some(mean) = mean else {
-            return self.run_mul_mat_npu(w, src, x, m, dst);
-        };
-        let (k, n) = (w.k, w.n);
-        std::thread::scope(|s| {
-            let exact = s.spawn(|| {
-                let t = Instant::now();
-                let y = crate::pack::source_matvec(src, n, k, &mean.mean);
-                (y, t.elapsed().as_nanos() as u64)
-            });
-            self.run_mul_mat_npu(w, src, x, m, dst);
+        if m == 0 {
+            return;
+        }
+        self.run_mul_mat_npu(w, src, x, m, dst);
+        let (Some(store), Some(key)) = (&self.calib, w.calib_key) else { return };
+        if !self.cfg.mean_correct || w.rot.is_none() {
+            return;
+        }
+        if store.recording() {
+            return store.record(key, x, m, w.k);
+        }
+        let fix = w.fix.get_or_init(|| self.fixed_direction(w, src, store, key));
+        if let Some(d) = fix {
             let t = Instant::now();
-            match exact.join() {
-                Ok((y, gemv_ns)) => {
-                    quant::mean::correct_to_mean(dst, m, n, &mean.coef, &y);
-                    self.stats.mean_corrected.fetch_add(1, Relaxed);
-                    self.stats.mean_ns.fetch_add(gemv_ns + t.elapsed().as_nanos() as u64, Relaxed);
-                }
-                Err(_) => log::warn!("the mean correction's host product failed; this MUL_MAT keeps the NPU's result uncorrected"),
-            }
-        })
+            quant::mean::correct_along(dst, x, m, w.k, w.n, d);
+            self.stats.mean_corrected.fetch_add(1, Relaxed);
+            self.stats.mean_ns.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+        }
     }
 
-    /// [`Device::run_mul_mat`] without the mean correction: the NPU runs of the plan's terms.
+    /// Weight `w`'s calibrated direction `d` and the NPU's error on it, `e = d·Wᵀ − d·Q(W)ᵀ`:
+    /// the exact product from the GGUF weight minus the product with the int8 terms the NPU
+    /// holds, without rounding `d` (rounding it as an activation would add its own error to
+    /// every row). Once per weight and process; the time counts as weight preparation.
+    fn fixed_direction(&self, w: &PackedWeight, src: &WeightSource<'_>, store: &crate::cache::calib::Store, key: u64) -> Option<quant::mean::Direction> {
+        let t = Instant::now();
+        let dir = store.direction(key, w.k)?;
+        let exact: Vec<f64> = crate::pack::source_matvec(src, w.n, w.k, &dir).into_iter().map(f64::from).collect();
+        let held = crate::pack::held_matvec(src, w.n, w.k, w.rot.as_deref(), w.lo.is_some(), &dir);
+        let d = quant::mean::Direction::new(dir, &exact, &held);
+        if let Some(d) = &d {
+            log::debug!("{}: calibrated direction, NPU relative error on it {:.2e}", src.name, d.relative_error(&exact));
+        }
+        self.stats.pack_ns.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+        d
+    }
+
+    /// [`Device::run_mul_mat`] without the correction: the NPU runs of the plan's terms.
     fn run_mul_mat_npu(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32]) {
         let (k, n) = (w.k, w.n);
         assert_eq!(x.len(), m * k, "x is not [M, K]");

@@ -40,6 +40,12 @@ pub struct PackedWeight {
     pub rot: Option<Arc<Rotation>>,
     /// Int8 terms per activation row run against the first weight term (the precision plan).
     pub act_terms: usize,
+    /// The weight's key in the calibration file (`cache::calib::key`), where the device has one
+    /// and the weight is rotated.
+    pub calib_key: Option<u64>,
+    /// Its calibrated direction and the NPU's error on it, computed at the first corrected
+    /// MUL_MAT (`Device::run_mul_mat`); None inside: the file has no entry for it.
+    pub fix: std::sync::OnceLock<Option<crate::quant::mean::Direction>>,
 }
 
 /// The shared rotation of width `k` (one per K in the process), or None where K has none.
@@ -192,6 +198,14 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
     let act_terms = plan.act;
     let rot = if dev.cfg.rotate { rotation(k) } else { None };
     let id = cache.map(|_| cache::identity(dev.npu.soc(), src.ggml_type, src.bytes, src.row_bytes, src.name, n, k, terms, rot.as_deref()));
+    // The calibration key reuses the cache identity's hash of the source bytes.
+    let calib_key = match (&dev.calib, &rot) {
+        (Some(_), Some(_)) => {
+            let h = id.as_ref().map(|i| i.src_hash).unwrap_or_else(|| cache::format::par_hash(src.bytes));
+            Some(cache::calib::key(src.name, src.ggml_type, n, k, h))
+        }
+        _ => None,
+    };
     let t_hashed = Instant::now();
     dev.stats.cache_hash_ns.fetch_add((t_hashed - t0).as_nanos() as u64, Relaxed);
     // Cache entry payload: tiles = hi tiles [++ lo tiles]; scales = row scales [N] ++ column
@@ -208,7 +222,7 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
                     Ok((resident, lo, scales, col_scale)) => {
                         dev.stats.cache_hits.fetch_add(1, Relaxed);
                         dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
-                        return Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, lo, rot, act_terms });
+                        return Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, lo, rot, act_terms, calib_key, fix: Default::default() });
                     }
                     Err(why) => log::debug!("orkpack {}: {why}; repacking", src.name),
                 }
@@ -266,7 +280,7 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
     dev.stats.packed.fetch_add(1, Relaxed);
     dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
     PROGRESS.packed(src.bytes.len() as u64, cached);
-    Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, lo, rot, act_terms })
+    Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, lo, rot, act_terms, calib_key, fix: Default::default() })
 }
 
 /// One resident copy (NPU or GPU) and the source bytes it was made from.

@@ -212,7 +212,7 @@ fn main() {
     let (default, v, attn, wide) = (rot(""), rot("1.05"), rot("1.15"), rot("1.40"));
     let settings: [(&str, &[(&str, &str)]); 6] = [
         ("this environment's precision settings", &[]),
-        ("default: rotated, the mean correction, ORK_NPU_WORK=1 (one term in every layer)", &default),
+        ("default: rotated, the calibrated correction, ORK_NPU_WORK=1 (one term in every layer)", &default),
         ("rotated, extra terms within ORK_NPU_WORK=1.05", &v),
         ("rotated, extra terms within ORK_NPU_WORK=1.15", &attn),
         ("rotated, extra terms within ORK_NPU_WORK=1.40", &wide),

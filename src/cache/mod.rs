@@ -61,6 +61,7 @@
 //! **Location**: `ORK_CACHE_DIR`, else `$XDG_CACHE_HOME/ggml-ork`, else `$HOME/.cache/ggml-ork`;
 //! entries fan out as `<dir>/<2 hex>/<30 hex>.orkpack` like Mesa's. `ORK_CACHE=0` disables.
 
+pub mod calib;
 pub mod format;
 
 use crate::config::Config;

@@ -106,6 +106,27 @@ pub fn source_matvec(src: &WeightSource<'_>, n: usize, k: usize, x: &[f32]) -> V
     y
 }
 
+/// `y = d·Q(W)ᵀ` in f64 for the int8 terms packing gives `src` (the first term, and the residual
+/// term too when `two_terms`), rotated by `rot` as packing does: the product the NPU's held weight
+/// makes with a row `d` that is not rounded (the calibrated correction's `e`, `quant::mean`).
+/// Quantizes the whole weight again, exactly as [`pack_source`] does.
+pub fn held_matvec(src: &WeightSource<'_>, n: usize, k: usize, rot: Option<&Rotation>, two_terms: bool, d: &[f32]) -> Vec<f64> {
+    assert_eq!(d.len(), k, "d is not [K]");
+    let mut dr = d.to_vec();
+    if let Some(r) = rot {
+        r.apply_row(&mut dr);
+    }
+    let (q, s, col) = quantize_source(src, n, k, rot);
+    let x: Vec<f64> = dr.iter().zip(&col).map(|(&v, &c)| v as f64 * c as f64).collect();
+    let term = |q: &[i8], s: &[f32]| -> Vec<f64> { q.chunks_exact(k).zip(s).map(|(row, &sc)| row.iter().zip(&x).map(|(&a, &b)| a as f64 * b).sum::<f64>() * sc as f64).collect() };
+    let mut y = term(&q, &s);
+    if two_terms {
+        let (ql, sl) = quantize_residual(src, n, k, rot, &col, &q, &s);
+        y.iter_mut().zip(term(&ql, &sl)).for_each(|(a, b)| *a += b);
+    }
+    y
+}
+
 /// `Σ a·b` in eight f32 lanes (each lane's products summed in order, then the lanes pairwise):
 /// the compiler turns it into SIMD multiplies and adds.
 fn dot8(a: &[f32], b: &[f32]) -> f32 {
