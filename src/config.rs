@@ -70,7 +70,7 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_ROUTE", default: "threshold", meaning: "routing policy: threshold (M >= ORK_MINM on the NPU, else ORK_DECODE) or cost (the cost model of src/route/mod.rs picks the fastest available engine per MUL_MAT, ORK_MINM still the NPU floor)" },
     VarDoc { name: "ORK_NPU_LOCK", default: "wait", meaning: "cross-process NPU arbitration (advisory flock per NPU, taken by the first NPU matmul of a graph_compute call and kept while no other process asks for it, at most 20 ms; see src/route/arbiter.rs): wait (queue behind the other process), cpu (run the matmul's int8 arithmetic on the CPU instead), off" },
     VarDoc { name: "ORK_LOCK_DIR", default: "$XDG_RUNTIME_DIR, /run/lock or /tmp", meaning: "directory of the NPU lock files (ork-npu-<soc>-<interface>.lock)" },
-    VarDoc { name: "ORK_ROTATE", default: "1", meaning: "1 = rotate K by a Hadamard matrix on both operands (weights when packed, activation rows on the host) (with a random sign diagonal) so that one int8 term each does the work, with the mean correction (ORK_MEAN_CORRECT) and extra terms within ORK_NPU_WORK (docs/precision.md); 0 = no rotation, the multi-term scheme (2 weight terms, 2 activation terms, 3 for F32/F16/BF16 weights: 3x-4x the NPU rows)" },
+    VarDoc { name: "ORK_ROTATE", default: "1", meaning: "1 = rotate K by a Hadamard matrix on both operands (weights when packed, activation rows on the host) (with a random sign diagonal) so that one int8 term each does the work, with the calibrated correction (ORK_MEAN_CORRECT) and extra terms within ORK_NPU_WORK (docs/precision.md); 0 = no rotation, the multi-term scheme (2 weight terms, 2 activation terms, 3 for F32/F16/BF16 weights: 3x-4x the NPU rows)" },
     VarDoc { name: "ORK_NPU_WORK", default: "1", meaning: "with ORK_ROTATE=1, the layers' NPU work per token (multiply-accumulates) as a ratio of plain W8A8 that extra int8 terms may use: granted to the attention value projections (1.05 holds these: 3-4 % more work), then the attention output projections (1.15), then the FFN down-projections (1.40), in the order of their measured gain, each to all layers or none; 1 = one term in every layer; the output head gets 2 weight + 2 activation terms outside it (docs/precision.md); F32/F16/BF16 weights always get two weight and two activation terms" },
     VarDoc { name: "ORK_MEAN_CORRECT", default: "1", meaning: "with ORK_ROTATE=1, 1 = correct every NPU matmul row along its weight's calibrated direction (the mean of the rows the weight saw in a calibration run, ORK_CALIBRATION): the host's exact product on that direction, computed once per weight, replaces the NPU's on each row's share of it, from that row alone (docs/precision.md); 0 = off" },
     VarDoc { name: "ORK_CALIBRATE", default: "0", meaning: "1 = record: every NPU matmul adds its activation rows to its weight's entry in the calibration file, written when the backend is freed (run a calibration text, e.g. llama-perplexity over a few chunks; tests/common.sh calibrate_models)" },
@@ -90,6 +90,7 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_VK_DEVICE", default: "(first Mali)", meaning: "Vulkan device for GPU decode, by index or name substring" },
     VarDoc { name: "ORK_PROFILE", default: "0", meaning: "1 = print per-engine counts and time split when the backend is freed" },
     VarDoc { name: "ORK_LOG", default: "info", meaning: "log level: error, warn, info, debug, trace" },
+    VarDoc { name: "ORK_SIM_TIMING", default: "compute", meaning: "the simulator's timing: compute (every program computed bit-exactly, the host's own time) or board (programs not computed, zeros written, each submit completing at the hardware time modelled for a board's NPU core: src/npu/soc.rs NpuTiming; for benchmarks of the host path, the text is meaningless)" },
     VarDoc { name: "ORK_SIM_FAULT", default: "(none)", meaning: "simulator fault injection (tests): timeout_every, reset_every, sync_fail_every, never_run_every, hole_every, short_count_every (:N, comma-separated), efault_after_mb:N; a bad value makes the simulator fail to open" },
 ];
 
@@ -131,8 +132,8 @@ pub struct Config {
     pub cache_dir: Option<String>,
     /// `ORK_ROTATE`: Hadamard rotation of K on both operands, with the budget of extra terms.
     pub rotate: bool,
-    /// `ORK_MEAN_CORRECT`: the host's exact product on the rows' mean corrects the NPU's (with
-    /// the rotation).
+    /// `ORK_MEAN_CORRECT`: each row corrected along its weight's calibrated direction (with the
+    /// rotation and a calibration file).
     pub mean_correct: bool,
     /// `ORK_CALIBRATE`: record each NPU weight's activation rows into the calibration file.
     pub calibrate: bool,
@@ -148,6 +149,8 @@ pub struct Config {
     pub log_level: log::LevelFilter,
     /// `ORK_SIM_FAULT`: the simulator's fault-injection spec, parsed where the simulator opens.
     pub sim_fault: Option<String>,
+    /// `ORK_SIM_TIMING=board`: the simulator completes submits at a board's modelled time.
+    pub sim_board_timing: bool,
     /// `XDG_CACHE_HOME` and `HOME` (non-empty), for the default cache directory.
     pub xdg_cache_home: Option<String>,
     pub home: Option<String>,
@@ -279,6 +282,10 @@ impl Config {
         // ORK_MEAN_CORRECT likewise.
         let mean_correct = on_unless_off("ORK_MEAN_CORRECT");
         let text = |name: &str| get(name).filter(|s| !s.trim().is_empty());
+        let sim_timing = get("ORK_SIM_TIMING").map(|v| v.trim().to_ascii_lowercase()).unwrap_or_default();
+        if !matches!(sim_timing.as_str(), "" | "compute" | "board") {
+            bad.push(format!("ORK_SIM_TIMING={sim_timing:?} is not compute|board; using compute"));
+        }
         let cfg = Config {
             npu,
             off: flag(get("ORK_OFF").as_deref()),
@@ -308,6 +315,7 @@ impl Config {
             profile: flag(get("ORK_PROFILE").as_deref()),
             log_level,
             sim_fault: text("ORK_SIM_FAULT"),
+            sim_board_timing: sim_timing == "board",
             xdg_cache_home: get("XDG_CACHE_HOME").filter(|s| !s.is_empty()),
             home: get("HOME").filter(|s| !s.is_empty()),
             xdg_runtime_dir: get("XDG_RUNTIME_DIR").filter(|s| !s.is_empty()),
@@ -376,7 +384,7 @@ mod tests {
         let (c, bad) = parse(&[("ORK_NPU_WORK", "0.5"), ("ORK_ROTATE", "maybe")]);
         assert_eq!((c.npu_work, c.rotate, bad.len()), (DEFAULT_NPU_WORK, true, 2), "bad values: the defaults, one line each");
         assert!(bad[1].contains("taken as 1"), "{bad:?}");
-        assert!(parse(&[]).0.mean_correct, "the mean correction is the default");
+        assert!(parse(&[]).0.mean_correct, "the correction is the default");
         assert!(!parse(&[("ORK_MEAN_CORRECT", "no")]).0.mean_correct);
         let (c, bad) = parse(&[("ORK_MEAN_CORRECT", "sometimes")]);
         assert!(c.mean_correct && bad.len() == 1 && bad[0].contains("taken as 1"), "{bad:?}");

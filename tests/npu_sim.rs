@@ -3,7 +3,8 @@
 //! refusal of everything it does not model.
 mod common;
 
-use common::{rk3588, Rng};
+use common::{rk3588, sim_npu, Rng};
+use ggml_ork::npu::Budget;
 use ggml_ork::npu::kif::sim::{SimFaults, SimKif};
 use ggml_ork::npu::kif::{job_flags, mem_flags, Bo, DomainId, Iova, KernelInterface, KifError, RknpuTask, SubmitJob};
 use ggml_ork::npu::layout::{self, WeightGeometry};
@@ -260,4 +261,43 @@ fn later_duplicate_wins() {
     e[3] = RegCmd::write(&regs::CNA_CONV_CON1::REG, 0x2000_0000 | (2 << 4) | (2 << 7));
     r.submit(&e, 1).unwrap();
     assert_eq!(r.c_i32(3 * 32), reference_mm(&a, &w, 3, 64, 32));
+}
+
+/// `ORK_SIM_TIMING=board`: programs are decoded and land (zeros, sentinels overwritten, task
+/// counter right: no never-ran detection), nothing is computed, and each submit reports and takes
+/// the hardware time `NpuTiming` models: the floor for a tiny matmul, at least the MAC time of the
+/// cores for a large one, the same figure on every run.
+#[test]
+fn the_board_timing_completes_each_submit_at_its_modelled_time() {
+    let (sim, npu) = sim_npu(rk3588(), SimFaults::default());
+    sim.set_board_timing(true);
+    let t = npu.soc().timing;
+    let mut rng = Rng::new(21);
+    let run = |m: usize, k: usize, n: usize, rng: &mut Rng| {
+        let w = rng.i8s(n * k);
+        let rw = npu.upload(&ggml_ork::npu::layout::tile_weight(npu.soc(), &w, n, k).unwrap()).unwrap();
+        let a = rng.i8s(m * k);
+        let mut c = vec![7; m * n];
+        let t0 = std::time::Instant::now();
+        let st = npu.mm_run(&rw, &a, m, &mut c, Budget { max_cores: 3 }).unwrap();
+        (st, c, t0.elapsed())
+    };
+    let (tiny, c, wall) = run(32, 64, 64, &mut rng);
+    assert!(c.iter().all(|&v| v == 0), "zeros written, not computed");
+    assert_eq!(tiny.never_ran, 0, "every program landed");
+    assert_eq!(tiny.device_ns, tiny.submits as u64 * t.submit_floor_ns, "a tiny matmul costs the floor per submit");
+    assert!(wall.as_nanos() as u64 >= t.submit_floor_ns, "the submit took its modelled time: {wall:?}");
+    let (m, k, n) = (512, 2048, 2048);
+    let (big, _, _) = run(m, k, n, &mut rng);
+    let macs_ns = 2.0 * (m * k * n) as f64 / t.core_ops as f64 * 1e9;
+    assert!(big.device_ns as f64 >= macs_ns && big.device_ns as f64 <= 1.5 * macs_ns + 1e6 * big.submits as f64, "{big:?} vs MAC time {macs_ns:.0} ns");
+    let (again, _, _) = run(m, k, n, &mut rng);
+    assert_eq!((again.device_ns, again.submits), (big.device_ns, big.submits), "the model gives the same time on every run");
+    sim.set_board_timing(false);
+    let w = rng.i8s(64 * 64);
+    let rw = npu.upload(&ggml_ork::npu::layout::tile_weight(npu.soc(), &w, 64, 64).unwrap()).unwrap();
+    let a = rng.i8s(32 * 64);
+    let mut c = vec![0; 32 * 64];
+    npu.mm_run(&rw, &a, 32, &mut c, Budget { max_cores: 3 }).unwrap();
+    assert_eq!(c, ggml_ork::npu::reference_mm(&a, &w, 32, 64, 64), "computed again, bit-exact, once it is off");
 }

@@ -34,6 +34,7 @@ impl Device {
             timeout_ms: cfg.mm_timeout_ms,
             domain_cap_bytes: cfg.domain_cap_mb.map(|mb| mb << 20),
             sim_fault: cfg.sim_fault.clone(),
+            sim_board_timing: cfg.sim_board_timing,
         };
         let npu = Npu::open(&ncfg).map_err(|e| match cfg.npu {
             NpuSelect::Auto => format!("no ORK device: {e} (set ORK_NPU=sim for the simulator)"),

@@ -75,6 +75,8 @@ pub struct NpuConfig {
     /// The simulator's fault injection (`ORK_SIM_FAULT`, [`kif::sim::SimFaults::parse`]); a bad
     /// spec makes [`Npu::open`] fail.
     pub sim_fault: Option<String>,
+    /// The simulator's board timing (`ORK_SIM_TIMING=board`, [`kif::sim::SimKif::set_board_timing`]).
+    pub sim_board_timing: bool,
 }
 
 /// Errors of the NPU core; each carries the op name and shapes.
@@ -199,7 +201,9 @@ impl Npu {
         let soc = match cfg.kind {
             NpuKind::Sim => {
                 let soc = soc::SocDesc::get(cfg.soc.unwrap_or(soc::SocId::Rk3588));
-                kif = Arc::new(kif::sim::SimKif::new(soc.clone(), cfg.sim_fault.as_deref())?);
+                let sim = kif::sim::SimKif::new(soc.clone(), cfg.sim_fault.as_deref())?;
+                sim.set_board_timing(cfg.sim_board_timing);
+                kif = Arc::new(sim);
                 soc
             }
             other => {

@@ -61,6 +61,41 @@ pub struct SocDesc {
     pub pc_data_amount_scale: u32,
     /// Whether the register-level facts were validated on hardware.
     pub validated: bool,
+    /// What a submit costs the hardware: the timed simulator's device model
+    /// (`ORK_SIM_TIMING=board`) and the cost model's NPU terms.
+    pub timing: NpuTiming,
+}
+
+/// The NPU's hardware time per submit, modelled: a job on one core takes
+/// `max(submit_floor, Σ over its programs of MACs / core rate + bytes / per-core feed)`.
+/// Figures (RK3588): per-submit floor 167 µs (rknpu-facts §4 "submit floor"; seed 001 measures a
+/// 2048² M = 1 decode matmul at 176 µs on 3 cores, the floor, not floor + feed); int8 GEMM
+/// 1.4 TOPS on 3 cores (seed 001 cross-check: 512×2048×2048 on 3 cores in 4439 µs = 0.97 TOPS
+/// including the host's copies); weight feed 28.5 GB/s over the shared DDR bus (seed 000),
+/// split evenly between the cores that run at once. RK3576: the same per core (not validated).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NpuTiming {
+    pub submit_floor_ns: u64,
+    /// int8 ops per second of one core (2 ops per MAC).
+    pub core_ops: u64,
+    /// Bytes per second the cores read and write together.
+    pub feed_bps: u64,
+}
+
+impl NpuTiming {
+    /// Modelled hardware time of one program of `mc` rows, K = `k`, N = `n` on one of `cores`
+    /// cores running at once: its MACs at the core's rate plus its A, B and C bytes at its share
+    /// of the feed.
+    pub fn program_ns(&self, mc: u64, k: u64, n: u64, cores: u32) -> f64 {
+        let ops = 2.0 * (mc * k * n) as f64 / self.core_ops as f64;
+        let bytes = (mc * k + k * n + 4 * mc * n) as f64 / (self.feed_bps as f64 / cores.max(1) as f64);
+        (ops + bytes) * 1e9
+    }
+
+    /// A submit's modelled hardware time from its programs' total: never under the floor.
+    pub fn submit_ns(&self, programs_ns: f64) -> u64 {
+        (programs_ns.ceil() as u64).max(self.submit_floor_ns)
+    }
 }
 
 const GIB: u64 = 1 << 30;
@@ -83,6 +118,7 @@ impl SocDesc {
             max_submit_tasks: (1 << 12) - 1,
             pc_data_amount_scale: 2,
             validated: true,
+            timing: NpuTiming { submit_floor_ns: 167_000, core_ops: 1_400_000_000_000 / 3, feed_bps: 28_500_000_000 },
         };
         match id {
             SocId::Rk3588 => rk3588,

@@ -87,7 +87,7 @@ pub fn quantize_source(src: &WeightSource<'_>, n: usize, k: usize, rot: Option<&
 }
 
 /// `y = W·x` for the source weight `W: [N, K]` as ggml dequantizes it (`to_float`, unrotated) and
-/// `x: [K]`: the host's exact product on one row (the mean correction, `quant::mean`). f32
+/// `x: [K]`: the host's exact product on one row (the calibrated correction's `d·Wᵀ`, `quant::mean`). f32
 /// products summed in eight f32 lanes per row (no f64: K·N of them per matmul), rows spread over
 /// rayon's threads in blocks of 64.
 pub fn source_matvec(src: &WeightSource<'_>, n: usize, k: usize, x: &[f32]) -> Vec<f32> {

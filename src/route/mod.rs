@@ -127,11 +127,11 @@ impl CostModel {
     /// core count (2 vs 3) for MACs, same floor and bus.
     pub fn for_soc(id: SocId) -> CostModel {
         let soc = SocDesc::get(id);
-        let core_scale = soc.cores as f64 / 3.0;
+        let t = soc.timing;
         CostModel {
-            submit_floor_s: 167e-6,
-            npu_ops: 1.4e12 * core_scale,
-            npu_feed_bps: 28.5e9,
+            submit_floor_s: t.submit_floor_ns as f64 * 1e-9,
+            npu_ops: t.core_ops as f64 * soc.cores as f64,
+            npu_feed_bps: t.feed_bps as f64,
             cpu_ops: 1.0e11,
             cpu_bps: 17.2e9,
             gpu_bps: 10e9,

@@ -24,13 +24,12 @@
 //! the table and the commands).
 //!
 //! Most of what is left after the rotation is the weight error along the rows' common component,
-//! and the backend removes that without NPU work: the mean correction (`quant::mean`,
-//! `ORK_MEAN_CORRECT`) gives each matmul the host's exact product on its rows' mean. With it one
-//! term everywhere already meets the CPU's own Q8_0 accuracy on both measured families (KLD vs
-//! F16: SmolLM2 0.0043 vs the CPU's 0.0044, Gemma 0.0029 vs 0.0031; with the head's terms
-//! 0.0036 and 0.0025), so the default budget is 1: one term in every layer, the head's terms
-//! outside it. A larger budget buys a little more (1.05, the value projections: 0.0033 and
-//! 0.0024) for its NPU work.
+//! and the backend removes that without NPU work: the calibrated correction (`quant::mean`,
+//! `ORK_MEAN_CORRECT`) gives each row the host's exact product on its share of its weight's
+//! calibrated direction. With it one term everywhere already meets the CPU's own Q8_0 accuracy
+//! on both measured families (KLD vs F16 with the head's terms: SmolLM2 0.0036 vs the CPU's
+//! 0.0044, Gemma 0.0025 vs 0.0031), so the default budget is 1: one term in every layer, the
+//! head's terms outside it. A larger budget buys extra terms for its NPU work (docs/precision.md).
 //!
 //! Float weights (F32, F16, BF16) always get two weight terms and two activation terms: their
 //! mantissas carry more than one int8 term holds, and both terms are what bring them to the

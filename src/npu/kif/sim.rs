@@ -45,7 +45,7 @@
 //! arena pointers into slices (each with a `// SAFETY:` line).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
@@ -208,6 +208,10 @@ pub struct SimKif {
     syncs: AtomicU64,
     programs_run: AtomicU64,
     injected: Mutex<InjectedCounts>,
+    /// `ORK_SIM_TIMING=board`: programs are not computed (zeros are written) and each submit
+    /// completes at the hardware time [`crate::npu::soc::NpuTiming`] models for it, reported as
+    /// its `hw_elapse_ns`.
+    board_timing: AtomicBool,
 }
 
 impl SimKif {
@@ -233,7 +237,13 @@ impl SimKif {
             syncs: AtomicU64::new(0),
             programs_run: AtomicU64::new(0),
             injected: Mutex::new(InjectedCounts::default()),
+            board_timing: AtomicBool::new(false),
         }
+    }
+
+    /// Turns the board timing on or off (`ORK_SIM_TIMING`).
+    pub fn set_board_timing(&self, on: bool) {
+        self.board_timing.store(on, Ordering::Relaxed);
     }
 
     /// Replaces the injected faults (tests).
@@ -443,14 +453,21 @@ impl KernelInterface for SimKif {
         };
         let skip = (injected == Some(Injected::Hole)).then_some(job.task_number as usize / 2);
         let (mut index, mut skipped) = (0usize, 0usize);
-        let fetched = execute_tasks(&self.soc, dm, &tasks, budget, job.timeout_ms, &mut |_| {
+        let timed = self.board_timing.load(Ordering::Relaxed);
+        let (timing, cores) = (self.soc.timing, self.soc.cores);
+        let mut modelled = 0f64;
+        let fetched = execute_tasks(&self.soc, dm, &tasks, budget, job.timeout_ms, &mut |t| {
             let run = skip != Some(index);
             index += 1;
-            if run {
-                Exec::Run
-            } else {
+            if !run {
                 skipped += 1;
-                Exec::Skip
+                return Exec::Skip;
+            }
+            if timed {
+                modelled += timing.program_ns(t.mc, t.k, t.n, cores);
+                Exec::Zero
+            } else {
+                Exec::Run
             }
         })?;
         let ran = fetched - skipped;
@@ -462,6 +479,14 @@ impl KernelInterface for SimKif {
         }
         // The counter says what ran, except where the modelled kernel's bookkeeping lies (a hole).
         let task_counter = if injected == Some(Injected::Hole) { job.task_number } else { ran as u32 };
+        if timed {
+            // Complete at the modelled time: the caller waits as long as a board's core would.
+            drop(st);
+            let hw = timing.submit_ns(modelled);
+            let left = std::time::Duration::from_nanos(hw).saturating_sub(t0.elapsed());
+            std::thread::sleep(left);
+            return Ok(SubmitDone { hw_elapse_ns: hw, task_counter });
+        }
         Ok(SubmitDone { hw_elapse_ns: t0.elapsed().as_nanos() as u64, task_counter })
     }
 
@@ -623,6 +648,10 @@ pub struct ProgramTrace {
     /// Output (DPU DST_BASE_ADDR) IOVA and the bytes the program writes from there.
     pub c_iova: u64,
     pub c_len: u64,
+    /// The program's matmul: rows, K, N.
+    pub mc: u64,
+    pub k: u64,
+    pub n: u64,
 }
 
 /// What the hook of [`execute_tasks`] decides for a decoded program.
@@ -632,6 +661,9 @@ pub enum Exec {
     Run,
     /// Decode, count, but write nothing (a board quirk: the output keeps stale bytes).
     Skip,
+    /// Decode, count and write zeros instead of computing (the timed simulator,
+    /// `ORK_SIM_TIMING=board`: the host sees every program land, at no compute cost here).
+    Zero,
 }
 
 /// The PC of one core running a job: `tasks` as the vendor kernel programs them (§1.5: only the
@@ -722,9 +754,11 @@ fn run_program(
                     return Err(unmodelled(format!("operation enable {:#x}: only CNA+CORE+DPU (0x0d) is modelled", e.value())));
                 }
                 let op = decode_matmul(soc, rf)?;
-                let trace = ProgramTrace { c_iova: op.c, c_len: op.c_len() };
-                if hook(&trace) == Exec::Run {
-                    execute(mem, &op)?;
+                let trace = ProgramTrace { c_iova: op.c, c_len: op.c_len(), mc: op.mc, k: op.k, n: op.n };
+                match hook(&trace) {
+                    Exec::Run => execute(mem, &op)?,
+                    Exec::Zero => zero_output(mem, &op)?,
+                    Exec::Skip => {}
                 }
                 kicked = true;
             }
@@ -853,6 +887,16 @@ fn decode_matmul(soc: &SocDesc, rf: &RegFile) -> Result<MatmulOp, KifError> {
     let b = u64::from(req(rf, &CNA_DCOMP_ADDR0::REG)?);
     let c = u64::from(req(rf, &DPU_DST_BASE_ADDR::REG)?);
     Ok(MatmulOp { mc, k, n, s, a, b, c })
+}
+
+/// Writes zeros over a decoded matmul's output range (the timed simulator's stand-in result).
+fn zero_output(mem: &dyn DeviceMemory, op: &MatmulOp) -> Result<(), KifError> {
+    let len = op.c_len();
+    let cp = mem.resolve(op.c, len).ok_or_else(|| unmodelled(format!("C range {:#x}+{len} is outside every live BO of the domain", op.c)))?;
+    // SAFETY: `resolve` checked that `len` bytes from `cp` lie inside one live buffer, the only
+    // range written.
+    unsafe { std::ptr::write_bytes(cp, 0, len as usize) };
+    Ok(())
 }
 
 /// Runs one decoded matmul against the domain's memory.
