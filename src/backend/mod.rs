@@ -237,7 +237,8 @@ impl Stats {
              and {} while another process held the NPU; NPU jobs that reported done but never ran: {} detected, {} resubmitted; weights: {} cache hits, {} packs \
              ({} cache writes), prepared in {:.0} ms (source hash {:.0} ms, cache open {:.0} ms, import + verify {:.0} ms; \
              packing {:.0} ms, upload {:.0} ms, cache write {:.0} ms){}; time: act-quant {:.1} ms, npu {:.1} ms, dequant {:.1} ms, \
-             correction {:.1} ms on the host for {} MUL_MAT (each row along its weight's calibrated direction)",
+             correction {:.1} ms on the host for {} MUL_MAT (each row along its weight's calibrated direction); \
+             prefill MUL_MAT: host {:.1} ms (act-quant, submit, dequant, arbiter), NPU device {:.1} ms",
             self.npu_matmuls.load(Relaxed),
             self.npu_rows_sent.load(Relaxed),
             self.npu_rows_sent.load(Relaxed) as f64 / self.npu_rows.load(Relaxed).max(1) as f64,
@@ -274,6 +275,11 @@ impl Stats {
             ms(&self.dequant_ns),
             ms(&self.mean_ns),
             self.mean_corrected.load(Relaxed),
+            {
+                let p = &self.phase[0];
+                ms(&p.quant_ns) + ms(&p.submit_ns) + ms(&p.dequant_ns) + ms(&p.arb_ns)
+            },
+            ms(&self.phase[0].wait_ns),
         )
     }
 
