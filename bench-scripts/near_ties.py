@@ -11,18 +11,10 @@ them).
 Environment as for the tests (source tests/common.sh): LLAMA_BIN, ORK_MODELS, ORK_LIB.
 Prints one row per prompt and model: the smallest margin, where it is, and the greedy text.
 """
-import json, os, socket, subprocess, sys, time, urllib.request
+import json, os, subprocess, sys, time, urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from e2e_common import BIN, DEMO_PROMPT, MODELS, cpu, env_with  # noqa: E402
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+from e2e_common import BIN, DEMO_PROMPT, MODELS, cpu, env_with, free_port  # noqa: E402
 
 
 def margins(port, prompt, n):

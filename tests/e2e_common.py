@@ -1,7 +1,7 @@
 """Shared pieces of the end-to-end scripts (tests/e2e.py, tests/e2e_serving.py): the paths from
 the set-up, the PASS/FAIL bookkeeping, the environments of the ORK and CPU runs, running a tool (a failed
 run always says its exit status and how its stderr ends) and reading ORK's exit line."""
-import os, re, subprocess
+import os, re, socket, subprocess
 
 BIN = os.environ["LLAMA_BIN"]
 MODELS = os.environ["ORK_MODELS"]
@@ -138,3 +138,12 @@ def file_sha256(path):
         while b := f.read(1 << 22):
             h.update(b)
     return h.hexdigest()
+
+
+def free_port():
+    """A TCP port on loopback that was free a moment ago."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p

@@ -19,7 +19,7 @@ Writes the measured figures to $ORK_ENV/e2e-serving-results.md.
 """
 import json, os, re, signal, socket, subprocess, sys, tempfile, threading, time, urllib.request
 
-from e2e_common import (BIN, DEMO_PROMPT, MODELS, check, cpu, env_with, exit_counters, figures, npu_live, npu_words, ork, run_tool,
+from e2e_common import (BIN, DEMO_PROMPT, MODELS, check, cpu, env_with, exit_counters, figures, free_port, npu_live, npu_words, ork, run_tool,
                         say_failed, summary, want, write_figures)
 
 OUT = os.path.join(os.environ.get("ORK_ENV", "/tmp"), "e2e-serving-results.md")
@@ -32,14 +32,6 @@ TOPICS = ["the printing press", "the steam locomotive", "the telegraph", "vaccin
 PROMPTS = [f"Write a short paragraph for a school textbook about {t}. Explain who invented it, when it "
            f"appeared, how it worked, and why it changed the daily lives of ordinary people. Answer:"
            for t in TOPICS]
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
 
 def stop(p):
     if p.poll() is None:

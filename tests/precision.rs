@@ -60,8 +60,13 @@ fn nmse_of(dev: &Device, name: &str, ggml_type: u32, w: &[f32], x: &[f32]) -> f6
     let pw = pack(dev, &src, N, K).expect("packs");
     let mut y = vec![0f32; M * N];
     dev.run_mul_mat(&pw, &src, x, M, &mut y);
+    nmse_against_exact(x, w, &y)
+}
+
+/// `|y − x·Wᵀ|² / |x·Wᵀ|²` for `x: [m, K]`, `w: [N, K]`, `y: [m, N]`, the exact product in f64.
+fn nmse_against_exact(x: &[f32], w: &[f32], y: &[f32]) -> f64 {
     let (mut e, mut s) = (0f64, 0f64);
-    for i in 0..M {
+    for i in 0..x.len() / K {
         for j in 0..N {
             let exact: f64 = (0..K).map(|t| x[i * K + t] as f64 * w[j * K + t] as f64).sum();
             e += (y[i * N + j] as f64 - exact).powi(2);
@@ -184,16 +189,7 @@ fn run_rows(dev: &Device, x: &[f32]) -> Vec<f32> {
 
 /// `|y − x·Wᵀ|² / |x·Wᵀ|²` of [`run_rows`].
 fn nmse_rows(dev: &Device, x: &[f32]) -> f64 {
-    let (w, y, m) = (common_weight(), run_rows(dev, x), x.len() / K);
-    let (mut e, mut s) = (0f64, 0f64);
-    for i in 0..m {
-        for j in 0..N {
-            let exact: f64 = (0..K).map(|t| x[i * K + t] as f64 * w[j * K + t] as f64).sum();
-            e += (y[i * N + j] as f64 - exact).powi(2);
-            s += exact * exact;
-        }
-    }
-    e / s
+    nmse_against_exact(x, &common_weight(), &run_rows(dev, x))
 }
 
 #[test]
