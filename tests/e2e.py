@@ -53,6 +53,13 @@ if want("devices"):
     lines = [l for l in p.stderr.splitlines() if l.startswith("ork: ")]
     check("devices/no-npu", p.returncode == 0 and "ORK:" not in p.stdout and len(lines) == 1,
           f"no ORK device; one line: {lines}")
+    # ORK_OFF=1 (the A/B switch) registers no backend at all: llama-bench, which names every
+    # registered backend in its table, says CPU, not ORK.
+    p, _ = run([f"{BIN}/llama-bench", "-m", model("Q8_0"), "-p", "8", "-n", "0", "-r", "1", "-t", "2"], cpu())
+    row = [l for l in p.stdout.splitlines() if " pp8 " in l]
+    cols = [c.strip() for c in row[0].split("|")] if row else []
+    check("devices/off-no-backend", p.returncode == 0 and "CPU" in cols and "ORK" not in cols,
+          f"llama-bench with ORK_OFF=1: backend column {cols[4] if len(cols) > 4 else row!r}")
     p, _ = run([f"{BIN}/llama-cli", "--list-devices"], {})
     check("devices/no-plugin", p.returncode == 0 and "ORK" not in p.stdout + p.stderr, "no ORK without the plugin")
 

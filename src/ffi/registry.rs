@@ -98,11 +98,21 @@ fn build_registry() -> Registry {
     Registry { reg, dev, buft, layout: Some(layout), device, name: c"ORK".into(), description }
 }
 
-/// The dynamic-backend entry point: returns the "ORK" registry (zero or one device) in the host's
-/// layout, or NULL in a ggml the plugin does not know (after one line saying so).
+/// The dynamic-backend entry point: returns the "ORK" registry with its device in the host's
+/// layout, or NULL — after one line saying why — in a ggml the plugin does not know, without an
+/// NPU, or with `ORK_OFF=1`: no registry at all then, so no tool lists an "ORK" backend that has
+/// no device (llama-bench names every registry in its backend column). ggml adds its own line
+/// that the init returned NULL.
 #[no_mangle]
 pub extern "C" fn ggml_backend_init() -> ggml_backend_reg_t {
-    guard("ggml_backend_init", null_mut(), || registry().reg)
+    guard("ggml_backend_init", null_mut(), || {
+        let r = registry();
+        if r.device.is_some() {
+            r.reg
+        } else {
+            null_mut()
+        }
+    })
 }
 
 unsafe extern "C" fn reg_get_name(_reg: ggml_backend_reg_t) -> *const c_char {
