@@ -94,6 +94,14 @@ for t in ("Q8_0", "F16"):
         common = len(os.path.commonprefix([a32, b32]))
         figures.append(f"| greedy {t} | 32 tokens: common prefix {common}/{max(len(a32), len(b32))} chars |")
 
+# 2a'. `-dev ORK` (two backends freed, one after the other): one exit line, not one per backend.
+name = "exit-line/once"
+if want(name):
+    p, _ = run([f"{BIN}/llama-completion", "-dev", "ORK", "-m", model("Q8_0"), "-p", PROMPT, "-n", "4", "--temp", "0",
+                "-no-cnv", "-t", "2", "--no-warmup"], ork())
+    lines = [l for l in p.stderr.splitlines() if l.startswith("ork: ORK ran ")]
+    check(name, p.returncode == 0 and len(lines) == 1, f"llama-completion -dev ORK: {len(lines)} exit line(s), rc {p.returncode}")
+
 # 2a. NPU faults (the simulator's ORK_SIM_FAULT). Every submit failing: the text is still the CPU's
 # (each matmul is recomputed on the CPU), the exit line says 0 MUL_MAT ran on the NPU and all fell
 # back, and the greedy check's own predicate fails on that output. One submit in 50 reporting done

@@ -395,15 +395,20 @@ pub fn finish(dev: &Device) {
     let weights = s.packed.load(Relaxed) + s.cache_hits.load(Relaxed) + s.not_resident_weights.load(Relaxed);
     s.absorb_health(dev.npu.health());
     let fell = s.npu_fallbacks.load(Relaxed) + s.busy_fallbacks() + s.npu_never_ran.load(Relaxed);
-    if s.npu_matmuls.load(Relaxed) > 0 || fell > 0 || dev.cfg.profile || weights > 0 {
-        log::info!("{}", dev.stats.summary());
+    let line = dev.stats.summary();
+    let mut last = s.reported.lock().unwrap_or_else(|p| p.into_inner());
+    let new = *last != line;
+    if new && (s.npu_matmuls.load(Relaxed) > 0 || fell > 0 || dev.cfg.profile || weights > 0) {
+        log::info!("{line}");
+        *last = line;
         if let Some(line) = dev.npu.fault_report() {
             log::info!("{line}");
         }
     }
-    if dev.cfg.profile {
+    if dev.cfg.profile && new {
         log::info!("{}", dev.stats.profile(Some(dev.arbiter())));
     }
+    drop(last);
     if let Some(c) = &dev.calib {
         match c.flush() {
             Ok(0) => {}

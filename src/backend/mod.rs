@@ -128,6 +128,9 @@ pub struct Stats {
     /// Arbiter time of the NPU runs: lease acquire (incl. the cross-process flock, and waiting
     /// while another process holds the NPU) and release. Host work, not engine time.
     pub arb_ns: AtomicU64,
+    /// The exit line last printed: a backend freed after another with nothing new to report
+    /// (`llama-completion -dev ORK` frees two) does not print it again.
+    pub reported: std::sync::Mutex<String>,
     /// ORK's `graph_compute` calls, by class: 0 = batches (some MUL_MAT with M > 1, or none run
     /// by ORK), 1 = single-row graphs (every MUL_MAT ORK ran had M = 1: decode).
     pub graph: [GraphStats; 2],
