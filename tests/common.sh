@@ -17,15 +17,17 @@ build_plugin() {
 # The calibration file ORK's correction reads (src/cache/calib.rs): every tool the scripts start
 # sees it. calibrate_models records it for the given set-up models (smollm2-135m-Q8_0, …):
 # llama-perplexity over 8 chunks of 128 tokens of the corpus's last 200 kB (the perplexity and
-# KLD checks read its start) with ORK_CALIBRATE=1 on the simulator, once per model (a stamp in
-# $ORK_ENV; about 20 s for a SmolLM2 model, 60 s for a Gemma one).
+# KLD checks read its start) with ORK_CALIBRATE=1 on the simulator, once per model (a stamp beside
+# the file; about 20 s for a SmolLM2 model, 60 s for a Gemma one).
 export ORK_CALIBRATION=${ORK_CALIBRATION:-$ORK_ENV/calibration.orkcal}
 calibrate_models() {
   local text=$ORK_ENV/calibration.txt m stamp
   [ -s "$text" ] || tail -c 200000 "$ORK_CORPUS" > "$text"
+  # The stamps say which models the file holds; a file that is gone takes its stamps with it.
+  [ -s "$ORK_CALIBRATION" ] || rm -f "$ORK_CALIBRATION".*.stamp
   for m in "$@"; do
-    stamp=$ORK_ENV/calibrated-$m.v1
-    [ -e "$stamp" ] && [ -s "$ORK_CALIBRATION" ] && continue
+    stamp=$ORK_CALIBRATION.$m.stamp
+    [ -e "$stamp" ] && continue
     echo "== calibration: $m (llama-perplexity, 8 x 128 tokens, ORK_CALIBRATE=1)"
     GGML_BACKEND_PATH=$ORK_LIB ORK_NPU=sim ORK_CALIBRATE=1 "$LLAMA_BIN/llama-perplexity" -m "$ORK_MODELS/$m.gguf" \
       -f "$text" -c 128 -b 128 --chunks 8 -t 2 >"$ORK_ENV/calibration-$m.log" 2>&1 \
