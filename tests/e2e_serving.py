@@ -268,9 +268,6 @@ def rpc_check(ref):
 
 
 # ------------------------------------------------------------------------------------ batch invariance
-A_PROMPT = PROMPT
-
-
 def corpus_text(chars, start=40000):
     with open(os.environ["ORK_CORPUS"], encoding="utf-8", errors="replace") as f:
         f.seek(start)
@@ -316,13 +313,13 @@ def batch_invariance_check():
     port, proc, log = srv
     cases = {}
     try:
-        alone = probs(port, A_PROMPT)
+        alone = probs(port, PROMPT)
         for name, b, b_n, delay in (("B short", b_short, 4, 0.0), ("B long", b_long, 2, 0.0), ("B decoding", b_short, 64, 1.5)):
             got = {}
             tb = threading.Thread(target=lambda: got.setdefault("b", probs(port, b, b_n)))
             tb.start()
             time.sleep(delay + 0.05)
-            got["a"] = probs(port, A_PROMPT)
+            got["a"] = probs(port, PROMPT)
             tb.join(timeout=900)
             cases[name] = got["a"]
     finally:

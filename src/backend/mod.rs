@@ -515,10 +515,9 @@ impl Device {
             return;
         }
         self.run_mul_mat_npu(w, src, x, m, dst);
+        // A key exists only for a rotated weight on a device with a calibration store, and the
+        // store only with the rotation and ORK_MEAN_CORRECT on (`Store::from_config`).
         let (Some(store), Some(key)) = (&self.calib, w.calib_key) else { return };
-        if !self.cfg.mean_correct || w.rot.is_none() {
-            return;
-        }
         if store.recording() {
             return store.record(key, x, m, w.k);
         }
