@@ -46,6 +46,20 @@ pub enum LockMode {
     Off,
 }
 
+/// What to do in a host whose symbols and op/type enums match a layout but whose ggml version
+/// lies outside every verified range (`ORK_UNVERIFIED_GGML`; `src/ffi/host.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum UnverifiedGgml {
+    /// Register when the host is newer than every verified release and matches the newest
+    /// layout (one warning line); refuse any other unverified host (one line).
+    #[default]
+    Newer,
+    /// Register every host whose marks match a layout (one warning line when unverified).
+    Register,
+    /// Register only within a verified range.
+    Refuse,
+}
+
 /// `ORK_CACHE_MAX_MB`'s default: the size limit of the `.orkpack` directory in MiB.
 pub const DEFAULT_CACHE_MAX_MB: u64 = 8192;
 
@@ -89,6 +103,7 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_CACHE_DIR", default: "$XDG_CACHE_HOME/ggml-ork or ~/.cache/ggml-ork", meaning: "where .orkpack files live" },
     VarDoc { name: "ORK_VK_DEVICE", default: "(first Mali)", meaning: "Vulkan device for GPU decode, by index or name substring" },
     VarDoc { name: "ORK_PROFILE", default: "0", meaning: "1 = print per-engine counts and time split when the backend is freed" },
+    VarDoc { name: "ORK_UNVERIFIED_GGML", default: "newer", meaning: "a llama.cpp whose exported symbols and op/type enums match a layout this libggml-ork.so knows, but whose ggml version lies outside the releases verified with it (README \"Releases\"): newer (register, with one warning line, when it is newer than every verified release; refuse any other), register (register any such), refuse (register only within the verified releases)" },
     VarDoc { name: "ORK_LOG", default: "info", meaning: "log level: error, warn, info, debug, trace" },
     VarDoc { name: "ORK_SIM_TIMING", default: "compute", meaning: "the simulator's timing: compute (every program computed bit-exactly, the host's own time) or board (programs not computed, zeros written, each submit completing at the hardware time modelled for a board's NPU core: src/npu/soc.rs NpuTiming; for benchmarks of the host path, the text is meaningless)" },
     VarDoc { name: "ORK_SIM_FAULT", default: "(none)", meaning: "simulator fault injection (tests): timeout_every, reset_every, sync_fail_every, never_run_every, hole_every, short_count_every (:N, comma-separated), efault_after_mb:N; a bad value makes the simulator fail to open" },
@@ -113,6 +128,8 @@ pub struct Config {
     pub decode: DecodeSelect,
     pub route: RoutePolicy,
     pub npu_lock: LockMode,
+    /// `ORK_UNVERIFIED_GGML`: a host outside the verified releases.
+    pub unverified_ggml: UnverifiedGgml,
     pub lock_dir: Option<String>,
     /// 0 = auto, else 1..=3.
     pub act_terms: u8,
@@ -218,6 +235,18 @@ impl Config {
                 }
             },
         };
+        let unverified_ggml = match get("ORK_UNVERIFIED_GGML").as_deref().map(|s| s.trim().to_ascii_lowercase()) {
+            None => UnverifiedGgml::Newer,
+            Some(s) => match s.as_str() {
+                "" | "newer" => UnverifiedGgml::Newer,
+                "register" => UnverifiedGgml::Register,
+                "refuse" => UnverifiedGgml::Refuse,
+                other => {
+                    bad.push(format!("ORK_UNVERIFIED_GGML={other:?} is not newer|register|refuse; using newer"));
+                    UnverifiedGgml::Newer
+                }
+            },
+        };
         let mut num = |name: &str| -> Option<u64> {
             let v = get(name)?;
             match v.trim().parse::<u64>() {
@@ -293,6 +322,7 @@ impl Config {
             decode,
             route,
             npu_lock,
+            unverified_ggml,
             lock_dir: text("ORK_LOCK_DIR"),
             weight_terms,
             rotate,

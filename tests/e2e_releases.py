@@ -6,8 +6,9 @@ built by tests/setup-releases.sh into $ORK_RELEASES/b<N>/build/bin -- with that 
 unmodified tools: `--list-devices` lists ORK; 16 greedy tokens on SmolLM2-135M Q8_0 equal that
 release's CPU output (and the NPU ran matmuls); `test-backend-ops -b ORK -o MUL_MAT` passes; the
 perplexity (a few chunks) is within the pinned release's bound of that release's CPU figure.
-Then a ggml the plugin does not know: a faked ggml_version() in b11549, and b10809 with an extra
-API-3 symbol: exit code 0, no ORK device, one line naming the host's version and the supported ones.
+Then a ggml outside the verified releases: a faked newer ggml_version() in b11549 (registers with
+one warning line; ORK_UNVERIFIED_GGML=refuse refuses it), and b10809 with an extra API-3 symbol
+(refused): exit code 0, one line naming the host's version and the verified releases.
 Prints one line per check and "N passed, M failed"; exit status 1 on any failure.
 Environment: LLAMA_BIN, ORK_RELEASES, ORK_MODELS, ORK_CORPUS, ORK_LIB (tests/run-all.sh sets them).
 Writes the figures to $ORK_ENV/e2e-releases-results.md.
@@ -107,27 +108,32 @@ for rel, bin_dir, ggml_v, api in RELEASES:
     figures.append(f"| {rel} (ggml {ggml_v}, API {api}) | greedy 16 tokens {'equal' if a == b and a else 'DIFFER'}; "
                    f"PPL ORK {po}, CPU {pc}, |dPPL| {rel_d:.3f}% ({CHUNKS} chunks x 128) |")
 
-# 5. a ggml the plugin does not know: fake what the host exports with an LD_PRELOAD library
-UNKNOWN = [  # (name, release whose tools run, C source of the preloaded library, version the line names)
-    ("unknown/faked-version", RELEASES[0], 'const char * ggml_version(void) { return "0.99.0"; }', "0.99.0"),
-    ("unknown/api3-symbol-in-b10809", RELEASES[1],
-     "void * ggml_backend_buft_alloc_buffer_n(void * b, void ** t, int n) { (void)b; (void)t; (void)n; return 0; }",
-     "0.23.0"),
+# 5. a ggml outside the verified releases: fake what the host exports with an LD_PRELOAD library.
+# A version newer than every verified release, with the newest layout's marks: registers with one
+# warning line naming the newest verified release, and ORK_UNVERIFIED_GGML=refuse refuses it (one
+# line, no device). b10809 with an API-3 symbol added (the b11549 layout's marks at a version
+# below that layout's range): refused by default, one line naming the verified releases.
+NEWER = 'const char * ggml_version(void) { return "0.99.0"; }'
+API3_SYMBOL = "void * ggml_backend_buft_alloc_buffer_n(void * b, void ** t, int n) { (void)b; (void)t; (void)n; return 0; }"
+UNKNOWN = [  # (name, release whose tools run, preloaded C source, extra env, ORK listed?, words the line holds)
+    ("unverified/newer-registers", RELEASES[0], NEWER, {}, True, ["ggml 0.99.0 ", "is newer than", "ORK_UNVERIFIED_GGML=refuse"]),
+    ("unverified/newer-refused", RELEASES[0], NEWER, {"ORK_UNVERIFIED_GGML": "refuse"}, False,
+     ["ggml 0.99.0 ", "ORK registers no device", "ORK_UNVERIFIED_GGML=register"]),
+    ("unverified/api3-symbol-in-b10809", RELEASES[1], API3_SYMBOL, {}, False, ["ggml 0.23.0 ", "ORK registers no device"] + SUPPORTED),
 ]
 with tempfile.TemporaryDirectory() as d:
-    for name, (rel, bin_dir, _, _), src, v in UNKNOWN:
+    for name, (rel, bin_dir, _, _), src, extra, listed, words in UNKNOWN:
         if not want(f"releases/{name}") or not os.path.exists(f"{bin_dir}/llama-completion"):
             continue
         c, so = os.path.join(d, "shim.c"), os.path.join(d, f"{name.replace('/', '-')}.so")
         open(c, "w").write(src + "\n")
         subprocess.run(["cc", "-shared", "-fPIC", "-o", so, c], check=True)
-        p, _ = run([f"{bin_dir}/llama-completion", "--list-devices"], ork(LD_PRELOAD=so))
-        lines = [l for l in p.stderr.splitlines() if l.startswith("ork: ")]
+        p, _ = run([f"{bin_dir}/llama-completion", "--list-devices"], ork(LD_PRELOAD=so, **extra))
+        lines = [l for l in p.stderr.splitlines() if l.startswith("ork: ") and "verified" in l]
         line = lines[0] if lines else ""
-        ok = (p.returncode == 0 and "ORK" not in p.stdout and len(lines) == 1 and f"ggml {v} " in line
-              and all(s in line for s in SUPPORTED))
-        check(f"releases/{name}", ok, f"{rel} tools: rc {p.returncode}, ORK {'LISTED' if 'ORK' in p.stdout else 'not listed'}, "
-                                      f"{len(lines)} ork line(s): {lines}")
+        ok = (p.returncode == 0 and ("ORK" in p.stdout) == listed and len(lines) == 1 and all(w in line for w in words))
+        check(f"releases/{name}", ok, f"{rel} tools{''.join(f' {k}={v}' for k, v in extra.items())}: rc {p.returncode}, "
+                                      f"ORK {'listed' if 'ORK' in p.stdout else 'not listed'}, {len(lines)} line(s) on the ggml: {lines}")
 
 check("releases/same-file", file_sha256(LIB) == sha, f"sha256 {sha} before and after")
 npass, nfail = summary()

@@ -54,8 +54,13 @@ pub(super) fn device() -> Option<&'static Device> {
 
 fn build_registry() -> Registry {
     let cfg = Config::get();
-    let layout = match host::classify(&host::facts()) {
-        Ok(l) => l,
+    let layout = match host::classify(&host::facts(), cfg.unverified_ggml) {
+        Ok(r) => {
+            if let Some(w) = r.warning {
+                log::warn!("{w}");
+            }
+            r.layout
+        }
         Err(line) => {
             log::warn!("{line}");
             return Registry {
