@@ -72,9 +72,9 @@ impl Layout {
 /// by `tests/e2e_wheels.py` (MUL_MAT graphs through the scheduler against each release's own CPU
 /// backend) and the three built ones by `tests/e2e_releases.py` (README "Releases").
 pub(crate) const VERIFIED: [Range; 3] = [
-    Range { layout: Layout::B11549, first: (11549, "0.26.0"), last: (11549, "0.26.0") },
-    Range { layout: Layout::B10809, first: (10809, "0.23.0"), last: (10809, "0.23.0") },
-    Range { layout: Layout::B10566, first: (10566, "0.21.0"), last: (10566, "0.21.0") },
+    Range { layout: Layout::B11549, first: (11352, "0.25.3"), last: (11739, "0.27.0") },
+    Range { layout: Layout::B10809, first: (10809, "0.23.0"), last: (11327, "0.25.3") },
+    Range { layout: Layout::B10566, first: (10566, "0.21.0"), last: (10603, "0.21.0") },
 ];
 
 /// A layout's verified range: (llama.cpp build, ggml version) of the releases at its ends.
@@ -542,7 +542,7 @@ mod tests {
                 let line = classify(&f, u).unwrap_err();
                 assert!(!line.contains('\n'), "{line}");
                 assert!(line.contains(why), "{why}: {line}");
-                assert!(line.contains("b11549 (ggml 0.26.0, backend API 3)") && line.contains("b10566"), "{line}");
+                assert!(line.contains("b11352..b11739 (ggml 0.25.3..0.27.0, backend API 3)") && line.contains("b10566"), "{line}");
                 if let Some(v) = &f.ggml_version {
                     assert!(line.contains(&format!("ggml {v} ")), "{line}");
                 }
