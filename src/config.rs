@@ -181,72 +181,37 @@ pub fn flag(v: Option<&str>) -> bool {
     matches!(v.map(|v| v.trim().to_ascii_lowercase()).as_deref(), Some("1" | "true" | "yes" | "on"))
 }
 
+/// A variable with named choices: its value, trimmed and in any case, looked up among `choices`
+/// (alias, value); unset or empty is the first choice's value, the default. Anything else is the
+/// default too, with one complaint `NAME="x" is not a|b|c; using a` (each value named by its first
+/// alias).
+fn choice<T: Copy + PartialEq>(get: &impl Fn(&str) -> Option<String>, bad: &mut Vec<String>, name: &str, choices: &[(&str, T)]) -> T {
+    let default = choices[0].1;
+    let Some(v) = get(name).map(|v| v.trim().to_ascii_lowercase()).filter(|v| !v.is_empty()) else { return default };
+    if let Some(&(_, value)) = choices.iter().find(|(alias, _)| *alias == v) {
+        return value;
+    }
+    let names: Vec<&str> = choices.iter().enumerate()
+        .filter(|(i, (_, value))| !choices[..*i].iter().any(|(_, earlier)| earlier == value))
+        .map(|(_, (alias, _))| *alias).collect();
+    bad.push(format!("{name}={v:?} is not {}; using {}", names.join("|"), choices[0].0));
+    default
+}
+
 impl Config {
     /// Parses a configuration from a lookup function (the environment, or a map in tests).
     /// Returns the config and the complaints about bad values.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> (Config, Vec<String>) {
         let mut bad = Vec::new();
-        let npu = match get("ORK_NPU").as_deref().map(|s| s.trim().to_ascii_lowercase()) {
-            None => NpuSelect::Auto,
-            Some(s) => match s.as_str() {
-                "" | "auto" => NpuSelect::Auto,
-                "sim" => NpuSelect::Sim,
-                "rknpu" => NpuSelect::Rknpu,
-                "rocket" => NpuSelect::Rocket,
-                other => {
-                    bad.push(format!("ORK_NPU={other:?} is not auto|sim|rknpu|rocket; using auto"));
-                    NpuSelect::Auto
-                }
-            },
-        };
-        let decode = match get("ORK_DECODE").as_deref().map(|s| s.trim().to_ascii_lowercase()) {
-            None => DecodeSelect::Auto,
-            Some(s) => match s.as_str() {
-                "" | "auto" => DecodeSelect::Auto,
-                "npu" => DecodeSelect::Npu,
-                "gpu" => DecodeSelect::Gpu,
-                "cpu" => DecodeSelect::Cpu,
-                other => {
-                    bad.push(format!("ORK_DECODE={other:?} is not auto|npu|gpu|cpu; using auto"));
-                    DecodeSelect::Auto
-                }
-            },
-        };
-        let route = match get("ORK_ROUTE").as_deref().map(|s| s.trim().to_ascii_lowercase()) {
-            None => RoutePolicy::Threshold,
-            Some(s) => match s.as_str() {
-                "" | "threshold" => RoutePolicy::Threshold,
-                "cost" => RoutePolicy::Cost,
-                other => {
-                    bad.push(format!("ORK_ROUTE={other:?} is not threshold|cost; using threshold"));
-                    RoutePolicy::Threshold
-                }
-            },
-        };
-        let npu_lock = match get("ORK_NPU_LOCK").as_deref().map(|s| s.trim().to_ascii_lowercase()) {
-            None => LockMode::Wait,
-            Some(s) => match s.as_str() {
-                "" | "wait" => LockMode::Wait,
-                "cpu" => LockMode::Cpu,
-                "off" | "0" => LockMode::Off,
-                other => {
-                    bad.push(format!("ORK_NPU_LOCK={other:?} is not wait|cpu|off; using wait"));
-                    LockMode::Wait
-                }
-            },
-        };
-        let unverified_ggml = match get("ORK_UNVERIFIED_GGML").as_deref().map(|s| s.trim().to_ascii_lowercase()) {
-            None => UnverifiedGgml::Newer,
-            Some(s) => match s.as_str() {
-                "" | "newer" => UnverifiedGgml::Newer,
-                "register" => UnverifiedGgml::Register,
-                "refuse" => UnverifiedGgml::Refuse,
-                other => {
-                    bad.push(format!("ORK_UNVERIFIED_GGML={other:?} is not newer|register|refuse; using newer"));
-                    UnverifiedGgml::Newer
-                }
-            },
-        };
+        let npu = choice(&get, &mut bad, "ORK_NPU",
+                         &[("auto", NpuSelect::Auto), ("sim", NpuSelect::Sim), ("rknpu", NpuSelect::Rknpu), ("rocket", NpuSelect::Rocket)]);
+        let decode = choice(&get, &mut bad, "ORK_DECODE",
+                            &[("auto", DecodeSelect::Auto), ("npu", DecodeSelect::Npu), ("gpu", DecodeSelect::Gpu), ("cpu", DecodeSelect::Cpu)]);
+        let route = choice(&get, &mut bad, "ORK_ROUTE", &[("threshold", RoutePolicy::Threshold), ("cost", RoutePolicy::Cost)]);
+        let npu_lock = choice(&get, &mut bad, "ORK_NPU_LOCK",
+                              &[("wait", LockMode::Wait), ("cpu", LockMode::Cpu), ("off", LockMode::Off), ("0", LockMode::Off)]);
+        let unverified_ggml = choice(&get, &mut bad, "ORK_UNVERIFIED_GGML",
+                                     &[("newer", UnverifiedGgml::Newer), ("register", UnverifiedGgml::Register), ("refuse", UnverifiedGgml::Refuse)]);
         let mut num = |name: &str| -> Option<u64> {
             let v = get(name)?;
             match v.trim().parse::<u64>() {
@@ -311,10 +276,7 @@ impl Config {
         // ORK_MEAN_CORRECT likewise.
         let mean_correct = on_unless_off("ORK_MEAN_CORRECT");
         let text = |name: &str| get(name).filter(|s| !s.trim().is_empty());
-        let sim_timing = get("ORK_SIM_TIMING").map(|v| v.trim().to_ascii_lowercase()).unwrap_or_default();
-        if !matches!(sim_timing.as_str(), "" | "compute" | "board") {
-            bad.push(format!("ORK_SIM_TIMING={sim_timing:?} is not compute|board; using compute"));
-        }
+        let sim_board_timing = choice(&get, &mut bad, "ORK_SIM_TIMING", &[("compute", false), ("board", true)]);
         let cfg = Config {
             npu,
             off: flag(get("ORK_OFF").as_deref()),
@@ -345,7 +307,7 @@ impl Config {
             profile: flag(get("ORK_PROFILE").as_deref()),
             log_level,
             sim_fault: text("ORK_SIM_FAULT"),
-            sim_board_timing: sim_timing == "board",
+            sim_board_timing,
             xdg_cache_home: get("XDG_CACHE_HOME").filter(|s| !s.is_empty()),
             home: get("HOME").filter(|s| !s.is_empty()),
             xdg_runtime_dir: get("XDG_RUNTIME_DIR").filter(|s| !s.is_empty()),
@@ -428,6 +390,22 @@ mod tests {
         assert_eq!(c.npu_lock, LockMode::Cpu);
         let (c, bad) = parse(&[("ORK_ROUTE", "fast"), ("ORK_NPU_LOCK", "maybe")]);
         assert_eq!((c.route, c.npu_lock, bad.len()), (RoutePolicy::Threshold, LockMode::Wait, 2));
+        assert_eq!(bad, ["ORK_ROUTE=\"fast\" is not threshold|cost; using threshold", "ORK_NPU_LOCK=\"maybe\" is not wait|cpu|off; using wait"]);
+    }
+
+    #[test]
+    fn choices_in_any_case_with_aliases_and_one_line_per_bad_value() {
+        let (c, bad) = parse(&[("ORK_NPU_LOCK", "0"), ("ORK_UNVERIFIED_GGML", " Refuse "), ("ORK_SIM_TIMING", "BOARD"), ("ORK_DECODE", "")]);
+        assert!(bad.is_empty(), "{bad:?}");
+        assert_eq!((c.npu_lock, c.unverified_ggml, c.sim_board_timing, c.decode), (LockMode::Off, UnverifiedGgml::Refuse, true, DecodeSelect::Auto));
+        let (c, bad) = parse(&[("ORK_NPU", "npu"), ("ORK_DECODE", "Warp"), ("ORK_UNVERIFIED_GGML", "yes"), ("ORK_SIM_TIMING", "fast")]);
+        assert_eq!((c.npu, c.decode, c.unverified_ggml, c.sim_board_timing), (NpuSelect::Auto, DecodeSelect::Auto, UnverifiedGgml::Newer, false));
+        assert_eq!(bad, [
+            "ORK_NPU=\"npu\" is not auto|sim|rknpu|rocket; using auto",
+            "ORK_DECODE=\"warp\" is not auto|npu|gpu|cpu; using auto",
+            "ORK_UNVERIFIED_GGML=\"yes\" is not newer|register|refuse; using newer",
+            "ORK_SIM_TIMING=\"fast\" is not compute|board; using compute",
+        ]);
     }
 
     #[test]

@@ -129,15 +129,20 @@ static void capture_end(void) {
     }
 }
 
+// Copies the captured line that holds position `at` into `out` (cut to outsz - 1 bytes).
+static void copy_line_at(const char *at, char *out, size_t outsz) {
+    while (at > captured && at[-1] != '\n') at--;
+    size_t n = strcspn(at, "\n");
+    if (n >= outsz) n = outsz - 1;
+    memcpy(out, at, n);
+    out[n] = 0;
+}
+
 // The first captured line containing `needle` (copied into `out`), or false.
 static bool captured_line(const char *needle, char *out, size_t outsz) {
     const char *s = captured ? strstr(captured, needle) : NULL;
     if (!s) return false;
-    while (s > captured && s[-1] != '\n') s--;
-    size_t n = strcspn(s, "\n");
-    if (n >= outsz) n = outsz - 1;
-    memcpy(out, s, n);
-    out[n] = 0;
+    copy_line_at(s, out, outsz);
     return true;
 }
 
@@ -146,11 +151,7 @@ static bool captured_last_line(const char *needle, char *out, size_t outsz) {
     const char *s = captured, *last = NULL;
     while (s && (s = strstr(s, needle))) last = s++;
     if (!last) return false;
-    while (last > captured && last[-1] != '\n') last--;
-    size_t n = strcspn(last, "\n");
-    if (n >= outsz) n = outsz - 1;
-    memcpy(out, last, n);
-    out[n] = 0;
+    copy_line_at(last, out, outsz);
     return true;
 }
 
