@@ -32,6 +32,8 @@ echo "== fake kernel: the rknpu and rocket interfaces through their ioctls, agai
 bash "$ROOT/tests/fake-kernel/test.sh" || failed+=(fake-kernel)
 echo "== one libggml-ork.so in llama.cpp b11549, b10809 and b10566, and in a ggml it does not know (~4 min)"
 python3 "$ROOT/tests/e2e_releases.py" || failed+=(releases)
+echo "== the same libggml-ork.so in the ggml of 11 prebuilt releases b10603..b11739 (PyPI wheels, MUL_MAT graphs vs each release's CPU; ~1 min cold)"
+python3 "$ROOT/tests/e2e_wheels.py" || failed+=(wheels)
 
 # ---- the product's own target: aarch64 cross build + the crate's tests under qemu ----------
 # (separate step; ~2 min warm, ~6-8 min cold incl. apt set-up; ORK_CROSS=0 skips it locally)
