@@ -9,14 +9,20 @@ perplexity (a few chunks) is within the pinned release's bound of that release's
 Then a ggml outside the verified releases: a faked newer ggml_version() in b11549 (registers with
 one warning line; ORK_UNVERIFIED_GGML=refuse refuses it), and b10809 with an extra API-3 symbol
 (refused): exit code 0, one line naming the host's version and the verified releases.
+Then Ollama's way (releases/ollama/*): b10809's llama-server (API 2, as Ollama 0.34.x's b10969)
+started as Ollama starts it -- discovery by `llama-server --list-devices --offline`, parsed with
+Ollama's pattern, where ORK must report non-zero memory (Ollama drops a 0 MiB device); then the
+runner with Ollama's arguments and only GGML_BACKEND_PATH added to the environment: 16 greedy
+tokens equal that release's CPU tokens (step 2), ORK's NPU live (its exit line); the server log
+lines naming ORK are recorded.
 Prints one line per check and "N passed, M failed"; exit status 1 on any failure.
 Environment: LLAMA_BIN, ORK_RELEASES, ORK_MODELS, ORK_CORPUS, ORK_LIB (tests/run-all.sh sets them).
 Writes the figures to $ORK_ENV/e2e-releases-results.md.
 """
-import os, re, subprocess, sys, tempfile, time
+import json, os, re, signal, subprocess, sys, tempfile, time, urllib.request
 
-from e2e_common import (BIN, DEMO_PROMPT, LIB, MODELS, check, cpu, env_with, figures, file_sha256, ork,
-                        summary, want, write_figures)
+from e2e_common import (BIN, DEMO_PROMPT, LIB, MODELS, check, cpu, env_with, exit_counters, figures, file_sha256,
+                        free_port, npu_live, npu_words, ork, summary, want, write_figures)
 
 CORPUS = os.environ["ORK_CORPUS"]
 OUT = os.path.join(os.environ.get("ORK_ENV", "/tmp"), "e2e-releases-results.md")
@@ -63,6 +69,7 @@ sha = file_sha256(LIB)
 print(f"plugin: {LIB}, sha256 {sha}", flush=True)
 figures.append(f"| plugin | {os.path.basename(LIB)} sha256 {sha} |")
 
+cpu_text = {}  # release -> its CPU's 16 greedy tokens
 for rel, bin_dir, ggml_v, api in RELEASES:
     if not want(f"releases/{rel}"):
         continue
@@ -83,6 +90,7 @@ for rel, bin_dir, ggml_v, api in RELEASES:
     # 2. greedy parity with this release's CPU
     a, ea, dta = generate(bin_dir, 16, ork())
     b, eb, dtb = generate(bin_dir, 16, cpu())
+    cpu_text[rel] = b
     ran = re.search(r"ORK ran (\d+) MUL_MAT on the NPU", ea or "")
     ok = a is not None and b is not None and a == b and ran is not None and int(ran.group(1)) > 0
     check(f"releases/{rel}/greedy", ok, f"ORK {a!r} vs CPU {b!r}; NPU matmuls: {ran.group(1) if ran else 'none'}"
@@ -134,6 +142,69 @@ with tempfile.TemporaryDirectory() as d:
         ok = (p.returncode == 0 and ("ORK" in p.stdout) == listed and len(lines) == 1 and all(w in line for w in words))
         check(f"releases/{name}", ok, f"{rel} tools{''.join(f' {k}={v}' for k, v in extra.items())}: rc {p.returncode}, "
                                       f"ORK {'listed' if 'ORK' in p.stdout else 'not listed'}, {len(lines)} line(s) on the ggml: {lines}")
+
+# 6. Ollama's way. Ollama (since its llama-server runner) finds devices by running
+# `llama-server --list-devices --offline` and keeps the lines that match the pattern below with a
+# total above 0 MiB; it then starts the runner with the arguments below, its whole environment,
+# LD_LIBRARY_PATH = llama-server's own directory first, and LLAMA_MEDIA_MARKER. GGML_BACKEND_PATH
+# is the one variable the user adds (ollama's service environment).
+OLLAMA_DEVICE_LINE = re.compile(r"^\s+(.+?):\s+(.+?)\s+\((\d+)\s+MiB,\s+(\d+)\s+MiB\s+free\)")
+rel, bin_dir = RELEASES[1][0], RELEASES[1][1]
+server = f"{bin_dir}/llama-server"
+if want("releases/ollama"):
+    if not os.path.exists(server):
+        check("releases/ollama/set-up", False, f"no {server} (tests/setup-releases.sh builds it for b10809)")
+    else:
+        env = ork(LD_LIBRARY_PATH=bin_dir, LLAMA_MEDIA_MARKER="<__ollama_media_0__>")
+        p, _ = run([server, "--list-devices", "--offline"], env, timeout=120)
+        devs = [m.groups() for m in map(OLLAMA_DEVICE_LINE.match, p.stdout.splitlines()) if m]
+        mine = [d for d in devs if d[0] == "ORK"]
+        ok = p.returncode == 0 and len(mine) == 1 and int(mine[0][2]) > 0 and int(mine[0][3]) > 0
+        check("releases/ollama/discovery", ok, f"{rel} llama-server --list-devices --offline: rc {p.returncode}, devices as "
+                                               f"Ollama parses them {devs}" + ("" if devs else f"; stdout {p.stdout[-300:]!r}"))
+        figures.append(f"| Ollama discovery ({rel} llama-server --list-devices --offline) | {devs} |")
+        port = free_port()
+        args = [server, "--model", MODEL, "--port", str(port), "--host", "127.0.0.1", "--no-webui", "--offline",
+                "-c", "4096", "-np", "1", "--log-verbosity", "4", "--no-log-prefix", "--no-log-timestamps",
+                "--flash-attn", "auto"]
+        log = tempfile.TemporaryFile(mode="w+")
+        proc = subprocess.Popen(args, env=env_with(env), stdout=log, stderr=subprocess.STDOUT)
+        text, err = None, ""
+        try:
+            t0 = time.time()
+            while time.time() - t0 < 180 and proc.poll() is None and text is None:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                        if r.status == 200:
+                            body = {"prompt": DEMO_PROMPT, "n_predict": 16, "temperature": 0, "top_k": 1, "seed": 1}
+                            req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=json.dumps(body).encode(),
+                                                         headers={"Content-Type": "application/json"})
+                            with urllib.request.urlopen(req, timeout=300) as r2:
+                                text = json.loads(r2.read())["content"]
+                except Exception as e:  # noqa: BLE001 - not up yet, or reported below
+                    err = str(e)
+                    time.sleep(0.5)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=10)
+            log.seek(0)
+            out = log.read()
+            log.close()
+        c = exit_counters(out)
+        named = [l.strip() for l in out.splitlines() if re.search(r"\bORK\b", l) and not l.startswith("ork: ")]
+        ref = cpu_text.get(rel)  # llama-completion's greedy tokens on this release's CPU (step 2)
+        check("releases/ollama/runner", bool(text) and npu_live(c) and (ref is None or text == ref),
+              f"{rel} llama-server with Ollama's arguments: completion {text!r}"
+              f"{'' if ref is None else (' equal to' if text == ref else ' DIFFERS from') + ' the CPU greedy tokens'}; {npu_words(c)}"
+              + ("" if text else f"; last error {err!r}; log ends {out[-600:]!r}"))
+        figures.append(f"| Ollama runner ({rel} llama-server, Ollama's arguments) | completion {text!r}; {npu_words(c)}; "
+                       f"log lines naming ORK: {named[:6]} |")
+        print("  server log lines naming ORK:\n    " + "\n    ".join(named[:8]), flush=True)
 
 check("releases/same-file", file_sha256(LIB) == sha, f"sha256 {sha} before and after")
 npass, nfail = summary()
