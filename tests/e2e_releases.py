@@ -198,6 +198,8 @@ if want("releases/ollama"):
         c = exit_counters(out)
         named = [l.strip() for l in out.splitlines() if re.search(r"\bORK\b", l) and not l.startswith("ork: ")]
         ref = cpu_text.get(rel)  # llama-completion's greedy tokens on this release's CPU (step 2)
+        if ref is not None and text is not None:  # llama-completion ends its output with blank lines
+            ref, text = ref.rstrip("\n"), text.rstrip("\n")
         check("releases/ollama/runner", bool(text) and npu_live(c) and (ref is None or text == ref),
               f"{rel} llama-server with Ollama's arguments: completion {text!r}"
               f"{'' if ref is None else (' equal to' if text == ref else ' DIFFERS from') + ' the CPU greedy tokens'}; {npu_words(c)}"

@@ -30,7 +30,7 @@ echo "== serving: llama-server --parallel 4, two processes, ggml-rpc-server, MUL
 python3 "$ROOT/tests/e2e_serving.py" || failed+=(serving)
 echo "== fake kernel: the rknpu and rocket interfaces through their ioctls, against the simulator (~4 min)"
 bash "$ROOT/tests/fake-kernel/test.sh" || failed+=(fake-kernel)
-echo "== one libggml-ork.so in llama.cpp b11549, b10809 and b10566, and in a ggml it does not know (~4 min)"
+echo "== one libggml-ork.so in llama.cpp b11549, b10809 and b10566, in a ggml outside the verified releases, and in b10809's llama-server started as Ollama starts it (~5 min)"
 python3 "$ROOT/tests/e2e_releases.py" || failed+=(releases)
 echo "== the same libggml-ork.so in the ggml of 11 prebuilt releases b10603..b11739 (PyPI wheels, MUL_MAT graphs vs each release's CPU; ~1 min cold)"
 python3 "$ROOT/tests/e2e_wheels.py" || failed+=(wheels)
