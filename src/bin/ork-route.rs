@@ -199,7 +199,8 @@ fn main() {
         _ => None,
     })
     .0;
-    let mut fused = CostModel::for_soc(ggml_ork::npu::soc::SocId::Rk3588);
+    // The anchors ran their own engines' host paths: the NPU-only model is what they calibrate.
+    let mut fused = CostModel::npu_only(ggml_ork::npu::soc::SocId::Rk3588);
     fused.split_s = 0.0;
     let a = route::predict(&anchors_cfg, &fused, &q, 256);
     println!("\n# Qwen3-1.7B Q8_0 on RK3588, cost model vs published anchors (tok/s):");
@@ -228,12 +229,34 @@ fn main() {
         let terms = route::precision::Role::ALL.map(|r| route::precision::terms_for(&c, r, false, &work));
         let b = route::predict(&c, &CostModel::for_soc(ggml_ork::npu::soc::SocId::Rk3588), &q, 256);
         println!(
-            "#   predicted, {what} inside llama.cpp: prefill {:.0}, decode {:.1} (the layers' NPU work {:.2}x plain W8A8; rows {:.2}x with the head)",
+            "#   predicted, {what} inside llama.cpp, with host: prefill {:.0}, decode {:.1} (the layers' NPU work {:.2}x plain W8A8; rows {:.2}x with the head)",
             b.prefill_tok_s,
             b.decode_tok_s,
             route::precision::work_ratio(&terms, &work),
             route::precision::rows_ratio(&terms, &counts)
         );
     }
+    // NPU only against the NPU with the host's measured work around each run (route::HostCost).
+    let here = Config::from_lookup(|k| std::env::var(k).ok()).0;
+    let rk = ggml_ork::npu::soc::SocId::Rk3588;
+    let (npu, host) = (CostModel::npu_only(rk), CostModel::for_soc(rk));
+    let (a, b) = (route::predict(&here, &npu, &q, 512), route::predict(&here, &host, &q, 512));
+    let w = route::prefill_work(&here, &host, &q, 512);
+    let h = host.host;
+    println!("#   Qwen3-1.7B Q8_0 pp512 on RK3588: NPU only {:.0} tok/s, with host {:.0} tok/s", a.prefill_tok_s, b.prefill_tok_s);
+    println!(
+        "#     host per MUL_MAT = {:.2} (an A76 core over this machine's: an assumption) x (act-quant {:.3} ns per row·K + output {:.3} ns per row·N + {:.0} µs per submit + {:.0} µs per MUL_MAT), {}; \
+         per prompt token at M=512: {:.2} submits on the busiest core, {:.0} row·K, {:.0} row·N over {} MUL_MATs",
+        h.a76,
+        h.act_quant_s * 1e9,
+        h.output_s * 1e9,
+        h.submit_s * 1e6,
+        h.matmul_s * 1e6,
+        if h.pipelined { "overlapping the NPU run" } else { "after one another with the NPU runs (nothing pipelined)" },
+        w.submits_per_token,
+        w.row_k_per_token,
+        w.row_n_per_token,
+        w.matmuls
+    );
     println!("#   anchors: ork/llama.cpp prefill 178 (rknpu-facts §4) .. 278 pp256 (seed 002), decode 12.8 (seed 002), 11.0 (seed 000); librkllmrt 184 / 11.71 (seed 002); CPU only 35.5 / 9.43 (seed 001)");
 }

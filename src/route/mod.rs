@@ -105,7 +105,91 @@ pub struct Availability {
     pub npu_busy: bool,
 }
 
-/// Published-figure cost model for one SoC. Times in seconds.
+/// The host's work around one NPU MUL_MAT, per unit of work, in seconds on **this machine's**
+/// cores (a shared 2-core x86 builder), as ORK's code does it today; [`HostCost::a76`] scales it
+/// to an RK3588 big core. Coefficients from the profile table of `bench-scripts/prefill_host_table.sh`
+/// (docs/benchmarks.md, "Where the prefill host time goes"): the synthetic Qwen3-1.7B shape, Q8_0,
+/// timed NPU, M = 512, each step's µs per prompt token divided by the work per token that the
+/// step scales with.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HostCost {
+    /// Act-quant (reuse key, copy, rotation, int8 terms) per activation row × K of every MUL_MAT
+    /// (the activations Q/K/V and gate/up share are quantized once: that reuse is inside the
+    /// coefficient, as measured).
+    pub act_quant_s: f64,
+    /// The output pass (K-split sums, int32 → f32 with the scales) per output row × N.
+    pub output_s: f64,
+    /// The host part of one submit on the busiest core (activation packing, register commands,
+    /// syncs, copies), per submit of [`CostModel::npu_submits`].
+    pub submit_s: f64,
+    /// Per MUL_MAT: the arbiter's lease and its release.
+    pub matmul_s: f64,
+    /// An A76 core's time for this work over this machine's.
+    pub a76: f64,
+    /// Whether the host work overlaps the NPU run (pipelined) instead of adding to it. Today it
+    /// does not: act-quant, every submit's host part and the output pass run one after the other
+    /// with the NPU runs between them.
+    pub pipelined: bool,
+}
+
+impl HostCost {
+    /// No host work: the NPU-only figure.
+    pub const NONE: HostCost = HostCost { act_quant_s: 0.0, output_s: 0.0, submit_s: 0.0, matmul_s: 0.0, a76: 1.0, pipelined: false };
+
+    /// Measured on this machine (see the type's docs for the command), scaled by `a76`.
+    pub const MEASURED: HostCost = HostCost {
+        act_quant_s: ACT_QUANT_S,
+        output_s: OUTPUT_S,
+        submit_s: SUBMIT_S,
+        matmul_s: MATMUL_S,
+        a76: A76_OVER_HERE,
+        pipelined: false,
+    };
+
+    /// Host seconds on the board for one MUL_MAT of `m` rows, `k`, `n`, with `terms` and
+    /// `submits` submits on the busiest core.
+    pub fn host_s(&self, m: usize, k: usize, n: usize, terms: precision::Terms, submits: usize) -> f64 {
+        let here = self.act_quant_s * (terms.act * m * k) as f64
+            + self.output_s * (terms.rows() * m * n) as f64
+            + self.submit_s * submits as f64
+            + self.matmul_s;
+        self.a76 * here
+    }
+
+    /// The MUL_MAT's time from the NPU's and the host's: their sum, or the larger with
+    /// pipelining.
+    pub fn combine(&self, npu_s: f64, host_s: f64) -> f64 {
+        if self.pipelined {
+            npu_s.max(host_s)
+        } else {
+            npu_s + host_s
+        }
+    }
+}
+
+/// **Assumption**: an RK3588 A76 core (2.3–2.4 GHz, rknpu-facts §8) takes 2.5× this machine's
+/// x86 core time for the host's passes (the "2–3× slower"; neither the shared references
+/// nor the seeds give a measured per-core ratio for this kind of work). The coefficients below
+/// were measured at load average 12–16 on 2 cores, which inflates them; the same runs' ggml-cpu
+/// rate (`ORK_OFF=1`, 6.6–7.2 tok/s pp512 on 2 threads) against seed 001's 35.5 tok/s on 4 A76
+/// cores would put a loaded thread here at 0.4× an A76 core: see docs/benchmarks.md.
+pub const A76_OVER_HERE: f64 = 2.5;
+// Each: `P=512 UB=512 bash bench-scripts/prefill_host_table.sh $ORK_ENV/synth/synth-qwen3-1.7b-Q8_0.gguf`
+// (synthetic Qwen3-1.7B shape, timed NPU, µs per prompt token), the smaller of two runs, divided by
+// the work per token `ork-route` prints (`route::prefill_work`, M = 512).
+/// act-quant 2511 µs per token / 516096 row·K per token (Σ K of a layer's 7 MUL_MATs × 28).
+const ACT_QUANT_S: f64 = 4.87e-9;
+/// dequant 496 µs per token / 573440 row·N per token (Σ N × 28).
+const OUTPUT_S: f64 = 0.865e-9;
+/// submit 5365 µs per token / 0.383 busiest-core submits per token (one per core per MUL_MAT at
+/// M = 512; 196 MUL_MATs per 512 rows). Includes the simulator's decoding of each program and
+/// its zero writes where they outlast the modelled time, and 3 core threads sharing 2 CPUs.
+const SUBMIT_S: f64 = 14.0e-3;
+/// arbiter 2 µs per token × 512 / 196 MUL_MATs (a private lock directory: no other process).
+const MATMUL_S: f64 = 5.2e-6;
+
+/// Published-figure cost model for one SoC, with the host's measured work around each NPU run.
+/// Times in seconds.
 #[derive(Clone, Debug)]
 pub struct CostModel {
     pub soc: SocDesc,
@@ -118,6 +202,8 @@ pub struct CostModel {
     pub gpu_bps: f64,
     /// Per MUL_MAT run off the CPU inside llama.cpp (graph split, thread wake-ups).
     pub split_s: f64,
+    /// The host's work around each NPU run ([`HostCost::NONE`] for the NPU-only figure).
+    pub host: HostCost,
 }
 
 use crate::quant::types::bytes_per_weight;
@@ -136,8 +222,37 @@ impl CostModel {
             cpu_bps: 17.2e9,
             gpu_bps: 10e9,
             split_s: 0.87e-3,
+            host: HostCost::MEASURED,
             soc,
         }
+    }
+
+    /// [`CostModel::for_soc`] without the host's work: the NPU's time alone.
+    pub fn npu_only(id: SocId) -> CostModel {
+        CostModel { host: HostCost::NONE, ..CostModel::for_soc(id) }
+    }
+
+    /// Submits on the busiest core of the NPU runs of one MUL_MAT with `terms` (both weight
+    /// terms' runs), `usize::MAX` when the NPU layout cannot hold it.
+    pub fn npu_submits_terms(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32) -> usize {
+        let hi = self.npu_submits(terms.act * m, k, n, cores);
+        let lo = if terms.weight > 1 { self.npu_submits(precision::LO_ACT_TERMS.min(terms.act) * m, k, n, cores) } else { 0 };
+        if hi == usize::MAX || lo == usize::MAX {
+            usize::MAX
+        } else {
+            hi + lo
+        }
+    }
+
+    /// One NPU MUL_MAT with the host's work around it ([`HostCost::combine`] of [`Self::npu_s`]
+    /// and [`HostCost::host_s`]); the calibrated correction is not in it (`mean_correct_s`).
+    pub fn npu_host_s(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32) -> f64 {
+        let npu = self.npu_s(m, k, n, terms, cores);
+        if !npu.is_finite() || self.host == HostCost::NONE {
+            return npu;
+        }
+        let submits = self.npu_submits_terms(m, k, n, terms, cores);
+        self.host.combine(npu, self.host.host_s(m, k, n, terms, submits))
     }
 
     /// Submits on the busiest core for `[M,K]×[N,K]ᵀ` on `cores` cores (the real planner).
@@ -154,20 +269,18 @@ impl CostModel {
     /// the activation terms against the first weight term, and `precision::LO_ACT_TERMS` of them
     /// against the second (a second run: its own submits, its own weight feed).
     pub fn npu_s(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32) -> f64 {
-        let hi = self.npu_submits(terms.act * m, k, n, cores);
-        let lo_rows = precision::LO_ACT_TERMS.min(terms.act) * m;
-        let lo = if terms.weight > 1 { self.npu_submits(lo_rows, k, n, cores) } else { 0 };
-        if hi == usize::MAX || lo == usize::MAX {
+        let submits = self.npu_submits_terms(m, k, n, terms, cores);
+        if submits == usize::MAX {
             return f64::INFINITY;
         }
         let used = crate::npu::plan::core_count(&self.soc, n, cores) as f64 / self.soc.cores as f64;
         let macs = 2.0 * (terms.rows() * m) as f64 * k as f64 * n as f64 / (self.npu_ops * used);
         let feed = (terms.weight * k * n) as f64 / self.npu_feed_bps;
-        ((hi + lo) as f64 * self.submit_floor_s).max(macs + feed)
+        (submits as f64 * self.submit_floor_s).max(macs + feed)
     }
 
     /// Host time of the calibrated correction (`quant::mean::correct_along`): per row a K-dot
-    /// and N multiply-adds, after the NPU run.
+    /// and N multiply-adds, after the NPU run (at ggml-cpu's int8 rate: not measured).
     pub fn mean_correct_s(&self, m: usize, k: usize, n: usize) -> f64 {
         2.0 * m as f64 * (k + n) as f64 / self.cpu_ops
     }
@@ -264,9 +377,9 @@ pub fn decide_terms(cfg: &Config, model: &CostModel, mm: &MatMul, terms: precisi
     let phase = Phase::of(cfg, mm.m);
     let cores = cfg.max_cores.unwrap_or(model.soc.cores);
     let split = |s: f64| s + if phase == Phase::Decode { model.split_s } else { 0.0 };
-    // The calibrated correction's host work follows the NPU run.
-    let host = if cfg.rotate && cfg.mean_correct { model.mean_correct_s(mm.m, mm.k, mm.n) } else { 0.0 };
-    let t_npu = split(model.npu_s(mm.m, mm.k, mm.n, terms, cores) + host);
+    // The calibrated correction's host work follows the NPU run (none in the NPU-only figure).
+    let host = if cfg.rotate && cfg.mean_correct && model.host != HostCost::NONE { model.mean_correct_s(mm.m, mm.k, mm.n) } else { 0.0 };
+    let t_npu = split(model.npu_host_s(mm.m, mm.k, mm.n, terms, cores) + host);
     let t_cpu = model.cpu_s(mm.m, mm.k, mm.n, mm.ggml_type);
     let t_gpu = split(model.gpu_s(mm.m, mm.k, mm.n, mm.ggml_type));
     let predicted = (t_npu, t_cpu, if av.gpu { t_gpu } else { f64::INFINITY });
@@ -404,6 +517,34 @@ pub fn predict(cfg: &Config, model: &CostModel, shape: &ModelShape, m: usize) ->
     ModelRates { prefill_tok_s: m as f64 / prefill_s, decode_tok_s: 1.0 / decode_s }
 }
 
+/// The work per prompt token of a prefill in ubatches of `m` rows that the host coefficients
+/// ([`HostCost`]) are divided by: submits on the busiest core, activation row·K and output
+/// row·N, summed over the layers' NPU MUL_MATs (one term each unless the plan adds some).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PrefillWork {
+    pub matmuls: usize,
+    pub submits_per_token: f64,
+    pub row_k_per_token: f64,
+    pub row_n_per_token: f64,
+}
+
+pub fn prefill_work(cfg: &Config, model: &CostModel, shape: &ModelShape, m: usize) -> PrefillWork {
+    let work = shape.role_work();
+    let cores = cfg.max_cores.unwrap_or(model.soc.cores);
+    let (mut submits, mut rk, mut rn) = (0.0, 0.0, 0.0);
+    for &(k, n, ty, role) in &shape.per_layer {
+        let terms = precision::terms_for(cfg, role, crate::quant::types::is_float(ty), &work);
+        let s = model.npu_submits_terms(m, k, n, terms, cores);
+        if s != usize::MAX {
+            submits += s as f64 / m as f64;
+            rk += (terms.act * k) as f64;
+            rn += (terms.rows() * n) as f64;
+        }
+    }
+    let l = shape.layers as f64;
+    PrefillWork { matmuls: shape.per_layer.len() * shape.layers, submits_per_token: submits * l, row_k_per_token: rk * l, row_n_per_token: rn * l }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -460,7 +601,8 @@ mod tests {
         // One-term W8A8 (what the anchors measured): prefill within 2x of 178-278 tok/s and
         // decode within 1.5x of 12.8 tok/s with everything on the NPU.
         let c = cfg(&[("ORK_ACT_TERMS", "1"), ("ORK_WEIGHT_TERMS", "1"), ("ORK_DECODE", "npu"), ("ORK_MINM", "1")]);
-        let mut model = CostModel::for_soc(SocId::Rk3588);
+        // The anchors ran their own engines' host paths, not this one: the NPU-only model.
+        let mut model = CostModel::npu_only(SocId::Rk3588);
         model.split_s = 0.0; // the anchors ran inside ork's own engine / a fused graph
         let r = predict(&c, &model, &ModelShape::qwen3_1_7b(), 256);
         assert!((89.0..=556.0).contains(&r.prefill_tok_s), "{r:?}");
@@ -469,20 +611,49 @@ mod tests {
 
     #[test]
     fn the_default_precision_keeps_the_prefill_rate() {
-        // Qwen3-1.7B Q8_0 inside llama.cpp on RK3588 (docs/precision.md): the default plan
-        // (rotated, one term in every layer, the calibrated correction's host work after every NPU
-        // run) at 330 tok/s or more, within 5 % of plain W8A8 and over twice the unrotated
-        // multi-term scheme; the largest budget the role plan fills (1.40: value, output and
-        // down-projections) still above the best published open prefill (278 tok/s).
-        let model = CostModel::for_soc(SocId::Rk3588);
+        // Qwen3-1.7B Q8_0 inside llama.cpp on RK3588 (docs/precision.md), the NPU's time alone:
+        // the default plan (rotated, one term in every layer) at 330 tok/s or more, within 5 % of
+        // plain W8A8 and over twice the unrotated multi-term scheme; the largest budget the role
+        // plan fills (1.40: value, output and down-projections) still above the best published
+        // open prefill (278 tok/s). With the host's measured work (`with_host_the_prefill_rate_
+        // falls_by_the_host_time`) the default plan predicts less: the issue's ≥ 330 with host
+        // is a target of the host-path work, not asserted here.
+        let model = CostModel::npu_only(SocId::Rk3588);
         let q = ModelShape::qwen3_1_7b();
         let rate = |env: &[(&str, &str)]| predict(&cfg(env), &model, &q, 256).prefill_tok_s;
         let (default, wide, plain, multi) = (rate(&[]), rate(&[("ORK_NPU_WORK", "1.40")]), rate(&[("ORK_ACT_TERMS", "1"), ("ORK_WEIGHT_TERMS", "1")]), rate(&[("ORK_ROTATE", "0")]));
         assert!(default >= 330.0 && default >= 0.95 * plain && default >= 2.0 * multi, "default {default:.0}, plain {plain:.0}, multi-term {multi:.0}");
         assert!(wide >= 278.0, "ORK_NPU_WORK=1.40 {wide:.0}");
-        // The calibrated correction's host work (K + N per row) is small beside the NPU run.
-        let uncorrected = rate(&[("ORK_MEAN_CORRECT", "0")]);
-        assert!((default - uncorrected).abs() <= 0.01 * uncorrected, "with {default:.0}, without {uncorrected:.0}");
+        // The calibrated correction's host work (K + N per row, at ggml-cpu's rate) is small
+        // beside the NPU run and the rest of the host's work.
+        let host = CostModel::for_soc(SocId::Rk3588);
+        let rate = |env: &[(&str, &str)]| predict(&cfg(env), &host, &q, 256).prefill_tok_s;
+        let (corrected, uncorrected) = (rate(&[]), rate(&[("ORK_MEAN_CORRECT", "0")]));
+        assert!(corrected < uncorrected && uncorrected - corrected <= 0.01 * uncorrected, "with {corrected:.0}, without {uncorrected:.0}");
+    }
+
+    #[test]
+    fn with_host_the_prefill_rate_falls_by_the_host_time() {
+        // Qwen3-1.7B Q8_0 pp512 on RK3588: the with-host prediction's time per token is the
+        // NPU-only one plus the host's coefficients times the work per token (serial today),
+        // recomputed here from the coefficients and `prefill_work`'s counts.
+        let c = cfg(&[]);
+        let q = ModelShape::qwen3_1_7b();
+        let (npu, host) = (CostModel::npu_only(SocId::Rk3588), CostModel::for_soc(SocId::Rk3588));
+        let (a, b) = (predict(&c, &npu, &q, 512), predict(&c, &host, &q, 512));
+        let w = prefill_work(&c, &host, &q, 512);
+        assert_eq!((w.matmuls, w.row_k_per_token, w.row_n_per_token), (196, 516096.0, 573440.0), "{w:?}");
+        let h = host.host;
+        let per_token = h.a76 * (h.act_quant_s * w.row_k_per_token + h.output_s * w.row_n_per_token + h.submit_s * w.submits_per_token + h.matmul_s * w.matmuls as f64 / 512.0);
+        let correction = q.per_layer.iter().map(|&(k, n, _, _)| host.mean_correct_s(1, k, n)).sum::<f64>() * q.layers as f64;
+        let want = 1.0 / a.prefill_tok_s + per_token + correction;
+        assert!(((1.0 / b.prefill_tok_s) / want - 1.0).abs() < 1e-9, "with host {:.1} tok/s, expected {:.1}", b.prefill_tok_s, 1.0 / want);
+        assert!(b.prefill_tok_s < a.prefill_tok_s && !h.pipelined);
+        // Pipelined, the host's work hides under the NPU's wherever it is the smaller.
+        let mut piped = host.clone();
+        piped.host.pipelined = true;
+        let p = predict(&c, &piped, &q, 512);
+        assert!(p.prefill_tok_s > b.prefill_tok_s && p.prefill_tok_s <= a.prefill_tok_s, "pipelined {:.0}", p.prefill_tok_s);
     }
 
     #[test]

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Where the prefill MUL_MATs' time goes per prompt token, at several ubatch sizes M: llama-bench
+# -p $P -ub M -n 0 with the timed NPU (ORK_NPU=sim ORK_SIM_TIMING=board: no compute, every submit
+# completes at the hardware time src/npu/soc.rs NpuTiming models for an RK3588 core) and
+# ORK_PROFILE=1, and ggml-cpu alone (ORK_OFF=1) right after it for scale. Per M, one row:
+#   - the two rates (tok/s, llama-bench);
+#   - µs per prompt token of each host step the prefill MUL_MATs' profile line reports (act-quant,
+#     submit = the host part of the NPU runs, dequant, arbiter), the calibrated correction (exit
+#     line `correction N ms`; it runs after the NPU run on the same thread, and only for a model
+#     the calibration file holds), their sum (the host time on the critical path: nothing of it
+#     overlaps the NPU today), and the modelled NPU device time (`wait`);
+#   - host / device: the critical-path host time over the modelled device time.
+# ORK_LOCK_DIR is a fresh directory (below) unless set: only this script's processes arbitrate.
+# The per-token figures divide the process's totals by the tokens it prefilled: (1 warm-up + R)
+# × P (llama-bench's warm-up runs the whole prompt). The device time is a model, not a board; the
+# host times are this machine's cores (under whatever else runs on them), not an A76's.
+#
+#   bash bench-scripts/prefill_host_table.sh [MODEL.gguf]   # default: SmolLM2-135M Q8_0
+#   P=512 UB="32 128 512" R=1 T=2 bash bench-scripts/prefill_host_table.sh \
+#       ~/.cache/ggml-ork-env/synth/synth-qwen3-1.7b-Q8_0.gguf   # bench-scripts/synth_models.sh
+source "$(dirname "$0")/lib.sh"
+bench_env
+bench_build_plugin >/dev/null
+M=${1:-$BENCH_MODEL}
+# A lock directory of this script's own: on a shared builder other processes' simulated NPUs
+# would otherwise hold the cross-process NPU lock and their work would show as arbiter time.
+export ORK_LOCK_DIR=${ORK_LOCK_DIR:-$(mktemp -d)}
+P=${P:-512} R=${R:-1} T=${T:-2}
+echo "# $(basename "$M"), llama-bench -p $P -n 0 -r $R -t $T; µs per prompt token (tokens = (1 + $R) × $P per process)"
+echo "| M (-ub) | ORK, board timing (t/s) | CPU alone (t/s) | act-quant | submit | dequant | arbiter | correction | host, critical path | modelled NPU device | host / device |"
+echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+rate() { grep -E " pp$P " | tail -1 | awk -F'|' '{print $(NF-1)}' | sed -E 's/ //g; s/±.*//'; }
+for ub in ${UB:-32 128 512}; do
+  b=$(env GGML_BACKEND_PATH="$ORK_LIB" ORK_NPU=sim ORK_SIM_TIMING=board ORK_PROFILE=1 \
+        nice "$LLAMA_BIN/llama-bench" -m "$M" -p "$P" -ub "$ub" -n 0 -t "$T" -r "$R" 2>&1)
+  o=$(env GGML_BACKEND_PATH="$ORK_LIB" ORK_OFF=1 nice "$LLAMA_BIN/llama-bench" -m "$M" -p "$P" -ub "$ub" -n 0 -t "$T" -r "$R" 2>&1 | rate)
+  pre=$(echo "$b" | grep -E "prefill MUL_MAT: npu" | tail -1)
+  ex=$(echo "$b" | grep -E "ORK ran [0-9]+ MUL_MAT" | tail -1)
+  tok=$(( (1 + R) * P ))
+  # µs per token of the first number after $2 in line $1
+  us() { echo "$1" | grep -oE "$2 [0-9.]+ ms" | head -1 | grep -oE "[0-9.]+" | awk -v n=$tok '{printf "%.0f", $1 * 1000 / n}'; }
+  aq=$(us "$pre" "act-quant") sb=$(us "$pre" "submit") dq=$(us "$pre" "dequant") ar=$(us "$pre" "arbiter")
+  wt=$(us "$pre" "wait") co=$(us "$ex" "correction")
+  host=$(( ${aq:-0} + ${sb:-0} + ${dq:-0} + ${ar:-0} + ${co:-0} ))
+  ratio=$(awk -v h=$host -v d="${wt:-0}" 'BEGIN { if (d > 0) printf "%.1f×", h / d; else print "-" }')
+  echo "| $ub | $(echo "$b" | rate) | $o | ${aq:--} | ${sb:--} | ${dq:--} | ${ar:--} | ${co:--} | $host | ${wt:--} | $ratio |"
+  if [ -n "${KEEP_LOG:-}" ]; then echo "$b" > "$KEEP_LOG.ub$ub.log"; fi
+done
