@@ -35,6 +35,12 @@ impl Device {
             domain_cap_bytes: cfg.domain_cap_mb.map(|mb| mb << 20),
             sim_fault: cfg.sim_fault.clone(),
             sim_board_timing: cfg.sim_board_timing,
+            // M = 1 reaches the NPU where decode is sent there (ORK_DECODE=npu, or the cost
+            // policy's auto choice); otherwise nothing below ORK_MINM does.
+            smallest_m: match (cfg.decode, cfg.route) {
+                (crate::config::DecodeSelect::Npu, _) | (crate::config::DecodeSelect::Auto, crate::config::RoutePolicy::Cost) => 1,
+                _ => cfg.min_m,
+            },
         };
         let npu = Npu::open(&ncfg).map_err(|e| match cfg.npu {
             NpuSelect::Auto => format!("no ORK device: {e} (set ORK_NPU=sim for the simulator)"),
