@@ -141,23 +141,28 @@ fn a_model_too_large_for_two_terms_keeps_one_term_everywhere() {
 }
 
 /// Resident bytes by kind, exactly: an `[N, K]` weight with two int8 terms on the simulator
-/// (one copy of everything), its GGUF copy in ORK's buffers, the NPU scratch of three cores.
+/// (one copy of everything), a weight buffer (the GGUF copy) and a compute buffer in ORK's
+/// buffers, the NPU scratch of three cores.
 #[test]
 fn memory_is_counted_by_kind() {
+    use ggml_ork::backend::buffer::Buffer;
     use ggml_ork::npu::kif::RknpuTask;
     use ggml_ork::npu::layout::WeightGeometry;
     const MN: usize = 96;
     const MK: usize = 2080; // three K-slices, not in the M-scheduler envelope
-    let dev = uncached();
+    let dev: &'static Device = Box::leak(Box::new(uncached()));
     let soc = SocDesc::get(SocId::Rk3588);
     // Default smallest M (unknown = 1): both tile sets. K-slice tiles 96·1024 + 96·1024 +
     // 96·32 (→ 4096) bytes and the full-K tile 96·2080 = 199680 (→ 200704): 401408 per term.
     let geom = WeightGeometry::with_sets(&soc, MN, MK, dev.npu.tile_sets(MN, MK));
     assert_eq!(page_round(geom.total_bytes) as u64, 401_408);
     assert_eq!(dev.npu.term_bytes(MN, MK), 401_408);
-    dev.host_buffers_changed(12_345_678);
+    let weights = Buffer::new(Some(dev), 12_345_678);
+    weights.mark_weights();
+    weights.mark_weights();
+    let compute = Buffer::new(Some(dev), 1_000_000);
     let w = weight_bytes(7, MN, MK);
-    let pw = pack(&dev, &source("blk.0.ffn_down.weight", &w, MK), MN, MK).expect("resident");
+    let pw = pack(dev, &source("blk.0.ffn_down.weight", &w, MK), MN, MK).expect("resident");
     assert!(pw.lo.is_some(), "two terms");
     dev.note_memory();
     let m = dev.stats.memory();
@@ -165,26 +170,31 @@ fn memory_is_counted_by_kind() {
     let regcmd = page_round(1024 * ggml_ork::npu::regcmd::PROGRAM_BYTES) as u64;
     let task = page_round(1024 * std::mem::size_of::<RknpuTask>()) as u64;
     let scratch = 3 * (regcmd + task + (256 << 10) + (1 << 20));
+    // row scales [N], column scales [K], second-term row scales [N], f32
+    let scales = 4 * (MN + MK + MN) as u64;
+    let total = 12_345_678 + 1_000_000 + 2 * 401_408 + scales + scratch;
     let want = ggml_ork::backend::Memory {
         gguf: 12_345_678,
+        buffers: 1_000_000,
         tiles: [401_408, 401_408],
-        // row scales [N], column scales [K], second-term row scales [N], f32
-        scales: 4 * (MN + MK + MN) as u64,
+        scales,
         scratch,
         copies: 0,
-        total: 12_345_678 + 2 * 401_408 + 4 * (MN + MK + MN) as u64 + scratch,
-        peak: 12_345_678 + 2 * 401_408 + 4 * (MN + MK + MN) as u64 + scratch,
+        total,
+        peak: total,
     };
     assert_eq!(m, want);
     assert_eq!(dev.npu.resident_bytes(), 2 * 401_408, "what the budget bounds: both terms, one copy");
     let line = dev.stats.summary();
     assert!(line.contains(&want.line()), "{line}");
-    assert!(line.contains("int8 tiles 0.4 + 0.4 (terms 1 + 2)"), "{line}");
+    assert!(line.contains("GGUF copy 11.8, compute buffers 1.0, int8 tiles 0.4 + 0.4 (terms 1 + 2)"), "{line}");
     assert!(dev.stats.profile(None).contains(&want.line()));
-    // Dropped: the tiles and scales go, the peak stays.
+    // Dropped: the tiles, scales and buffers go, the peak stays.
     drop(pw);
+    drop(weights);
+    drop(compute);
     let after = dev.stats.memory();
-    assert_eq!((after.tiles, after.scales, after.peak), ([0, 0], 0, want.peak));
+    assert_eq!((after.gguf, after.buffers, after.tiles, after.scales, after.peak), (0, 0, [0, 0], 0, want.peak));
     assert_eq!(dev.npu.resident_bytes(), 0);
 }
 

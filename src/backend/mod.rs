@@ -108,6 +108,9 @@ pub struct Stats {
     /// Host bytes of ORK's live buffers (the GGUF weights the CPU also reads live there); the
     /// default residency budget is lowered by them (see [`Device::host_buffers_changed`]).
     pub host_buffer_bytes: AtomicU64,
+    /// The part of `host_buffer_bytes` in buffers ggml wrote model weights into (the GGUF copy;
+    /// the rest are ORK's compute buffers).
+    pub weight_buffer_bytes: AtomicU64,
     /// Weights kept to one int8 term, and weights left on the CPU, for want of resident budget.
     pub one_term_for_budget: AtomicU64,
     pub not_resident_weights: AtomicU64,
@@ -194,8 +197,10 @@ impl Drop for Held {
 /// Resident bytes by kind ([`Stats::memory`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Memory {
-    /// The GGUF bytes held in ORK's buffers (`Stats::host_buffer_bytes`).
+    /// ORK's buffers that hold model weights (`Stats::weight_buffer_bytes`): the GGUF copy.
     pub gguf: u64,
+    /// ORK's other host buffers (ggml's compute buffers of ORK's graph splits).
+    pub buffers: u64,
     /// Int8 tiles of the first and second weight term, one copy each.
     pub tiles: [u64; 2],
     pub scales: u64,
@@ -208,14 +213,15 @@ pub struct Memory {
 }
 
 impl Memory {
-    /// "resident 12.3 MiB (GGUF copy …, int8 tiles … + … (terms 1 + 2), scales …, NPU scratch …,
-    /// per-core copies …), peak … MiB".
+    /// "resident 12.3 MiB (GGUF copy …, compute buffers …, int8 tiles … + … (terms 1 + 2),
+    /// scales …, NPU scratch …, per-core copies …), peak … MiB".
     pub fn line(&self) -> String {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         format!(
-            "resident {:.1} MiB (GGUF copy {:.1}, int8 tiles {:.1} + {:.1} (terms 1 + 2), scales {:.1}, NPU scratch {:.1}, per-core copies {:.1}), peak {:.1} MiB",
+            "resident {:.1} MiB (GGUF copy {:.1}, compute buffers {:.1}, int8 tiles {:.1} + {:.1} (terms 1 + 2), scales {:.1}, NPU scratch {:.1}, per-core copies {:.1}), peak {:.1} MiB",
             mib(self.total),
             mib(self.gguf),
+            mib(self.buffers),
             mib(self.tiles[0]),
             mib(self.tiles[1]),
             mib(self.scales),
@@ -314,15 +320,18 @@ impl Stats {
         let l = &self.mem;
         let tiles = [l.tiles[0].load(Relaxed), l.tiles[1].load(Relaxed)];
         let copies = l.weight_copies.load(Relaxed).max(1);
+        let host = self.host_buffer_bytes.load(Relaxed);
+        let gguf = self.weight_buffer_bytes.load(Relaxed).min(host);
         let mut m = Memory {
-            gguf: self.host_buffer_bytes.load(Relaxed),
+            gguf,
+            buffers: host - gguf,
             tiles,
             scales: l.scales.load(Relaxed),
             scratch: l.scratch.load(Relaxed),
             copies: (tiles[0] + tiles[1]) * (copies - 1) + l.scratch_copies.load(Relaxed),
             ..Memory::default()
         };
-        m.total = m.gguf + tiles[0] + tiles[1] + m.scales + m.scratch + m.copies;
+        m.total = host + tiles[0] + tiles[1] + m.scales + m.scratch + m.copies;
         m.peak = l.peak.fetch_max(m.total, Relaxed).max(m.total);
         m
     }

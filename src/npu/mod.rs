@@ -299,7 +299,7 @@ impl Npu {
     }
 
     /// Bytes one int8 term of an `[N, K]` weight costs against the residency budget: its tiled
-    /// layout (K-split tiles, plus the full-K copy where the plan uses one), page-rounded, times
+    /// layout with the tile sets [`Npu::tile_sets`] keeps, page-rounded, times
     /// [`Npu::weight_copies`].
     pub fn term_bytes(&self, n: usize, k: usize) -> u64 {
         reserved_bytes(&WeightGeometry::with_sets(&self.shared.soc, n, k, self.tile_sets(n, k))) * u64::from(self.weight_copies())
