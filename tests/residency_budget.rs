@@ -139,3 +139,165 @@ fn a_model_too_large_for_two_terms_keeps_one_term_everywhere() {
     let (name, bytes) = &model[2];
     assert!(pack(&dev, &source(name, bytes, BK), BN, BK).unwrap().lo.is_some());
 }
+
+/// Resident bytes by kind, exactly: an `[N, K]` weight with two int8 terms on the simulator
+/// (one copy of everything), a weight buffer (the GGUF copy) and a compute buffer in ORK's
+/// buffers, the NPU scratch of three cores.
+#[test]
+fn memory_is_counted_by_kind() {
+    use ggml_ork::backend::buffer::Buffer;
+    use ggml_ork::npu::kif::RknpuTask;
+    use ggml_ork::npu::layout::WeightGeometry;
+    const MN: usize = 96;
+    const MK: usize = 2080; // three K-slices, not in the M-scheduler envelope
+    let dev: &'static Device = Box::leak(Box::new(uncached()));
+    let soc = SocDesc::get(SocId::Rk3588);
+    // Default smallest M (unknown = 1): both tile sets. K-slice tiles 96·1024 + 96·1024 +
+    // 96·32 (→ 4096) bytes and the full-K tile 96·2080 = 199680 (→ 200704): 401408 per term.
+    let geom = WeightGeometry::with_sets(&soc, MN, MK, dev.npu.tile_sets(MN, MK));
+    assert_eq!(page_round(geom.total_bytes) as u64, 401_408);
+    assert_eq!(dev.npu.term_bytes(MN, MK), 401_408);
+    let weights = Buffer::new(Some(dev), 12_345_678);
+    weights.mark_weights();
+    weights.mark_weights();
+    let compute = Buffer::new(Some(dev), 1_000_000);
+    let w = weight_bytes(7, MN, MK);
+    let pw = pack(dev, &source("blk.0.ffn_down.weight", &w, MK), MN, MK).expect("resident");
+    assert!(pw.lo.is_some(), "two terms");
+    dev.note_memory();
+    let m = dev.stats.memory();
+    // Scratch: regcmd, task array, 256 KiB activations, 1 MiB outputs on each of three cores.
+    let regcmd = page_round(1024 * ggml_ork::npu::regcmd::PROGRAM_BYTES) as u64;
+    let task = page_round(1024 * std::mem::size_of::<RknpuTask>()) as u64;
+    let scratch = 3 * (regcmd + task + (256 << 10) + (1 << 20));
+    // row scales [N], column scales [K], second-term row scales [N], f32
+    let scales = 4 * (MN + MK + MN) as u64;
+    let total = 12_345_678 + 1_000_000 + 2 * 401_408 + scales + scratch;
+    let want = ggml_ork::backend::Memory {
+        gguf: 12_345_678,
+        buffers: 1_000_000,
+        tiles: [401_408, 401_408],
+        scales,
+        scratch,
+        copies: 0,
+        total,
+        peak: total,
+    };
+    assert_eq!(m, want);
+    assert_eq!(dev.npu.resident_bytes(), 2 * 401_408, "what the budget bounds: both terms, one copy");
+    let line = dev.stats.summary();
+    assert!(line.contains(&want.line()), "{line}");
+    assert!(line.contains("GGUF copy 11.8, compute buffers 1.0, int8 tiles 0.4 + 0.4 (terms 1 + 2)"), "{line}");
+    assert!(dev.stats.profile(None).contains(&want.line()));
+    // Dropped: the tiles, scales and buffers go, the peak stays.
+    drop(pw);
+    drop(weights);
+    drop(compute);
+    let after = dev.stats.memory();
+    assert_eq!((after.gguf, after.buffers, after.tiles, after.scales, after.peak), (0, 0, [0, 0], 0, want.peak));
+    assert_eq!(dev.npu.resident_bytes(), 0);
+}
+
+/// A kernel interface that holds every weight `copies` times (as `rocket` mirrors each buffer
+/// onto every core's file descriptor), over the simulator.
+struct Mirrored(ggml_ork::npu::kif::sim::SimKif);
+
+impl ggml_ork::npu::kif::KernelInterface for Mirrored {
+    fn name(&self) -> &'static str {
+        "mirrored"
+    }
+    fn describe(&self) -> String {
+        "simulator holding every weight once per core".into()
+    }
+    fn mem_create(&self, size: usize, flags: u32, d: ggml_ork::npu::kif::DomainId) -> Result<ggml_ork::npu::kif::Bo, ggml_ork::npu::kif::KifError> {
+        self.0.mem_create(size, flags, d)
+    }
+    fn mem_sync(&self, bo: &ggml_ork::npu::kif::Bo, dir: ggml_ork::npu::kif::SyncDir) -> Result<(), ggml_ork::npu::kif::KifError> {
+        self.0.mem_sync(bo, dir)
+    }
+    fn mem_destroy(&self, bo: ggml_ork::npu::kif::Bo) -> Result<(), ggml_ork::npu::kif::KifError> {
+        self.0.mem_destroy(bo)
+    }
+    fn submit(&self, job: &ggml_ork::npu::kif::SubmitJob<'_>) -> Result<ggml_ork::npu::kif::SubmitDone, ggml_ork::npu::kif::KifError> {
+        self.0.submit(job)
+    }
+    fn reset(&self) -> Result<(), ggml_ork::npu::kif::KifError> {
+        self.0.reset()
+    }
+    fn weight_copies(&self, cores: u32) -> u32 {
+        cores
+    }
+}
+
+/// Per-core copies count against the residency budget and in the memory report: on three cores
+/// a weight costs three times its tiles, its domain holds one.
+#[test]
+fn per_core_copies_count_against_the_budget() {
+    use ggml_ork::npu::layout::tile_weight;
+    let soc = SocDesc::get(SocId::Rk3588);
+    let term = term_bytes();
+    let sim = ggml_ork::npu::kif::sim::SimKif::new(soc.clone(), None).unwrap();
+    // Room for five copies: one weight (three copies) fits, a second does not.
+    let cfg = NpuConfig { wcache_budget_bytes: Some(5 * term), ..NpuConfig::default() };
+    let npu = Npu::with_kif(std::sync::Arc::new(Mirrored(sim)), soc.clone(), &cfg).unwrap();
+    assert_eq!(npu.weight_copies(), 3);
+    assert_eq!(npu.term_bytes(N, K), 3 * term);
+    let tw = tile_weight(&soc, &vec![1i8; N * K], N, K).unwrap();
+    let r = npu.upload(&tw).expect("three copies fit in five");
+    assert_eq!((npu.resident_bytes(), npu.domain_usage()), (3 * term, vec![term]));
+    assert!(matches!(npu.upload(&tw), Err(NpuError::NoRoom { .. })), "six copies do not fit in five");
+    // On one core there are no mirrors.
+    let one = Npu::with_kif(
+        std::sync::Arc::new(Mirrored(ggml_ork::npu::kif::sim::SimKif::new(soc.clone(), None).unwrap())),
+        soc,
+        &NpuConfig { max_cores: Some(1), wcache_budget_bytes: Some(5 * term), ..NpuConfig::default() },
+    )
+    .unwrap();
+    assert_eq!(one.weight_copies(), 1);
+    // The report: (copies − 1) × tiles, plus the scratch mirrors of cores 1 and 2.
+    let dev = Device { npu: npu.clone(), vk: None, cfg: Box::leak(Box::new(Config::from_lookup(|_| None).0)), stats: Default::default(), cache: None, calib: None };
+    let held = ggml_ork::backend::Held::new(&dev.stats.mem, [r.resident_bytes(), 0], 0);
+    dev.note_memory();
+    let (scratch, mirrored) = npu.scratch_bytes();
+    assert_eq!(mirrored, scratch * 2 / 3, "cores 1 and 2 of three equal scratch sets");
+    assert_eq!(dev.stats.memory().copies, 2 * term + mirrored);
+    drop(held);
+    drop(r);
+    assert_eq!(npu.resident_bytes(), 0);
+}
+
+/// A device whose matmuls all have M ≥ `smallest_m` (ORK_MINM with decode off the NPU), with a
+/// cache in `dir`.
+fn device_for_m(smallest_m: usize, dir: &std::path::Path) -> Device {
+    let (cfg, _) = Config::from_lookup(|k| (k == "ORK_ROTATE").then(|| "0".into()));
+    let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), smallest_m, ..NpuConfig::default() }).expect("simulator opens");
+    Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: Some(ggml_ork::cache::PackCache::new(dir, u64::MAX)), calib: None }
+}
+
+/// Prefill-only devices keep one tile set (K = 2080: the K-slice tiles, 200704 bytes a term
+/// instead of 401408): the same results bit for bit, the budget and the report count the one
+/// set, and the cache keeps the two layouts apart.
+#[test]
+fn prefill_only_weights_keep_one_tile_set() {
+    const MN: usize = 96;
+    const MK: usize = 2080;
+    let tmp = tempfile::tempdir().unwrap();
+    let w = weight_bytes(9, MN, MK);
+    let src = source("blk.0.ffn_down.weight", &w, MK);
+    let both = device_for_m(1, tmp.path());
+    let pw_both = pack(&both, &src, MN, MK).unwrap();
+    let one = device_for_m(32, tmp.path());
+    assert_eq!((both.npu.term_bytes(MN, MK), one.npu.term_bytes(MN, MK)), (401_408, 200_704));
+    let pw_one = pack(&one, &src, MN, MK).unwrap();
+    assert_eq!((counts(&both), counts(&one)), ((0, 1, 1), (0, 1, 1)), "one layout per cache key: the prefill-only device repacks");
+    assert_eq!(one.stats.memory().tiles, [200_704, 200_704]);
+    assert_eq!(one.npu.resident_bytes(), 2 * 200_704);
+    assert_eq!(observe(&one, &pw_one, &src), observe(&both, &pw_both, &src), "same int32 results, same floats");
+    // A warm start of each layout hits its own entry.
+    for smallest in [1, 32] {
+        let dev = device_for_m(smallest, tmp.path());
+        let pw = pack(&dev, &src, MN, MK).unwrap();
+        assert_eq!(counts(&dev), (1, 0, 0), "smallest M {smallest}");
+        assert_eq!(observe(&dev, &pw, &src), observe(&both, &pw_both, &src));
+    }
+}

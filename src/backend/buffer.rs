@@ -102,6 +102,9 @@ pub struct Buffer {
     expected_term_bytes: AtomicU64,
     /// This buffer's share of `Stats::announced` (weights per precision role).
     announced: [AtomicU64; crate::route::precision::ROLES],
+    /// ggml wrote model weights into it (`GGML_BACKEND_BUFFER_USAGE_WEIGHTS`): its bytes count
+    /// in `Stats::weight_buffer_bytes`, the GGUF copy.
+    holds_weights: std::sync::atomic::AtomicBool,
 }
 
 impl Buffer {
@@ -110,7 +113,17 @@ impl Buffer {
         if let Some(dev) = dev {
             dev.host_buffers_changed(host_bytes as i64);
         }
-        Buffer { dev, host_bytes, weights: WeightStore::default(), expected_term_bytes: AtomicU64::new(0), announced: Default::default() }
+        Buffer { dev, host_bytes, weights: WeightStore::default(), expected_term_bytes: AtomicU64::new(0), announced: Default::default(), holds_weights: Default::default() }
+    }
+
+    /// ggml wrote model weights into this buffer: its bytes are (part of) the GGUF copy in the
+    /// memory report, not a compute buffer. Idempotent.
+    pub fn mark_weights(&self) {
+        if let Some(dev) = self.dev {
+            if !self.holds_weights.swap(true, Relaxed) {
+                dev.stats.weight_buffer_bytes.fetch_add(self.host_bytes as u64, Relaxed);
+            }
+        }
     }
 
     /// ggml initialises every tensor placed in the buffer before loading any: a tensor that looks
@@ -146,6 +159,9 @@ impl Buffer {
     /// whole at load time is packed right away.
     pub fn tensor_set(&self, t: &Tensor<'_>, data: Option<&WeightData<'_>>, offset: usize, range: Range<usize>, model_weights: bool) {
         self.written(range);
+        if model_weights {
+            self.mark_weights();
+        }
         if let (0, true, Some(data)) = (offset, model_weights, data) {
             self.prepack(t, data);
         }
@@ -177,6 +193,9 @@ impl Drop for Buffer {
     fn drop(&mut self) {
         self.weights.clear();
         if let Some(dev) = self.dev {
+            if self.holds_weights.load(Relaxed) {
+                dev.stats.weight_buffer_bytes.fetch_sub(self.host_bytes as u64, Relaxed);
+            }
             dev.host_buffers_changed(-(self.host_bytes as i64));
             dev.stats.expected_term_bytes.fetch_sub(self.expected_term_bytes.load(Relaxed), Relaxed);
             for (d, mine) in dev.stats.announced.iter().zip(&self.announced) {

@@ -35,6 +35,7 @@ impl Device {
             domain_cap_bytes: cfg.domain_cap_mb.map(|mb| mb << 20),
             sim_fault: cfg.sim_fault.clone(),
             sim_board_timing: cfg.sim_board_timing,
+            smallest_m: smallest_npu_m(cfg),
         };
         let npu = Npu::open(&ncfg).map_err(|e| match cfg.npu {
             NpuSelect::Auto => format!("no ORK device: {e} (set ORK_NPU=sim for the simulator)"),
@@ -68,9 +69,35 @@ impl Device {
     }
 }
 
+/// The smallest M a MUL_MAT can have when it runs on the NPU (`NpuConfig::smallest_m`, which
+/// decides the tile sets each weight keeps): 1 where decode can go there (`ORK_DECODE=npu`, or
+/// `ORK_ROUTE=cost` with decode `auto`, whose cost model may pick the NPU), else `ORK_MINM`.
+pub fn smallest_npu_m(cfg: &Config) -> usize {
+    match (cfg.decode, cfg.route) {
+        (DecodeSelect::Npu, _) | (DecodeSelect::Auto, crate::config::RoutePolicy::Cost) => 1,
+        _ => cfg.min_m,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_smallest_npu_m_follows_the_routing() {
+        let m = |vars: &[(&str, &str)]| {
+            let (c, bad) = Config::from_lookup(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string()));
+            assert!(bad.is_empty(), "{bad:?}");
+            smallest_npu_m(&c)
+        };
+        assert_eq!(m(&[]), 32, "default: ORK_MINM, decode on the CPU");
+        assert_eq!(m(&[("ORK_MINM", "8")]), 8);
+        assert_eq!(m(&[("ORK_MINM", "1")]), 1);
+        assert_eq!(m(&[("ORK_DECODE", "npu")]), 1);
+        assert_eq!(m(&[("ORK_DECODE", "gpu")]), 32);
+        assert_eq!(m(&[("ORK_ROUTE", "cost")]), 1, "the cost model may put decode on the NPU");
+        assert_eq!(m(&[("ORK_ROUTE", "cost"), ("ORK_DECODE", "cpu")]), 32);
+    }
 
     #[test]
     fn off_and_a_missing_host_give_no_device() {

@@ -394,6 +394,7 @@ pub fn finish(dev: &Device) {
     // the cache, or left on the CPU) even if no ubatch reached ORK_MINM.
     let weights = s.packed.load(Relaxed) + s.cache_hits.load(Relaxed) + s.not_resident_weights.load(Relaxed);
     s.absorb_health(dev.npu.health());
+    dev.note_memory();
     let fell = s.npu_fallbacks.load(Relaxed) + s.busy_fallbacks() + s.npu_never_ran.load(Relaxed);
     let line = dev.stats.summary();
     let mut last = s.reported.lock().unwrap_or_else(|p| p.into_inner());

@@ -108,6 +108,9 @@ pub struct Stats {
     /// Host bytes of ORK's live buffers (the GGUF weights the CPU also reads live there); the
     /// default residency budget is lowered by them (see [`Device::host_buffers_changed`]).
     pub host_buffer_bytes: AtomicU64,
+    /// The part of `host_buffer_bytes` in buffers ggml wrote model weights into (the GGUF copy;
+    /// the rest are ORK's compute buffers).
+    pub weight_buffer_bytes: AtomicU64,
     /// Weights kept to one int8 term, and weights left on the CPU, for want of resident budget.
     pub one_term_for_budget: AtomicU64,
     pub not_resident_weights: AtomicU64,
@@ -131,9 +134,102 @@ pub struct Stats {
     /// The exit line last printed: a backend freed after another with nothing new to report
     /// (`llama-completion -dev ORK` frees two) does not print it again.
     pub reported: std::sync::Mutex<String>,
+    /// Resident bytes by kind and their peak ([`Stats::memory`]).
+    pub mem: Arc<MemLedger>,
     /// ORK's `graph_compute` calls, by class: 0 = batches (some MUL_MAT with M > 1, or none run
     /// by ORK), 1 = single-row graphs (every MUL_MAT ORK ran had M = 1: decode).
     pub graph: [GraphStats; 2],
+}
+
+/// What ORK holds in memory besides the process's own: the packed weights' int8 tiles per term
+/// and their scales (booked when a weight becomes resident, unbooked when its [`Held`] drops),
+/// the NPU scratch and the copies the kernel interface keeps (copied in from the `Npu` by
+/// [`Device::note_memory`]), and the peak of the total.
+#[derive(Default)]
+pub struct MemLedger {
+    /// Tiles of the first and second int8 term (page-rounded, one copy).
+    pub tiles: [AtomicU64; 2],
+    /// Row scales, column scales and second-term row scales (f32), and the calibrated
+    /// correction directions.
+    pub scales: AtomicU64,
+    /// NPU scratch (`Npu::scratch_bytes`), and the interface's copies of it.
+    pub scratch: AtomicU64,
+    pub scratch_copies: AtomicU64,
+    /// Copies of each weight the interface holds (`Npu::weight_copies`; 0 = not known yet: 1).
+    pub weight_copies: AtomicU64,
+    /// Largest total seen (sampled at every weight placement, buffer change and report).
+    pub peak: AtomicU64,
+}
+
+/// A packed weight's share of the [`MemLedger`], given back when the weight is dropped.
+pub struct Held {
+    ledger: Arc<MemLedger>,
+    tiles: [u64; 2],
+    scales: AtomicU64,
+}
+
+impl Held {
+    /// Books `tiles` (per term) and `scales` bytes in `ledger`.
+    pub fn new(ledger: &Arc<MemLedger>, tiles: [u64; 2], scales: u64) -> Held {
+        for (t, b) in ledger.tiles.iter().zip(tiles) {
+            t.fetch_add(b, Relaxed);
+        }
+        ledger.scales.fetch_add(scales, Relaxed);
+        Held { ledger: ledger.clone(), tiles, scales: AtomicU64::new(scales) }
+    }
+
+    /// Books `bytes` more of scales (the weight's correction direction, made at its first run).
+    pub fn add_scales(&self, bytes: u64) {
+        self.scales.fetch_add(bytes, Relaxed);
+        self.ledger.scales.fetch_add(bytes, Relaxed);
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        for (t, b) in self.ledger.tiles.iter().zip(self.tiles) {
+            t.fetch_sub(b, Relaxed);
+        }
+        self.ledger.scales.fetch_sub(self.scales.load(Relaxed), Relaxed);
+    }
+}
+
+/// Resident bytes by kind ([`Stats::memory`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Memory {
+    /// ORK's buffers that hold model weights (`Stats::weight_buffer_bytes`): the GGUF copy.
+    pub gguf: u64,
+    /// ORK's other host buffers (ggml's compute buffers of ORK's graph splits).
+    pub buffers: u64,
+    /// Int8 tiles of the first and second weight term, one copy each.
+    pub tiles: [u64; 2],
+    pub scales: u64,
+    pub scratch: u64,
+    /// What the kernel interface holds besides one copy: weight tiles × (copies − 1) and the
+    /// scratch copies (`rocket`'s per-core mirrors).
+    pub copies: u64,
+    pub total: u64,
+    pub peak: u64,
+}
+
+impl Memory {
+    /// "resident 12.3 MiB (GGUF copy …, compute buffers …, int8 tiles … + … (terms 1 + 2),
+    /// scales …, NPU scratch …, per-core copies …), peak … MiB".
+    pub fn line(&self) -> String {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        format!(
+            "resident {:.1} MiB (GGUF copy {:.1}, compute buffers {:.1}, int8 tiles {:.1} + {:.1} (terms 1 + 2), scales {:.1}, NPU scratch {:.1}, per-core copies {:.1}), peak {:.1} MiB",
+            mib(self.total),
+            mib(self.gguf),
+            mib(self.buffers),
+            mib(self.tiles[0]),
+            mib(self.tiles[1]),
+            mib(self.scales),
+            mib(self.scratch),
+            mib(self.copies),
+            mib(self.peak),
+        )
+    }
 }
 
 /// Where the wall time of a class of `graph_compute` calls went. `host = wall − engines −
@@ -219,6 +315,27 @@ impl Stats {
         g.arb_ns.fetch_add(d(now.arb_ns, before.arb_ns), Relaxed);
     }
 
+    /// Resident bytes by kind now, and the peak so far (this reading included).
+    pub fn memory(&self) -> Memory {
+        let l = &self.mem;
+        let tiles = [l.tiles[0].load(Relaxed), l.tiles[1].load(Relaxed)];
+        let copies = l.weight_copies.load(Relaxed).max(1);
+        let host = self.host_buffer_bytes.load(Relaxed);
+        let gguf = self.weight_buffer_bytes.load(Relaxed).min(host);
+        let mut m = Memory {
+            gguf,
+            buffers: host - gguf,
+            tiles,
+            scales: l.scales.load(Relaxed),
+            scratch: l.scratch.load(Relaxed),
+            copies: (tiles[0] + tiles[1]) * (copies - 1) + l.scratch_copies.load(Relaxed),
+            ..Memory::default()
+        };
+        m.total = host + tiles[0] + tiles[1] + m.scales + m.scratch + m.copies;
+        m.peak = l.peak.fetch_max(m.total, Relaxed).max(m.total);
+        m
+    }
+
     /// MUL_MATs computed on the CPU because another process held the NPU (both phases).
     pub fn busy_fallbacks(&self) -> u64 {
         self.phase.iter().map(|p| p.fallback.load(Relaxed)).sum()
@@ -241,7 +358,7 @@ impl Stats {
              ({} cache writes), prepared in {:.0} ms (source hash {:.0} ms, cache open {:.0} ms, import + verify {:.0} ms; \
              packing {:.0} ms, upload {:.0} ms, cache write {:.0} ms){}; time: act-quant {:.1} ms, npu {:.1} ms, dequant {:.1} ms, \
              correction {:.1} ms on the host for {} MUL_MAT (each row along its weight's calibrated direction); \
-             prefill MUL_MAT: host {:.1} ms (act-quant, submit, dequant, arbiter), NPU device {:.1} ms",
+             prefill MUL_MAT: host {:.1} ms (act-quant, submit, dequant, arbiter), NPU device {:.1} ms; {}",
             self.npu_matmuls.load(Relaxed),
             self.npu_rows_sent.load(Relaxed),
             self.npu_rows_sent.load(Relaxed) as f64 / self.npu_rows.load(Relaxed).max(1) as f64,
@@ -283,6 +400,7 @@ impl Stats {
                 ms(&p.quant_ns) + ms(&p.submit_ns) + ms(&p.dequant_ns) + ms(&p.arb_ns)
             },
             ms(&self.phase[0].wait_ns),
+            self.memory().line(),
         )
     }
 
@@ -290,7 +408,7 @@ impl Stats {
     /// many times, and the time split.
     pub fn profile(&self, arb: Option<&crate::route::arbiter::Arbiter>) -> String {
         let ms = |a: &AtomicU64| a.load(Relaxed) as f64 / 1e6;
-        let mut out = String::from("ORK profile (per op kind):");
+        let mut out = format!("ORK profile (per op kind; {}):", self.memory().line());
         for (i, name) in ["prefill", "decode"].iter().enumerate() {
             let p = &self.phase[i];
             out += &format!(
@@ -491,12 +609,24 @@ impl Device {
             let d = delta.unsigned_abs();
             self.stats.host_buffer_bytes.fetch_sub(d, Relaxed).saturating_sub(d)
         };
+        self.note_memory();
         if self.cfg.wcache_budget_mb.is_some() {
             return;
         }
         let budget = crate::npu::domain::default_budget_bytes().saturating_sub(now);
         self.npu.set_residency_budget(budget);
         log::debug!("resident weight budget {} MiB (RAM - 1 GiB - {} MiB of ORK buffers)", budget >> 20, now >> 20);
+    }
+
+    /// Copies the NPU's scratch bytes and weight copies into the [`MemLedger`] and samples the
+    /// peak (after a weight placement, a buffer change, and before a report).
+    pub fn note_memory(&self) {
+        let (scratch, scratch_copies) = self.npu.scratch_bytes();
+        let l = &self.stats.mem;
+        l.scratch.store(scratch, Relaxed);
+        l.scratch_copies.store(scratch_copies, Relaxed);
+        l.weight_copies.store(u64::from(self.npu.weight_copies()), Relaxed);
+        self.stats.memory();
     }
 
     /// Whether decode matmuls can go to the GPU.
@@ -541,6 +671,7 @@ impl Device {
         let held = crate::pack::held_matvec(src, w.n, w.k, w.rot.as_deref(), w.lo.is_some(), &dir);
         let d = quant::mean::Direction::new(dir, &exact, &held);
         if let Some(d) = &d {
+            w.held.add_scales(4 * (d.dir.len() + d.err.len()) as u64);
             log::debug!("{}: calibrated direction, NPU relative error on it {:.2e}", src.name, d.relative_error(&exact));
         }
         self.stats.pack_ns.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);

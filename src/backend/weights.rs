@@ -12,7 +12,7 @@
 use super::Device;
 use crate::cache::{self, CacheError};
 use crate::npu::{NpuError, ResidentWeight};
-use crate::pack::{pack_source, PackedSource, WeightSource};
+use crate::pack::{pack_source_sets, PackedSource, WeightSource};
 use crate::quant::rotate::Rotation;
 use crate::route::precision::{self, Role};
 use std::collections::HashMap;
@@ -46,6 +46,17 @@ pub struct PackedWeight {
     /// Its calibrated direction and the NPU's error on it, computed at the first corrected
     /// MUL_MAT (`Device::run_mul_mat`); None inside: the file has no entry for it.
     pub fix: std::sync::OnceLock<Option<crate::quant::mean::Direction>>,
+    /// Its tiles and scales in the device's memory ledger (`Stats::mem`), given back on drop.
+    pub held: super::Held,
+}
+
+/// Books a weight made resident in the memory ledger and samples the peak.
+fn held(dev: &Device, resident: &ResidentWeight, lo: Option<&(Arc<ResidentWeight>, Vec<f32>)>, scales: usize, col_scale: usize) -> super::Held {
+    let lo_tiles = lo.map_or(0, |(r, _)| r.resident_bytes());
+    let f32s = scales + col_scale + lo.map_or(0, |(_, s)| s.len());
+    let h = super::Held::new(&dev.stats.mem, [resident.resident_bytes(), lo_tiles], 4 * f32s as u64);
+    dev.note_memory();
+    h
 }
 
 /// The shared rotation of width `k` (one per K in the process), or None where K has none.
@@ -115,7 +126,7 @@ fn import_entry(dev: &Device, entry: cache::Unverified, src: &WeightSource<'_>, 
     // observes from offset 0 again and starts over).
     let import = |bytes: &[u8], skip: usize| -> Result<(Arc<ResidentWeight>, cache::format::StreamHash), NpuError> {
         let mut hash = cache::format::StreamHash::new();
-        let r = dev.npu.upload_bytes_observed(n, k, bytes, &mut |off, piece| {
+        let r = dev.npu.upload_bytes_observed(n, k, dev.npu.tile_sets(n, k), bytes, &mut |off, piece| {
             if off == 0 {
                 hash = cache::format::StreamHash::new();
             }
@@ -130,7 +141,7 @@ fn import_entry(dev: &Device, entry: cache::Unverified, src: &WeightSource<'_>, 
     // the lo term's hash starts at its first chunk boundary, and the chunk that straddles the
     // two terms is completed from the mapped file after both imports.
     let straddle = (cache::format::HASH_CHUNK_BYTES - one % cache::format::HASH_CHUNK_BYTES) % cache::format::HASH_CHUNK_BYTES;
-    let want_lo = terms == 2 && second_term_fits(dev, src, n, k, 2 * one);
+    let want_lo = terms == 2 && second_term_fits(dev, src, n, k, 2 * one * dev.npu.weight_copies() as usize);
     let (hi, lo) = if want_lo {
         let (hi, lo) = rayon::join(|| import(&tiles[..one], 0), || import(&tiles[one..], straddle.min(one)));
         (hi, Some(lo))
@@ -197,7 +208,13 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
     let terms = plan.weight as u32;
     let act_terms = plan.act;
     let rot = if dev.cfg.rotate { rotation(k) } else { None };
-    let id = cache.map(|_| cache::identity(dev.npu.soc(), src.ggml_type, src.bytes, src.row_bytes, src.name, n, k, terms, rot.as_deref()));
+    // The tile sets the plans of this device's M read (`npu::plan::tile_sets`); the cache key
+    // names them (an entry holds one layout).
+    let sets = dev.npu.tile_sets(n, k);
+    let id = cache.map(|_| cache::Identity {
+        layout_fp: cache::layout_fingerprint_sets(dev.npu.soc(), sets),
+        ..cache::identity(dev.npu.soc(), src.ggml_type, src.bytes, src.row_bytes, src.name, n, k, terms, rot.as_deref())
+    });
     // The calibration key reuses the cache identity's hash of the source bytes.
     let calib_key = match (&dev.calib, &rot) {
         (Some(_), Some(_)) => {
@@ -222,7 +239,8 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
                     Ok((resident, lo, scales, col_scale)) => {
                         dev.stats.cache_hits.fetch_add(1, Relaxed);
                         dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
-                        return Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, lo, rot, act_terms, calib_key, fix: Default::default() });
+                        let held = held(dev, &resident, lo.as_ref(), scales.len(), col_scale.len());
+                        return Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, lo, rot, act_terms, calib_key, fix: Default::default(), held });
                     }
                     Err(why) => log::debug!("orkpack {}: {why}; repacking", src.name),
                 }
@@ -232,7 +250,7 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
         }
     }
     let t_pack = Instant::now();
-    let PackedSource { tiles, scales, col_scale, lo_scales } = pack_source(dev.npu.soc(), src, n, k, terms as usize, rot.as_deref())?;
+    let PackedSource { tiles, scales, col_scale, lo_scales } = pack_source_sets(dev.npu.soc(), src, n, k, sets, terms as usize, rot.as_deref())?;
     let t_packed = Instant::now();
     dev.stats.cold_pack_ns.fetch_add((t_packed - t_pack).as_nanos() as u64, Relaxed);
     let mut tiles = tiles.into_iter();
@@ -241,7 +259,7 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
     let lo_tiles = tiles.next();
     let lo = match &lo_tiles {
         // Out of resident budget: the weight keeps one term (less precise, still on the NPU).
-        Some(tl) if !second_term_fits(dev, src, n, k, tl.bytes.len()) => {
+        Some(tl) if !second_term_fits(dev, src, n, k, tl.bytes.len() * dev.npu.weight_copies() as usize) => {
             note_one_term(dev, src.name, "resident budget");
             None
         }
@@ -280,7 +298,8 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
     dev.stats.packed.fetch_add(1, Relaxed);
     dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
     PROGRESS.packed(src.bytes.len() as u64, cached);
-    Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, lo, rot, act_terms, calib_key, fix: Default::default() })
+    let held = held(dev, &resident, lo.as_ref(), scales.len(), col_scale.len());
+    Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, lo, rot, act_terms, calib_key, fix: Default::default(), held })
 }
 
 /// One resident copy (NPU or GPU) and the source bytes it was made from.

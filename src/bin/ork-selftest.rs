@@ -127,6 +127,7 @@ fn run_bit_exact_suite(config: &Config, kind: NpuKind, soc: Option<SocId>) -> Re
         domain_cap_bytes: config.domain_cap_mb.map(|mb| mb << 20),
         sim_fault: None,
         sim_board_timing: false,
+        smallest_m: 0,
     };
     let npu = Npu::open(&cfg).map_err(|e| format!("Npu::open: {e}"))?;
     let desc = npu.soc().clone();

@@ -191,6 +191,26 @@ fn compute_layout_fingerprint(soc: &SocDesc) -> u64 {
     h.finish()
 }
 
+/// [`layout_fingerprint`] of blobs holding only the tile sets `sets`: the same value for
+/// `TileSets::Both` (entries of weights with both sets keep their identity), else a hash of it
+/// with the probe tiled that way, so an entry holds one layout only.
+pub fn layout_fingerprint_sets(soc: &SocDesc, sets: crate::npu::layout::TileSets) -> u64 {
+    use crate::npu::layout::TileSets;
+    let base = layout_fingerprint(soc);
+    if sets == TileSets::Both {
+        return base;
+    }
+    let (n, k) = (64usize, 2 * soc.k_slice.max(32) as usize + 32);
+    let mut h = twox_hash::XxHash3_64::new();
+    h.write(&base.to_le_bytes());
+    h.write(format!("{sets:?}").as_bytes());
+    match crate::npu::layout::tile_weight_sets(soc, &probe_i8(n * k, 7), n, k, sets) {
+        Ok(t) => h.write(&t.bytes),
+        Err(e) => h.write(e.to_string().as_bytes()),
+    }
+    h.finish()
+}
+
 /// Fingerprint of the weight quantization rule: xxh3 of what `pack::quantize_source` and
 /// `quantize_residual` give on fixed probe rows (ties, zeros, outliers, tiny values) and of the
 /// quantizer's constants; the fused packer is checked against them on the same rows (see

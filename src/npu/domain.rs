@@ -16,6 +16,11 @@
 //!   `Npu::set_residency_budget`); a weight that does not fit is refused so the backend keeps it
 //!   on the CPU.
 //!
+//! * the budget counts every copy of a weight the kernel interface keeps
+//!   (`KernelInterface::weight_copies`: `rocket` mirrors each weight onto every core's file
+//!   descriptor): [`DomainSet::resident_bytes`] is the domain bytes times the copies, while a
+//!   domain's own fill (`used`) counts one copy, the one in its address space.
+//!
 //! Scratch buffers (regcmd, tasks, activations, outputs) live in each domain outside the cap's
 //! accounting: the cap leaves about 1 GiB of the window for them.
 
@@ -35,7 +40,10 @@ pub struct DomainSet {
     /// Domains closed for weights after an EFAULT.
     closed: Vec<bool>,
     cursor: usize,
+    /// Weight bytes held in memory, every copy counted (what the budget bounds).
     resident: u64,
+    /// Copies of each weight in memory (`KernelInterface::weight_copies`), ≥ 1.
+    copies: u64,
 }
 
 /// Why a placement failed.
@@ -50,12 +58,25 @@ pub enum PlaceError {
 impl DomainSet {
     pub fn new(cap_bytes: u64, budget_bytes: u64, max_domains: u32) -> DomainSet {
         let max_domains = (max_domains.min(MAX_DOMAINS) as usize).max(1);
-        DomainSet { cap_bytes, budget_bytes, max_domains, used: vec![0], closed: vec![false], cursor: 0, resident: 0 }
+        DomainSet { cap_bytes, budget_bytes, max_domains, used: vec![0], closed: vec![false], cursor: 0, resident: 0, copies: 1 }
     }
 
-    /// Reserves `bytes` for a weight and returns its domain.
+    /// Sets the copies each weight is held in (`KernelInterface::weight_copies`); call before
+    /// the first reservation.
+    pub fn set_copies(&mut self, copies: u32) {
+        self.copies = u64::from(copies.max(1));
+    }
+
+    /// Copies each weight is held in.
+    pub fn copies(&self) -> u32 {
+        self.copies as u32
+    }
+
+    /// Reserves `bytes` (one copy) for a weight and returns its domain; the budget is charged
+    /// `bytes` times the copies.
     pub fn reserve(&mut self, bytes: u64) -> Result<DomainId, PlaceError> {
-        if self.resident + bytes > self.budget_bytes {
+        let held = bytes * self.copies;
+        if self.resident + held > self.budget_bytes {
             return Err(PlaceError::Budget { resident: self.resident, budget: self.budget_bytes });
         }
         loop {
@@ -63,7 +84,7 @@ impl DomainSet {
             // Advance before the cap; an empty domain takes any single weight.
             if !self.closed[d] && (self.used[d] == 0 || self.used[d] + bytes <= self.cap_bytes) {
                 self.used[d] += bytes;
-                self.resident += bytes;
+                self.resident += held;
                 return Ok(DomainId(d as u32));
             }
             if d + 1 >= self.max_domains {
@@ -93,7 +114,7 @@ impl DomainSet {
     pub fn release(&mut self, d: DomainId, bytes: u64) {
         let i = d.0 as usize;
         self.used[i] = self.used[i].saturating_sub(bytes);
-        self.resident = self.resident.saturating_sub(bytes);
+        self.resident = self.resident.saturating_sub(bytes * self.copies);
     }
 
     /// The kernel interface returned EFAULT in `d` for a reservation of `bytes`: release it and
@@ -116,6 +137,7 @@ impl DomainSet {
         &self.used
     }
 
+    /// Weight bytes held, every copy counted (what the budget bounds).
     pub fn resident_bytes(&self) -> u64 {
         self.resident
     }
@@ -144,6 +166,21 @@ mod tests {
         assert_eq!((s.resident_bytes(), s.budget_bytes()), (80, 80));
         s.set_budget(200);
         assert_eq!(s.reserve(30), Ok(DomainId(0)));
+    }
+
+    #[test]
+    fn the_budget_counts_every_copy_and_the_domains_one() {
+        // rocket on three cores: each weight is held three times.
+        let mut s = DomainSet::new(100, 300, 16);
+        s.set_copies(3);
+        assert_eq!(s.reserve(40), Ok(DomainId(0)));
+        assert_eq!((s.resident_bytes(), s.used()), (120, &[40][..]));
+        assert_eq!(s.reserve(60), Ok(DomainId(0)), "the domain holds one copy: 100 of its 100");
+        assert_eq!(s.reserve(1), Err(PlaceError::Budget { resident: 300, budget: 300 }));
+        s.release(DomainId(0), 60);
+        assert_eq!((s.resident_bytes(), s.used()), (120, &[40][..]));
+        assert!(s.fault(DomainId(0), 40) || s.used() == [0]);
+        assert_eq!(s.resident_bytes(), 0);
     }
 
     #[test]

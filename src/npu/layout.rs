@@ -16,6 +16,11 @@
 //!   single-program ceiling (10752), one full-K tile per N-slice follows the K-slice tiles in
 //!   the same blob, so M = 1 (and small-M) programs can contract all of K at once. With a single
 //!   K-slice the K-slice tiles already are full-K and no companion is stored.
+//! * **Tile sets** ([`TileSets`]): a blob may hold only one of the two sets where the plans of
+//!   every M the weight runs with read only that one (`npu::plan::tile_sets` decides): the
+//!   K-slice tiles alone (the full-K companion is left out; M = 1 then runs K-split), or the
+//!   full-K tiles alone (no K-slice tiles; every M runs full-K). [`WeightGeometry::new`] is
+//!   both sets, the layout above.
 //! * The blob is a pure function of (W, N, K, SoC constants): what a disk cache stores.
 //! * **Activations** are flat row-major `[mc][Kp]` i8 blocks (§3.1), copied from the caller's
 //!   `[M, K]` matrix. **Outputs** are dense `[mc][s]` int32 blocks (§3.3).
@@ -60,6 +65,19 @@ impl Tile {
     }
 }
 
+/// Which tile sets a weight blob holds (see the module notes). With one K-slice, or K above
+/// the full-K ceiling, there is one set whatever this says.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum TileSets {
+    /// K-slice tiles and the full-K companion.
+    #[default]
+    Both,
+    /// K-slice tiles only.
+    KSplit,
+    /// Full-K tiles only.
+    FullK,
+}
+
 /// Geometry of a weight blob: K-slice tiles, then the optional full-K companion.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WeightGeometry {
@@ -75,6 +93,9 @@ pub struct WeightGeometry {
     /// Full-K tiles, one per N-slice (empty when absent).
     pub fullk: Vec<Tile>,
     pub total_bytes: usize,
+    /// The tile sets asked for (`tiles` is empty when only the full-K set is kept and K has
+    /// several K-slices; `fullk` is empty when only the K-slice set is kept).
+    pub sets: TileSets,
 }
 
 fn round_up(x: usize, a: usize) -> usize {
@@ -82,15 +103,23 @@ fn round_up(x: usize, a: usize) -> usize {
 }
 
 impl WeightGeometry {
-    /// Geometry for `[N, K]` on `soc`. K and N must already be multiples of 32.
+    /// Geometry for `[N, K]` on `soc` with both tile sets. K and N must already be multiples of 32.
     pub fn new(soc: &SocDesc, n: usize, k: usize) -> WeightGeometry {
+        WeightGeometry::with_sets(soc, n, k, TileSets::Both)
+    }
+
+    /// Geometry for `[N, K]` on `soc` holding `sets`.
+    pub fn with_sets(soc: &SocDesc, n: usize, k: usize, sets: TileSets) -> WeightGeometry {
         let k_slice = soc.k_slice as usize;
         let n_slice = soc.n_max_per_program as usize;
         let sk = k.div_ceil(k_slice).max(1);
         let sn = n.div_ceil(n_slice).max(1);
+        let companion = sk > 1 && k <= soc.fullk_ceiling as usize;
+        let keep_ksplit = !(companion && sets == TileSets::FullK);
+        let keep_fullk = companion && sets != TileSets::KSplit;
         let mut off = 0;
         let mut tiles = Vec::with_capacity(sk * sn);
-        for ns in 0..sn {
+        for ns in (0..sn).filter(|_| keep_ksplit) {
             let n0 = ns * n_slice;
             let nc = n_slice.min(n - n0);
             for ks in 0..sk {
@@ -102,7 +131,7 @@ impl WeightGeometry {
             }
         }
         let mut fullk = Vec::new();
-        if sk > 1 && k <= soc.fullk_ceiling as usize {
+        if keep_fullk {
             for ns in 0..sn {
                 let n0 = ns * n_slice;
                 let nc = n_slice.min(n - n0);
@@ -111,7 +140,7 @@ impl WeightGeometry {
                 off += padded_bytes;
             }
         }
-        WeightGeometry { n, k, k_slice, n_slice, sk, sn, tiles, fullk, total_bytes: off }
+        WeightGeometry { n, k, k_slice, n_slice, sk, sn, tiles, fullk, total_bytes: off, sets }
     }
 
     /// The full-K tile of N-slice `ns`, if the blob has one (the K-slice tile when Sk = 1).
@@ -121,6 +150,11 @@ impl WeightGeometry {
         } else {
             self.fullk.get(ns)
         }
+    }
+
+    /// Whether the blob holds the K-slice tiles (every plan path can run on them).
+    pub fn has_ksplit(&self) -> bool {
+        !self.tiles.is_empty()
     }
 
     /// K-slice tile (ns, ks).
@@ -259,14 +293,19 @@ pub fn reference_mm(a: &[i8], w: &[i8], m: usize, k: usize, n: usize) -> Vec<i32
     c
 }
 
-/// Tiles `w: [N, K]` row-major i8 (row n = output channel n) into the device layout.
+/// Tiles `w: [N, K]` row-major i8 (row n = output channel n) into the device layout (both tile sets).
 pub fn tile_weight(soc: &SocDesc, w: &[i8], n: usize, k: usize) -> Result<TiledWeight, NpuError> {
+    tile_weight_sets(soc, w, n, k, TileSets::Both)
+}
+
+/// [`tile_weight`] into a blob holding `sets`.
+pub fn tile_weight_sets(soc: &SocDesc, w: &[i8], n: usize, k: usize, sets: TileSets) -> Result<TiledWeight, NpuError> {
     check_shape_soc(soc, n, k)?;
     if w.len() != n * k {
         return Err(NpuError::BadArg { op: "tile_weight", m: 0, k, n, why: format!("w has {} elements, not N·K", w.len()) });
     }
     let rows = BLOCK * k;
-    let (mut t, _) = tile_weight_with(soc, n, k, 1, |b, out| out.copy_from_slice(&w[b * rows..(b + 1) * rows]))?;
+    let (mut t, _) = tile_weight_sets_with(soc, n, k, sets, 1, |b, out| out.copy_from_slice(&w[b * rows..(b + 1) * rows]))?;
     Ok(t.remove(0))
 }
 
@@ -283,8 +322,20 @@ pub fn tile_weight_with<R: Send>(
     terms: usize,
     fill: impl Fn(usize, &mut [i8]) -> R + Sync,
 ) -> Result<(Vec<TiledWeight>, Vec<R>), NpuError> {
+    tile_weight_sets_with(soc, n, k, TileSets::Both, terms, fill)
+}
+
+/// [`tile_weight_with`] into blobs holding `sets` ([`WeightGeometry::with_sets`]).
+pub fn tile_weight_sets_with<R: Send>(
+    soc: &SocDesc,
+    n: usize,
+    k: usize,
+    sets: TileSets,
+    terms: usize,
+    fill: impl Fn(usize, &mut [i8]) -> R + Sync,
+) -> Result<(Vec<TiledWeight>, Vec<R>), NpuError> {
     check_shape_soc(soc, n, k)?;
-    let geom = WeightGeometry::new(soc, n, k);
+    let geom = WeightGeometry::with_sets(soc, n, k, sets);
     let mut blobs: Vec<Vec<u8>> = (0..terms).map(|_| crate::quant::par_zeroed::<u8>(geom.total_bytes)).collect();
     let mut split: Vec<_> = blobs.iter_mut().map(|b| split_blocks(&geom, b).into_iter()).collect();
     // Per block: every term's regions.
@@ -306,5 +357,5 @@ pub fn tile_weight_with<R: Send>(
             },
         )
         .collect();
-    Ok((blobs.into_iter().map(|bytes| TiledWeight { n, k, bytes }).collect(), results))
+    Ok((blobs.into_iter().map(|bytes| TiledWeight { n, k, bytes, sets }).collect(), results))
 }

@@ -90,6 +90,13 @@ pub(crate) struct CoreScratch {
     sets: HashMap<u32, ScratchSet>,
 }
 
+impl CoreScratch {
+    /// Bytes of this core's scratch buffers in every domain (regcmd, task, activation, output).
+    pub(crate) fn bytes(&self) -> u64 {
+        self.sets.values().flat_map(|s| [&s.regcmd, &s.task, &s.act, &s.out]).map(|b| b.size_bytes as u64).sum()
+    }
+}
+
 /// State shared by an `Npu`, its workers and its resident weights.
 pub(crate) struct Shared {
     pub kif: Arc<dyn KernelInterface>,

@@ -77,6 +77,10 @@ pub struct NpuConfig {
     pub sim_fault: Option<String>,
     /// The simulator's board timing (`ORK_SIM_TIMING=board`, [`kif::sim::SimKif::set_board_timing`]).
     pub sim_board_timing: bool,
+    /// The smallest M the caller runs matmuls with on the NPU (`ORK_MINM`, or 1 where decode
+    /// goes to the NPU); 0 = unknown, treated as 1. [`Npu::tile_sets`] keeps only the tile sets
+    /// the plans of M ≥ it read.
+    pub smallest_m: usize,
 }
 
 /// Errors of the NPU core; each carries the op name and shapes.
@@ -139,6 +143,8 @@ pub struct TiledWeight {
     pub n: usize,
     pub k: usize,
     pub bytes: Vec<u8>,
+    /// The tile sets `bytes` holds.
+    pub sets: layout::TileSets,
 }
 
 /// A weight resident in NPU memory (one IOMMU domain).
@@ -169,6 +175,8 @@ pub struct Npu {
     pool: pool::Pool,
     cores: u32,
     max_cores: u32,
+    /// `NpuConfig::smallest_m` (≥ 1).
+    smallest_m: usize,
 }
 
 /// Opens a hardware kernel interface. The only place that names the hardware back-ends.
@@ -229,9 +237,11 @@ impl Npu {
         let max_cores = cfg.max_cores.unwrap_or(cores).clamp(1, cores);
         let budget = cfg.wcache_budget_bytes.unwrap_or_else(domain::default_budget_bytes);
         let timeout_ms = cfg.timeout_ms.unwrap_or(mm::DEFAULT_TIMEOUT_MS);
+        let mut domains = domain::DomainSet::new(soc.domain_cap_bytes, budget, kif::MAX_DOMAINS);
+        domains.set_copies(kif.weight_copies(max_cores));
         let shared = Arc::new(Shared {
             kif,
-            domains: Mutex::new(domain::DomainSet::new(soc.domain_cap_bytes, budget, kif::MAX_DOMAINS)),
+            domains: Mutex::new(domains),
             cores: (0..cores).map(|_| Mutex::new(mm::CoreScratch::default())).collect(),
             soc,
             timeout_ms,
@@ -239,7 +249,7 @@ impl Npu {
         });
         let pool = pool::Pool::new(max_cores, &cfg.pin_cpus);
         log::info!("{}", shared.kif.describe());
-        Ok(Arc::new(Npu { shared, pool, cores, max_cores }))
+        Ok(Arc::new(Npu { shared, pool, cores, max_cores, smallest_m: cfg.smallest_m.max(1) }))
     }
 
     pub fn soc(&self) -> &soc::SocDesc {
@@ -274,7 +284,13 @@ impl Npu {
 
     /// Uploads a tiled weight into the next IOMMU domain with room.
     pub fn upload(&self, tw: &TiledWeight) -> Result<Arc<ResidentWeight>, NpuError> {
-        self.place("upload", tw.n, tw.k, &tw.bytes, &mut |_, _| {})
+        self.place("upload", tw.n, tw.k, tw.sets, &tw.bytes, &mut |_, _| {})
+    }
+
+    /// The tile sets an `[N, K]` weight is packed with here: those the plans of every M this
+    /// `Npu` runs (≥ `NpuConfig::smallest_m`) read ([`plan::tile_sets`]).
+    pub fn tile_sets(&self, n: usize, k: usize) -> layout::TileSets {
+        plan::tile_sets(&self.shared.soc, n, k, self.smallest_m)
     }
 
     /// The residency budget for weights in bytes (see [`domain`]).
@@ -282,15 +298,32 @@ impl Npu {
         self.shared.domains().budget_bytes()
     }
 
-    /// Bytes one int8 term of an `[N, K]` weight reserves when resident: its tiled layout
-    /// (K-split tiles, plus the full-K copy where the plan uses one), page-rounded.
+    /// Bytes one int8 term of an `[N, K]` weight costs against the residency budget: its tiled
+    /// layout with the tile sets [`Npu::tile_sets`] keeps, page-rounded, times
+    /// [`Npu::weight_copies`].
     pub fn term_bytes(&self, n: usize, k: usize) -> u64 {
-        reserved_bytes(&WeightGeometry::new(&self.shared.soc, n, k))
+        reserved_bytes(&WeightGeometry::with_sets(&self.shared.soc, n, k, self.tile_sets(n, k))) * u64::from(self.weight_copies())
     }
 
-    /// Weight bytes resident now (page-rounded, all domains).
+    /// Weight bytes held now (page-rounded, all domains, every copy counted: what the residency
+    /// budget bounds).
     pub fn resident_bytes(&self) -> u64 {
         self.shared.domains().resident_bytes()
+    }
+
+    /// Copies of each weight the kernel interface holds (`KernelInterface::weight_copies` for the
+    /// cores this `Npu` runs on): 1, or the cores `rocket` mirrors every weight onto.
+    pub fn weight_copies(&self) -> u32 {
+        self.shared.domains().copies()
+    }
+
+    /// Bytes of the NPU scratch buffers (regcmd, task, activation, output; every core and
+    /// domain), and of the copies of them the interface keeps besides (`rocket`: core `c ≥ 1`'s
+    /// scratch mirrored onto its own file descriptor). Waits for running jobs' cores.
+    pub fn scratch_bytes(&self) -> (u64, u64) {
+        let per_core: Vec<u64> = self.shared.cores.iter().map(|c| c.lock().unwrap_or_else(|p| p.into_inner()).bytes()).collect();
+        let mirrored = if self.weight_copies() > 1 { per_core.iter().skip(1).sum() } else { 0 };
+        (per_core.iter().sum(), mirrored)
     }
 
     /// Sets the residency budget (policy: the backend lowers it by the host memory its weight
@@ -299,10 +332,10 @@ impl Npu {
         self.shared.domains().set_budget(bytes);
     }
 
-    /// Uploads pre-tiled bytes (e.g. from a disk cache) via `KernelInterface::mem_import`;
-    /// the size is validated against the geometry.
+    /// Uploads pre-tiled bytes (both tile sets) via `KernelInterface::mem_import`; the size is
+    /// validated against the geometry.
     pub fn upload_bytes(&self, n: usize, k: usize, bytes: &[u8]) -> Result<Arc<ResidentWeight>, NpuError> {
-        self.place("upload_bytes", n, k, bytes, &mut |_, _| {})
+        self.place("upload_bytes", n, k, layout::TileSets::Both, bytes, &mut |_, _| {})
     }
 
     /// [`upload_bytes`](Self::upload_bytes) through `KernelInterface::mem_import_observed`:
@@ -310,16 +343,17 @@ impl Npu {
     /// written into device memory. If an attempt fails after observing (the IOVA window filled
     /// up and another domain is tried) the pieces are observed again from offset 0, so an
     /// observer that checksums them restarts when it sees offset 0.
-    pub fn upload_bytes_observed(&self, n: usize, k: usize, bytes: &[u8], observe: &mut dyn FnMut(usize, &[u8])) -> Result<Arc<ResidentWeight>, NpuError> {
-        self.place("upload_bytes", n, k, bytes, observe)
+    /// `bytes` hold the tile sets `sets`.
+    pub fn upload_bytes_observed(&self, n: usize, k: usize, sets: layout::TileSets, bytes: &[u8], observe: &mut dyn FnMut(usize, &[u8])) -> Result<Arc<ResidentWeight>, NpuError> {
+        self.place("upload_bytes", n, k, sets, bytes, observe)
     }
 
     /// Both upload paths: reserve room in a domain, then `KernelInterface::mem_import_observed`
     /// (create, copy, sync; the buffer is freed if the sync fails), moving on to the next domain
     /// on EFAULT.
-    fn place(&self, op: &'static str, n: usize, k: usize, bytes: &[u8], observe: &mut Observer<'_>) -> Result<Arc<ResidentWeight>, NpuError> {
+    fn place(&self, op: &'static str, n: usize, k: usize, sets: layout::TileSets, bytes: &[u8], observe: &mut Observer<'_>) -> Result<Arc<ResidentWeight>, NpuError> {
         self.check_shape(n, k)?;
-        let geom = WeightGeometry::new(&self.shared.soc, n, k);
+        let geom = WeightGeometry::with_sets(&self.shared.soc, n, k, sets);
         if bytes.len() != geom.total_bytes {
             return Err(NpuError::BadBlob { op, n, k, got: bytes.len(), expected: geom.total_bytes });
         }

@@ -12,7 +12,9 @@
 //!     M-scheduler (the envelope where its 0x1040 formula is valid), M-tile cap
 //!     `mg_max · 64` (704, 320, 128, 64 rows for K = 512 … 4096);
 //!   - otherwise K-split: one program per (N-slice, M-tile, K-slice); the host sums the int32
-//!     partials (the NPU has no accumulate-into-output mode, §3.3).
+//!     partials (the NPU has no accumulate-into-output mode, §3.3);
+//!   - a weight tiled with one set (`layout::TileSets`, chosen by [`tile_sets`] from the
+//!     smallest M it runs with) runs every M on the set it has.
 //! * **M-tile caps** (§4): K-slices of 512 / 1024 run the scheduler with `4·R` rows (512 / 256);
 //!   other K use the template's single data bank: `bank_bytes / K` rows.
 //! * **Cores** (§5): `nc = min(budget, cores, NN)` with NN = N/32 N-blocks, then decremented while
@@ -26,7 +28,7 @@
 use std::collections::HashMap;
 
 use crate::npu::kif::Iova;
-use crate::npu::layout::{ABlock, Tile, WeightGeometry, BLOCK};
+use crate::npu::layout::{ABlock, Tile, TileSets, WeightGeometry, BLOCK};
 use crate::npu::regcmd::{chain, MatmulProgram, RegcmdError, Schedule};
 use crate::npu::regs::RegCmd;
 use crate::npu::soc::SocDesc;
@@ -197,6 +199,36 @@ fn tile_rows(soc: &SocDesc, kp: usize, path: PathKind, m: usize) -> RowSchedule 
     ((bank / kp).clamp(1, MAX_ROWS_PER_PROGRAM), template)
 }
 
+/// Whether the plan of `m` rows contracts all of K at once when the weight has both tile sets
+/// (rknpu-facts §4: M = 1 decode, and ork's M-scheduler envelope K % 512 == 0, K ≤ 4096).
+fn prefers_fullk(k: usize, m: usize) -> bool {
+    m == 1 || (k % 512 == 0 && k <= 4096)
+}
+
+/// The tile sets an `[N, K]` weight needs on `soc` when it runs with every M ≥ `smallest_m`
+/// (the layout's `TileSets`), from the path [`plan_at`] takes for each M:
+/// * one K-slice, or K above the full-K ceiling: there is one set anyway (`Both`);
+/// * K in ork's M-scheduler envelope (K % 512 == 0, K ≤ 4096): every M runs full-K, the
+///   K-slice tiles are never read: `FullK`;
+/// * otherwise M > 1 runs K-split and only M = 1 runs full-K: `Both` when M = 1 reaches the
+///   NPU (`smallest_m ≤ 1`; prefill and decode then truly need both), else `KSplit`.
+///
+/// A weight holding one set still runs every M (the plan takes the set it has), with the same
+/// int32 results.
+pub fn tile_sets(soc: &SocDesc, n: usize, k: usize, smallest_m: usize) -> TileSets {
+    let _ = n;
+    let sk = k.div_ceil((soc.k_slice as usize).max(1));
+    if sk <= 1 || k > soc.fullk_ceiling as usize {
+        TileSets::Both
+    } else if prefers_fullk(k, 2) {
+        TileSets::FullK
+    } else if smallest_m <= 1 {
+        TileSets::Both
+    } else {
+        TileSets::KSplit
+    }
+}
+
 /// Builds the plan. `geom` is the weight's geometry; `max_cores` the caller's budget.
 pub fn plan(soc: &SocDesc, geom: &WeightGeometry, m: usize, max_cores: u32) -> Plan {
     plan_at(soc, geom, m, max_cores, 0)
@@ -208,8 +240,8 @@ pub fn plan_at(soc: &SocDesc, geom: &WeightGeometry, m: usize, max_cores: u32, f
     let first_core = first_core.min(soc.cores.saturating_sub(1));
     let max_cores = max_cores.min(soc.cores - first_core);
     let (k, n) = (geom.k, geom.n);
-    let fullk_ok = geom.sk == 1
-        || (geom.fullk_tile(0).is_some() && (m == 1 || (k % 512 == 0 && k <= 4096)));
+    // A blob with only one tile set runs every M on the set it has.
+    let fullk_ok = geom.sk == 1 || (geom.fullk_tile(0).is_some() && (prefers_fullk(k, m) || !geom.has_ksplit()));
     let path = if fullk_ok { PathKind::FullK } else { PathKind::KSplit };
     let ncores = core_count(soc, n, max_cores);
     let max_programs = MAX_CHAIN_PROGRAMS.min(soc.max_submit_tasks as usize).max(1);

@@ -175,11 +175,16 @@ pub struct PackedSource {
 /// separate steps for two terms, and no untiled `[N, K]` int8 copy. Bit-identical to them
 /// (tested). `terms`: 1 or 2 (anything else is `NpuError::BadArg`).
 pub fn pack_source(soc: &SocDesc, src: &WeightSource<'_>, n: usize, k: usize, terms: usize, rot: Option<&Rotation>) -> Result<PackedSource, NpuError> {
-    with_rotation(src, rot, |src| pack_rows(soc, src, n, k, terms, rot.is_some()))
+    pack_source_sets(soc, src, n, k, layout::TileSets::Both, terms, rot)
 }
 
-/// [`pack_source`] of an already rotated (or unrotated) source.
-fn pack_rows(soc: &SocDesc, src: &WeightSource<'_>, n: usize, k: usize, terms: usize, rotated: bool) -> Result<PackedSource, NpuError> {
+/// [`pack_source`] into blobs holding the tile sets `sets` (`npu::plan::tile_sets`).
+pub fn pack_source_sets(soc: &SocDesc, src: &WeightSource<'_>, n: usize, k: usize, sets: layout::TileSets, terms: usize, rot: Option<&Rotation>) -> Result<PackedSource, NpuError> {
+    with_rotation(src, rot, |src| pack_rows(soc, src, n, k, sets, terms, rot.is_some()))
+}
+
+/// [`pack_source_sets`] of an already rotated (or unrotated) source.
+fn pack_rows(soc: &SocDesc, src: &WeightSource<'_>, n: usize, k: usize, sets: layout::TileSets, terms: usize, rotated: bool) -> Result<PackedSource, NpuError> {
     if !(1..=2).contains(&terms) {
         return Err(NpuError::BadArg { op: "pack_source", m: 0, k, n, why: format!("{terms} weight terms (1 or 2)") });
     }
@@ -188,7 +193,7 @@ fn pack_rows(soc: &SocDesc, src: &WeightSource<'_>, n: usize, k: usize, terms: u
     let col_scale = column_equalisation(src, n, k, rotated);
     let inv = reciprocals(&col_scale);
     let block = layout::BLOCK;
-    let (tiles, per_block) = layout::tile_weight_with(soc, n, k, terms, |b, rows| {
+    let (tiles, per_block) = layout::tile_weight_sets_with(soc, n, k, sets, terms, |b, rows| {
         let mut buf = vec![0f32; k];
         let mut s = [[0f32; layout::BLOCK]; 2];
         let (hi, lo) = rows.split_at_mut(block * k);

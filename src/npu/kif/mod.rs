@@ -221,6 +221,15 @@ pub trait KernelInterface: Send + Sync {
     fn fault_report(&self) -> Option<String> {
         None
     }
+    /// Copies of each buffer the interface keeps in memory when `cores` cores run jobs on it:
+    /// 1 where every core reads the one buffer (the vendor driver, the simulator); `rocket`
+    /// mirrors each buffer a job on core `c ≥ 1` names onto that core's file descriptor, so a
+    /// weight run on `cores` cores is held `cores` times. The residency budget and the memory
+    /// report count weights by it (`npu::domain`).
+    fn weight_copies(&self, cores: u32) -> u32 {
+        let _ = cores;
+        1
+    }
     /// Imports existing host bytes (e.g. an mmapped `.orkpack` payload) as a device buffer.
     /// No interface here can map a file's pages into the device without a copy (see `rknpu`'s
     /// "Import" note: a dma-heap/PRIME import still needs the bytes copied into the dma-buf), so

@@ -637,6 +637,11 @@ impl KernelInterface for Rocket {
         format!("rocket (mainline accel) at {}, {} fds (one per core)", self.path.display(), self.fds.len())
     }
 
+    /// Every buffer a job on core `c ≥ 1` names is mirrored whole onto fd `c` (`run_mirrored`).
+    fn weight_copies(&self, cores: u32) -> u32 {
+        cores.clamp(1, self.fds.len().max(1) as u32)
+    }
+
     fn mem_create(&self, size_bytes: usize, flags: u32, domain: DomainId) -> Result<Bo, KifError> {
         if domain.0 != 0 {
             return Err(KifError::Unsupported { driver: "rocket", what: "IOMMU domains other than 0" });
