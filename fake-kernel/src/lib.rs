@@ -37,6 +37,16 @@
 //!   runs nothing;
 //! * the window (`ORK_FK_DOMAIN_MB`) is the domain overflow: MEM_CREATE past it is EFAULT.
 //!
+//! Caches (always on; peer-facts §6, rknpu-facts §1.6/§2.5): a board's NPU is not coherent with
+//! the CPU's caches, so every BO has a CPU view (what the process's mappings and the kernel's own
+//! CPU reads see) and a device view (what the NPU reads and writes). CPU writes reach the device
+//! only through a to-device sync of those bytes (rknpu MEM_SYNC TO_DEVICE with its offset and
+//! size; rocket FINI_BO, whole BO); device writes reach the CPU only through a from-device sync
+//! (MEM_SYNC FROM_DEVICE; rocket PREP_BO once the fence signalled, whole BO), which also drops
+//! CPU writes in those lines that were not cleaned first. Each sync works on whole 64-byte cache
+//! lines. So a missing or too narrow sync is seen here as a board would show it: stale
+//! activations or regcmd in the NPU, stale results or a lost sentinel on the CPU.
+//!
 //! At exit one line of counters goes to stderr and, with `ORK_FK_STATS=<path>`, `key=value`
 //! lines to that file (what the tests read).
 //!
@@ -185,6 +195,8 @@ struct Stats {
     max_domain: AtomicU64,
     domains_used: AtomicU64,
     client_maps: AtomicU64,
+    syncs: AtomicU64,
+    synced_bytes: AtomicU64,
 }
 
 fn add(c: &AtomicU64, n: u64) {
@@ -195,11 +207,19 @@ fn add(c: &AtomicU64, n: u64) {
 // Buffer objects and address spaces
 // ---------------------------------------------------------------------------------------------
 
-/// A buffer object: a memfd (what a client mmap maps) and the kernel's own mapping of it (what
-/// the NPU reads and writes).
+/// A buffer object in two views, because a board's NPU is not coherent with the CPU caches
+/// (peer-facts §6; see "Caches" in the crate docs):
+/// * the CPU view: a memfd, which every client mmap maps and the kernel maps at `cpu` (the
+///   kernel's own CPU reads, e.g. of the vendor task array, see what user space wrote);
+/// * the device view: a private anonymous mapping at `dev`, all the NPU reads and writes.
+///
+/// A to-device sync copies whole cache lines of the range from the CPU view into the device
+/// view (a clean), a from-device sync copies them back (an invalidate: CPU writes in those lines
+/// that were not cleaned first are lost).
 struct KBo {
     memfd: OwnedFd,
-    kptr: usize,
+    cpu: usize,
+    dev: usize,
     size: u64,
     flags: u32,
     iova: u64,
@@ -213,8 +233,12 @@ struct KBo {
 
 impl Drop for KBo {
     fn drop(&mut self) {
-        // SAFETY: `kptr..kptr+size` is the mapping made in `KBo::new`, unmapped only here.
-        unsafe { libc::munmap(self.kptr as *mut c_void, self.size as usize) };
+        // SAFETY: `cpu..cpu+size` and `dev..dev+size` are the mappings made in `KBo::new`,
+        // unmapped only here.
+        unsafe {
+            libc::munmap(self.cpu as *mut c_void, self.size as usize);
+            libc::munmap(self.dev as *mut c_void, self.size as usize);
+        }
     }
 }
 
@@ -241,10 +265,28 @@ impl KBo {
         if p == libc::MAP_FAILED {
             return Err(libc::ENOMEM);
         }
+        // SAFETY: a fresh private anonymous mapping (zero pages, reserved lazily); checked
+        // against MAP_FAILED.
+        let d = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if d == libc::MAP_FAILED {
+            // SAFETY: unmapping the CPU view mapped just above.
+            unsafe { libc::munmap(p, size as usize) };
+            return Err(libc::ENOMEM);
+        }
         let id = NEXT_BO.fetch_add(1, Ordering::Relaxed);
         Ok(KBo {
             memfd,
-            kptr: p as usize,
+            cpu: p as usize,
+            dev: d as usize,
             size,
             flags,
             iova,
@@ -254,6 +296,38 @@ impl KBo {
             warm: AtomicBool::new(false),
             pending: AtomicU32::new(0),
         })
+    }
+}
+
+/// Cache line of the CPUs sharing memory with the NPU (Cortex-A76/A55): the unit of a sync.
+const LINE: u64 = 64;
+
+/// Direction of a modelled cache-maintenance operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dir {
+    /// Clean: the CPU's bytes reach memory, where the device reads them.
+    ToDevice,
+    /// Invalidate: the CPU's next reads see what the device wrote.
+    FromDevice,
+}
+
+impl KBo {
+    /// Cache maintenance of `off..off + len`, widened to whole lines: copies those lines from
+    /// one view into the other. Returns the bytes maintained.
+    fn sync(&self, dir: Dir, off: u64, len: u64) -> u64 {
+        let start = off / LINE * LINE;
+        let end = ((off + len).div_ceil(LINE) * LINE).min(self.size);
+        if start >= end {
+            return 0;
+        }
+        let (from, to) = match dir {
+            Dir::ToDevice => (self.cpu, self.dev),
+            Dir::FromDevice => (self.dev, self.cpu),
+        };
+        // SAFETY: both mappings are `size` bytes long and live as long as `self`; `start < end ≤
+        // size`; the two mappings are distinct memory (a memfd and an anonymous mapping).
+        unsafe { std::ptr::copy_nonoverlapping((from as *const u8).add(start as usize), (to as *mut u8).add(start as usize), (end - start) as usize) };
+        end - start
     }
 }
 
@@ -308,7 +382,7 @@ impl DeviceMemory for Space {
         let off = iova - start;
         // SAFETY: `off + len ≤ size` is checked first; the mapping lives as long as the BO,
         // which the space holds while the caller borrows it.
-        (off + len <= bo.size).then(|| unsafe { (bo.kptr as *mut u8).add(off as usize) })
+        (off + len <= bo.size).then(|| unsafe { (bo.dev as *mut u8).add(off as usize) })
     }
 }
 
@@ -551,7 +625,11 @@ impl Kernel {
                 if a.u32(4) != 0 {
                     return -libc::EINVAL;
                 }
-                self.with_file(fd, |f| if f.handles.contains_key(&a.u32(0)) { 0 } else { -libc::ENOENT })
+                // dma_sync_sgtable_for_device of the whole BO: a clean.
+                let Some(bo) = self.with_file(fd, |f| f.handles.get(&a.u32(0)).cloned()) else { return -libc::ENOENT };
+                add(&self.stats.syncs, 1);
+                add(&self.stats.synced_bytes, bo.sync(Dir::ToDevice, 0, bo.size));
+                0
             }
             (Node::Rocket, DRM_GEM_CLOSE) => self.rocket_gem_close(fd, &a),
             (_, r) => {
@@ -715,7 +793,18 @@ impl Kernel {
         if bo.flags & MEM_CACHEABLE == 0 || flags & !3 != 0 || flags == 0 || off + size > bo.size {
             return -libc::EINVAL;
         }
-        // The memfd mappings are coherent: nothing to flush.
+        let bo = bo.clone();
+        drop(objs);
+        // TO_DEVICE cleans, FROM_DEVICE invalidates; both bits: clean, then invalidate.
+        let mut n = 0;
+        if flags & 1 != 0 {
+            n += bo.sync(Dir::ToDevice, off, size);
+        }
+        if flags & 2 != 0 {
+            n += bo.sync(Dir::FromDevice, off, size);
+        }
+        add(&self.stats.syncs, 1);
+        add(&self.stats.synced_bytes, n);
         0
     }
 
@@ -764,7 +853,7 @@ impl Kernel {
         // SAFETY: the range was checked against the task BO's size; the kernel mapping lives
         // as long as `task_bo`.
         let raw = unsafe {
-            std::slice::from_raw_parts((task_bo.kptr as *const u8).add((u64::from(start) * tsize) as usize), (u64::from(number) * tsize) as usize)
+            std::slice::from_raw_parts((task_bo.cpu as *const u8).add((u64::from(start) * tsize) as usize), (u64::from(number) * tsize) as usize)
         };
         let tasks: Vec<RknpuTask> = raw.chunks_exact(tsize as usize).map(ggml_ork_pod_read).collect();
         add(&self.stats.jobs_per_core[core], 1);
@@ -1000,6 +1089,9 @@ impl Kernel {
         let mut g = self.fence.0.lock().unwrap();
         loop {
             if bo.pending.load(Ordering::Acquire) == 0 {
+                // The fence signalled: dma_sync_sgtable_for_cpu of the whole BO, an invalidate.
+                add(&self.stats.syncs, 1);
+                add(&self.stats.synced_bytes, bo.sync(Dir::FromDevice, 0, bo.size));
                 return 0;
             }
             let now = monotonic_ns();
@@ -1057,6 +1149,8 @@ impl Kernel {
             ("killed", g(&s.killed).to_string()),
             ("prep_timeouts", g(&s.prep_timeouts).to_string()),
             ("client_maps", g(&s.client_maps).to_string()),
+            ("syncs", g(&s.syncs).to_string()),
+            ("synced_bytes", g(&s.synced_bytes).to_string()),
             ("live_client_maps", live_maps.to_string()),
         ];
         let line: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -1193,5 +1287,43 @@ pub extern "C" fn ork_fk_close(fd: c_int) {
 pub extern "C" fn ork_fk_report() {
     if let Some(k) = KERNEL.get() {
         guard((), || k.report());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(p: usize, off: usize, len: usize) -> Vec<u8> {
+        // SAFETY: test reads inside a live BO's mapping (callers pass in-range spans).
+        unsafe { std::slice::from_raw_parts((p + off) as *const u8, len) }.to_vec()
+    }
+    fn fill(p: usize, off: usize, len: usize, v: u8) {
+        // SAFETY: as in `view`.
+        unsafe { std::ptr::write_bytes((p + off) as *mut u8, v, len) };
+    }
+
+    /// The cache model: CPU writes are invisible to the device until a to-device sync of their
+    /// lines; device writes invisible to the CPU until a from-device sync, which drops CPU writes
+    /// that were not cleaned.
+    #[test]
+    fn views_meet_only_through_syncs_of_whole_lines() {
+        let bo = KBo::new(2 * PAGE, MEM_CACHEABLE, 0x1000, 0).unwrap();
+        fill(bo.cpu, 0, 256, 0xaa);
+        assert_eq!(view(bo.dev, 0, 256), vec![0; 256], "no sync: the device reads stale memory");
+        // A 4-byte sync at 100 cleans the whole line 64..128, nothing else.
+        assert_eq!(bo.sync(Dir::ToDevice, 100, 4), 64);
+        assert_eq!(view(bo.dev, 64, 64), vec![0xaa; 64]);
+        assert_eq!(view(bo.dev, 0, 64), vec![0; 64]);
+        assert_eq!(view(bo.dev, 128, 128), vec![0; 128]);
+        // The device writes; the CPU sees it only after an invalidate, which also drops the
+        // uncleaned CPU write in line 0..64.
+        fill(bo.dev, 0, 128, 0x55);
+        assert_eq!(view(bo.cpu, 0, 4), vec![0xaa; 4]);
+        assert_eq!(bo.sync(Dir::FromDevice, 0, 128), 128);
+        assert_eq!(view(bo.cpu, 0, 128), vec![0x55; 128]);
+        assert_eq!(view(bo.cpu, 128, 128), vec![0xaa; 128], "lines outside the range keep the CPU's bytes");
+        // The range is clamped to the buffer.
+        assert_eq!(bo.sync(Dir::ToDevice, 2 * PAGE - 4, 4), 64);
     }
 }
