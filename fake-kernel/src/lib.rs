@@ -35,6 +35,9 @@
 //!   issued first: the submit times out (ETIMEDOUT, task_counter 0) and the kernel resets;
 //! * `never_run_every:N` — every N-th submit reports success (task_counter = task_number) and
 //!   runs nothing;
+//! * `no_clean` — to-device syncs (MEM_SYNC TO_DEVICE, FINI_BO) clean nothing: the NPU never sees
+//!   what the CPU wrote. Not a board's behaviour: the check that the cache model is live (a
+//!   product's bit-exact suite must fail under it);
 //! * the window (`ORK_FK_DOMAIN_MB`) is the domain overflow: MEM_CREATE past it is EFAULT.
 //!
 //! Caches (always on; peer-facts §6, rknpu-facts §1.6/§2.5): a board's NPU is not coherent with
@@ -146,6 +149,7 @@ struct Quirks {
     cold: bool,
     wedge: bool,
     never_run_every: Option<u64>,
+    no_clean: bool,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -163,12 +167,13 @@ fn parse_quirks(s: &str) -> Quirks {
         match item.split_once(':') {
             None if item == "cold" => q.cold = true,
             None if item == "wedge" => q.wedge = true,
+            None if item == "no_clean" => q.no_clean = true,
             None if item == "none" => {}
             Some(("never_run_every", n)) => match n.parse::<u64>() {
                 Ok(n) if n > 0 => q.never_run_every = Some(n),
                 _ => die(&format!("ORK_FK_QUIRKS: `{item}`: N must be a positive number")),
             },
-            _ => die(&format!("ORK_FK_QUIRKS: unknown quirk `{item}` (cold, wedge, never_run_every:N, none)")),
+            _ => die(&format!("ORK_FK_QUIRKS: unknown quirk `{item}` (cold, wedge, never_run_every:N, no_clean, none)")),
         }
     }
     q
@@ -628,7 +633,9 @@ impl Kernel {
                 // dma_sync_sgtable_for_device of the whole BO: a clean.
                 let Some(bo) = self.with_file(fd, |f| f.handles.get(&a.u32(0)).cloned()) else { return -libc::ENOENT };
                 add(&self.stats.syncs, 1);
-                add(&self.stats.synced_bytes, bo.sync(Dir::ToDevice, 0, bo.size));
+                if !self.quirks.no_clean {
+                    add(&self.stats.synced_bytes, bo.sync(Dir::ToDevice, 0, bo.size));
+                }
                 0
             }
             (Node::Rocket, DRM_GEM_CLOSE) => self.rocket_gem_close(fd, &a),
@@ -797,7 +804,7 @@ impl Kernel {
         drop(objs);
         // TO_DEVICE cleans, FROM_DEVICE invalidates; both bits: clean, then invalidate.
         let mut n = 0;
-        if flags & 1 != 0 {
+        if flags & 1 != 0 && !self.quirks.no_clean {
             n += bo.sync(Dir::ToDevice, off, size);
         }
         if flags & 2 != 0 {
