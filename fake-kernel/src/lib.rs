@@ -35,9 +35,10 @@
 //!   issued first: the submit times out (ETIMEDOUT, task_counter 0) and the kernel resets;
 //! * `never_run_every:N` — every N-th submit reports success (task_counter = task_number) and
 //!   runs nothing;
-//! * `no_clean` — to-device syncs (MEM_SYNC TO_DEVICE, FINI_BO) clean nothing: the NPU never sees
-//!   what the CPU wrote. Not a board's behaviour: the check that the cache model is live (a
-//!   product's bit-exact suite must fail under it);
+//! * `no_clean` — from the first submit on, to-device syncs (MEM_SYNC TO_DEVICE, FINI_BO) clean
+//!   nothing: the NPU never sees what the CPU wrote after that (activations, regcmd, sentinels,
+//!   later weights). Not a board's behaviour: the check that the cache model is live and the
+//!   product's syncs carry its results (its bit-exact suite must fail under it);
 //! * the window (`ORK_FK_DOMAIN_MB`) is the domain overflow: MEM_CREATE past it is EFAULT.
 //!
 //! Caches (always on; peer-facts §6, rknpu-facts §1.6/§2.5): a board's NPU is not coherent with
@@ -633,7 +634,7 @@ impl Kernel {
                 // dma_sync_sgtable_for_device of the whole BO: a clean.
                 let Some(bo) = self.with_file(fd, |f| f.handles.get(&a.u32(0)).cloned()) else { return -libc::ENOENT };
                 add(&self.stats.syncs, 1);
-                if !self.quirks.no_clean {
+                if !self.cleans_lost() {
                     add(&self.stats.synced_bytes, bo.sync(Dir::ToDevice, 0, bo.size));
                 }
                 0
@@ -644,6 +645,11 @@ impl Kernel {
                 -libc::ENOTTY
             }
         }
+    }
+
+    /// The `no_clean` quirk strikes: cleans are lost from the first submit on.
+    fn cleans_lost(&self) -> bool {
+        self.quirks.no_clean && self.stats.submits.load(Ordering::Relaxed) > 0
     }
 
     fn with_file<R>(&self, fd: c_int, f: impl FnOnce(&mut File) -> R) -> R {
@@ -804,7 +810,7 @@ impl Kernel {
         drop(objs);
         // TO_DEVICE cleans, FROM_DEVICE invalidates; both bits: clean, then invalidate.
         let mut n = 0;
-        if flags & 1 != 0 && !self.quirks.no_clean {
+        if flags & 1 != 0 && !self.cleans_lost() {
             n += bo.sync(Dir::ToDevice, off, size);
         }
         if flags & 2 != 0 {
