@@ -48,8 +48,11 @@
 //! size; rocket FINI_BO, whole BO); device writes reach the CPU only through a from-device sync
 //! (MEM_SYNC FROM_DEVICE; rocket PREP_BO once the fence signalled, whole BO), which also drops
 //! CPU writes in those lines that were not cleaned first. Each sync works on whole 64-byte cache
-//! lines. So a missing or too narrow sync is seen here as a board would show it: stale
-//! activations or regcmd in the NPU, stale results or a lost sentinel on the CPU.
+//! lines. A line the CPU wrote and did not clean is dirty: after a job that writes the BO, every
+//! dirty line is evicted over what the device wrote (peer-facts §6: a CPU write came back after
+//! the next run and corrupted it until the touched lines were cleaned; counter `evicted_lines`).
+//! So a missing or too narrow sync is seen here as a board would show it: stale activations or
+//! regcmd in the NPU, stale results, lost or resurrected sentinels on the CPU.
 //!
 //! At exit one line of counters goes to stderr and, with `ORK_FK_STATS=<path>`, `key=value`
 //! lines to that file (what the tests read).
@@ -203,6 +206,7 @@ struct Stats {
     client_maps: AtomicU64,
     syncs: AtomicU64,
     synced_bytes: AtomicU64,
+    evicted_lines: AtomicU64,
 }
 
 fn add(c: &AtomicU64, n: u64) {
@@ -235,6 +239,9 @@ struct KBo {
     warm: AtomicBool,
     /// Jobs queued that write this BO (rocket's write fence).
     pending: AtomicU32,
+    /// Per cache line, a hash of its CPU bytes as of its last sync (what memory held when the
+    /// CPU's copy was last clean): a line whose CPU bytes hash otherwise is dirty.
+    clean: Mutex<Vec<u64>>,
 }
 
 impl Drop for KBo {
@@ -300,6 +307,7 @@ impl KBo {
             // Looks like an arm64 kernel pointer, never like an IOVA.
             obj_addr: 0xffff_ff80_0000_0000 | (id << 12),
             warm: AtomicBool::new(false),
+            clean: Mutex::new(vec![line_hash(&[0; LINE as usize]); (size / LINE) as usize]),
             pending: AtomicU32::new(0),
         })
     }
@@ -333,8 +341,46 @@ impl KBo {
         // SAFETY: both mappings are `size` bytes long and live as long as `self`; `start < end ≤
         // size`; the two mappings are distinct memory (a memfd and an anonymous mapping).
         unsafe { std::ptr::copy_nonoverlapping((from as *const u8).add(start as usize), (to as *mut u8).add(start as usize), (end - start) as usize) };
+        let mut clean = self.clean.lock().unwrap();
+        for l in start / LINE..end / LINE {
+            clean[l as usize] = line_hash(self.cpu_line(l));
+        }
         end - start
     }
+
+    /// The CPU view's bytes of line `l`.
+    fn cpu_line(&self, l: u64) -> &[u8] {
+        // SAFETY: line `l` lies inside the CPU view (callers iterate lines below size / LINE),
+        // which lives as long as `self`.
+        unsafe { std::slice::from_raw_parts((self.cpu as *const u8).add((l * LINE) as usize), LINE as usize) }
+    }
+
+    /// After a job wrote this BO: dirty CPU lines (written, never cleaned) are evicted and land
+    /// in memory over what the device wrote (peer-facts §6). Returns the lines written back.
+    fn evict_dirty(&self) -> u64 {
+        let mut clean = self.clean.lock().unwrap();
+        let mut n = 0;
+        for (l, h) in clean.iter_mut().enumerate() {
+            let cur = line_hash(self.cpu_line(l as u64));
+            if cur != *h {
+                let o = l * LINE as usize;
+                // SAFETY: one line inside both views (both `size` bytes, distinct memory).
+                unsafe { std::ptr::copy_nonoverlapping((self.cpu as *const u8).add(o), (self.dev as *mut u8).add(o), LINE as usize) };
+                *h = cur;
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+/// A 64-bit hash of one cache line (FNV-1a over its eight words, then a final mix).
+fn line_hash(b: &[u8]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for w in b.chunks_exact(8) {
+        h = (h ^ u64::from_le_bytes(w.try_into().unwrap())).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^ (h >> 29)
 }
 
 /// One IOMMU address space: live BOs by IOVA.
@@ -902,6 +948,7 @@ impl Kernel {
         let r = execute_tasks(&self.soc, space, &tasks, usize::MAX, timeout, &mut hook);
         for b in &written {
             b.warm.store(true, Ordering::Relaxed);
+            add(&self.stats.evicted_lines, b.evict_dirty());
         }
         drop(doms);
         match r {
@@ -1075,6 +1122,7 @@ impl Kernel {
             }
             for b in &written {
                 b.warm.store(true, Ordering::Relaxed);
+                add(&self.stats.evicted_lines, b.evict_dirty());
             }
         }
         if let Some(why) = killed {
@@ -1164,6 +1212,7 @@ impl Kernel {
             ("client_maps", g(&s.client_maps).to_string()),
             ("syncs", g(&s.syncs).to_string()),
             ("synced_bytes", g(&s.synced_bytes).to_string()),
+            ("evicted_lines", g(&s.evicted_lines).to_string()),
             ("live_client_maps", live_maps.to_string()),
         ];
         let line: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -1338,5 +1387,24 @@ mod tests {
         assert_eq!(view(bo.cpu, 128, 128), vec![0xaa; 128], "lines outside the range keep the CPU's bytes");
         // The range is clamped to the buffer.
         assert_eq!(bo.sync(Dir::ToDevice, 2 * PAGE - 4, 4), 64);
+        // Every line is clean now (synced, or never written): a job's write stays.
+        bo.sync(Dir::ToDevice, 0, 2 * PAGE);
+        fill(bo.dev, 512, 128, 0x77);
+        assert_eq!(bo.evict_dirty(), 0);
+        assert_eq!(view(bo.dev, 512, 128), vec![0x77; 128]);
+        // A CPU write into an output not cleaned before the job (a sentinel, say) comes back
+        // after it, over the device's result, one whole line (peer-facts §6).
+        fill(bo.cpu, 600, 4, 0x7f);
+        fill(bo.dev, 512, 128, 0x33);
+        assert_eq!(bo.evict_dirty(), 1);
+        assert_eq!(view(bo.dev, 576, 64), view(bo.cpu, 576, 64));
+        assert_eq!(view(bo.dev, 600, 4), vec![0x7f; 4]);
+        assert_eq!(view(bo.dev, 512, 64), vec![0x33; 64]);
+        // Cleaned before the job, it does not.
+        fill(bo.cpu, 700, 4, 0x7e);
+        bo.sync(Dir::ToDevice, 700, 4);
+        fill(bo.dev, 640, 128, 0x44);
+        assert_eq!(bo.evict_dirty(), 0);
+        assert_eq!(view(bo.dev, 640, 128), vec![0x44; 128]);
     }
 }
