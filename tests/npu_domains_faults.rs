@@ -270,8 +270,8 @@ impl KernelInterface for ShortCounter {
     fn mem_create(&self, size_bytes: usize, flags: u32, domain: DomainId) -> Result<Bo, KifError> {
         self.sim.mem_create(size_bytes, flags, domain)
     }
-    fn mem_sync(&self, bo: &Bo, dir: SyncDir) -> Result<(), KifError> {
-        self.sim.mem_sync(bo, dir)
+    fn mem_sync(&self, bo: &Bo, dir: SyncDir, offset: usize, len: usize) -> Result<usize, KifError> {
+        self.sim.mem_sync(bo, dir, offset, len)
     }
     fn mem_destroy(&self, bo: Bo) -> Result<(), KifError> {
         self.sim.mem_destroy(bo)

@@ -129,3 +129,22 @@ fn tiled_bytes_roundtrip_via_import() {
     npu.mm_run(&rw, &a, m, &mut c, Budget { max_cores: 3 }).unwrap();
     assert_eq!(c, reference_mm(&a, &w, m, k, n));
 }
+
+/// Cache maintenance covers the bytes each run's submits exchange with the device (activation
+/// blocks, regcmd, task descriptors and sentinels written; output blocks read), widened to
+/// whole cache lines: ≤ 1.1× those bytes for prefill shapes and for M = 1 (decode on the NPU),
+/// whatever size a bigger shape grew the scratch to before.
+#[test]
+fn synced_bytes_track_what_submits_exchange() {
+    let (_sim, npu) = sim_npu(rk3588(), SimFaults::default());
+    let mut rng = Rng::new(0x5c);
+    // SmolLM2-135M's projections (K 576, N 576/192/1536; down K 1536, N 576), largest first.
+    for (m, k, n) in [(512, 1536, 576), (512, 576, 1536), (128, 576, 576), (32, 576, 192), (1, 576, 1536), (1, 1536, 576), (1, 576, 192), (7, 576, 64)] {
+        let st = check(&npu, &mut rng, m, k, n, 3);
+        let ratio = st.synced_bytes as f64 / st.io_bytes as f64;
+        assert!(st.io_bytes >= (m * k + m * n * 4) as u64, "M={m} K={k} N={n}: io {} B", st.io_bytes);
+        assert!((1.0..=1.1).contains(&ratio), "M={m} K={k} N={n}: synced {} B for {} B exchanged ({ratio:.3}x)", st.synced_bytes, st.io_bytes);
+    }
+    let (synced, io) = npu.synced();
+    assert!(synced > 0 && io > 0 && synced as f64 <= 1.1 * io as f64);
+}

@@ -35,7 +35,24 @@
 //!   issued first: the submit times out (ETIMEDOUT, task_counter 0) and the kernel resets;
 //! * `never_run_every:N` — every N-th submit reports success (task_counter = task_number) and
 //!   runs nothing;
+//! * `no_clean` — from the first submit on, to-device syncs (MEM_SYNC TO_DEVICE, FINI_BO) clean
+//!   nothing: the NPU never sees what the CPU wrote after that (activations, regcmd, sentinels,
+//!   later weights). Not a board's behaviour: the check that the cache model is live and the
+//!   product's syncs carry its results (its bit-exact suite must fail under it);
 //! * the window (`ORK_FK_DOMAIN_MB`) is the domain overflow: MEM_CREATE past it is EFAULT.
+//!
+//! Caches (always on; peer-facts §6, rknpu-facts §1.6/§2.5): a board's NPU is not coherent with
+//! the CPU's caches, so every BO has a CPU view (what the process's mappings and the kernel's own
+//! CPU reads see) and a device view (what the NPU reads and writes). CPU writes reach the device
+//! only through a to-device sync of those bytes (rknpu MEM_SYNC TO_DEVICE with its offset and
+//! size; rocket FINI_BO, whole BO); device writes reach the CPU only through a from-device sync
+//! (MEM_SYNC FROM_DEVICE; rocket PREP_BO once the fence signalled, whole BO), which also drops
+//! CPU writes in those lines that were not cleaned first. Each sync works on whole 64-byte cache
+//! lines. A line the CPU wrote and did not clean is dirty: after a job that writes the BO, every
+//! dirty line is evicted over what the device wrote (peer-facts §6: a CPU write came back after
+//! the next run and corrupted it until the touched lines were cleaned; counter `evicted_lines`).
+//! So a missing or too narrow sync is seen here as a board would show it: stale activations or
+//! regcmd in the NPU, stale results, lost or resurrected sentinels on the CPU.
 //!
 //! At exit one line of counters goes to stderr and, with `ORK_FK_STATS=<path>`, `key=value`
 //! lines to that file (what the tests read).
@@ -136,6 +153,7 @@ struct Quirks {
     cold: bool,
     wedge: bool,
     never_run_every: Option<u64>,
+    no_clean: bool,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -153,12 +171,13 @@ fn parse_quirks(s: &str) -> Quirks {
         match item.split_once(':') {
             None if item == "cold" => q.cold = true,
             None if item == "wedge" => q.wedge = true,
+            None if item == "no_clean" => q.no_clean = true,
             None if item == "none" => {}
             Some(("never_run_every", n)) => match n.parse::<u64>() {
                 Ok(n) if n > 0 => q.never_run_every = Some(n),
                 _ => die(&format!("ORK_FK_QUIRKS: `{item}`: N must be a positive number")),
             },
-            _ => die(&format!("ORK_FK_QUIRKS: unknown quirk `{item}` (cold, wedge, never_run_every:N, none)")),
+            _ => die(&format!("ORK_FK_QUIRKS: unknown quirk `{item}` (cold, wedge, never_run_every:N, no_clean, none)")),
         }
     }
     q
@@ -185,6 +204,9 @@ struct Stats {
     max_domain: AtomicU64,
     domains_used: AtomicU64,
     client_maps: AtomicU64,
+    syncs: AtomicU64,
+    synced_bytes: AtomicU64,
+    evicted_lines: AtomicU64,
 }
 
 fn add(c: &AtomicU64, n: u64) {
@@ -195,11 +217,19 @@ fn add(c: &AtomicU64, n: u64) {
 // Buffer objects and address spaces
 // ---------------------------------------------------------------------------------------------
 
-/// A buffer object: a memfd (what a client mmap maps) and the kernel's own mapping of it (what
-/// the NPU reads and writes).
+/// A buffer object in two views, because a board's NPU is not coherent with the CPU caches
+/// (peer-facts §6; see "Caches" in the crate docs):
+/// * the CPU view: a memfd, which every client mmap maps and the kernel maps at `cpu` (the
+///   kernel's own CPU reads, e.g. of the vendor task array, see what user space wrote);
+/// * the device view: a private anonymous mapping at `dev`, all the NPU reads and writes.
+///
+/// A to-device sync copies whole cache lines of the range from the CPU view into the device
+/// view (a clean), a from-device sync copies them back (an invalidate: CPU writes in those lines
+/// that were not cleaned first are lost).
 struct KBo {
     memfd: OwnedFd,
-    kptr: usize,
+    cpu: usize,
+    dev: usize,
     size: u64,
     flags: u32,
     iova: u64,
@@ -209,12 +239,19 @@ struct KBo {
     warm: AtomicBool,
     /// Jobs queued that write this BO (rocket's write fence).
     pending: AtomicU32,
+    /// Per cache line, a hash of its CPU bytes as of its last sync (what memory held when the
+    /// CPU's copy was last clean): a line whose CPU bytes hash otherwise is dirty.
+    clean: Mutex<Vec<u64>>,
 }
 
 impl Drop for KBo {
     fn drop(&mut self) {
-        // SAFETY: `kptr..kptr+size` is the mapping made in `KBo::new`, unmapped only here.
-        unsafe { libc::munmap(self.kptr as *mut c_void, self.size as usize) };
+        // SAFETY: `cpu..cpu+size` and `dev..dev+size` are the mappings made in `KBo::new`,
+        // unmapped only here.
+        unsafe {
+            libc::munmap(self.cpu as *mut c_void, self.size as usize);
+            libc::munmap(self.dev as *mut c_void, self.size as usize);
+        }
     }
 }
 
@@ -241,10 +278,28 @@ impl KBo {
         if p == libc::MAP_FAILED {
             return Err(libc::ENOMEM);
         }
+        // SAFETY: a fresh private anonymous mapping (zero pages, reserved lazily); checked
+        // against MAP_FAILED.
+        let d = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if d == libc::MAP_FAILED {
+            // SAFETY: unmapping the CPU view mapped just above.
+            unsafe { libc::munmap(p, size as usize) };
+            return Err(libc::ENOMEM);
+        }
         let id = NEXT_BO.fetch_add(1, Ordering::Relaxed);
         Ok(KBo {
             memfd,
-            kptr: p as usize,
+            cpu: p as usize,
+            dev: d as usize,
             size,
             flags,
             iova,
@@ -252,9 +307,80 @@ impl KBo {
             // Looks like an arm64 kernel pointer, never like an IOVA.
             obj_addr: 0xffff_ff80_0000_0000 | (id << 12),
             warm: AtomicBool::new(false),
+            clean: Mutex::new(vec![line_hash(&[0; LINE as usize]); (size / LINE) as usize]),
             pending: AtomicU32::new(0),
         })
     }
+}
+
+/// Cache line of the CPUs sharing memory with the NPU (Cortex-A76/A55): the unit of a sync.
+const LINE: u64 = 64;
+
+/// Direction of a modelled cache-maintenance operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dir {
+    /// Clean: the CPU's bytes reach memory, where the device reads them.
+    ToDevice,
+    /// Invalidate: the CPU's next reads see what the device wrote.
+    FromDevice,
+}
+
+impl KBo {
+    /// Cache maintenance of `off..off + len`, widened to whole lines: copies those lines from
+    /// one view into the other. Returns the bytes maintained.
+    fn sync(&self, dir: Dir, off: u64, len: u64) -> u64 {
+        let start = off / LINE * LINE;
+        let end = ((off + len).div_ceil(LINE) * LINE).min(self.size);
+        if start >= end {
+            return 0;
+        }
+        let (from, to) = match dir {
+            Dir::ToDevice => (self.cpu, self.dev),
+            Dir::FromDevice => (self.dev, self.cpu),
+        };
+        // SAFETY: both mappings are `size` bytes long and live as long as `self`; `start < end ≤
+        // size`; the two mappings are distinct memory (a memfd and an anonymous mapping).
+        unsafe { std::ptr::copy_nonoverlapping((from as *const u8).add(start as usize), (to as *mut u8).add(start as usize), (end - start) as usize) };
+        let mut clean = self.clean.lock().unwrap();
+        for l in start / LINE..end / LINE {
+            clean[l as usize] = line_hash(self.cpu_line(l));
+        }
+        end - start
+    }
+
+    /// The CPU view's bytes of line `l`.
+    fn cpu_line(&self, l: u64) -> &[u8] {
+        // SAFETY: line `l` lies inside the CPU view (callers iterate lines below size / LINE),
+        // which lives as long as `self`.
+        unsafe { std::slice::from_raw_parts((self.cpu as *const u8).add((l * LINE) as usize), LINE as usize) }
+    }
+
+    /// After a job wrote this BO: dirty CPU lines (written, never cleaned) are evicted and land
+    /// in memory over what the device wrote (peer-facts §6). Returns the lines written back.
+    fn evict_dirty(&self) -> u64 {
+        let mut clean = self.clean.lock().unwrap();
+        let mut n = 0;
+        for (l, h) in clean.iter_mut().enumerate() {
+            let cur = line_hash(self.cpu_line(l as u64));
+            if cur != *h {
+                let o = l * LINE as usize;
+                // SAFETY: one line inside both views (both `size` bytes, distinct memory).
+                unsafe { std::ptr::copy_nonoverlapping((self.cpu as *const u8).add(o), (self.dev as *mut u8).add(o), LINE as usize) };
+                *h = cur;
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+/// A 64-bit hash of one cache line (FNV-1a over its eight words, then a final mix).
+fn line_hash(b: &[u8]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for w in b.chunks_exact(8) {
+        h = (h ^ u64::from_le_bytes(w.try_into().unwrap())).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^ (h >> 29)
 }
 
 /// One IOMMU address space: live BOs by IOVA.
@@ -308,7 +434,7 @@ impl DeviceMemory for Space {
         let off = iova - start;
         // SAFETY: `off + len ≤ size` is checked first; the mapping lives as long as the BO,
         // which the space holds while the caller borrows it.
-        (off + len <= bo.size).then(|| unsafe { (bo.kptr as *mut u8).add(off as usize) })
+        (off + len <= bo.size).then(|| unsafe { (bo.dev as *mut u8).add(off as usize) })
     }
 }
 
@@ -551,7 +677,13 @@ impl Kernel {
                 if a.u32(4) != 0 {
                     return -libc::EINVAL;
                 }
-                self.with_file(fd, |f| if f.handles.contains_key(&a.u32(0)) { 0 } else { -libc::ENOENT })
+                // dma_sync_sgtable_for_device of the whole BO: a clean.
+                let Some(bo) = self.with_file(fd, |f| f.handles.get(&a.u32(0)).cloned()) else { return -libc::ENOENT };
+                add(&self.stats.syncs, 1);
+                if !self.cleans_lost() {
+                    add(&self.stats.synced_bytes, bo.sync(Dir::ToDevice, 0, bo.size));
+                }
+                0
             }
             (Node::Rocket, DRM_GEM_CLOSE) => self.rocket_gem_close(fd, &a),
             (_, r) => {
@@ -559,6 +691,11 @@ impl Kernel {
                 -libc::ENOTTY
             }
         }
+    }
+
+    /// The `no_clean` quirk strikes: cleans are lost from the first submit on.
+    fn cleans_lost(&self) -> bool {
+        self.quirks.no_clean && self.stats.submits.load(Ordering::Relaxed) > 0
     }
 
     fn with_file<R>(&self, fd: c_int, f: impl FnOnce(&mut File) -> R) -> R {
@@ -715,7 +852,18 @@ impl Kernel {
         if bo.flags & MEM_CACHEABLE == 0 || flags & !3 != 0 || flags == 0 || off + size > bo.size {
             return -libc::EINVAL;
         }
-        // The memfd mappings are coherent: nothing to flush.
+        let bo = bo.clone();
+        drop(objs);
+        // TO_DEVICE cleans, FROM_DEVICE invalidates; both bits: clean, then invalidate.
+        let mut n = 0;
+        if flags & 1 != 0 && !self.cleans_lost() {
+            n += bo.sync(Dir::ToDevice, off, size);
+        }
+        if flags & 2 != 0 {
+            n += bo.sync(Dir::FromDevice, off, size);
+        }
+        add(&self.stats.syncs, 1);
+        add(&self.stats.synced_bytes, n);
         0
     }
 
@@ -764,7 +912,7 @@ impl Kernel {
         // SAFETY: the range was checked against the task BO's size; the kernel mapping lives
         // as long as `task_bo`.
         let raw = unsafe {
-            std::slice::from_raw_parts((task_bo.kptr as *const u8).add((u64::from(start) * tsize) as usize), (u64::from(number) * tsize) as usize)
+            std::slice::from_raw_parts((task_bo.cpu as *const u8).add((u64::from(start) * tsize) as usize), (u64::from(number) * tsize) as usize)
         };
         let tasks: Vec<RknpuTask> = raw.chunks_exact(tsize as usize).map(ggml_ork_pod_read).collect();
         add(&self.stats.jobs_per_core[core], 1);
@@ -800,6 +948,7 @@ impl Kernel {
         let r = execute_tasks(&self.soc, space, &tasks, usize::MAX, timeout, &mut hook);
         for b in &written {
             b.warm.store(true, Ordering::Relaxed);
+            add(&self.stats.evicted_lines, b.evict_dirty());
         }
         drop(doms);
         match r {
@@ -973,6 +1122,7 @@ impl Kernel {
             }
             for b in &written {
                 b.warm.store(true, Ordering::Relaxed);
+                add(&self.stats.evicted_lines, b.evict_dirty());
             }
         }
         if let Some(why) = killed {
@@ -1000,6 +1150,9 @@ impl Kernel {
         let mut g = self.fence.0.lock().unwrap();
         loop {
             if bo.pending.load(Ordering::Acquire) == 0 {
+                // The fence signalled: dma_sync_sgtable_for_cpu of the whole BO, an invalidate.
+                add(&self.stats.syncs, 1);
+                add(&self.stats.synced_bytes, bo.sync(Dir::FromDevice, 0, bo.size));
                 return 0;
             }
             let now = monotonic_ns();
@@ -1057,6 +1210,9 @@ impl Kernel {
             ("killed", g(&s.killed).to_string()),
             ("prep_timeouts", g(&s.prep_timeouts).to_string()),
             ("client_maps", g(&s.client_maps).to_string()),
+            ("syncs", g(&s.syncs).to_string()),
+            ("synced_bytes", g(&s.synced_bytes).to_string()),
+            ("evicted_lines", g(&s.evicted_lines).to_string()),
             ("live_client_maps", live_maps.to_string()),
         ];
         let line: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -1193,5 +1349,62 @@ pub extern "C" fn ork_fk_close(fd: c_int) {
 pub extern "C" fn ork_fk_report() {
     if let Some(k) = KERNEL.get() {
         guard((), || k.report());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(p: usize, off: usize, len: usize) -> Vec<u8> {
+        // SAFETY: test reads inside a live BO's mapping (callers pass in-range spans).
+        unsafe { std::slice::from_raw_parts((p + off) as *const u8, len) }.to_vec()
+    }
+    fn fill(p: usize, off: usize, len: usize, v: u8) {
+        // SAFETY: as in `view`.
+        unsafe { std::ptr::write_bytes((p + off) as *mut u8, v, len) };
+    }
+
+    /// The cache model: CPU writes are invisible to the device until a to-device sync of their
+    /// lines; device writes invisible to the CPU until a from-device sync, which drops CPU writes
+    /// that were not cleaned.
+    #[test]
+    fn views_meet_only_through_syncs_of_whole_lines() {
+        let bo = KBo::new(2 * PAGE, MEM_CACHEABLE, 0x1000, 0).unwrap();
+        fill(bo.cpu, 0, 256, 0xaa);
+        assert_eq!(view(bo.dev, 0, 256), vec![0; 256], "no sync: the device reads stale memory");
+        // A 4-byte sync at 100 cleans the whole line 64..128, nothing else.
+        assert_eq!(bo.sync(Dir::ToDevice, 100, 4), 64);
+        assert_eq!(view(bo.dev, 64, 64), vec![0xaa; 64]);
+        assert_eq!(view(bo.dev, 0, 64), vec![0; 64]);
+        assert_eq!(view(bo.dev, 128, 128), vec![0; 128]);
+        // The device writes; the CPU sees it only after an invalidate, which also drops the
+        // uncleaned CPU write in line 0..64.
+        fill(bo.dev, 0, 128, 0x55);
+        assert_eq!(view(bo.cpu, 0, 4), vec![0xaa; 4]);
+        assert_eq!(bo.sync(Dir::FromDevice, 0, 128), 128);
+        assert_eq!(view(bo.cpu, 0, 128), vec![0x55; 128]);
+        assert_eq!(view(bo.cpu, 128, 128), vec![0xaa; 128], "lines outside the range keep the CPU's bytes");
+        // The range is clamped to the buffer.
+        assert_eq!(bo.sync(Dir::ToDevice, 2 * PAGE - 4, 4), 64);
+        // Every line is clean now (synced, or never written): a job's write stays.
+        bo.sync(Dir::ToDevice, 0, 2 * PAGE);
+        fill(bo.dev, 512, 128, 0x77);
+        assert_eq!(bo.evict_dirty(), 0);
+        assert_eq!(view(bo.dev, 512, 128), vec![0x77; 128]);
+        // A CPU write into an output not cleaned before the job (a sentinel, say) comes back
+        // after it, over the device's result, one whole line (peer-facts §6).
+        fill(bo.cpu, 600, 4, 0x7f);
+        fill(bo.dev, 512, 128, 0x33);
+        assert_eq!(bo.evict_dirty(), 1);
+        assert_eq!(view(bo.dev, 576, 64), view(bo.cpu, 576, 64));
+        assert_eq!(view(bo.dev, 600, 4), vec![0x7f; 4]);
+        assert_eq!(view(bo.dev, 512, 64), vec![0x33; 64]);
+        // Cleaned before the job, it does not.
+        fill(bo.cpu, 700, 4, 0x7e);
+        bo.sync(Dir::ToDevice, 700, 4);
+        fill(bo.dev, 640, 128, 0x44);
+        assert_eq!(bo.evict_dirty(), 0);
+        assert_eq!(view(bo.dev, 640, 128), vec![0x44; 128]);
     }
 }

@@ -281,6 +281,18 @@ pub struct PhaseStats {
     pub fallback: AtomicU64,
     /// Runs computed on the CPU because an NPU run failed.
     pub npu_failed: AtomicU64,
+    /// Bytes of cache maintenance of the NPU runs, and bytes their submits read and wrote
+    /// (`npu::RunStats`).
+    pub synced_bytes: AtomicU64,
+    pub io_bytes: AtomicU64,
+}
+
+impl PhaseStats {
+    /// "synced N MiB (X× the bytes the submits read and write)".
+    pub fn synced_words(&self) -> String {
+        let (s, io) = (self.synced_bytes.load(Relaxed), self.io_bytes.load(Relaxed));
+        format!("synced {:.1} MiB ({:.2}× the bytes the submits read and write)", s as f64 / (1u64 << 20) as f64, s as f64 / io.max(1) as f64)
+    }
 }
 
 impl Stats {
@@ -358,7 +370,7 @@ impl Stats {
              ({} cache writes), prepared in {:.0} ms (source hash {:.0} ms, cache open {:.0} ms, import + verify {:.0} ms; \
              packing {:.0} ms, upload {:.0} ms, cache write {:.0} ms){}; time: act-quant {:.1} ms, npu {:.1} ms, dequant {:.1} ms, \
              correction {:.1} ms on the host for {} MUL_MAT (each row along its weight's calibrated direction); \
-             prefill MUL_MAT: host {:.1} ms (act-quant, submit, dequant, arbiter), NPU device {:.1} ms; {}",
+             prefill MUL_MAT: host {:.1} ms (act-quant, submit, dequant, arbiter), NPU device {:.1} ms, {}; decode MUL_MAT: {}; {}",
             self.npu_matmuls.load(Relaxed),
             self.npu_rows_sent.load(Relaxed),
             self.npu_rows_sent.load(Relaxed) as f64 / self.npu_rows.load(Relaxed).max(1) as f64,
@@ -400,6 +412,8 @@ impl Stats {
                 ms(&p.quant_ns) + ms(&p.submit_ns) + ms(&p.dequant_ns) + ms(&p.arb_ns)
             },
             ms(&self.phase[0].wait_ns),
+            self.phase[0].synced_words(),
+            self.phase[1].synced_words(),
             self.memory().line(),
         )
     }
@@ -744,6 +758,8 @@ impl Device {
         };
         match r {
             Ok(rs) => {
+                ps.synced_bytes.fetch_add(rs.synced_bytes, Relaxed);
+                ps.io_bytes.fetch_add(rs.io_bytes, Relaxed);
                 submits += rs.submits as u64;
                 sent += rows as u64;
                 device_ns += rs.device_ns;
@@ -780,6 +796,8 @@ impl Device {
                 Err(e) => Err(NpuError::NoDevice(e.to_string())),
             };
             if let Ok(rs) = &r {
+                ps.synced_bytes.fetch_add(rs.synced_bytes, Relaxed);
+                ps.io_bytes.fetch_add(rs.io_bytes, Relaxed);
                 device_ns += rs.device_ns;
                 submits += rs.submits as u64;
                 sent += (lt * m) as u64;

@@ -190,8 +190,8 @@ fn interface_smoke(dev: &dyn KernelInterface, domain: DomainId) -> Result<(), St
             return Err(format!("unexpected buffer {bo:?}"));
         }
         bo.bytes_mut()[..BYTES].copy_from_slice(bytemuck::cast_slice(&pattern));
-        dev.mem_sync(&bo, SyncDir::ToDevice).map_err(|e| format!("mem_sync(to device): {e}"))?;
-        dev.mem_sync(&bo, SyncDir::FromDevice).map_err(|e| format!("mem_sync(from device): {e}"))?;
+        dev.mem_sync_all(&bo, SyncDir::ToDevice).map_err(|e| format!("mem_sync(to device): {e}"))?;
+        dev.mem_sync_all(&bo, SyncDir::FromDevice).map_err(|e| format!("mem_sync(from device): {e}"))?;
         if bo.bytes()[..BYTES] != *bytemuck::cast_slice::<i8, u8>(&pattern) {
             return Err("read-back differs from what was written".into());
         }

@@ -9,8 +9,16 @@
 //!
 //! Decisions:
 //! * One stable activation buffer per core and domain (rknpu-facts §2.6: the NPU caches feature
-//!   state by address; rotating buffers corrupted results on hardware). Scratch grows to a power
-//!   of two when a submit needs more; it is never shrunk.
+//!   state by address; rotating buffers corrupted results on hardware). Scratch is sized to the
+//!   largest submit seen (page-rounded) and grows only when a bigger one comes; it is never
+//!   shrunk, so shapes that alternate never re-allocate (a fresh output buffer costs a warm-up
+//!   submit on hardware, rknpu-facts §2.6).
+//! * Cache maintenance covers the bytes a submit exchanges with the device, not the buffers
+//!   (the NPU is not coherent with the CPU caches, peer-facts §6): to the device the packed
+//!   activation blocks, the regcmd and task bytes written, and each program's sentinel word;
+//!   from the device each program's output block. Ranges are widened to whole cache lines and
+//!   merged where they touch. The bytes synced and the bytes exchanged are counted per run
+//!   ([`CoreResult::synced_bytes`], [`CoreResult::io_bytes`]).
 //! * The core's mutex is held for the whole run of its share, so concurrent `mm_run`s from
 //!   several threads serialise per core and never share scratch.
 //! * A failed submit (timeout, reset, refusal) fails the run: no partial result is ever
@@ -56,6 +64,14 @@ pub(crate) struct HealthCounters {
     pub retries: AtomicU64,
     pub gave_up: AtomicU64,
     pub warned: AtomicBool,
+}
+
+/// Cache maintenance of this `Npu` since it opened (all cores, the shares that completed):
+/// bytes synced, and bytes the submits exchanged with the device (see [`CoreResult`]).
+#[derive(Default)]
+pub(crate) struct SyncCounters {
+    pub synced_bytes: AtomicU64,
+    pub io_bytes: AtomicU64,
 }
 
 /// A snapshot of [`HealthCounters`]: jobs that reported done but did not write their output
@@ -105,6 +121,7 @@ pub(crate) struct Shared {
     pub domains: Mutex<DomainSet>,
     pub timeout_ms: u32,
     pub health: HealthCounters,
+    pub synced: SyncCounters,
 }
 
 impl Shared {
@@ -169,13 +186,20 @@ pub(crate) struct CoreResult {
     /// Submits of this share detected as never ran, and resubmits.
     pub never_ran: u32,
     pub retries: u32,
+    /// Bytes of cache maintenance (both directions, whole lines, the interface's own included).
+    pub synced_bytes: u64,
+    /// Bytes the submits exchanged with the device: activation blocks, regcmd and task bytes
+    /// and sentinel words written, output blocks read.
+    pub io_bytes: u64,
 }
 
+/// Makes `bo` hold at least `needed` bytes: a buffer of exactly the page-rounded need when it
+/// is smaller, else nothing (never shrunk, so alternating shapes do not re-allocate).
 fn grow(kif: &dyn KernelInterface, bo: &mut Bo, needed: usize, domain: DomainId) -> Result<(), KifError> {
     if bo.size_bytes >= needed {
         return Ok(());
     }
-    let fresh = kif.mem_create(needed.next_power_of_two(), mem_flags::DATA, domain)?;
+    let fresh = kif.mem_create(crate::npu::kif::page_round(needed), mem_flags::DATA, domain)?;
     let old = std::mem::replace(bo, fresh);
     kif.mem_destroy(old)
 }
@@ -215,7 +239,16 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
         e.insert(new_set(kif, domain).map_err(sub_err)?);
     }
     let set = guard.sets.get_mut(&domain.0).expect("scratch set");
-    let mut res = CoreResult { local: vec![0i32; m * plan.ncols], submits: 0, programs: 0, device_ns: 0, never_ran: 0, retries: 0 };
+    let mut res = CoreResult {
+        local: vec![0i32; m * plan.ncols],
+        submits: 0,
+        programs: 0,
+        device_ns: 0,
+        never_ran: 0,
+        retries: 0,
+        synced_bytes: 0,
+        io_bytes: 0,
+    };
     let w_iova = w.iova();
     for sub in &plan.submits {
         grow(kif, &mut set.act, sub.act_bytes, domain).map_err(sub_err)?;
@@ -247,9 +280,12 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
         if log::log_enabled!(target: "ork::regcmd", log::Level::Trace) {
             log::trace!(target: "ork::regcmd", "core {core} submit of {nprogs} programs:\n{}", crate::npu::regs::decode(&entries));
         }
-        for bo in [&set.act, &set.regcmd, &set.task] {
-            kif.mem_sync(bo, SyncDir::ToDevice).map_err(sub_err)?;
-        }
+        let act_io: usize = sub.a_blocks.iter().map(|(ab, _)| ab.bytes()).sum();
+        res.synced_bytes += sync_spans(kif, &set.act, SyncDir::ToDevice, sub.a_blocks.iter().map(|(ab, off)| (*off, ab.bytes()))).map_err(sub_err)?;
+        res.synced_bytes += sync_spans(kif, &set.regcmd, SyncDir::ToDevice, [(0, bytes.len())].into_iter()).map_err(sub_err)?;
+        res.synced_bytes += sync_spans(kif, &set.task, SyncDir::ToDevice, [(0, nprogs * tsize)].into_iter()).map_err(sub_err)?;
+        res.io_bytes += (act_io + bytes.len() + nprogs * tsize) as u64;
+        let out_io: usize = sub.programs.iter().map(|p| p.mc * p.nc * 4 + 4).sum();
         let job = SubmitJob {
             task_bo: &set.task,
             task_start: 0,
@@ -262,9 +298,13 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
         let mut attempt = 0;
         loop {
             arm_sentinels(set.out.bytes_mut(), &sub.programs);
-            kif.mem_sync(&set.out, SyncDir::ToDevice).map_err(sub_err)?;
+            res.synced_bytes +=
+                sync_spans(kif, &set.out, SyncDir::ToDevice, sub.programs.iter().map(|p| (p.last_out_word(), 4))).map_err(sub_err)?;
             let done = kif.submit(&job).map_err(sub_err)?;
-            kif.mem_sync(&set.out, SyncDir::FromDevice).map_err(sub_err)?;
+            res.synced_bytes +=
+                sync_spans(kif, &set.out, SyncDir::FromDevice, sub.programs.iter().map(|p| (p.out_offset, p.mc * p.nc * 4))).map_err(sub_err)?;
+            res.synced_bytes += done.synced_bytes as u64;
+            res.io_bytes += out_io as u64;
             res.device_ns += done.hw_elapse_ns;
             let missing = unlanded(set.out.bytes(), &sub.programs);
             if done.task_counter == job.task_number && missing == 0 {
@@ -294,7 +334,30 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
         res.submits += 1;
         res.programs += nprogs as u32;
     }
+    shared.synced.synced_bytes.fetch_add(res.synced_bytes, Relaxed);
+    shared.synced.io_bytes.fetch_add(res.io_bytes, Relaxed);
     Ok(res)
+}
+
+/// Syncs the byte spans `(offset, len)` of `bo` in one direction: each widened to whole cache
+/// lines, sorted, and merged where lines touch or overlap, one `mem_sync` per merged run.
+/// Returns the bytes the interface maintained.
+fn sync_spans(kif: &dyn KernelInterface, bo: &Bo, dir: SyncDir, spans: impl Iterator<Item = (usize, usize)>) -> Result<u64, KifError> {
+    let mut lines: Vec<(usize, usize)> =
+        spans.filter(|&(_, len)| len > 0).map(|(off, len)| crate::npu::kif::line_span(off, len, bo.size_bytes)).collect();
+    lines.sort_unstable();
+    let mut merged: Vec<(usize, usize)> = Vec::with_capacity(lines.len());
+    for (s, e) in lines {
+        match merged.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => merged.push((s, e)),
+        }
+    }
+    let mut n = 0u64;
+    for (s, e) in merged {
+        n += kif.mem_sync(bo, dir, s, e - s)? as u64;
+    }
+    Ok(n)
 }
 
 /// Writes [`SENTINEL`] into the last output word of each program.

@@ -134,6 +134,11 @@ pub struct RunStats {
     /// run that succeeds had every one of them succeed on the resubmit.
     pub never_ran: u32,
     pub retries: u32,
+    /// Bytes of cache maintenance the run did (whole cache lines, both directions), and the
+    /// bytes its submits exchanged with the device (activation blocks, regcmd, task
+    /// descriptors and sentinel words written; output blocks read): see `mm`.
+    pub synced_bytes: u64,
+    pub io_bytes: u64,
 }
 
 /// A deterministic, self-contained tiled weight blob (what a disk cache stores): the K-slice
@@ -246,6 +251,7 @@ impl Npu {
             soc,
             timeout_ms,
             health: mm::HealthCounters::default(),
+            synced: mm::SyncCounters::default(),
         });
         let pool = pool::Pool::new(max_cores, &cfg.pin_cpus);
         log::info!("{}", shared.kif.describe());
@@ -264,6 +270,13 @@ impl Npu {
     /// Jobs detected as never ran, resubmits and runs given up since this `Npu` opened.
     pub fn health(&self) -> Health {
         self.shared.health.snapshot()
+    }
+
+    /// Since this `Npu` opened, over every core's completed shares: bytes of cache
+    /// maintenance, and bytes the submits exchanged with the device.
+    pub fn synced(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.shared.synced.synced_bytes.load(Relaxed), self.shared.synced.io_bytes.load(Relaxed))
     }
 
     /// The kernel interface's line on faults it injected on purpose (the simulator under
@@ -460,6 +473,8 @@ impl Npu {
             stats.device_ns += r.device_ns;
             stats.never_ran += r.never_ran;
             stats.retries += r.retries;
+            stats.synced_bytes += r.synced_bytes;
+            stats.io_bytes += r.io_bytes;
         }
         stats.host_ns = t0.elapsed().as_nanos() as u64;
         Ok(stats)

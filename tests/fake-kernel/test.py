@@ -12,7 +12,12 @@ Checks, each one PASS/FAIL line:
   text, 0 EFAULT, the domain count in the log;
 * each modelled board quirk alone, with ork-selftest's bit-exact suite (which fails when the
   driver's defence is missing): cold (warm-up submit), wedge (ACT_RESET), and
-  never_run_every:N (the output sentinel, when the product has one).
+  never_run_every:N (the output sentinel, when the product has one);
+* no run leaves a CPU write uncleaned in a buffer the NPU then wrote (the fake kernel's
+  evicted_lines, peer-facts section 6);
+* the cache model (CPU and device views of every buffer, meeting only through syncs) is live:
+  with to-device syncs ignored from the first submit on (quirk no_clean) ork-selftest's
+  bit-exact suite fails.
 Environment: LLAMA_BIN, ORK_MODELS, ORK_CORPUS, ORK_LIB (tests/common.sh). Exit status 1 on a failure.
 
 `--device real` (bench-scripts/onboard-kit.sh, on a board) runs the same greedy, perplexity and
@@ -87,10 +92,12 @@ def run(args, npu, extra=None, timeout=900):
 
 def clean(c):
     """The fake kernel's verdict on a run with the defences on: nothing refused, wedged, killed,
-    dropped or timed out."""
+    dropped or timed out, and no CPU write left dirty in a buffer the NPU wrote (evicted over its
+    output after the job, peer-facts section 6)."""
     if c is None:
         return False, "no fake-kernel counters"
-    bad = {k: c.get(k) for k in ("bad", "wedged", "killed", "vanished", "efault", "prep_timeouts") if c.get(k) != "0"}
+    bad = {k: c.get(k) for k in ("bad", "wedged", "killed", "vanished", "efault", "prep_timeouts", "evicted_lines")
+           if c.get(k) != "0"}
     return (not bad and int(c.get("submits", 0)) > 0), (f"{c['submits']} submits, jobs per core {c['jobs_per_core']}"
                                                         + (f", {bad}" if bad else ""))
 
@@ -234,9 +241,23 @@ for npu, quirk, counter in (("rknpu", "cold", "stale"), ("rocket", "cold", "stal
     hit = int(c.get(counter, "0")) if c else 0
     # The quirk must have struck (so the check is not vacuous) and the suite must still pass.
     wedge_ok = quirk != "wedge" or (c and c.get("wedged") == "0" and int(c.get("act_reset", "0")) >= 1)
-    ok = p.returncode == 0 and not fails and (hit > 0 or quirk == "wedge") and wedge_ok
+    evicted = c.get("evicted_lines") if c else None
+    ok = p.returncode == 0 and not fails and (hit > 0 or quirk == "wedge") and wedge_ok and evicted == "0"
     check(name, ok, f"ork-selftest rc {p.returncode}, {len(fails)} failed case(s){': ' + fails[0].strip() if fails else ''}; "
-                    f"fake kernel {counter}={hit}, act_reset={c.get('act_reset') if c else '?'}")
+                    f"fake kernel {counter}={hit}, act_reset={c.get('act_reset') if c else '?'}, evicted_lines={evicted}")
+
+# 7. the cache model is live and the product's syncs carry its results: with to-device syncs
+# that clean nothing from the first submit on (quirk no_clean) the NPU reads stale activations
+# and regcmd, and the bit-exact suite must fail (the buffer smoke test before it still passes);
+# with the syncs honoured, check 6 passes
+for npu in NPUS:
+    p, c, dt = run([SELFTEST], npu, {"ORK_FK_QUIRKS": "no_clean"})
+    fails = re.findall(r"^\s*FAIL .*", p.stdout, re.M)
+    smoke = len(re.findall(r"^\s*pass\s+buffer life cycle", p.stdout, re.M))
+    check(f"fake-kernel/cache-model/{npu}", p.returncode == 1 and len(fails) >= 5 and smoke >= 1 and c is not None
+          and int(c.get("submits", "0")) > 0,
+          f"cleans lost from the first submit on: ork-selftest rc {p.returncode}, {len(fails)} failed case(s) (must fail)"
+          f"{': ' + fails[0].strip() if fails else ''}, buffer smoke passed {smoke}x; fake kernel submits={c.get('submits') if c else '?'}")
 
 npass, nfail = summary()
 print(f"{npass} passed, {nfail} failed")

@@ -37,6 +37,31 @@ pub struct DomainId(pub u32);
 /// and the simulator's IOVA allocator works in pages.
 pub const PAGE_BYTES: usize = 4096;
 
+/// Data cache line of the CPUs that share memory with the NPU (Cortex-A76 and A55: 64 bytes).
+/// Cache maintenance works on whole lines: a sync of any byte of a line cleans or invalidates all
+/// of it.
+pub const CACHE_LINE_BYTES: usize = 64;
+
+/// The whole cache lines that cover `offset..offset + len`, clamped to `size_bytes` (a buffer is
+/// whole pages, so the clamp only matters for a range already at its end): `(start, end)`.
+pub fn line_span(offset: usize, len: usize, size_bytes: usize) -> (usize, usize) {
+    let start = offset / CACHE_LINE_BYTES * CACHE_LINE_BYTES;
+    let end = (offset + len).div_ceil(CACHE_LINE_BYTES) * CACHE_LINE_BYTES;
+    (start.min(size_bytes), end.min(size_bytes))
+}
+
+/// Checks that `offset..offset + len` is a non-empty range inside `bo` (what the vendor kernel's
+/// MEM_SYNC checks, S4), naming `op` in the error.
+pub fn check_sync_range(op: &str, bo: &Bo, offset: usize, len: usize) -> Result<(), KifError> {
+    if len == 0 || offset.checked_add(len).is_none_or(|end| end > bo.size_bytes) {
+        return Err(KifError::Invalid(format!(
+            "{op}: range {offset}+{len} is empty or outside handle {}'s {} bytes",
+            bo.handle, bo.size_bytes
+        )));
+    }
+    Ok(())
+}
+
 /// Rounds a byte count up to whole pages.
 pub fn page_round(size_bytes: usize) -> usize {
     size_bytes.div_ceil(PAGE_BYTES) * PAGE_BYTES
@@ -198,6 +223,10 @@ pub struct SubmitDone {
     pub hw_elapse_ns: u64,
     /// Tasks the hardware completed.
     pub task_counter: u32,
+    /// Bytes of cache maintenance the interface did on its own for this job (rocket's copies
+    /// of buffers into other cores' address spaces), beyond the caller's
+    /// [`KernelInterface::mem_sync`] calls.
+    pub synced_bytes: usize,
 }
 
 /// The kernel-side interface of an NPU: buffers, cache maintenance, submit, reset.
@@ -208,8 +237,16 @@ pub trait KernelInterface: Send + Sync {
     fn describe(&self) -> String;
     /// Allocates `size_bytes` (rounded up to 4 KiB) mapped into `domain`.
     fn mem_create(&self, size_bytes: usize, flags: u32, domain: DomainId) -> Result<Bo, KifError>;
-    /// Cache maintenance on the whole buffer.
-    fn mem_sync(&self, bo: &Bo, dir: SyncDir) -> Result<(), KifError>;
+    /// Cache maintenance on `len` bytes of `bo` from `offset`: `ToDevice` cleans the CPU's
+    /// writes to memory, where the NPU reads them; `FromDevice` invalidates the CPU's copy, so
+    /// that it reads what the NPU wrote (and drops CPU writes not cleaned first). The range must
+    /// be non-empty and inside the buffer. An interface may widen it (whole cache lines; the
+    /// whole buffer where the driver has no ranged sync); it returns the bytes it maintained.
+    fn mem_sync(&self, bo: &Bo, dir: SyncDir, offset: usize, len: usize) -> Result<usize, KifError>;
+    /// [`mem_sync`](Self::mem_sync) of the whole buffer.
+    fn mem_sync_all(&self, bo: &Bo, dir: SyncDir) -> Result<usize, KifError> {
+        self.mem_sync(bo, dir, 0, bo.size_bytes)
+    }
     /// Unmaps and frees a buffer.
     fn mem_destroy(&self, bo: Bo) -> Result<(), KifError>;
     /// Runs a job to completion (blocking).
@@ -250,7 +287,7 @@ pub trait KernelInterface: Send + Sync {
             dst.copy_from_slice(piece);
             observe(i * IMPORT_PIECE_BYTES, dst);
         }
-        if let Err(e) = self.mem_sync(&bo, SyncDir::ToDevice) {
+        if let Err(e) = self.mem_sync_all(&bo, SyncDir::ToDevice) {
             let _ = self.mem_destroy(bo);
             return Err(e);
         }
@@ -320,5 +357,13 @@ mod tests {
         assert_eq!(page_round(1), 4096);
         assert_eq!(page_round(4096), 4096);
         assert_eq!(page_round(4097), 8192);
+    }
+
+    #[test]
+    fn sync_spans_are_whole_lines() {
+        assert_eq!(line_span(0, 1, 4096), (0, 64));
+        assert_eq!(line_span(60, 8, 4096), (0, 128));
+        assert_eq!(line_span(64, 64, 4096), (64, 128));
+        assert_eq!(line_span(4092, 4, 4096), (4032, 4096));
     }
 }

@@ -589,21 +589,25 @@ impl KernelInterface for Rknpu {
         Ok(unsafe { Bo::from_raw(handle, obj_addr, Iova(iova), size, domain, ptr, Box::new(map)) })
     }
 
-    fn mem_sync(&self, bo: &Bo, dir: SyncDir) -> Result<(), KifError> {
+    fn mem_sync(&self, bo: &Bo, dir: SyncDir, offset: usize, len: usize) -> Result<usize, KifError> {
+        super::check_sync_range("rknpu mem_sync", bo, offset, len)?;
+        // The kernel syncs the byte range it is given (dma_sync_*_range); the CPU's cache
+        // maintenance widens it to whole lines.
+        let (start, end) = super::line_span(offset, len, bo.size_bytes);
         let mut s = RknpuMemSync {
             flags: match dir {
                 SyncDir::ToDevice => sync_flags::TO_DEVICE,
                 SyncDir::FromDevice => sync_flags::FROM_DEVICE,
             },
             obj_addr: bo.obj_addr,
-            offset: 0,
-            size: bo.size_bytes as u64,
+            offset: offset as u64,
+            size: len as u64,
             ..RknpuMemSync::default()
         };
         // SAFETY: `s` is a valid rknpu_mem_sync for the whole call; obj_addr names a live buffer
         // (borrowed by the caller).
         drm::restart(|| unsafe { sys::rknpu_mem_sync(self.fd.as_raw_fd(), &mut s) })
-            .map(|_| ())
+            .map(|_| end - start)
             .map_err(|source| {
                 if source == Errno::EINVAL {
                     log::warn!("rknpu: MEM_SYNC EINVAL on handle {} (buffer not CACHEABLE?)", bo.handle);
@@ -710,6 +714,7 @@ impl Rknpu {
                     return Ok(SubmitDone {
                         hw_elapse_ns: s.hw_elapse_time.max(0) as u64,
                         task_counter: s.task_counter,
+                        synced_bytes: 0,
                     });
                 }
                 Err(e) => match classify_submit_error(e) {

@@ -24,7 +24,9 @@
 //!   submit ioctl returns at once; completion is awaited with PREP_BO on each out-BO (which also
 //!   makes the CPU view coherent). Its timeout is an *absolute* CLOCK_MONOTONIC time
 //!   (`rocket_gem.c`, `drm_timeout_abs_to_jiffies`).
-//! * **Cache maintenance.** `SyncDir::ToDevice` → FINI_BO, `SyncDir::FromDevice` → PREP_BO. The
+//! * **Cache maintenance.** `SyncDir::ToDevice` → FINI_BO, `SyncDir::FromDevice` → PREP_BO, each
+//!   on the whole BO (mainline has no ranged variant), so a ranged `mem_sync` maintains the whole
+//!   buffer and says so in the bytes it returns. The
 //!   first stored uapi version has neither ioctl; `open` probes FINI_BO on a scratch BO and refuses
 //!   such kernels, because without PREP_BO there is no way to wait for a job.
 //! * **One fd per core.** Mainline binds every job of one fd to one core (peer-facts §2), so
@@ -528,20 +530,25 @@ impl Rocket {
         (ins, outs)
     }
 
-    /// Runs the job on fd 0 (core 0): the buffers are the primaries.
-    fn run_primary(&self, progs: &[(u32, u32, Vec<RegCmd>)], tasks: &[DrmRocketTask], ins: &[u32], outs: &[u32], timeout_ms: u32) -> Result<(), KifError> {
+    /// Runs the job on fd 0 (core 0): the buffers are the primaries. Returns the bytes of cache
+    /// maintenance done (the completion wait, PREP_BO, also invalidates each whole output BO).
+    fn run_primary(&self, progs: &[(u32, u32, Vec<RegCmd>)], tasks: &[DrmRocketTask], ins: &[u32], outs: &[u32], timeout_ms: u32) -> Result<usize, KifError> {
         let _ = progs;
         let fd = &self.fds[0];
         fd.submit(tasks, ins, outs)?;
+        let mut synced = 0;
         for &h in outs {
             fd.prep_bo(h, timeout_ms)?;
+            synced += lock(&fd.bos).values().find(|r| r.handle == h).map_or(0, |r| r.size_bytes);
         }
-        Ok(())
+        Ok(synced)
     }
 
-    /// Runs the job on fd `core` through mirrors (see [`Rocket`]).
-    fn run_mirrored(&self, core: usize, progs: &[(u32, u32, Vec<RegCmd>)], ins: &[u32], outs: &[u32], timeout_ms: u32) -> Result<(), KifError> {
+    /// Runs the job on fd `core` through mirrors (see [`Rocket`]). Returns the bytes of cache
+    /// maintenance done (every FINI_BO/PREP_BO of a whole mirror or primary).
+    fn run_mirrored(&self, core: usize, progs: &[(u32, u32, Vec<RegCmd>)], ins: &[u32], outs: &[u32], timeout_ms: u32) -> Result<usize, KifError> {
         let cfd = &self.fds[core];
+        let mut synced = 0;
         let mut mirrors = lock(&self.mirrors[core]);
         // Primary records by handle and by IOVA (for translation).
         let prim: Vec<(u32, u32, usize, usize, u64)> =
@@ -575,6 +582,7 @@ impl Rocket {
                 unsafe { std::ptr::copy_nonoverlapping(cpu as *const u8, m.map.as_mut_ptr(), m.size_bytes) };
                 m.synced_gen = gen;
                 cfd.fini_bo(m.handle)?;
+                synced += m.size_bytes;
             }
         }
         // Regcmd with the address registers moved into fd `core`'s address space.
@@ -601,6 +609,7 @@ impl Rocket {
             let m = mirrors.get_mut(h).expect("mirror");
             m.synced_gen = u64::MAX;
             cfd.fini_bo(m.handle)?;
+            synced += m.size_bytes;
             tasks.push(DrmRocketTask { regcmd: m.iova + off, regcmd_count: entries.len() as u32 });
         }
         let mins: Vec<u32> = ins.iter().map(|h| mirrors[h].handle).collect();
@@ -609,17 +618,21 @@ impl Rocket {
         for &h in &mouts {
             cfd.prep_bo(h, timeout_ms)?;
         }
-        // Results back into the primaries the caller reads.
+        // Results back into the primaries the caller reads. The copy is a CPU write into the
+        // primary: cleaned to memory at once (FINI_BO), or the caller's `mem_sync(FromDevice)`
+        // (PREP_BO: an invalidate) would drop it and read the primary's stale device copy.
         for &h in outs {
             let (_, _, _, cpu, _) = by_handle(h).expect("live primary");
             let m = &mirrors[&h];
             // SAFETY: as above, both mappings are live and the mirror's size is the primary's.
             unsafe { std::ptr::copy_nonoverlapping(m.map.as_ptr(), cpu as *mut u8, m.size_bytes) };
+            self.fds[0].fini_bo(h)?;
+            synced += 2 * m.size_bytes;
         }
-        Ok(())
+        Ok(synced)
     }
 
-    fn run_on(&self, core: usize, progs: &[(u32, u32, Vec<RegCmd>)], tasks: &[DrmRocketTask], ins: &[u32], outs: &[u32], timeout_ms: u32) -> Result<(), KifError> {
+    fn run_on(&self, core: usize, progs: &[(u32, u32, Vec<RegCmd>)], tasks: &[DrmRocketTask], ins: &[u32], outs: &[u32], timeout_ms: u32) -> Result<usize, KifError> {
         if core == 0 {
             self.run_primary(progs, tasks, ins, outs, timeout_ms)
         } else {
@@ -659,16 +672,20 @@ impl KernelInterface for Rocket {
         Ok(unsafe { Bo::from_raw(handle, 0, Iova(iova), size, domain, ptr, Box::new(map)) })
     }
 
-    fn mem_sync(&self, bo: &Bo, dir: SyncDir) -> Result<(), KifError> {
+    /// Mainline rocket has no ranged sync (PREP_BO/FINI_BO take a handle; ranged ones exist only
+    /// out of tree, peer-facts §6): every sync maintains the whole buffer.
+    fn mem_sync(&self, bo: &Bo, dir: SyncDir, offset: usize, len: usize) -> Result<usize, KifError> {
+        super::check_sync_range("rocket mem_sync", bo, offset, len)?;
         match dir {
             SyncDir::ToDevice => {
                 if let Some(r) = lock(&self.fds[0].bos).get_mut(&bo.iova.0) {
                     r.gen += 1;
                 }
-                self.fds[0].fini_bo(bo.handle)
+                self.fds[0].fini_bo(bo.handle)?
             }
-            SyncDir::FromDevice => self.fds[0].prep_bo(bo.handle, DEFAULT_WAIT_MS),
+            SyncDir::FromDevice => self.fds[0].prep_bo(bo.handle, DEFAULT_WAIT_MS)?,
         }
+        Ok(bo.size_bytes)
     }
 
     fn mem_destroy(&self, bo: Bo) -> Result<(), KifError> {
@@ -701,15 +718,16 @@ impl KernelInterface for Rocket {
         let timeout_ms = if job.timeout_ms == 0 { DEFAULT_WAIT_MS } else { job.timeout_ms };
         log::trace!("rocket: submit {} task(s) on core {core}, in {ins:?}, out {outs:?}", tasks.len());
         let cold = self.warmth.cold(&outs);
+        let mut synced = 0;
         if !cold.is_empty() {
             // §2.6: the first submit into a fresh output buffer returns stale data.
             self.warmth.warmups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             log::debug!("rocket: warm-up job for fresh output buffer(s) {cold:?}");
-            self.run_on(core, &progs, &tasks, &ins, &outs, timeout_ms)?;
+            synced += self.run_on(core, &progs, &tasks, &ins, &outs, timeout_ms)?;
             self.warmth.mark(&cold);
         }
-        self.run_on(core, &progs, &tasks, &ins, &outs, timeout_ms)?;
-        Ok(SubmitDone { hw_elapse_ns: 0, task_counter: job.task_number })
+        synced += self.run_on(core, &progs, &tasks, &ins, &outs, timeout_ms)?;
+        Ok(SubmitDone { hw_elapse_ns: 0, task_counter: job.task_number, synced_bytes: synced })
     }
 
     fn reset(&self) -> Result<(), KifError> {

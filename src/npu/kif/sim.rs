@@ -349,7 +349,8 @@ impl KernelInterface for SimKif {
         Ok(bo)
     }
 
-    fn mem_sync(&self, bo: &Bo, _dir: SyncDir) -> Result<(), KifError> {
+    fn mem_sync(&self, bo: &Bo, _dir: SyncDir, offset: usize, len: usize) -> Result<usize, KifError> {
+        super::check_sync_range("sim mem_sync", bo, offset, len)?;
         let st = self.state.read().unwrap();
         let &(d, iova) = st
             .handles
@@ -365,7 +366,10 @@ impl KernelInterface for SimKif {
             self.injected.lock().unwrap().sync_fails += 1;
             return Err(KifError::Sys { op: "sim mem_sync (injected)", source: nix::Error::EIO });
         }
-        Ok(())
+        // The arena is coherent (the fake kernel models the caches); the bytes are what a
+        // board's CPU would maintain: whole lines.
+        let (start, end) = super::line_span(offset, len, bo.size_bytes);
+        Ok(end - start)
     }
 
     fn mem_destroy(&self, bo: Bo) -> Result<(), KifError> {
@@ -444,7 +448,7 @@ impl KernelInterface for SimKif {
         }
         if injected == Some(Injected::NeverRun) {
             // The ioctl returns success; the hardware never started.
-            return Ok(SubmitDone { hw_elapse_ns: 0, task_counter: job.task_number });
+            return Ok(SubmitDone { hw_elapse_ns: 0, task_counter: job.task_number, synced_bytes: 0 });
         }
         // Injected faults run only part of the job (a hole: all but one program).
         let budget = match injected {
@@ -485,9 +489,9 @@ impl KernelInterface for SimKif {
             let hw = timing.submit_ns(modelled);
             let left = std::time::Duration::from_nanos(hw).saturating_sub(t0.elapsed());
             std::thread::sleep(left);
-            return Ok(SubmitDone { hw_elapse_ns: hw, task_counter });
+            return Ok(SubmitDone { hw_elapse_ns: hw, task_counter, synced_bytes: 0 });
         }
-        Ok(SubmitDone { hw_elapse_ns: t0.elapsed().as_nanos() as u64, task_counter })
+        Ok(SubmitDone { hw_elapse_ns: t0.elapsed().as_nanos() as u64, task_counter, synced_bytes: 0 })
     }
 
     fn reset(&self) -> Result<(), KifError> {
