@@ -44,6 +44,20 @@ impl Direction {
         Some(Direction { dir, dir_sq, err })
     }
 
+    /// `1/(d·d)` in f32: a row's coefficient is `c_m = (x_m·d) · inv_sq` ([`dot16`] for the dot).
+    pub fn inv_sq(&self) -> f32 {
+        (1.0 / self.dir_sq) as f32
+    }
+
+    /// Row `x_m`'s coefficient from its dot `x_m·d` ([`dot16`]): `(x_m·d) · (1/(d·d))`, None when
+    /// it is not finite (the row is then left as the NPU computed it). The same floats as
+    /// [`correct_along`], wherever the dot was taken (the activation pass, beside it).
+    #[inline]
+    pub fn coefficient(&self, dot: f32) -> Option<f32> {
+        let c = dot * self.inv_sq();
+        c.is_finite().then_some(c)
+    }
+
     /// `|e|₂ / |d·Wᵀ|₂` for the held product `exact`: the NPU's relative error on `d`.
     pub fn relative_error(&self, exact: &[f64]) -> f64 {
         let ee: f64 = exact.iter().filter(|v| v.is_finite()).map(|v| v * v).sum();
@@ -57,8 +71,9 @@ impl Direction {
 }
 
 /// `Σ a·b` in sixteen f32 lanes (each lane's products in order, then the lanes pairwise): SIMD
-/// multiplies and adds after the compiler, the same sum for a row wherever it sits.
-fn dot16(a: &[f32], b: &[f32]) -> f32 {
+/// multiplies and adds after the compiler, the same sum for a row wherever it sits. The dot of a
+/// row's coefficient, taken in the activation pass (`quant::prepare_rows`) or by [`correct_along`].
+pub fn dot16(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 16];
     let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
     let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(&x, &y)| x * y).sum();
@@ -80,16 +95,16 @@ fn dot16(a: &[f32], b: &[f32]) -> f32 {
 /// `dst[m] += c_m · e` with `c_m = (x_m·d)/(d·d)` for `x: [M, K]` and the NPU's output
 /// `dst: [M, N]`: each row corrected along `d` from its own values only. A row whose coefficient
 /// is not finite is left as it is.
+///
+/// The scalar definition of the correction: the backend takes the dots in its activation pass
+/// and adds `c_m·e` inside its output pass (`quant::dequantize_fused`), the same floats in the
+/// same order.
 pub fn correct_along(dst: &mut [f32], x: &[f32], m: usize, k: usize, n: usize, d: &Direction) {
     assert_eq!(x.len(), m * k, "x is not [M, K]");
     assert_eq!(dst.len(), m * n, "dst is not [M, N]");
     assert_eq!((d.dir.len(), d.err.len()), (k, n), "the direction is not [K] / [N]");
-    let inv = (1.0 / d.dir_sq) as f32;
     for (row, out) in x.chunks_exact(k).zip(dst.chunks_exact_mut(n)) {
-        let c = dot16(row, &d.dir) * inv;
-        if !c.is_finite() {
-            continue;
-        }
+        let Some(c) = d.coefficient(dot16(row, &d.dir)) else { continue };
         for (o, &e) in out.iter_mut().zip(&d.err) {
             *o += c * e;
         }
