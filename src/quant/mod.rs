@@ -351,8 +351,17 @@ pub fn prepare_rows(x: &[f32], m: usize, k: usize, terms: usize, prep: RowPrep<'
         with_scratch(2 * k, |buf| {
             let (row, resid) = buf.split_at_mut(k);
             for (i, xr) in x.chunks_exact(k).enumerate() {
-                if let Some(d) = dir {
-                    dots[i] = mean::dot16(xr, d);
+                // The dots of four rows at a time (independent chains of adds), the rows then
+                // still in cache for their rotation.
+                if let (Some(d), 0) = (dir, i % 4) {
+                    if x.len() >= (i + 4) * k {
+                        let r = |j: usize| &x[(i + j) * k..(i + j + 1) * k];
+                        dots[i..i + 4].copy_from_slice(&mean::dot16_rows([r(0), r(1), r(2), r(3)], d));
+                    } else {
+                        for (o, xr) in dots[i..].iter_mut().zip(x[i * k..].chunks_exact(k)) {
+                            *o = mean::dot16(xr, d);
+                        }
+                    }
                 }
                 match prep {
                     RowPrep::Rotate(r) => {
