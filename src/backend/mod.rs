@@ -95,7 +95,10 @@ pub struct Stats {
     pub npu_ns: AtomicU64,
     pub dequant_ns: AtomicU64,
     /// MUL_MATs whose rows were corrected along their weight's calibrated direction, and the host
-    /// time it took (a K-dot and N adds per row, after the NPU run).
+    /// time of the correction's dots taken apart from the activation pass (an activation reused
+    /// by a weight whose direction differs from the one its dots were taken with). The rest of
+    /// the correction is inside the two host passes: each row's K-dot in act-quant, its N adds
+    /// in dequant.
     pub mean_corrected: AtomicU64,
     pub mean_ns: AtomicU64,
     pub submits: AtomicU64,
@@ -241,7 +244,8 @@ impl Stats {
              and {} while another process held the NPU; NPU jobs that reported done but never ran: {} detected, {} resubmitted; weights: {} cache hits, {} packs \
              ({} cache writes), prepared in {:.0} ms (source hash {:.0} ms, cache open {:.0} ms, import + verify {:.0} ms; \
              packing {:.0} ms, upload {:.0} ms, cache write {:.0} ms){}; time: act-quant {:.1} ms, npu {:.1} ms, dequant {:.1} ms, \
-             correction {:.1} ms on the host for {} MUL_MAT (each row along its weight's calibrated direction); \
+             correction {:.1} ms on the host for {} MUL_MAT (each row along its weight's calibrated direction; its dots and adds \
+             otherwise inside act-quant and dequant); \
              prefill MUL_MAT: host {:.1} ms (act-quant, submit, dequant, arbiter), NPU device {:.1} ms",
             self.npu_matmuls.load(Relaxed),
             self.npu_rows_sent.load(Relaxed),
@@ -534,9 +538,10 @@ impl Device {
     /// Runs `dst = x · Wᵀ` for `x: [M, K] f32` and `dst: [M, N] f32` with a packed weight.
     /// On an NPU error the same int8 arithmetic runs on the CPU (exact same result) and the error
     /// is logged once per kind. With the rotation and `ORK_MEAN_CORRECT` (the default), each row
-    /// is then corrected along its weight's calibrated direction from its own values
-    /// (`quant::mean`), so a row's result does not depend on the other rows of the ubatch; with
-    /// `ORK_CALIBRATE=1` the rows are recorded into the calibration file instead.
+    /// is corrected along its weight's calibrated direction from its own values (`quant::mean`:
+    /// the dot in the activation pass, `c_m·e` in the output pass), so a row's result does not
+    /// depend on the other rows of the ubatch; with `ORK_CALIBRATE=1` the rows are recorded into
+    /// the calibration file instead.
     pub fn run_mul_mat(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32]) {
         if m == 0 {
             return;
