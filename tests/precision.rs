@@ -233,10 +233,33 @@ fn the_calibrated_correction_removes_the_common_error_row_by_row() {
         assert_eq!(row(&behind, 35), alone, "row {i} behind 35 others");
         assert_eq!(row(&beside, 0), alone, "row {i} beside unlike rows");
     }
+    // Behind 600 others: the host passes split the rows over threads (M·K and M·N past
+    // `quant::PAR_MIN_ELEMS`), and the row is still the same bits.
+    let mut many = common_rows(78, 600);
+    many.iter_mut().step_by(5).for_each(|v| *v *= 3.0);
+    let xi = &x[7 * K..8 * K];
+    many.extend_from_slice(xi);
+    assert_eq!(row(&run_rows(&on, &many), 600), run_rows(&on, xi), "row 7 behind 600 others");
     // Without a calibration entry (another file) nothing is corrected.
     let empty = calibrated(&dir.join("none.orkcal"), false, &[]);
-    run_rows(&empty, &x);
+    let plain = run_rows(&empty, &x);
     assert_eq!(empty.stats.mean_corrected.load(Relaxed), 0);
+    // The scalar reference: the uncorrected output (same plan, no entry), then
+    // `quant::mean::correct_along` with the weight's direction: the fused passes give its bits.
+    for (xs, tag) in [(&x, "M = 40"), (&many, "M = 601")] {
+        let w = common_weight();
+        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let src = WeightSource { name: "blk.0.ffn_up.weight", ggml_type: 8, bytes: &bytes, row_bytes: 4 * K, to_float: &to_float };
+        let pw = pack(&on, &src, N, K).expect("packs");
+        let m = xs.len() / K;
+        let mut y = vec![0f32; m * N];
+        on.run_mul_mat(&pw, &src, xs, m, &mut y);
+        let d = pw.fix.get().and_then(|d| d.as_ref()).expect("the weight's direction");
+        let mut want = if m == M { plain.clone() } else { run_rows(&empty, xs) };
+        ggml_ork::quant::mean::correct_along(&mut want, xs, m, K, N, d);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&y), bits(&want), "{tag}: the fused correction is correct_along's bits");
+    }
     // Unrotated (the multi-term scheme) is left as it is.
     let legacy = calibrated(&cal, false, &[("ORK_ROTATE", "0")]);
     run_rows(&legacy, &x);

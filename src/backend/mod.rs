@@ -16,6 +16,7 @@
 
 pub mod buffer;
 mod device;
+mod pool;
 pub mod gpu;
 pub mod graph;
 pub mod weights;
@@ -94,7 +95,10 @@ pub struct Stats {
     pub npu_ns: AtomicU64,
     pub dequant_ns: AtomicU64,
     /// MUL_MATs whose rows were corrected along their weight's calibrated direction, and the host
-    /// time it took (a K-dot and N adds per row, after the NPU run).
+    /// time of the correction's dots taken apart from the activation pass (an activation reused
+    /// by a weight whose direction differs from the one its dots were taken with). The rest of
+    /// the correction is inside the two host passes: each row's K-dot in act-quant, its N adds
+    /// in dequant.
     pub mean_corrected: AtomicU64,
     pub mean_ns: AtomicU64,
     pub submits: AtomicU64,
@@ -369,7 +373,8 @@ impl Stats {
              and {} while another process held the NPU; NPU jobs that reported done but never ran: {} detected, {} resubmitted; weights: {} cache hits, {} packs \
              ({} cache writes), prepared in {:.0} ms (source hash {:.0} ms, cache open {:.0} ms, import + verify {:.0} ms; \
              packing {:.0} ms, upload {:.0} ms, cache write {:.0} ms){}; time: act-quant {:.1} ms, npu {:.1} ms, dequant {:.1} ms, \
-             correction {:.1} ms on the host for {} MUL_MAT (each row along its weight's calibrated direction); \
+             correction {:.1} ms on the host for {} MUL_MAT (each row along its weight's calibrated direction; its dots and adds \
+             otherwise inside act-quant and dequant); \
              prefill MUL_MAT: host {:.1} ms (act-quant, submit, dequant, arbiter), NPU device {:.1} ms, {}; decode MUL_MAT: {}; {}",
             self.npu_matmuls.load(Relaxed),
             self.npu_rows_sent.load(Relaxed),
@@ -547,24 +552,29 @@ pub fn mul_mat_unsupported(dev: &Device, s: &MatMulShape) -> Option<String> {
 }
 
 /// Per-thread buffers of [`Device::run_mul_mat`], reused from one matmul to the next so a decode
-/// matmul allocates nothing: column-scaled activations, int8 activation terms and their scales,
-/// the int32 results of both weight terms.
+/// matmul allocates nothing: int8 activation terms and their scales, the rows' dots with the
+/// calibrated direction and their coefficients, the int32 results of both weight terms.
 #[derive(Default)]
 struct Scratch {
-    xs: Vec<f32>,
     a: Vec<i8>,
     a_scale: Vec<f32>,
+    dots: Vec<f32>,
+    coef: Vec<Option<f32>>,
     c: Vec<i32>,
     cl: Vec<i32>,
     /// What `a` / `a_scale` hold: the rotated activation they were quantized from.
     act: Option<ActKey>,
+    /// The direction `dots` were taken with (of the activation `act`); empty: none.
+    dot_dir: Vec<f32>,
 }
 
 /// A rotated activation's identity: its address and length, its rows, the int8 terms it was
 /// quantized to, and a hash of its values (ggml reuses tensor memory within a graph, so the
-/// address alone does not say the values are the same). Rotated weights of one K share one
-/// rotation and have no per-weight column scales, so the int8 terms of an activation read by
-/// several weights in a row (Q/K/V, gate/up) are the same for all of them.
+/// address alone does not say the values are the same; a hash of a sample of the values would
+/// not either: a row that changed only where the sample does not look would reuse stale terms).
+/// Rotated weights of one K share one rotation and have no per-weight column scales, so the int8
+/// terms of an activation read by several weights in a row (Q/K/V, gate/up) are the same for
+/// all of them.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct ActKey {
     addr: usize,
@@ -572,6 +582,23 @@ struct ActKey {
     rows: usize,
     terms: usize,
     hash: u64,
+}
+
+/// Bytes per XXH3 chunk of [`act_hash`]: fixed, so the hash of the same values is the same
+/// whatever the pool's size.
+const ACT_HASH_CHUNK: usize = 256 << 10;
+
+/// The hash of [`ActKey`]: XXH3-64 of every byte of `x`, in fixed 256 KiB chunks on the current
+/// pool, then XXH3-64 of the chunks' hashes (a prefill activation is megabytes: one thread's
+/// XXH3 over it was a tenth of the activation pass).
+fn act_hash(x: &[f32]) -> u64 {
+    use rayon::prelude::*;
+    let b: &[u8] = bytemuck::cast_slice(x);
+    if b.len() <= ACT_HASH_CHUNK {
+        return twox_hash::XxHash3_64::oneshot(b);
+    }
+    let parts: Vec<u64> = b.par_chunks(ACT_HASH_CHUNK).map(twox_hash::XxHash3_64::oneshot).collect();
+    twox_hash::XxHash3_64::oneshot(bytemuck::cast_slice(&parts))
 }
 
 /// Buffers above this size are not kept between calls (large prefill batches would otherwise
@@ -585,12 +612,16 @@ impl Scratch {
                 *v = Vec::new();
             }
         }
-        cap(&mut self.xs);
         cap(&mut self.a);
         cap(&mut self.a_scale);
+        cap(&mut self.dots);
         if self.a.is_empty() || self.a_scale.is_empty() {
             self.act = None;
         }
+        if self.dots.is_empty() {
+            self.dot_dir.clear();
+        }
+        cap(&mut self.coef);
         cap(&mut self.c);
         cap(&mut self.cl);
         self
@@ -651,26 +682,27 @@ impl Device {
     /// Runs `dst = x · Wᵀ` for `x: [M, K] f32` and `dst: [M, N] f32` with a packed weight.
     /// On an NPU error the same int8 arithmetic runs on the CPU (exact same result) and the error
     /// is logged once per kind. With the rotation and `ORK_MEAN_CORRECT` (the default), each row
-    /// is then corrected along its weight's calibrated direction from its own values
-    /// (`quant::mean`), so a row's result does not depend on the other rows of the ubatch; with
-    /// `ORK_CALIBRATE=1` the rows are recorded into the calibration file instead.
+    /// is corrected along its weight's calibrated direction from its own values (`quant::mean`:
+    /// the dot in the activation pass, `c_m·e` in the output pass), so a row's result does not
+    /// depend on the other rows of the ubatch; with `ORK_CALIBRATE=1` the rows are recorded into
+    /// the calibration file instead.
     pub fn run_mul_mat(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32]) {
         if m == 0 {
             return;
         }
-        self.run_mul_mat_npu(w, src, x, m, dst);
         // A key exists only for a rotated weight on a device with a calibration store, and the
         // store only with the rotation and ORK_MEAN_CORRECT on (`Store::from_config`).
-        let (Some(store), Some(key)) = (&self.calib, w.calib_key) else { return };
-        if store.recording() {
-            return store.record(key, x, m, w.k);
-        }
-        let fix = w.fix.get_or_init(|| self.fixed_direction(w, src, store, key));
-        if let Some(d) = fix {
-            let t = Instant::now();
-            quant::mean::correct_along(dst, x, m, w.k, w.n, d);
+        let fix = match (&self.calib, w.calib_key) {
+            (Some(store), Some(key)) if store.recording() => {
+                self.run_mul_mat_npu(w, src, x, m, dst, None);
+                return store.record(key, x, m, w.k);
+            }
+            (Some(store), Some(key)) => w.fix.get_or_init(|| self.fixed_direction(w, src, store, key)).as_ref(),
+            _ => None,
+        };
+        self.run_mul_mat_npu(w, src, x, m, dst, fix);
+        if fix.is_some() {
             self.stats.mean_corrected.fetch_add(1, Relaxed);
-            self.stats.mean_ns.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
         }
     }
 
@@ -692,8 +724,12 @@ impl Device {
         d
     }
 
-    /// [`Device::run_mul_mat`] without the correction: the NPU runs of the plan's terms.
-    fn run_mul_mat_npu(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32]) {
+    /// [`Device::run_mul_mat`]'s NPU runs of the plan's terms, with the host's two passes around
+    /// them on the host pool (`pool`), rows in parallel: the activation pass (rotation, int8
+    /// terms, and with a calibrated direction `fix` each row's dot with it) and the output pass
+    /// (dequantization of every term, the second weight term, `fix`'s correction), each row from
+    /// its own values only.
+    fn run_mul_mat_npu(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32], fix: Option<&quant::mean::Direction>) {
         let (k, n) = (w.k, w.n);
         assert_eq!(x.len(), m * k, "x is not [M, K]");
         assert_eq!(dst.len(), m * n, "dst is not [M, N]");
@@ -704,31 +740,47 @@ impl Device {
         let terms = w.act_terms;
         let rows = terms * m;
         let lt = LO_ACT_TERMS.min(terms);
-        let key = w.rot.as_ref().map(|_| ActKey {
-            addr: x.as_ptr() as usize,
-            len: x.len(),
-            rows: m,
-            terms,
-            hash: twox_hash::XxHash3_64::oneshot(bytemuck::cast_slice(x)),
-        });
-        let reused = key.is_some() && key == sc.act;
-        if !reused {
-            let xs = scratch(&mut sc.xs, m * k);
-            match &w.rot {
-                // Rotated weights have no column equalisation: the activation rows are rotated by
-                // the same R instead.
-                Some(rot) => {
-                    xs.copy_from_slice(x);
-                    for row in xs.chunks_mut(k) {
-                        rot.apply_row(row);
+        let no_aff = self.cfg.no_affinity;
+        let dir = fix.map(|d| d.dir.as_slice());
+        let mut dot_ns = 0u64;
+        pool::on_host(no_aff, rows * k, || {
+            let key = w.rot.as_ref().map(|_| ActKey { addr: x.as_ptr() as usize, len: x.len(), rows: m, terms, hash: act_hash(x) });
+            let reused = key.is_some() && key == sc.act;
+            let dots = scratch(&mut sc.dots, if dir.is_some() { m } else { 0 });
+            if !reused {
+                let prep = match &w.rot {
+                    // Rotated weights have no column equalisation: the activation rows are
+                    // rotated by the same R instead.
+                    Some(rot) => quant::RowPrep::Rotate(rot),
+                    None => quant::RowPrep::Columns(&w.col_scale),
+                };
+                quant::prepare_rows(x, m, k, terms, prep, dir, scratch(&mut sc.a, rows * k), scratch(&mut sc.a_scale, rows), dots);
+                sc.act = key;
+                sc.dot_dir.clear();
+                sc.dot_dir.extend_from_slice(dir.unwrap_or_default());
+            } else {
+                self.stats.act_reused.fetch_add(1, Relaxed);
+                // The int8 terms are reused; the dots are too when this weight's direction is the
+                // one they were taken with (Q/K/V and gate/up are calibrated on the same rows).
+                if let Some(d) = dir.filter(|d| *d != sc.dot_dir.as_slice()) {
+                    use rayon::prelude::*;
+                    let td = Instant::now();
+                    if m * k >= quant::PAR_MIN_ELEMS {
+                        x.par_chunks_exact(k).zip(dots.par_iter_mut()).for_each(|(r, o)| *o = quant::mean::dot16(r, d));
+                    } else {
+                        x.chunks_exact(k).zip(dots.iter_mut()).for_each(|(r, o)| *o = quant::mean::dot16(r, d));
                     }
+                    sc.dot_dir.clear();
+                    sc.dot_dir.extend_from_slice(d);
+                    dot_ns = td.elapsed().as_nanos() as u64;
                 }
-                None => quant::scale_columns_into(x, &w.col_scale, xs),
             }
-            quant::quantize_rows_terms(xs, m, k, terms, scratch(&mut sc.a, rows * k), scratch(&mut sc.a_scale, rows));
-            sc.act = key;
-        } else {
-            self.stats.act_reused.fetch_add(1, Relaxed);
+        });
+        if let Some(d) = fix {
+            let coef = scratch(&mut sc.coef, m);
+            for (c, &dot) in coef.iter_mut().zip(&sc.dots[..m]) {
+                *c = d.coefficient(dot);
+            }
         }
         let a = scratch(&mut sc.a, rows * k);
         let a_scale = scratch(&mut sc.a_scale, rows);
@@ -777,15 +829,9 @@ impl Device {
             }
         }
         let t2 = Instant::now();
-        // The second weight term's NPU run (inside the dequant span below) counts as NPU time.
+        // The second weight term's NPU run counts as NPU time.
         let mut lo_ns = 0u64;
-        // Two activation terms with a second weight term (the usual quantized-GGUF case): both
-        // weight terms' outputs are dequantized in one pass after the second NPU run.
-        let fused = terms == 2 && lt == 1 && w.lo.is_some();
-        if !fused {
-            quant::dequantize_output_terms(c, a_scale, terms, &w.scales, dst);
-        }
-        if let Some((lo, lo_scales)) = &w.lo {
+        if let Some((lo, _)) = &w.lo {
             // Second weight term against the first activation term only: the cross terms with
             // later activation terms sit below both terms' resolution (SmolLM2: NMSE ≤ 3e-8 with
             // them, ≤ 1.2e-6 without, against 1e-4 for one weight term) and would cost T·M more
@@ -815,19 +861,18 @@ impl Device {
                 cpu_ns += tf.elapsed().as_nanos() as u64;
             }
             lo_ns = tl.elapsed().as_nanos() as u64;
-            // dst += cl · (a_scale · lo_scale), multiply then add per element: the same floats as
-            // dequantizing into a temporary and adding it.
-            if fused {
-                quant::dequantize_output_2lo(c, a_scale, &w.scales, cl, lo_scales, dst);
-            } else {
-                for t in 0..lt {
-                    for (i, dr) in dst.chunks_mut(n).enumerate() {
-                        let row = (t * m + i) * n;
-                        quant::dequantize_row_acc(&cl[row..row + n], a_scale[t * m + i], lo_scales, dr);
-                    }
-                }
-            }
         }
+        // One pass over the output, rows in parallel: every term's dequantization, the second
+        // weight term and the correction (`quant::dequantize_fused`).
+        let out = quant::Output {
+            c,
+            a_scale,
+            terms,
+            w_scale: &w.scales,
+            lo: w.lo.as_ref().map(|(_, ls)| (&*cl, ls.as_slice())),
+            corr: fix.map(|d| (&sc.coef[..m], d.err.as_slice())),
+        };
+        pool::on_host(no_aff, (rows + lt * m + m) * n, || quant::dequantize_fused(&out, dst));
         let t3 = Instant::now();
         // Releasing the lease (and, for the last one, the cross-process flock) is arbiter time.
         let busy = lease.is_err();
@@ -854,6 +899,7 @@ impl Device {
         }
         self.stats.fallback_ns.fetch_add(cpu_ns, Relaxed);
         ps.quant_ns.fetch_add((t1 - t0).as_nanos() as u64, Relaxed);
+        self.stats.mean_ns.fetch_add(dot_ns, Relaxed);
         ps.submit_ns.fetch_add(npu_ns - wait, Relaxed);
         ps.wait_ns.fetch_add(wait, Relaxed);
         let dq_ns = ((t3 - t2).as_nanos() as u64).saturating_sub(lo_ns);

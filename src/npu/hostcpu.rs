@@ -131,6 +131,24 @@ pub fn pin_current_thread(cpu: usize) -> bool {
     ok
 }
 
+/// Restricts the calling thread to the CPUs `cpus` (a set, not one CPU: the scheduler still
+/// balances the thread among them). Returns whether the kernel accepted it; an empty list or a
+/// CPU beyond the mask's size is refused.
+pub fn pin_current_thread_to_set(cpus: &[usize]) -> bool {
+    use nix::sched::{sched_setaffinity, CpuSet};
+    let mut set = CpuSet::new();
+    if cpus.is_empty() || cpus.iter().any(|&c| set.set(c).is_err()) {
+        return false;
+    }
+    match sched_setaffinity(nix::unistd::Pid::from_raw(0), &set) {
+        Ok(()) => true,
+        Err(e) => {
+            log::warn!("hostcpu: could not pin thread to cpus {cpus:?}: {e}");
+            false
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,5 +217,24 @@ mod tests {
         }
         // cpu1000 is inside a cpu_set_t (1024 bits) but exists on no machine this runs on.
         assert!(!pin_current_thread(1000));
+    }
+
+    #[test]
+    fn pinning_to_a_set_keeps_the_thread_on_it() {
+        let allowed: Vec<usize> = core_affinity::get_core_ids().unwrap_or_default().iter().map(|c| c.id).collect();
+        if allowed.is_empty() {
+            return;
+        }
+        // On a thread of its own, so the test harness's thread keeps its mask.
+        let got = std::thread::spawn(move || {
+            let ok = pin_current_thread_to_set(&allowed[..1]);
+            (ok, core_affinity::get_core_ids().unwrap_or_default().iter().map(|c| c.id).collect::<Vec<_>>(), allowed[0])
+        })
+        .join()
+        .unwrap();
+        assert!(got.0);
+        assert_eq!(got.1, vec![got.2], "the thread's mask is the set");
+        assert!(!pin_current_thread_to_set(&[]));
+        assert!(!pin_current_thread_to_set(&[1000]), "a CPU no machine here has");
     }
 }

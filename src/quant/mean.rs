@@ -44,6 +44,20 @@ impl Direction {
         Some(Direction { dir, dir_sq, err })
     }
 
+    /// `1/(d·d)` in f32: a row's coefficient is `c_m = (x_m·d) · inv_sq` ([`dot16`] for the dot).
+    pub fn inv_sq(&self) -> f32 {
+        (1.0 / self.dir_sq) as f32
+    }
+
+    /// Row `x_m`'s coefficient from its dot `x_m·d` ([`dot16`]): `(x_m·d) · (1/(d·d))`, None when
+    /// it is not finite (the row is then left as the NPU computed it). The same floats as
+    /// [`correct_along`], wherever the dot was taken (the activation pass, beside it).
+    #[inline]
+    pub fn coefficient(&self, dot: f32) -> Option<f32> {
+        let c = dot * self.inv_sq();
+        c.is_finite().then_some(c)
+    }
+
     /// `|e|₂ / |d·Wᵀ|₂` for the held product `exact`: the NPU's relative error on `d`.
     pub fn relative_error(&self, exact: &[f64]) -> f64 {
         let ee: f64 = exact.iter().filter(|v| v.is_finite()).map(|v| v * v).sum();
@@ -57,39 +71,58 @@ impl Direction {
 }
 
 /// `Σ a·b` in sixteen f32 lanes (each lane's products in order, then the lanes pairwise): SIMD
-/// multiplies and adds after the compiler, the same sum for a row wherever it sits.
-fn dot16(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
-    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(&x, &y)| x * y).sum();
-    for (x, y) in ca.zip(cb) {
-        for l in 0..16 {
-            acc[l] += x[l] * y[l];
+/// multiplies and adds after the compiler, the same sum for a row wherever it sits. The dot of a
+/// row's coefficient, taken in the activation pass (`quant::prepare_rows`) or by [`correct_along`].
+pub fn dot16(a: &[f32], b: &[f32]) -> f32 {
+    dot16_rows([a], b)[0]
+}
+
+/// [`dot16`] of `R` rows against one `b`, bit for bit each row's [`dot16`] (the same lanes, the
+/// same order in each lane): one row's sixteen lanes are sixteen chains of dependent adds, so a
+/// row alone waits on the add latency; `R` rows give the core `R` times as many independent
+/// chains.
+pub fn dot16_rows<const R: usize>(rows: [&[f32]; R], b: &[f32]) -> [f32; R] {
+    let k = b.len();
+    assert!(rows.iter().all(|r| r.len() == k), "rows and b differ in length");
+    let full = k / 16 * 16;
+    let mut acc = [[0f32; 16]; R];
+    for j in (0..full).step_by(16) {
+        let bb: &[f32; 16] = b[j..j + 16].try_into().expect("16 lanes");
+        for (a, row) in acc.iter_mut().zip(&rows) {
+            let x: &[f32; 16] = row[j..j + 16].try_into().expect("16 lanes");
+            for l in 0..16 {
+                a[l] += x[l] * bb[l];
+            }
         }
     }
-    let mut w = 16;
-    while w > 1 {
-        w /= 2;
-        for l in 0..w {
-            acc[l] += acc[l + w];
+    let mut out = [0f32; R];
+    for ((o, mut a), row) in out.iter_mut().zip(acc).zip(&rows) {
+        let tail: f32 = row[full..].iter().zip(&b[full..]).map(|(&x, &y)| x * y).sum();
+        let mut w = 16;
+        while w > 1 {
+            w /= 2;
+            for l in 0..w {
+                a[l] += a[l + w];
+            }
         }
+        *o = a[0] + tail;
     }
-    acc[0] + tail
+    out
 }
 
 /// `dst[m] += c_m · e` with `c_m = (x_m·d)/(d·d)` for `x: [M, K]` and the NPU's output
 /// `dst: [M, N]`: each row corrected along `d` from its own values only. A row whose coefficient
 /// is not finite is left as it is.
+///
+/// The scalar definition of the correction: the backend takes the dots in its activation pass
+/// and adds `c_m·e` inside its output pass (`quant::dequantize_fused`), the same floats in the
+/// same order.
 pub fn correct_along(dst: &mut [f32], x: &[f32], m: usize, k: usize, n: usize, d: &Direction) {
     assert_eq!(x.len(), m * k, "x is not [M, K]");
     assert_eq!(dst.len(), m * n, "dst is not [M, N]");
     assert_eq!((d.dir.len(), d.err.len()), (k, n), "the direction is not [K] / [N]");
-    let inv = (1.0 / d.dir_sq) as f32;
     for (row, out) in x.chunks_exact(k).zip(dst.chunks_exact_mut(n)) {
-        let c = dot16(row, &d.dir) * inv;
-        if !c.is_finite() {
-            continue;
-        }
+        let Some(c) = d.coefficient(dot16(row, &d.dir)) else { continue };
         for (o, &e) in out.iter_mut().zip(&d.err) {
             *o += c * e;
         }
@@ -125,6 +158,40 @@ mod tests {
 
     fn err(a: &[f32], b: &[f32]) -> f64 {
         a.iter().zip(b).map(|(&x, &y)| (x as f64 - y as f64).powi(2)).sum::<f64>().sqrt()
+    }
+
+    /// The definition `dot16` had before it shared `dot16_rows`' code: the bits every row keeps.
+    fn dot16_reference(a: &[f32], b: &[f32]) -> f32 {
+        let mut acc = [0f32; 16];
+        let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+        let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(&x, &y)| x * y).sum();
+        for (x, y) in ca.zip(cb) {
+            for l in 0..16 {
+                acc[l] += x[l] * y[l];
+            }
+        }
+        let mut w = 16;
+        while w > 1 {
+            w /= 2;
+            for l in 0..w {
+                acc[l] += acc[l + w];
+            }
+        }
+        acc[0] + tail
+    }
+
+    #[test]
+    fn rows_at_once_are_each_rows_lane_dot_bit_for_bit() {
+        let mut g = Rng(9);
+        for k in [0, 1, 15, 16, 17, 576, 1000, 2048] {
+            let b: Vec<f32> = (0..k).map(|_| g.next() * 3.0).collect();
+            let rows: Vec<Vec<f32>> = (0..4).map(|_| (0..k).map(|_| g.next() * 50.0).collect()).collect();
+            let got = dot16_rows([&rows[0][..], &rows[1], &rows[2], &rows[3]], &b);
+            for r in 0..4 {
+                assert_eq!(got[r].to_bits(), dot16_reference(&rows[r], &b).to_bits(), "K={k} row {r}");
+                assert_eq!(dot16(&rows[r], &b).to_bits(), dot16_reference(&rows[r], &b).to_bits(), "K={k} row {r} alone");
+            }
+        }
     }
 
     #[test]

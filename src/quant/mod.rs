@@ -22,8 +22,8 @@ pub const ABSMAX_FLOOR: f32 = 1e-9;
 /// Largest int8 magnitude used (symmetric: -128 is never produced).
 pub const QMAX: f32 = 127.0;
 
-/// Rows at or above this many elements in total are quantized in parallel.
-const PAR_MIN_ELEMS: usize = 1 << 15;
+/// Rows at or above this many elements in total are quantized (dequantized) in parallel.
+pub const PAR_MIN_ELEMS: usize = 1 << 15;
 
 /// Quantizes one row. `x: [K] f32` → `q: [K] i8`; returns the dequantization scale.
 /// SIMD where the CPU has it, bit-identical to [`quantize_row_scalar`].
@@ -297,6 +297,244 @@ impl<'a> RowTerms<'a> {
         }
         s
     }
+}
+
+/// What makes an activation row the row the NPU's weight expects: the weight's rotation of K, or
+/// its per-input-channel column scales.
+#[derive(Clone, Copy)]
+pub enum RowPrep<'a> {
+    Rotate(&'a rotate::Rotation),
+    Columns(&'a [f32]),
+}
+
+/// The activation pass of an NPU matmul, rows in parallel: each row of `x: [M, K]` is rotated
+/// (or column-scaled) into a per-thread row buffer and quantized into `terms` int8 terms straight
+/// from it (`q: [T·M, K]`, `scales: [T·M]`, term-major as [`quantize_rows_terms`]); with a
+/// calibrated direction `dir: [K]`, `dots[m] = x_m·dir` ([`mean::dot16`] on the row as it came
+/// in), the dot of the row's correction coefficient, taken while the row is in cache.
+///
+/// Every output row is computed from its input row alone, by the same per-row kernels as
+/// `scale_columns_into` / `Rotation::apply_row` followed by [`quantize_rows_terms`] and
+/// [`mean::correct_along`]'s dot, so the bits are theirs whatever the split over threads (the
+/// tests compare them). Runs on the current rayon pool when the rows are large enough.
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_rows(x: &[f32], m: usize, k: usize, terms: usize, prep: RowPrep<'_>, dir: Option<&[f32]>, q: &mut [i8], scales: &mut [f32], dots: &mut [f32]) {
+    assert!(terms >= 1, "at least one term");
+    assert_eq!(x.len(), m * k, "x is not [M, K]");
+    assert_eq!(q.len(), terms * m * k, "q is not [T·M, K]");
+    assert_eq!(scales.len(), terms * m, "scales is not [T·M]");
+    assert_eq!(dots.len(), if dir.is_some() { m } else { 0 }, "dots is not [M] (or empty without a direction)");
+    match prep {
+        RowPrep::Rotate(r) => assert_eq!(r.k(), k, "the rotation is not of K"),
+        RowPrep::Columns(c) => assert_eq!(c.len(), k, "the column scales are not [K]"),
+    }
+    if let Some(d) = dir {
+        assert_eq!(d.len(), k, "the direction is not [K]");
+    }
+    if m == 0 {
+        return;
+    }
+    if k == 0 {
+        scales.iter_mut().for_each(|s| *s = ABSMAX_FLOOR / QMAX);
+        dots.iter_mut().for_each(|d| *d = 0.0);
+        return;
+    }
+    // One block of rows: its input rows, its rows of every term's q / scales, its dots.
+    struct Block<'b> {
+        x: &'b [f32],
+        q: Vec<&'b mut [i8]>,
+        s: Vec<&'b mut [f32]>,
+        dots: &'b mut [f32],
+    }
+    let run = |b: Block<'_>| {
+        let Block { x, mut q, mut s, dots } = b;
+        with_scratch(2 * k, |buf| {
+            let (row, resid) = buf.split_at_mut(k);
+            for (i, xr) in x.chunks_exact(k).enumerate() {
+                // The dots of four rows at a time (independent chains of adds), the rows then
+                // still in cache for their rotation.
+                if let (Some(d), 0) = (dir, i % 4) {
+                    if x.len() >= (i + 4) * k {
+                        let r = |j: usize| &x[(i + j) * k..(i + j + 1) * k];
+                        dots[i..i + 4].copy_from_slice(&mean::dot16_rows([r(0), r(1), r(2), r(3)], d));
+                    } else {
+                        for (o, xr) in dots[i..].iter_mut().zip(x[i * k..].chunks_exact(k)) {
+                            *o = mean::dot16(xr, d);
+                        }
+                    }
+                }
+                match prep {
+                    RowPrep::Rotate(r) => {
+                        row.copy_from_slice(xr);
+                        r.apply_row(row);
+                    }
+                    RowPrep::Columns(c) => {
+                        for ((o, &v), &c) in row.iter_mut().zip(xr).zip(c) {
+                            *o = v * c;
+                        }
+                    }
+                }
+                if terms == 1 {
+                    s[0][i] = quantize_row(row, &mut q[0][i * k..(i + 1) * k]);
+                } else {
+                    let mut rt = RowTerms::new(row, resid, terms);
+                    for t in 0..terms {
+                        s[t][i] = rt.next(&mut q[t][i * k..(i + 1) * k]);
+                    }
+                }
+            }
+        })
+    };
+    let threads = rayon::current_num_threads();
+    let per = if terms * m * k < PAR_MIN_ELEMS || m < 2 || threads < 2 { m } else { m.div_ceil(threads * 4).max(1) };
+    let mut q_left: Vec<&mut [i8]> = q.chunks_mut(m * k).collect();
+    let mut s_left: Vec<&mut [f32]> = scales.chunks_mut(m).collect();
+    let mut d_left: &mut [f32] = dots;
+    let mut blocks = Vec::with_capacity(m.div_ceil(per));
+    for xb in x.chunks(per * k) {
+        let nb = xb.len() / k;
+        let mut qb = Vec::with_capacity(terms);
+        let mut sb = Vec::with_capacity(terms);
+        for t in 0..terms {
+            let (a, rest) = std::mem::take(&mut q_left[t]).split_at_mut(nb * k);
+            qb.push(a);
+            q_left[t] = rest;
+            let (a, rest) = std::mem::take(&mut s_left[t]).split_at_mut(nb);
+            sb.push(a);
+            s_left[t] = rest;
+        }
+        let (db, rest) = std::mem::take(&mut d_left).split_at_mut(if dir.is_some() { nb } else { 0 });
+        d_left = rest;
+        blocks.push(Block { x: xb, q: qb, s: sb, dots: db });
+    }
+    if blocks.len() == 1 {
+        blocks.into_iter().for_each(run);
+    } else {
+        blocks.into_par_iter().for_each(run);
+    }
+}
+
+/// The int32 results of an NPU matmul and what turns them into `dst`, for [`dequantize_fused`].
+pub struct Output<'a> {
+    /// `c: [T·M, N]`, term-major rows (the activation terms against the first weight term).
+    pub c: &'a [i32],
+    /// `[T·M]`, the activation terms' scales.
+    pub a_scale: &'a [f32],
+    pub terms: usize,
+    /// `[N]`, the first weight term's scales.
+    pub w_scale: &'a [f32],
+    /// The second weight term: `cl: [L·M, N]` (the first L activation terms against it) and its
+    /// scales `[N]`.
+    pub lo: Option<(&'a [i32], &'a [f32])>,
+    /// The calibrated correction: `coef: [M]`, each row's coefficient (`None` leaves the row),
+    /// and `e: [N]`, the NPU's error along the weight's direction (`mean::Direction::err`).
+    pub corr: Option<(&'a [Option<f32>], &'a [f32])>,
+}
+
+/// The output pass of an NPU matmul, one pass over `dst: [M, N]`, rows in parallel:
+/// `dst[m] = Σ_t c_t[m]·(s_t[m]·w_scale) + Σ_l cl_l[m]·(s_l[m]·lo_scale) + coef[m]·e` — the
+/// dequantization of every term, the second weight term and the calibrated correction, each
+/// row finished while it is in cache. The same floats in the same order as
+/// [`dequantize_output_terms`], then the second weight term's [`dequantize_row_acc`], then
+/// [`mean::correct_along`]'s add (the tests compare them bit for bit); a row depends on its own
+/// inputs only.
+pub fn dequantize_fused(o: &Output<'_>, dst: &mut [f32]) {
+    let n = o.w_scale.len();
+    let terms = o.terms;
+    assert!(terms >= 1, "at least one term");
+    let m = o.a_scale.len() / terms;
+    assert_eq!(o.a_scale.len(), terms * m, "a_scale is not [T·M]");
+    assert_eq!(o.c.len(), terms * m * n, "c is not [T·M, N]");
+    assert_eq!(dst.len(), m * n, "dst is not [M, N]");
+    let lt = match o.lo {
+        Some((cl, ls)) => {
+            assert_eq!(ls.len(), n, "lo_scale is not [N]");
+            let lt = cl.len().checked_div(m * n).unwrap_or(0);
+            assert!(cl.len() == lt * m * n && lt <= terms, "cl is not [L·M, N] with L ≤ T");
+            lt
+        }
+        None => 0,
+    };
+    if let Some((coef, e)) = o.corr {
+        assert!(coef.len() == m && e.len() == n, "the correction is not [M] / [N]");
+    }
+    if n == 0 {
+        return;
+    }
+    let body = |(i, dr): (usize, &mut [f32])| {
+        let row = |t: usize| &o.c[(t * m + i) * n..(t * m + i + 1) * n];
+        let sa = |t: usize| o.a_scale[t * m + i];
+        let corr = o.corr.and_then(|(coef, e)| coef[i].map(|c| (c, e)));
+        match (terms, o.lo, lt, corr) {
+            (1, None, _, None) => dequantize_row(row(0), sa(0), o.w_scale, dr),
+            (1, None, _, Some((cc, e))) => dequantize_row_corr(row(0), sa(0), o.w_scale, cc, e, dr),
+            (2, Some((cl, ls)), 1, None) => dequantize_row2_lo(row(0), sa(0), row(1), sa(1), o.w_scale, &cl[i * n..(i + 1) * n], sa(0), ls, dr),
+            (2, Some((cl, ls)), 1, Some((cc, e))) => {
+                dequantize_row2_lo_corr(row(0), sa(0), row(1), sa(1), o.w_scale, &cl[i * n..(i + 1) * n], sa(0), ls, cc, e, dr)
+            }
+            _ => {
+                if terms == 1 {
+                    dequantize_row(row(0), sa(0), o.w_scale, dr);
+                } else {
+                    dequantize_row2(row(0), sa(0), row(1), sa(1), o.w_scale, dr);
+                    for t in 2..terms {
+                        dequantize_row_acc(row(t), sa(t), o.w_scale, dr);
+                    }
+                }
+                if let Some((cl, ls)) = o.lo {
+                    for t in 0..lt {
+                        dequantize_row_acc(&cl[(t * m + i) * n..(t * m + i + 1) * n], sa(t), ls, dr);
+                    }
+                }
+                if let Some((cc, e)) = corr {
+                    add_scaled_row(cc, e, dr);
+                }
+            }
+        }
+    };
+    for_each_out_row(dst, n, body);
+}
+
+/// `d[j] += cc · e[j]` (multiply, then add: never fused), the correction's add on one row.
+#[inline]
+pub fn add_scaled_row(cc: f32, e: &[f32], d: &mut [f32]) {
+    assert_eq!(e.len(), d.len());
+    for (o, &v) in d.iter_mut().zip(e) {
+        *o += cc * v;
+    }
+}
+
+/// One output row with its correction: `d[j] = c[j]·(sa·sw[j]) + cc·e[j]`. SIMD where the CPU
+/// has it, bit-identical to [`dequantize_row_corr_scalar`].
+#[inline]
+pub fn dequantize_row_corr(c: &[i32], sa: f32, sw: &[f32], cc: f32, e: &[f32], d: &mut [f32]) {
+    if simd::dequantize_row_corr(c, sa, sw, cc, e, d).is_none() {
+        dequantize_row_corr_scalar(c, sa, sw, cc, e, d);
+    }
+}
+
+/// The reference for [`dequantize_row_corr`]: [`dequantize_row_scalar`], then [`add_scaled_row`].
+pub fn dequantize_row_corr_scalar(c: &[i32], sa: f32, sw: &[f32], cc: f32, e: &[f32], d: &mut [f32]) {
+    dequantize_row_scalar(c, sa, sw, d);
+    add_scaled_row(cc, e, d);
+}
+
+/// [`dequantize_row2_lo`] with the row's correction in the same pass; SIMD where the CPU has it,
+/// bit-identical to [`dequantize_row2_lo_corr_scalar`].
+#[inline]
+#[allow(clippy::too_many_arguments)]
+pub fn dequantize_row2_lo_corr(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], cl: &[i32], sal: f32, swl: &[f32], cc: f32, e: &[f32], d: &mut [f32]) {
+    if simd::dequantize_row2_lo_corr(c0, sa0, c1, sa1, sw, cl, sal, swl, cc, e, d).is_none() {
+        dequantize_row2_lo_corr_scalar(c0, sa0, c1, sa1, sw, cl, sal, swl, cc, e, d);
+    }
+}
+
+/// The reference for [`dequantize_row2_lo_corr`]: [`dequantize_row2_lo_scalar`], then
+/// [`add_scaled_row`].
+#[allow(clippy::too_many_arguments)]
+pub fn dequantize_row2_lo_corr_scalar(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], cl: &[i32], sal: f32, swl: &[f32], cc: f32, e: &[f32], d: &mut [f32]) {
+    dequantize_row2_lo_scalar(c0, sa0, c1, sa1, sw, cl, sal, swl, d);
+    add_scaled_row(cc, e, d);
 }
 
 /// Output of a multi-term matmul: `c: [T·M, N]` (term-major rows) →
@@ -609,6 +847,131 @@ mod tests {
             dequantize_output_2lo(&c, &a_scale, &w_scale, &cl, &lo_scale, &mut got);
             for j in 0..m * n {
                 assert_eq!(got[j].to_bits(), want[j].to_bits(), "m {m} n {n} j {j}");
+            }
+        }
+    }
+
+
+    /// `prepare_rows` against the passes it fuses, each row's scalar reference (the rotation's
+    /// scalar definition, `scale_columns_into`, the scalar quantizers, `mean::dot16`): the same
+    /// bits for every row, whatever the pool size and so the split of the rows over threads,
+    /// and NaN / ±inf rows too.
+    #[test]
+    fn the_activation_pass_is_the_passes_it_fuses_bit_for_bit() {
+        let mut s = 11u64;
+        for &(m, k, terms) in &[(1, 576, 1), (3, 64, 2), (40, 576, 1), (100, 576, 2), (130, 1024, 1), (70, 576, 3)] {
+            let mut x: Vec<f32> = (0..m * k).map(|i| lcg(&mut s) * if i % k == 7 { 80.0 } else { 1.0 }).collect();
+            if m > 2 {
+                x[k + 5] = f32::NAN;
+                x[2 * k + 1] = f32::INFINITY;
+            }
+            let rot = rotate::Rotation::new(k).expect("a rotation");
+            let col: Vec<f32> = (0..k).map(|_| 1.0 + lcg(&mut s).abs()).collect();
+            let dir: Vec<f32> = (0..k).map(|_| lcg(&mut s)).collect();
+            for prep in [RowPrep::Rotate(&rot), RowPrep::Columns(&col)] {
+                // The reference: every row on its own, scalar kernels.
+                let mut xs = x.clone();
+                match prep {
+                    RowPrep::Rotate(r) => xs.chunks_mut(k).for_each(|row| r.apply_row_scalar(row)),
+                    RowPrep::Columns(c) => scale_columns_into(&x, c, &mut xs),
+                }
+                let (mut wq, mut ws) = (vec![0i8; terms * m * k], vec![0f32; terms * m]);
+                for (i, xr) in xs.chunks(k).enumerate() {
+                    let mut r = xr.to_vec();
+                    for t in 0..terms {
+                        let at = t * m + i;
+                        let q = &mut wq[at * k..(at + 1) * k];
+                        ws[at] = quantize_row_scalar(&r, q);
+                        for (v, &qv) in r.iter_mut().zip(q.iter()) {
+                            *v -= ws[at] * qv as f32;
+                        }
+                    }
+                }
+                let wd: Vec<f32> = x.chunks(k).map(|r| mean::dot16(r, &dir)).collect();
+                for threads in [1, 2, 5] {
+                    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                    let (mut q, mut sc, mut d) = (vec![9i8; terms * m * k], vec![9f32; terms * m], vec![9f32; m]);
+                    pool.install(|| prepare_rows(&x, m, k, terms, prep, Some(&dir), &mut q, &mut sc, &mut d));
+                    let tag = format!("m {m} k {k} terms {terms} threads {threads} rotated {}", matches!(prep, RowPrep::Rotate(_)));
+                    assert_eq!(q, wq, "{tag}: int8 terms");
+                    assert_eq!(sc.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), ws.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{tag}: scales");
+                    assert_eq!(d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), wd.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{tag}: dots");
+                    // Without a direction: the same terms, no dots.
+                    let (mut q2, mut s2) = (vec![0i8; terms * m * k], vec![0f32; terms * m]);
+                    pool.install(|| prepare_rows(&x, m, k, terms, prep, None, &mut q2, &mut s2, &mut []));
+                    assert!(q2 == q && s2.iter().zip(&sc).all(|(a, b)| a.to_bits() == b.to_bits()), "{tag}: without a direction");
+                }
+            }
+        }
+    }
+
+    /// `dequantize_fused` against the passes it fuses, in their scalar definitions: every term's
+    /// dequantization, then each second-weight-term row added, then `mean::correct_along`'s add
+    /// (`c_m·e`, rows whose coefficient is None left alone) — the same bits for every shape the
+    /// backend makes, on one thread and on several.
+    #[test]
+    fn the_output_pass_is_the_passes_it_fuses_bit_for_bit() {
+        let mut seed = 0x0dd_u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for &(m, n, terms, lo, corr) in &[
+            (1, 24, 1, false, true),
+            (40, 64, 1, false, true),
+            (600, 64, 1, false, true),
+            (600, 64, 1, false, false),
+            (37, 100, 2, true, true),
+            (300, 130, 2, true, true),
+            (300, 130, 2, true, false),
+            (9, 33, 1, true, true),
+            (9, 33, 2, false, true),
+            (200, 200, 3, true, true),
+        ] {
+            let mut ci = |len: usize| -> Vec<i32> { (0..len).map(|_| (next() % 2_000_001) as i32 - 1_000_000).collect() };
+            let (c, cl) = (ci(terms * m * n), ci(m * n));
+            let mut fv = |len: usize, s: f32| -> Vec<f32> { (0..len).map(|_| ((next() % 20_001) as f32 - 10_000.0) * s).collect() };
+            let (a_scale, w_scale, lo_scale, e) = (fv(terms * m, 1e-4), fv(n, 1e-5), fv(n, 1e-7), fv(n, 1e-3));
+            let coef: Vec<Option<f32>> = (0..m).map(|i| if i % 5 == 3 { None } else { Some((i as f32 - 20.0) * 0.37) }).collect();
+            // The reference, pass after pass, scalar kernels.
+            let mut want = vec![0f32; m * n];
+            for (i, d) in want.chunks_mut(n).enumerate() {
+                let row = |t: usize| &c[(t * m + i) * n..(t * m + i + 1) * n];
+                match terms {
+                    1 => dequantize_row_scalar(row(0), a_scale[i], &w_scale, d),
+                    _ => {
+                        dequantize_row2_scalar(row(0), a_scale[i], row(1), a_scale[m + i], &w_scale, d);
+                        for t in 2..terms {
+                            dequantize_row_acc_scalar(row(t), a_scale[t * m + i], &w_scale, d);
+                        }
+                    }
+                }
+                if lo {
+                    dequantize_row_acc_scalar(&cl[i * n..(i + 1) * n], a_scale[i], &lo_scale, d);
+                }
+                if let (true, Some(cc)) = (corr, coef[i]) {
+                    for (o, &v) in d.iter_mut().zip(&e) {
+                        *o += cc * v;
+                    }
+                }
+            }
+            let out = Output {
+                c: &c,
+                a_scale: &a_scale,
+                terms,
+                w_scale: &w_scale,
+                lo: lo.then_some((&cl[..], &lo_scale[..])),
+                corr: corr.then_some((&coef[..], &e[..])),
+            };
+            for threads in [1, 3] {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                let mut got = vec![7f32; m * n];
+                pool.install(|| dequantize_fused(&out, &mut got));
+                for j in 0..m * n {
+                    assert_eq!(got[j].to_bits(), want[j].to_bits(), "m {m} n {n} terms {terms} lo {lo} corr {corr} threads {threads} j {j}");
+                }
             }
         }
     }

@@ -234,6 +234,132 @@ unsafe fn dequantize_row2_lo_avx2(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw
     }
 }
 
+/// [`dequantize_row`] plus the calibrated correction of the row in the same pass:
+/// `d[j] = c[j]·(sa·sw[j]) + cc·e[j]` — bit-identical to `dequantize_row` followed by
+/// `d[j] += cc·e[j]` (`quant::mean::correct_along`'s add; mul then add, never fused).
+/// `None` without SIMD.
+#[inline]
+pub fn dequantize_row_corr(c: &[i32], sa: f32, sw: &[f32], cc: f32, e: &[f32], d: &mut [f32]) -> Option<()> {
+    assert!(c.len() == d.len() && sw.len() == d.len() && e.len() == d.len());
+    dispatch!(
+        neon: dequantize_row_corr_neon(c, sa, sw, cc, e, d),
+        // SAFETY: AVX2 detected by `dispatch!`; lengths are equal (asserted).
+        avx2: unsafe { dequantize_row_corr_avx2(c, sa, sw, cc, e, d) },
+    )
+}
+
+#[cfg(target_arch = "aarch64")]
+fn dequantize_row_corr_neon(c: &[i32], sa: f32, sw: &[f32], cc: f32, e: &[f32], d: &mut [f32]) {
+    let n = d.len();
+    let mut i = 0;
+    // SAFETY: NEON baseline; loads read c/sw/e[i..i+4], the store writes d[i..i+4], i+4 <= n and
+    // all slices have length n (asserted by the caller). mul then add, never fused.
+    unsafe {
+        let (vsa, vc) = (vdupq_n_f32(sa), vdupq_n_f32(cc));
+        while i + 4 <= n {
+            let s = vmulq_f32(vsa, vld1q_f32(sw.as_ptr().add(i)));
+            let v = vmulq_f32(vcvtq_f32_s32(vld1q_s32(c.as_ptr().add(i))), s);
+            let k = vmulq_f32(vc, vld1q_f32(e.as_ptr().add(i)));
+            vst1q_f32(d.as_mut_ptr().add(i), vaddq_f32(v, k));
+            i += 4;
+        }
+    }
+    for j in i..n {
+        d[j] = c[j] as f32 * (sa * sw[j]) + cc * e[j];
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX2; `c`, `sw`, `e`, `d` have equal lengths.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dequantize_row_corr_avx2(c: &[i32], sa: f32, sw: &[f32], cc: f32, e: &[f32], d: &mut [f32]) {
+    let n = d.len();
+    let mut i = 0;
+    // SAFETY: AVX2 enabled (caller's contract); loads read c/sw/e[i..i+8], the store writes
+    // d[i..i+8], i+8 <= n and all slices have length n. mul then add, never fused.
+    unsafe {
+        let (vsa, vc) = (_mm256_set1_ps(sa), _mm256_set1_ps(cc));
+        while i + 8 <= n {
+            let s = _mm256_mul_ps(vsa, _mm256_loadu_ps(sw.as_ptr().add(i)));
+            let v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256(c.as_ptr().add(i) as *const __m256i)), s);
+            let k = _mm256_mul_ps(vc, _mm256_loadu_ps(e.as_ptr().add(i)));
+            _mm256_storeu_ps(d.as_mut_ptr().add(i), _mm256_add_ps(v, k));
+            i += 8;
+        }
+    }
+    for j in i..n {
+        d[j] = c[j] as f32 * (sa * sw[j]) + cc * e[j];
+    }
+}
+
+/// [`dequantize_row2_lo`] plus the calibrated correction in the same pass:
+/// `d = (((0 + c0·(sa0·sw)) + c1·(sa1·sw)) + cl·(sal·swl)) + cc·e`, bit-identical to
+/// `dequantize_row2_lo` followed by `d += cc·e`. `None` without SIMD.
+#[inline]
+#[allow(clippy::too_many_arguments)]
+pub fn dequantize_row2_lo_corr(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], cl: &[i32], sal: f32, swl: &[f32], cc: f32, e: &[f32], d: &mut [f32]) -> Option<()> {
+    let n = d.len();
+    assert!(c0.len() == n && c1.len() == n && sw.len() == n && cl.len() == n && swl.len() == n && e.len() == n);
+    dispatch!(
+        neon: dequantize_row2_lo_corr_neon(c0, sa0, c1, sa1, sw, cl, sal, swl, cc, e, d),
+        // SAFETY: AVX2 detected by `dispatch!`; lengths are equal (asserted).
+        avx2: unsafe { dequantize_row2_lo_corr_avx2(c0, sa0, c1, sa1, sw, cl, sal, swl, cc, e, d) },
+    )
+}
+
+#[cfg(target_arch = "aarch64")]
+#[allow(clippy::too_many_arguments)]
+fn dequantize_row2_lo_corr_neon(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], cl: &[i32], sal: f32, swl: &[f32], cc: f32, e: &[f32], d: &mut [f32]) {
+    let n = d.len();
+    let mut i = 0;
+    // SAFETY: NEON baseline; loads read c0/c1/cl/sw/swl/e[i..i+4], the store writes d[i..i+4],
+    // i+4 <= n and all slices have length n (asserted by the caller). mul then add, never fused.
+    unsafe {
+        let (v0, v1, vl, vc, z) = (vdupq_n_f32(sa0), vdupq_n_f32(sa1), vdupq_n_f32(sal), vdupq_n_f32(cc), vdupq_n_f32(0.0));
+        while i + 4 <= n {
+            let w = vld1q_f32(sw.as_ptr().add(i));
+            let a = vmulq_f32(vcvtq_f32_s32(vld1q_s32(c0.as_ptr().add(i))), vmulq_f32(v0, w));
+            let b = vmulq_f32(vcvtq_f32_s32(vld1q_s32(c1.as_ptr().add(i))), vmulq_f32(v1, w));
+            let l = vmulq_f32(vcvtq_f32_s32(vld1q_s32(cl.as_ptr().add(i))), vmulq_f32(vl, vld1q_f32(swl.as_ptr().add(i))));
+            let k = vmulq_f32(vc, vld1q_f32(e.as_ptr().add(i)));
+            vst1q_f32(d.as_mut_ptr().add(i), vaddq_f32(vaddq_f32(vaddq_f32(vaddq_f32(z, a), b), l), k));
+            i += 4;
+        }
+    }
+    for j in i..n {
+        d[j] = (((0.0 + c0[j] as f32 * (sa0 * sw[j])) + c1[j] as f32 * (sa1 * sw[j])) + cl[j] as f32 * (sal * swl[j])) + cc * e[j];
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX2; `c0`, `c1`, `sw`, `cl`, `swl`, `e`, `d` have equal lengths.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dequantize_row2_lo_corr_avx2(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], cl: &[i32], sal: f32, swl: &[f32], cc: f32, e: &[f32], d: &mut [f32]) {
+    let n = d.len();
+    let mut i = 0;
+    // SAFETY: AVX2 enabled (caller's contract); loads read c0/c1/cl/sw/swl/e[i..i+8], the store
+    // writes d[i..i+8], i+8 <= n and all slices have length n. mul then add, never fused.
+    unsafe {
+        let (v0, v1, vl, vc, z) = (_mm256_set1_ps(sa0), _mm256_set1_ps(sa1), _mm256_set1_ps(sal), _mm256_set1_ps(cc), _mm256_setzero_ps());
+        let ld = |c: &[i32], i: usize| _mm256_cvtepi32_ps(_mm256_loadu_si256(c.as_ptr().add(i) as *const __m256i));
+        while i + 8 <= n {
+            let w = _mm256_loadu_ps(sw.as_ptr().add(i));
+            let a = _mm256_mul_ps(ld(c0, i), _mm256_mul_ps(v0, w));
+            let b = _mm256_mul_ps(ld(c1, i), _mm256_mul_ps(v1, w));
+            let l = _mm256_mul_ps(ld(cl, i), _mm256_mul_ps(vl, _mm256_loadu_ps(swl.as_ptr().add(i))));
+            let k = _mm256_mul_ps(vc, _mm256_loadu_ps(e.as_ptr().add(i)));
+            _mm256_storeu_ps(d.as_mut_ptr().add(i), _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(z, a), b), l), k));
+            i += 8;
+        }
+    }
+    for j in i..n {
+        d[j] = (((0.0 + c0[j] as f32 * (sa0 * sw[j])) + c1[j] as f32 * (sa1 * sw[j])) + cl[j] as f32 * (sal * swl[j])) + cc * e[j];
+    }
+}
+
 // ---------------------------------------------------------------- aarch64 NEON (baseline ISA)
 
 #[cfg(target_arch = "aarch64")]
