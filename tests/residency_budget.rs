@@ -212,8 +212,8 @@ impl ggml_ork::npu::kif::KernelInterface for Mirrored {
     fn mem_create(&self, size: usize, flags: u32, d: ggml_ork::npu::kif::DomainId) -> Result<ggml_ork::npu::kif::Bo, ggml_ork::npu::kif::KifError> {
         self.0.mem_create(size, flags, d)
     }
-    fn mem_sync(&self, bo: &ggml_ork::npu::kif::Bo, dir: ggml_ork::npu::kif::SyncDir) -> Result<(), ggml_ork::npu::kif::KifError> {
-        self.0.mem_sync(bo, dir)
+    fn mem_sync(&self, bo: &ggml_ork::npu::kif::Bo, dir: ggml_ork::npu::kif::SyncDir, offset: usize, len: usize) -> Result<usize, ggml_ork::npu::kif::KifError> {
+        self.0.mem_sync(bo, dir, offset, len)
     }
     fn mem_destroy(&self, bo: ggml_ork::npu::kif::Bo) -> Result<(), ggml_ork::npu::kif::KifError> {
         self.0.mem_destroy(bo)
