@@ -1,7 +1,7 @@
 """Shared pieces of the end-to-end scripts (tests/e2e.py, tests/e2e_serving.py): the paths from
 the set-up, the PASS/FAIL bookkeeping, the environments of the ORK and CPU runs, running a tool (a failed
 run always says its exit status and how its stderr ends) and reading ORK's exit line."""
-import os, re, socket, subprocess
+import os, re, signal, socket, subprocess
 
 BIN = os.environ["LLAMA_BIN"]
 MODELS = os.environ["ORK_MODELS"]
@@ -147,3 +147,14 @@ def free_port():
     p = s.getsockname()[1]
     s.close()
     return p
+
+
+def stop_process(p, grace=20):
+    """SIGTERM a server process still running, wait `grace` seconds, then kill it."""
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)

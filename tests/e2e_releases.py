@@ -21,9 +21,9 @@ Prints one line per check and "N passed, M failed"; exit status 1 on any failure
 Environment: LLAMA_BIN, ORK_RELEASES, ORK_MODELS, ORK_CORPUS, ORK_LIB (tests/run-all.sh sets them).
 Writes the figures to $ORK_ENV/e2e-releases-results.md.
 """
-import json, os, re, signal, subprocess, sys, tempfile, time, urllib.request
+import json, os, re, subprocess, sys, tempfile, time, urllib.request
 
-from e2e_common import (BIN, DEMO_PROMPT, LIB, MODELS, check, cpu, env_with, exit_counters, figures, file_sha256,
+from e2e_common import (stop_process, BIN, DEMO_PROMPT, LIB, MODELS, check, cpu, env_with, exit_counters, figures, file_sha256,
                         free_port, npu_live, npu_words, ork, summary, want, write_figures)
 
 CORPUS = os.environ["ORK_CORPUS"]
@@ -193,13 +193,7 @@ if want("releases/ollama"):
                     err = str(e)
                     time.sleep(0.5)
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
+            stop_process(proc, grace=30)
             log.seek(0)
             out = log.read()
             log.close()

@@ -17,9 +17,9 @@ Loopback only, every wait bounded. Prints PASS/FAIL lines and "N passed, M faile
 failure. Environment: LLAMA_BIN, ORK_MODELS, ORK_LIB (set by tests/run-all.sh).
 Writes the measured figures to $ORK_ENV/e2e-serving-results.md.
 """
-import json, os, re, signal, socket, subprocess, sys, tempfile, threading, time, urllib.request
+import json, os, re, socket, subprocess, sys, tempfile, threading, time, urllib.request
 
-from e2e_common import (BIN, DEMO_PROMPT, MODELS, check, cpu, env_with, exit_counters, figures, free_port, npu_live, npu_words, ork, run_tool,
+from e2e_common import (BIN, DEMO_PROMPT, MODELS, check, cpu, env_with, exit_counters, figures, free_port, npu_live, stop_process, npu_words, ork, run_tool,
                         say_failed, summary, want, write_figures)
 
 OUT = os.path.join(os.environ.get("ORK_ENV", "/tmp"), "e2e-serving-results.md")
@@ -34,13 +34,7 @@ PROMPTS = [f"Write a short paragraph for a school textbook about {t}. Explain wh
            for t in TOPICS]
 
 def stop(p):
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
+    stop_process(p)
 
 
 def completion_args(prompt, n, extra=()):
