@@ -105,7 +105,7 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_PROFILE", default: "0", meaning: "1 = print per-engine counts and time split when the backend is freed" },
     VarDoc { name: "ORK_UNVERIFIED_GGML", default: "newer", meaning: "a llama.cpp whose exported symbols and op/type enums match a layout this libggml-ork.so knows, but whose ggml version lies outside the releases verified with it (README \"Releases\"): newer (register, with one warning line, when it is newer than every verified release; refuse any other), register (register any such), refuse (register only within the verified releases)" },
     VarDoc { name: "ORK_LOG", default: "info", meaning: "log level: error, warn, info, debug, trace" },
-    VarDoc { name: "ORK_SIM_TIMING", default: "compute", meaning: "the simulator's timing: compute (every program computed bit-exactly, the host's own time) or board (programs not computed, zeros written, each submit completing at the hardware time modelled for a board's NPU core: src/npu/soc.rs NpuTiming; for benchmarks of the host path, the text is meaningless)" },
+    VarDoc { name: "ORK_SIM_TIMING", default: "compute", meaning: "the simulator's timing: compute (every program computed bit-exactly, the host's own time) or board (programs not computed, only each program's last output word written, each submit completing at the hardware time modelled for a board's NPU core: src/npu/soc.rs NpuTiming; for benchmarks of the host path, the text is meaningless)" },
     VarDoc { name: "ORK_SIM_FAULT", default: "(none)", meaning: "simulator fault injection (tests): timeout_every, reset_every, sync_fail_every, never_run_every, hole_every, short_count_every (:N, comma-separated), efault_after_mb:N; a bad value makes the simulator fail to open" },
 ];
 

@@ -263,8 +263,9 @@ fn later_duplicate_wins() {
     assert_eq!(r.c_i32(3 * 32), reference_mm(&a, &w, 3, 64, 32));
 }
 
-/// `ORK_SIM_TIMING=board`: programs are decoded and land (zeros, sentinels overwritten, task
-/// counter right: no never-ran detection), nothing is computed, and each submit reports and takes
+/// `ORK_SIM_TIMING=board`: programs are decoded and land (each program's last output word
+/// written, so the sentinels are overwritten; task counter right: no never-ran detection),
+/// nothing is computed (fresh scratch keeps reading zero), and each submit reports and takes
 /// the hardware time `NpuTiming` models: the floor for a tiny matmul, at least the MAC time of the
 /// cores for a large one, the same figure on every run.
 #[test]
@@ -283,7 +284,7 @@ fn the_board_timing_completes_each_submit_at_its_modelled_time() {
         (st, c, t0.elapsed())
     };
     let (tiny, c, wall) = run(32, 64, 64, &mut rng);
-    assert!(c.iter().all(|&v| v == 0), "zeros written, not computed");
+    assert!(c.iter().all(|&v| v == 0), "nothing computed: the fresh output scratch still reads zero");
     assert_eq!(tiny.never_ran, 0, "every program landed");
     assert_eq!(tiny.device_ns, tiny.submits as u64 * t.submit_floor_ns, "a tiny matmul costs the floor per submit");
     assert!(wall.as_nanos() as u64 >= t.submit_floor_ns, "the submit took its modelled time: {wall:?}");

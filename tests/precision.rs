@@ -266,3 +266,64 @@ fn the_calibrated_correction_removes_the_common_error_row_by_row() {
     assert_eq!(legacy.stats.mean_corrected.load(Relaxed), 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A large prefill MUL_MAT is cut into pieces the NPU runs while the host prepares the next and
+/// finishes the last (`Npu::pipeline_rows`): every row comes out the same bits as the same rows
+/// run uncut (ubatches of 64), the correction included, and an NPU failure in one piece is
+/// computed on the CPU with the same bits and counted.
+#[test]
+fn a_pipelined_matmul_gives_every_row_the_bits_of_the_uncut_runs() {
+    const K2: usize = 2048;
+    const N2: usize = 1024;
+    const M2: usize = 512;
+    let mut r = lcg(31);
+    let w: Vec<f32> = (0..N2 * K2).map(|_| r()).collect();
+    let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let src = WeightSource { name: "blk.0.ffn_up.weight", ggml_type: 8, bytes: &bytes, row_bytes: 4 * K2, to_float: &to_float };
+    let mut r = lcg(32);
+    let common: Vec<f32> = (0..K2).map(|i| r() * if i % 97 == 5 { 40.0 } else { 2.0 }).collect();
+    let rows = |seed: u64, m: usize| -> Vec<f32> {
+        let mut r = lcg(seed);
+        (0..m * K2).map(|i| common[i % K2] * (1.0 + 0.2 * r()) + 0.5 * r()).collect()
+    };
+    let dir = std::env::temp_dir().join(format!("ork-precision-pipe-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cal = dir.join("c.orkcal");
+    let rec = calibrated(&cal, true, &[]);
+    let pw = pack(&rec, &src, N2, K2).expect("packs");
+    let mut y = vec![0f32; 64 * N2];
+    rec.run_mul_mat(&pw, &src, &rows(99, 64), 64, &mut y);
+    assert_eq!(rec.calib.as_ref().unwrap().flush().unwrap(), 1, "one weight recorded");
+    let x = rows(5, M2);
+    let run = |dev: &Device, x: &[f32]| {
+        let pw = pack(dev, &src, N2, K2).expect("packs");
+        let m = x.len() / K2;
+        let mut y = vec![0f32; m * N2];
+        dev.run_mul_mat(&pw, &src, x, m, &mut y);
+        y.iter().map(|f| f.to_bits()).collect::<Vec<u32>>()
+    };
+    let on = calibrated(&cal, false, &[]);
+    let whole = run(&on, &x);
+    let p = &on.stats.phase[0];
+    assert!(p.pieces.load(Relaxed) >= 2, "M = {M2}, K = {K2}, N = {N2} is cut: {} pieces", p.pieces.load(Relaxed));
+    assert_eq!(on.stats.npu_fallbacks.load(Relaxed), 0, "nothing fell back to the CPU");
+    assert_eq!(on.stats.mean_corrected.load(Relaxed), 1, "corrected");
+    assert_eq!(on.stats.npu_rows_sent.load(Relaxed), M2 as u64, "every row sent once");
+    let uncut = calibrated(&cal, false, &[]);
+    let mut want = Vec::new();
+    for c in x.chunks(64 * K2) {
+        want.extend(run(&uncut, c));
+    }
+    assert_eq!(uncut.stats.phase[0].pieces.load(Relaxed), (M2 / 64) as u64, "ubatches of 64 are not cut");
+    assert!(whole == want, "the pieces give the uncut runs' bits");
+    // Every 3rd submit times out: some pieces fall back, with the same bits, counted.
+    let (cfg, bad) = Config::from_lookup(|_| None);
+    assert!(bad.is_empty());
+    let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), sim_fault: Some("timeout_every:3".into()), ..NpuConfig::default() }).expect("simulator opens");
+    let mut faulty = Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: None, calib: None };
+    faulty.calib = Some(ggml_ork::cache::calib::Store::open(&cal, false));
+    assert!(run(&faulty, &x) == want, "a piece computed on the CPU after an NPU error has the NPU's bits");
+    assert!(faulty.stats.npu_errors.load(Relaxed) >= 1, "the failed NPU runs are counted");
+    assert_eq!(faulty.stats.npu_fallbacks.load(Relaxed), 1, "the MUL_MAT counts as fallen back");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -31,7 +31,6 @@
 //! `npu::layout::tile_weight_with` tile a block's rows right after they were quantized, while they are in
 //! the CPU cache; `npu::layout::tile_weight` is that tiler over a whole matrix.
 
-use rayon::prelude::*;
 
 use crate::npu::soc::SocDesc;
 use crate::npu::{check_shape_soc, NpuError, TiledWeight};
@@ -252,25 +251,64 @@ pub fn pack_a_ref(a: &[i8], k: usize, b: &ABlock, out: &mut [u8]) {
     }
 }
 
-/// Fast path of [`pack_a_ref`] (row copies, rayon for large blocks).
+/// Fast path of [`pack_a_ref`]: one copy when the block spans whole rows of `a` (full-K), else a
+/// copy per row. Serial: it runs on the NPU core's own host thread, beside the other cores'
+/// threads, and a hand-off to a pool costs more than a memcpy of the block.
 pub fn pack_a_fast(a: &[i8], k: usize, b: &ABlock, out: &mut [u8]) {
     let ab: &[u8] = bytemuck::cast_slice(a);
-    let rows = out[..b.mc * b.kp].par_chunks_mut(b.kp).with_min_len((1 << 16) / b.kp.max(1) + 1);
-    rows.enumerate().for_each(|(r, dst)| {
+    if b.k0 == 0 && b.kp == k {
+        out[..b.bytes()].copy_from_slice(&ab[b.m0 * k..(b.m0 + b.mc) * k]);
+        return;
+    }
+    for (r, dst) in out[..b.bytes()].chunks_exact_mut(b.kp).enumerate() {
         let s = (b.m0 + r) * k + b.k0;
         dst.copy_from_slice(&ab[s..s + b.kp]);
-    });
+    }
 }
 
 /// Adds an int32 output block `src: [mc][s]` (little-endian bytes, first `nc` of each row valid)
 /// into `dst: [mc][ldd]` i32 at column `col0`.
 #[allow(clippy::too_many_arguments)] // BLAS-style block arguments
 pub fn add_c_block(src: &[u8], mc: usize, nc: usize, s: usize, dst: &mut [i32], ldd: usize, row0: usize, col0: usize) {
+    c_block(src, mc, nc, s, dst, ldd, row0, col0, |d, v| *d = d.wrapping_add(v), |d, v| {
+        d.iter_mut().zip(v).for_each(|(d, v)| *d = d.wrapping_add(*v))
+    });
+}
+
+/// [`add_c_block`] that overwrites instead of adding (the first K-slice of a block, or full-K):
+/// `dst` need not be zeroed first.
+#[allow(clippy::too_many_arguments)] // BLAS-style block arguments
+pub fn copy_c_block(src: &[u8], mc: usize, nc: usize, s: usize, dst: &mut [i32], ldd: usize, row0: usize, col0: usize) {
+    c_block(src, mc, nc, s, dst, ldd, row0, col0, |d, v| *d = v, |d, v| d.copy_from_slice(v));
+}
+
+/// The walk of [`add_c_block`] / [`copy_c_block`]: rows read as `&[i32]` where the bytes are
+/// 4-aligned on a little-endian host (the scratch buffers are page-aligned and the programs'
+/// offsets multiples of 4), else word by word from their little-endian bytes.
+#[allow(clippy::too_many_arguments)] // BLAS-style block arguments
+fn c_block(
+    src: &[u8],
+    mc: usize,
+    nc: usize,
+    s: usize,
+    dst: &mut [i32],
+    ldd: usize,
+    row0: usize,
+    col0: usize,
+    word: impl Fn(&mut i32, i32),
+    row: impl Fn(&mut [i32], &[i32]),
+) {
+    let words: Option<&[i32]> = if cfg!(target_endian = "little") { bytemuck::try_cast_slice(&src[..(mc.max(1) - 1) * s * 4 + nc * 4]).ok() } else { None };
     for r in 0..mc {
-        let srow = &src[r * s * 4..r * s * 4 + nc * 4];
         let drow = &mut dst[(row0 + r) * ldd + col0..(row0 + r) * ldd + col0 + nc];
-        for (d, b) in drow.iter_mut().zip(srow.chunks_exact(4)) {
-            *d = d.wrapping_add(i32::from_le_bytes(b.try_into().unwrap()));
+        match words {
+            Some(w) => row(drow, &w[r * s..r * s + nc]),
+            None => {
+                let srow = &src[r * s * 4..r * s * 4 + nc * 4];
+                for (d, b) in drow.iter_mut().zip(srow.chunks_exact(4)) {
+                    word(d, i32::from_le_bytes(b.try_into().unwrap()));
+                }
+            }
         }
     }
 }

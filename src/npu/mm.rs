@@ -104,12 +104,25 @@ pub(crate) struct ScratchSet {
 #[derive(Default)]
 pub(crate) struct CoreScratch {
     sets: HashMap<u32, ScratchSet>,
+    /// The host-side int32 result of the core's last share ([`CoreResult::local`]), handed back
+    /// after the caller copied it out ([`CoreScratch::give_back`]) so the next run writes into
+    /// memory that is already mapped instead of faulting in a fresh buffer.
+    local: Vec<i32>,
 }
 
 impl CoreScratch {
-    /// Bytes of this core's scratch buffers in every domain (regcmd, task, activation, output).
+    /// Bytes of this core's scratch in every domain (regcmd, task, activation, output buffers)
+    /// and its host-side result buffer.
     pub(crate) fn bytes(&self) -> u64 {
-        self.sets.values().flat_map(|s| [&s.regcmd, &s.task, &s.act, &s.out]).map(|b| b.size_bytes as u64).sum()
+        self.sets.values().flat_map(|s| [&s.regcmd, &s.task, &s.act, &s.out]).map(|b| b.size_bytes as u64).sum::<u64>()
+            + (self.local.capacity() * 4) as u64
+    }
+
+    /// Keeps `local` (a share's result, copied out) for the next run of this core.
+    pub(crate) fn give_back(&mut self, local: Vec<i32>) {
+        if local.capacity() > self.local.capacity() {
+            self.local = local;
+        }
     }
 }
 
@@ -238,9 +251,18 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
     if let std::collections::hash_map::Entry::Vacant(e) = guard.sets.entry(domain.0) {
         e.insert(new_set(kif, domain).map_err(sub_err)?);
     }
+    // Every output word of the share is written by a program; a K-split share adds its K-slices'
+    // partials, so it starts from zeros, and every other share copies each block in.
+    let ksplit = plan.submits.iter().flat_map(|s| &s.programs).any(|p| p.k0 != 0);
+    let mut local = std::mem::take(&mut guard.local);
+    local.resize(m * plan.ncols, 0);
+    local.truncate(m * plan.ncols);
+    if ksplit {
+        local.fill(0);
+    }
     let set = guard.sets.get_mut(&domain.0).expect("scratch set");
     let mut res = CoreResult {
-        local: vec![0i32; m * plan.ncols],
+        local,
         submits: 0,
         programs: 0,
         device_ns: 0,
@@ -329,7 +351,8 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
         }
         let out = set.out.bytes();
         for p in &sub.programs {
-            layout::add_c_block(&out[p.out_offset..], p.mc, p.nc, p.nc, &mut res.local, plan.ncols, p.m0, p.col0);
+            let block = if ksplit { layout::add_c_block } else { layout::copy_c_block };
+            block(&out[p.out_offset..], p.mc, p.nc, p.nc, &mut res.local, plan.ncols, p.m0, p.col0);
         }
         res.submits += 1;
         res.programs += nprogs as u32;

@@ -461,7 +461,7 @@ impl Npu {
         for r in results {
             done.push(r?);
         }
-        for (cp, r) in plan.cores.iter().zip(&done) {
+        for (cp, r) in plan.cores.iter().zip(done) {
             for seg in &cp.segs {
                 for row in 0..m {
                     let src = &r.local[row * cp.ncols + seg.col0..row * cp.ncols + seg.col0 + seg.nc];
@@ -475,9 +475,17 @@ impl Npu {
             stats.retries += r.retries;
             stats.synced_bytes += r.synced_bytes;
             stats.io_bytes += r.io_bytes;
+            self.shared.cores[cp.core as usize].lock().unwrap_or_else(|p| p.into_inner()).give_back(r.local);
         }
         stats.host_ns = t0.elapsed().as_nanos() as u64;
         Ok(stats)
+    }
+
+    /// Rows per piece when the caller pipelines its host work around an `m`-row matmul of `w`
+    /// on at most `budget.max_cores` cores ([`plan::pipeline_rows`]: whole M-tiles, each piece
+    /// long enough on the NPU not to run at its submit floor); `m` when it should not be cut.
+    pub fn pipeline_rows(&self, w: &ResidentWeight, m: usize, budget: Budget) -> usize {
+        plan::pipeline_rows(&self.shared.soc, &w.inner.geom, m, budget.max_cores.min(self.max_cores))
     }
 
     /// Number of NPU cores of the SoC.

@@ -229,6 +229,44 @@ pub fn tile_sets(soc: &SocDesc, n: usize, k: usize, smallest_m: usize) -> TileSe
     }
 }
 
+/// Most pieces [`pipeline_rows`] cuts an M into.
+pub const MAX_PIECES: usize = 4;
+/// A piece's modelled time on each core, in submit floors, below which [`pipeline_rows`] does
+/// not cut: under the floor a piece would cost the NPU the floor instead of its work.
+pub const PIECE_FLOORS: f64 = 2.0;
+
+/// Rows per piece for a caller that pipelines its host work with the NPU (it prepares piece
+/// i + 1 and finishes piece i − 1 while the NPU runs piece i): whole M-tiles of the plan, so the
+/// pieces run the programs the whole M would (no extra weight feed, no extra submit where a
+/// submit held one M-tile's programs), at most [`MAX_PIECES`] pieces, and only where each core's
+/// share of a piece is modelled at ≥ [`PIECE_FLOORS`] submit floors (`SocDesc::timing`).
+/// Returns `m` (one piece) otherwise. The int32 results are the same however M is cut.
+pub fn pipeline_rows(soc: &SocDesc, geom: &WeightGeometry, m: usize, max_cores: u32) -> usize {
+    let (k, n) = (geom.k, geom.n);
+    if m < 2 {
+        return m;
+    }
+    let fullk_ok = geom.sk == 1 || (geom.fullk_tile(0).is_some() && (prefers_fullk(k, m) || !geom.has_ksplit()));
+    let path = if fullk_ok { PathKind::FullK } else { PathKind::KSplit };
+    let kps: Vec<usize> = match path {
+        PathKind::FullK => vec![geom.fullk_tile(0).expect("full-K tile").kp],
+        PathKind::KSplit => (0..geom.sk).map(|ks| geom.tile(0, ks).kp).collect(),
+    };
+    let mtile = kps.iter().map(|&kp| tile_rows(soc, kp, path, m).0).min().unwrap_or(1).max(1);
+    let cores = core_count(soc, n, max_cores.min(soc.cores));
+    let n_core = n.div_ceil(cores as usize) as u64;
+    for pieces in (2..=MAX_PIECES).rev() {
+        let rows = m.div_ceil(pieces).div_ceil(mtile) * mtile;
+        if rows >= m {
+            continue;
+        }
+        if soc.timing.program_ns(rows as u64, k as u64, n_core, cores) >= PIECE_FLOORS * soc.timing.submit_floor_ns as f64 {
+            return rows;
+        }
+    }
+    m
+}
+
 /// Builds the plan. `geom` is the weight's geometry; `max_cores` the caller's budget.
 pub fn plan(soc: &SocDesc, geom: &WeightGeometry, m: usize, max_cores: u32) -> Plan {
     plan_at(soc, geom, m, max_cores, 0)

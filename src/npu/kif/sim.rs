@@ -208,7 +208,7 @@ pub struct SimKif {
     syncs: AtomicU64,
     programs_run: AtomicU64,
     injected: Mutex<InjectedCounts>,
-    /// `ORK_SIM_TIMING=board`: programs are not computed (zeros are written) and each submit
+    /// `ORK_SIM_TIMING=board`: programs are not computed (only each program's last output word is written) and each submit
     /// completes at the hardware time [`crate::npu::soc::NpuTiming`] models for it, reported as
     /// its `hw_elapse_ns`.
     board_timing: AtomicBool,
@@ -469,7 +469,7 @@ impl KernelInterface for SimKif {
             }
             if timed {
                 modelled += timing.program_ns(t.mc, t.k, t.n, cores);
-                Exec::Zero
+                Exec::Land
             } else {
                 Exec::Run
             }
@@ -665,9 +665,12 @@ pub enum Exec {
     Run,
     /// Decode, count, but write nothing (a board quirk: the output keeps stale bytes).
     Skip,
-    /// Decode, count and write zeros instead of computing (the timed simulator,
-    /// `ORK_SIM_TIMING=board`: the host sees every program land, at no compute cost here).
-    Zero,
+    /// Decode, count and write only the program's last output word (zero) instead of computing
+    /// (the timed simulator, `ORK_SIM_TIMING=board`): the word the matmul writes last (rknpu-facts
+    /// §2.5), so the host's never-ran check sees every program land, and nothing of the output
+    /// costs this machine's CPU what a board's NPU would write for free. The other output bytes
+    /// keep whatever they held.
+    Land,
 }
 
 /// The PC of one core running a job: `tasks` as the vendor kernel programs them (§1.5: only the
@@ -761,7 +764,7 @@ fn run_program(
                 let trace = ProgramTrace { c_iova: op.c, c_len: op.c_len(), mc: op.mc, k: op.k, n: op.n };
                 match hook(&trace) {
                     Exec::Run => execute(mem, &op)?,
-                    Exec::Zero => zero_output(mem, &op)?,
+                    Exec::Land => land_output(mem, &op)?,
                     Exec::Skip => {}
                 }
                 kicked = true;
@@ -894,12 +897,12 @@ fn decode_matmul(soc: &SocDesc, rf: &RegFile) -> Result<MatmulOp, KifError> {
 }
 
 /// Writes zeros over a decoded matmul's output range (the timed simulator's stand-in result).
-fn zero_output(mem: &dyn DeviceMemory, op: &MatmulOp) -> Result<(), KifError> {
+fn land_output(mem: &dyn DeviceMemory, op: &MatmulOp) -> Result<(), KifError> {
     let len = op.c_len();
     let cp = mem.resolve(op.c, len).ok_or_else(|| unmodelled(format!("C range {:#x}+{len} is outside every live BO of the domain", op.c)))?;
-    // SAFETY: `resolve` checked that `len` bytes from `cp` lie inside one live buffer, the only
-    // range written.
-    unsafe { std::ptr::write_bytes(cp, 0, len as usize) };
+    // SAFETY: `resolve` checked that `len` (≥ 4: one int32 at least) bytes from `cp` lie inside
+    // one live buffer; only its last four are written.
+    unsafe { std::ptr::write_bytes(cp.add(len as usize - 4), 0, 4) };
     Ok(())
 }
 
