@@ -6,9 +6,11 @@
 #   - the two rates (tok/s, llama-bench);
 #   - µs per prompt token of each host step the prefill MUL_MATs' profile line reports (act-quant,
 #     submit = the host part of the NPU runs, dequant, arbiter), the calibrated correction (exit
-#     line `correction N ms`; it runs after the NPU run on the same thread, and only for a model
-#     the calibration file holds), their sum (the host time on the critical path: nothing of it
-#     overlaps the NPU today), and the modelled NPU device time (`wait`);
+#     line `correction N ms`: the dots and adds of the calibrated correction, inside act-quant and
+#     dequant; only for a model the calibration file holds), their sum (the host's work), the
+#     host time on the critical path (the MUL_MATs' wall time the modelled NPU time did not
+#     cover: pieces pipelined, `Npu::pipeline_rows`, overlap their activation and output passes
+#     with the NPU), the pieces per MUL_MAT, and the modelled NPU device time (`wait`);
 #   - host / device: the critical-path host time over the modelled device time.
 # ORK_LOCK_DIR is a fresh directory (below) unless set: only this script's processes arbitrate.
 # The per-token figures divide the process's totals by the tokens it prefilled: (1 warm-up + R)
@@ -27,8 +29,8 @@ M=${1:-$BENCH_MODEL}
 export ORK_LOCK_DIR=${ORK_LOCK_DIR:-$(mktemp -d)}
 P=${P:-512} R=${R:-1} T=${T:-2}
 echo "# $(basename "$M"), llama-bench -p $P -n 0 -r $R -t $T; µs per prompt token (tokens = (1 + $R) × $P per process)"
-echo "| M (-ub) | ORK, board timing (t/s) | CPU alone (t/s) | act-quant | submit | dequant | arbiter | correction | host, critical path | modelled NPU device | host / device |"
-echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| M (-ub) | ORK, board timing (t/s) | CPU alone (t/s) | act-quant | submit | dequant | arbiter | host work | host, critical path | pieces per MUL_MAT | modelled NPU device | host critical / device |"
+echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 rate() { grep -E " pp$P " | tail -1 | awk -F'|' '{print $(NF-1)}' | sed -E 's/ //g; s/±.*//'; }
 for ub in ${UB:-32 128 512}; do
   b=$(env GGML_BACKEND_PATH="$ORK_LIB" ORK_NPU=sim ORK_SIM_TIMING=board ORK_PROFILE=1 \
@@ -40,9 +42,11 @@ for ub in ${UB:-32 128 512}; do
   # µs per token of the first number after $2 in line $1
   us() { echo "$1" | grep -oE "$2 [0-9.]+ ms" | head -1 | grep -oE "[0-9.]+" | awk -v n=$tok '{printf "%.0f", $1 * 1000 / n}'; }
   aq=$(us "$pre" "act-quant") sb=$(us "$pre" "submit") dq=$(us "$pre" "dequant") ar=$(us "$pre" "arbiter")
-  wt=$(us "$pre" "wait") co=$(us "$ex" "correction")
-  host=$(( ${aq:-0} + ${sb:-0} + ${dq:-0} + ${ar:-0} + ${co:-0} ))
-  ratio=$(awk -v h=$host -v d="${wt:-0}" 'BEGIN { if (d > 0) printf "%.1f×", h / d; else print "-" }')
-  echo "| $ub | $(echo "$b" | rate) | $o | ${aq:--} | ${sb:--} | ${dq:--} | ${ar:--} | ${co:--} | $host | ${wt:--} | $ratio |"
+  wt=$(us "$pre" "wait") cr=$(us "$pre" "host on the critical path")
+  host=$(( ${aq:-0} + ${sb:-0} + ${dq:-0} + ${ar:-0} ))
+  runs=$(echo "$pre" | grep -oE "npu [0-9]+ runs" | grep -oE "[0-9]+")
+  pieces=$(echo "$pre" | grep -oE "[0-9]+ pieces" | grep -oE "[0-9]+" | awk -v r="${runs:-0}" '{ if (r > 0) printf "%.2f", $1 / r; else print "-" }')
+  ratio=$(awk -v h="${cr:-0}" -v d="${wt:-0}" 'BEGIN { if (d > 0) printf "%.2f×", h / d; else print "-" }')
+  echo "| $ub | $(echo "$b" | rate) | $o | ${aq:--} | ${sb:--} | ${dq:--} | ${ar:--} | $host | ${cr:--} | ${pieces:--} | ${wt:--} | $ratio |"
   if [ -n "${KEEP_LOG:-}" ]; then echo "$b" > "$KEEP_LOG.ub$ub.log"; fi
 done
