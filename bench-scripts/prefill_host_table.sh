@@ -13,6 +13,11 @@
 #     with the NPU), the pieces per MUL_MAT, and the modelled NPU device time (`wait`);
 #   - host / device: the critical-path host time over the modelled device time.
 # ORK_LOCK_DIR is a fresh directory (below) unless set: only this script's processes arbitrate.
+# Every arm runs with OMP_WAIT_POLICY=passive (ORK_BENCH_OMP_WAIT overrides): llama.cpp's OpenMP
+# threads otherwise spin for a while after each CPU split, on the cores ORK's host passes need
+# (24 % of the process's CPU time in libgomp's wait loop in a pp512 run here, `perf record`).
+# ORK_BASE_LIB=/path/to/an/older/libggml-ork.so adds a "before" row per M, run right before the
+# current build's row (the same machine state, for a before/after table).
 # The per-token figures divide the process's totals by the tokens it prefilled: (1 warm-up + R)
 # × P (llama-bench's warm-up runs the whole prompt). The device time is a model, not a board; the
 # host times are this machine's cores (under whatever else runs on them), not an A76's.
@@ -32,21 +37,26 @@ echo "# $(basename "$M"), llama-bench -p $P -n 0 -r $R -t $T; µs per prompt tok
 echo "| M (-ub) | ORK, board timing (t/s) | CPU alone (t/s) | act-quant | submit | dequant | arbiter | host work | host, critical path | pieces per MUL_MAT | modelled NPU device | host critical / device |"
 echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 rate() { grep -E " pp$P " | tail -1 | awk -F'|' '{print $(NF-1)}' | sed -E 's/ //g; s/±.*//'; }
+export OMP_WAIT_POLICY=${ORK_BENCH_OMP_WAIT:-passive}
 for ub in ${UB:-32 128 512}; do
-  b=$(env GGML_BACKEND_PATH="$ORK_LIB" ORK_NPU=sim ORK_SIM_TIMING=board ORK_PROFILE=1 \
+ o=$(env GGML_BACKEND_PATH="$ORK_LIB" ORK_OFF=1 nice "$LLAMA_BIN/llama-bench" -m "$M" -p "$P" -ub "$ub" -n 0 -t "$T" -r "$R" 2>&1 | rate)
+ for lib in ${ORK_BASE_LIB:+"$ORK_BASE_LIB"} "$ORK_LIB"; do
+  tag=$([ "$lib" = "$ORK_LIB" ] && echo "$ub" || echo "$ub, before")
+  b=$(env GGML_BACKEND_PATH="$lib" ORK_NPU=sim ORK_SIM_TIMING=board ORK_PROFILE=1 \
         nice "$LLAMA_BIN/llama-bench" -m "$M" -p "$P" -ub "$ub" -n 0 -t "$T" -r "$R" 2>&1)
-  o=$(env GGML_BACKEND_PATH="$ORK_LIB" ORK_OFF=1 nice "$LLAMA_BIN/llama-bench" -m "$M" -p "$P" -ub "$ub" -n 0 -t "$T" -r "$R" 2>&1 | rate)
   pre=$(echo "$b" | grep -E "prefill MUL_MAT: npu" | tail -1)
   ex=$(echo "$b" | grep -E "ORK ran [0-9]+ MUL_MAT" | tail -1)
   tok=$(( (1 + R) * P ))
   # µs per token of the first number after $2 in line $1
-  us() { echo "$1" | grep -oE "$2 [0-9.]+ ms" | head -1 | grep -oE "[0-9.]+" | awk -v n=$tok '{printf "%.0f", $1 * 1000 / n}'; }
+  us() { echo "$1" | grep -oE "$2 [0-9.]+ ms" | head -1 | grep -oE "[0-9.]+" | awk -v n=$tok '{printf "%.0f", $1 * 1000 / n}' || true; }
   aq=$(us "$pre" "act-quant") sb=$(us "$pre" "submit") dq=$(us "$pre" "dequant") ar=$(us "$pre" "arbiter")
   wt=$(us "$pre" "wait") cr=$(us "$pre" "host on the critical path")
   host=$(( ${aq:-0} + ${sb:-0} + ${dq:-0} + ${ar:-0} ))
-  runs=$(echo "$pre" | grep -oE "npu [0-9]+ runs" | grep -oE "[0-9]+")
-  pieces=$(echo "$pre" | grep -oE "[0-9]+ pieces" | grep -oE "[0-9]+" | awk -v r="${runs:-0}" '{ if (r > 0) printf "%.2f", $1 / r; else print "-" }')
+  cr=${cr:-$host}  # a build without pipelining reports no critical path: all its host work is on it
+  runs=$(echo "$pre" | grep -oE "npu [0-9]+ runs" | grep -oE "[0-9]+") || runs=
+  pieces=$(echo "$pre" | grep -oE "[0-9]+ pieces" | grep -oE "[0-9]+" | awk -v r="${runs:-0}" '{ if (r > 0) printf "%.2f", $1 / r; else print "-" }') || pieces=
   ratio=$(awk -v h="${cr:-0}" -v d="${wt:-0}" 'BEGIN { if (d > 0) printf "%.2f×", h / d; else print "-" }')
-  echo "| $ub | $(echo "$b" | rate) | $o | ${aq:--} | ${sb:--} | ${dq:--} | ${ar:--} | $host | ${cr:--} | ${pieces:--} | ${wt:--} | $ratio |"
-  if [ -n "${KEEP_LOG:-}" ]; then echo "$b" > "$KEEP_LOG.ub$ub.log"; fi
+  echo "| $tag | $(echo "$b" | rate) | $o | ${aq:--} | ${sb:--} | ${dq:--} | ${ar:--} | $host | ${cr:--} | ${pieces:--} | ${wt:--} | $ratio |"
+  if [ -n "${KEEP_LOG:-}" ]; then echo "$b" > "$KEEP_LOG.ub$ub$([ "$lib" = "$ORK_LIB" ] || echo .before).log"; fi
+ done
 done

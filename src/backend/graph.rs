@@ -202,6 +202,10 @@ struct Walk<'d, 'g> {
     /// The addresses of the pending jobs' nodes.
     pending_dst: Vec<usize>,
     cpu: CpuRun,
+    /// The activation (address, length) of the last NPU MUL_MAT of this call while nothing that
+    /// could write it has run since (no CPU nodes, no GPU batch): the next MUL_MAT reading it
+    /// reuses its int8 terms without hashing it (`Device::run_mul_mat_after`).
+    last_act: std::cell::Cell<Option<(usize, usize)>>,
     /// The cross-process NPU lock is kept between the NPU matmuls of this call (one flock +
     /// unlock per call, not per matmul) and let go before ggml-cpu runs and on return; taking
     /// and letting it go is arbiter time, as inside `run_mul_mat`.
@@ -213,7 +217,7 @@ struct Walk<'d, 'g> {
 pub fn compute<'g>(dev: &Device, stream: &Stream, graph: &mut dyn Graph<'g>) -> Result<(), String> {
     // Wall time of the whole call and the counters around it, for the profile's host-time lines.
     let _record = Record { dev, before: dev.stats.graph_snap(), t0: Instant::now() };
-    let mut w = Walk { dev, stream, pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), hold: None };
+    let mut w = Walk { dev, stream, pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), last_act: Default::default(), hold: None };
     w.walk(graph)
 }
 
@@ -338,7 +342,9 @@ impl<'g> Walk<'_, 'g> {
             let gw = store.get_or_upload_gpu(self.dev, w.tensor.addr, &src, s.n, s.k).map_err(|e| e.to_string())?;
             return Ok(Some(GpuJob { w: gw, x, m: s.m, dst }));
         };
-        self.dev.run_mul_mat(pw, &src, x, s.m, dst);
+        let act = (x.as_ptr() as usize, x.len());
+        self.dev.run_mul_mat_after(pw, &src, x, s.m, dst, self.last_act.get() == Some(act));
+        self.last_act.set(Some(act));
         Ok(None)
     }
 
@@ -347,6 +353,7 @@ impl<'g> Walk<'_, 'g> {
         if self.pending.is_empty() {
             return Ok(());
         }
+        self.last_act.set(None);
         let dev = self.dev;
         let t0 = Instant::now();
         let r = gpu::run_batch(dev, &mut self.pending);
@@ -374,6 +381,7 @@ impl<'g> Walk<'_, 'g> {
     /// Runs the nodes waiting for the CPU, up to node `to`, on ggml's CPU backend.
     fn run_cpu(&mut self, graph: &mut dyn Graph<'g>, to: usize) -> Result<(), String> {
         let Some((nodes, ops)) = self.cpu.take(to) else { return Ok(()) };
+        self.last_act.set(None);
         self.release();
         self.flush()?;
         if !self.stream.logged_whole_graph.swap(true, Relaxed) {
@@ -591,6 +599,48 @@ mod tests {
     /// One graph with one NPU MUL_MAT (M = 32) on `dev`: its output.
     fn one_npu_matmul(dev: &Device) -> Vec<f32> {
         walk(dev, &Stream::default(), |npu, _| (vec![npu], 0)).0
+    }
+
+    /// Two NPU MUL_MATs of one call reading the same activation with nothing run between them:
+    /// the second reuses the first's int8 terms on the walk's word, without hashing it; with a CPU
+    /// node between them (it could have written the activation) the hash decides. Either way the
+    /// two outputs are the same bits (the same weight, the same activation).
+    #[test]
+    fn an_activation_read_twice_in_a_row_is_vouched_for_by_the_walk() {
+        for (between, vouched) in [(false, 1), (true, 0)] {
+            let (cfg, bad) = Config::from_lookup(|k| match k {
+                "ORK_NPU" => Some("sim".into()),
+                "ORK_NPU_LOCK" => Some("off".into()),
+                "ORK_CACHE" => Some("0".into()),
+                _ => None,
+            });
+            assert!(bad.is_empty(), "{bad:?}");
+            let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), pin_cpus: vec![], ..NpuConfig::default() }).expect("simulator opens");
+            let dev = Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: None, calib: None };
+            let store = WeightStore::default();
+            let wb: Vec<u8> = weight_f32().iter().flat_map(|v| v.to_le_bytes()).collect();
+            let tensor = Tensor { addr: wb.as_ptr() as usize, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"blk.0.ffn_up.weight") };
+            let weight = Weight { tensor, store: Some(&store), model_weight: false };
+            let x = input(M_NPU);
+            let (mut d1, mut d2) = (vec![0f32; M_NPU * N], vec![0f32; M_NPU * N]);
+            let mut nodes = vec![mul_mat(0x100, M_NPU, Some(weight), &[])];
+            if between {
+                nodes.push(Node::Other);
+            }
+            nodes.push(mul_mat(0x200, M_NPU, Some(weight), &[]));
+            let last = nodes.len() - 1;
+            let mut io: Vec<Option<(&[f32], &mut [f32])>> = (0..nodes.len()).map(|_| None).collect();
+            io[0] = Some((&x, &mut d1));
+            io[last] = Some((&x, &mut d2));
+            let mut g = Fake { nodes, weight: &wb, io, cpu_runs: vec![], cpu_fails: false };
+            compute(&dev, &Stream::default(), &mut g).expect("the walk runs");
+            drop(g);
+            let s = &dev.stats;
+            assert_eq!(s.npu_matmuls.load(Relaxed), 2);
+            assert_eq!(s.act_reused.load(Relaxed), 1, "the second MUL_MAT reuses the int8 terms (between: {between})");
+            assert_eq!(s.act_vouched.load(Relaxed), vouched, "vouched for by the walk only with nothing between (between: {between})");
+            assert!(d1.iter().zip(&d2).all(|(a, b)| a.to_bits() == b.to_bits()), "the same bits");
+        }
     }
 
     #[test]

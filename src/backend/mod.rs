@@ -69,6 +69,9 @@ pub struct Stats {
     /// NPU matmuls whose rotated activation's int8 terms were those of the matmul before (one
     /// activation read by several weights: Q/K/V, gate/up), not rotated and quantized again.
     pub act_reused: AtomicU64,
+    /// Of those, the ones the graph walk vouched for (the same tensor, nothing run in between:
+    /// `Device::run_mul_mat_after`), reused without hashing the activation.
+    pub act_vouched: AtomicU64,
     /// MUL_MATs sent to the CPU because their weight could not be made resident.
     pub not_resident: AtomicU64,
     pub declined_small_m: AtomicU64,
@@ -382,7 +385,7 @@ impl Stats {
              correction {:.1} ms on the host for {} MUL_MAT (each row along its weight's calibrated direction; its dots and adds \
              otherwise inside act-quant and dequant); \
              prefill MUL_MAT: host {:.1} ms on the critical path, NPU device {:.1} ms ({:.1} ms of host work: act-quant, submit, dequant, arbiter; \
-             {} pieces pipelined), {}; decode MUL_MAT: {}; {}",
+             {} MUL_MAT in {} pieces, pipelined where cut), {}; decode MUL_MAT: {}; {}",
             self.npu_matmuls.load(Relaxed),
             self.npu_rows_sent.load(Relaxed),
             self.npu_rows_sent.load(Relaxed) as f64 / self.npu_rows.load(Relaxed).max(1) as f64,
@@ -425,6 +428,7 @@ impl Stats {
                 let p = &self.phase[0];
                 ms(&p.quant_ns) + ms(&p.submit_ns) + ms(&p.dequant_ns) + ms(&p.arb_ns)
             },
+            self.phase[0].runs.load(Relaxed),
             self.phase[0].pieces.load(Relaxed),
             self.phase[0].synced_words(),
             self.phase[1].synced_words(),
@@ -613,9 +617,13 @@ fn act_hash(x: &[f32]) -> u64 {
     twox_hash::XxHash3_64::oneshot(bytemuck::cast_slice(&parts))
 }
 
-/// Buffers above this size are not kept between calls (large prefill batches would otherwise
-/// pin hundreds of MB per thread); decode buffers are far below it.
-const SCRATCH_KEEP_BYTES: usize = 4 << 20;
+/// Buffers above this size are not kept between calls (a ubatch of thousands of rows would
+/// otherwise pin hundreds of MB per thread). A prefill ubatch's buffers stay below it (M = 512:
+/// the int32 results of N = 12288 are 24 MiB) and are reused from one MUL_MAT to the next:
+/// freed and allocated again, every large MUL_MAT faulted in fresh zeroed pages (the kernel's
+/// page clearing was 4 % of the process's CPU time in `llama-bench -p 512` on the Qwen3-1.7B
+/// shape with the timed NPU, `perf record`).
+const SCRATCH_KEEP_BYTES: usize = 32 << 20;
 
 impl Scratch {
     /// The first elements of each buffer, grown to hold them: int8 terms, their scales, dots,
@@ -773,6 +781,14 @@ impl Device {
     /// depend on the other rows of the ubatch; with `ORK_CALIBRATE=1` the rows are recorded into
     /// the calibration file instead.
     pub fn run_mul_mat(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32]) {
+        self.run_mul_mat_after(w, src, x, m, dst, false)
+    }
+
+    /// [`Device::run_mul_mat`] where the caller knows whether `x` is the activation of this
+    /// thread's previous MUL_MAT, unchanged since (`same`: the same tensor, and nothing ran in
+    /// between that could write it — within one graph call, between two of ORK's own MUL_MATs).
+    /// Then the int8 terms that MUL_MAT left are reused without hashing `x` to prove it.
+    pub fn run_mul_mat_after(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32], same: bool) {
         if m == 0 {
             return;
         }
@@ -780,13 +796,13 @@ impl Device {
         // store only with the rotation and ORK_MEAN_CORRECT on (`Store::from_config`).
         let fix = match (&self.calib, w.calib_key) {
             (Some(store), Some(key)) if store.recording() => {
-                self.run_mul_mat_npu(w, src, x, m, dst, None);
+                self.run_mul_mat_npu(w, src, x, m, dst, None, same);
                 return store.record(key, x, m, w.k);
             }
             (Some(store), Some(key)) => w.fix.get_or_init(|| self.fixed_direction(w, src, store, key)).as_ref(),
             _ => None,
         };
-        self.run_mul_mat_npu(w, src, x, m, dst, fix);
+        self.run_mul_mat_npu(w, src, x, m, dst, fix, same);
         if fix.is_some() {
             self.stats.mean_corrected.fetch_add(1, Relaxed);
         }
@@ -822,7 +838,8 @@ impl Device {
     /// piece i + 1 and finishes piece i − 1. Every row goes through the same arithmetic as
     /// uncut (rows are independent, the NPU's int32 results exact), so the bits do not depend on
     /// the cut.
-    fn run_mul_mat_npu(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32], fix: Option<&quant::mean::Direction>) {
+    #[allow(clippy::too_many_arguments)] // the MUL_MAT's operands, its correction, and the reuse hint
+    fn run_mul_mat_npu(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32], fix: Option<&quant::mean::Direction>, same: bool) {
         let (k, n) = (w.k, w.n);
         assert_eq!(x.len(), m * k, "x is not [M, K]");
         assert_eq!(dst.len(), m * n, "dst is not [M, N]");
@@ -838,14 +855,21 @@ impl Device {
         let phase = crate::route::Phase::of(self.cfg, m);
         let ps = &self.stats.phase[(phase == crate::route::Phase::Decode) as usize];
         let want = self.cfg.max_cores.unwrap_or(self.npu.soc().cores);
-        // The activation's identity and whether its int8 terms are still in `sc.a`.
-        let key = w.rot.as_ref().map(|_| pool::on_host(no_aff, m * k, || ActKey { addr: x.as_ptr() as usize, len: x.len(), rows: m, terms, hash: act_hash(x) }));
+        // The activation's identity and whether its int8 terms are still in `sc.a`: the caller
+        // vouches for an unchanged activation (`same`), else its hash says so.
+        let vouched = sc.act.filter(|a| same && (a.addr, a.len, a.rows, a.terms) == (x.as_ptr() as usize, x.len(), m, terms));
+        let key = w.rot.as_ref().map(|_| {
+            vouched.unwrap_or_else(|| pool::on_host(no_aff, m * k, || ActKey { addr: x.as_ptr() as usize, len: x.len(), rows: m, terms, hash: act_hash(x) }))
+        });
         let reused = key.is_some() && key == sc.act;
         // Dots to take again: the int8 terms are reused, the dots only when this weight's
         // direction is the one they were taken with (Q/K/V and gate/up share it).
         let redot = reused && dir.is_some_and(|d| d != sc.dot_dir.as_slice());
         if reused {
             self.stats.act_reused.fetch_add(1, Relaxed);
+            if vouched.is_some() {
+                self.stats.act_vouched.fetch_add(1, Relaxed);
+            }
         }
         let t1 = Instant::now();
         let lease = self.arbiter().acquire(phase, want);
