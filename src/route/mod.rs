@@ -113,80 +113,79 @@ pub struct Availability {
 /// step scales with.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct HostCost {
-    /// Act-quant (reuse key, copy, rotation, int8 terms) per activation row × K of every MUL_MAT
-    /// (the activations Q/K/V and gate/up share are quantized once: that reuse is inside the
-    /// coefficient, as measured).
+    /// The activation pass (reuse key, rotation, int8 terms, the correction's dots) per
+    /// activation row × K of every MUL_MAT (the activations Q/K/V and gate/up share are quantized
+    /// once: that reuse is inside the coefficient, as measured).
     pub act_quant_s: f64,
-    /// The output pass (K-split sums, int32 → f32 with the scales) per output row × N.
+    /// The output pass (int32 → f32 with the scales, second term, correction) per output row × N.
     pub output_s: f64,
-    /// The host part of one submit on the busiest core (activation packing, register commands,
-    /// syncs, copies), per submit of [`CostModel::npu_submits`].
-    pub submit_s: f64,
+    /// The host part of the NPU runs (activation blocks into each core's buffer, register
+    /// commands, syncs, output blocks into the result) per row × (K + N) of the NPU runs. It runs
+    /// between one core's submits, so it never overlaps that core's NPU time.
+    pub npu_io_s: f64,
     /// Per MUL_MAT: the arbiter's lease and its release.
     pub matmul_s: f64,
     /// An A76 core's time for this work over this machine's.
     pub a76: f64,
-    /// Whether the host work overlaps the NPU run (pipelined) instead of adding to it. Today it
-    /// does not: act-quant, every submit's host part and the output pass run one after the other
-    /// with the NPU runs between them.
+    /// Whether the activation and output passes of a MUL_MAT cut into pieces
+    /// (`npu::plan::pipeline_rows`) overlap the NPU's run of the neighbouring pieces, as the
+    /// backend does (`Device::run_mul_mat`): then only the first piece's activation pass and the
+    /// last one's output pass, and whatever of the rest the NPU's time does not cover, add to it.
     pub pipelined: bool,
 }
 
 impl HostCost {
     /// No host work: the NPU-only figure.
-    pub const NONE: HostCost = HostCost { act_quant_s: 0.0, output_s: 0.0, submit_s: 0.0, matmul_s: 0.0, a76: 1.0, pipelined: false };
+    pub const NONE: HostCost = HostCost { act_quant_s: 0.0, output_s: 0.0, npu_io_s: 0.0, matmul_s: 0.0, a76: 1.0, pipelined: false };
 
     /// Measured on this machine (see the type's docs for the command), scaled by `a76`.
     pub const MEASURED: HostCost = HostCost {
         act_quant_s: ACT_QUANT_S,
         output_s: OUTPUT_S,
-        submit_s: SUBMIT_S,
+        npu_io_s: NPU_IO_S,
         matmul_s: MATMUL_S,
         a76: A76_OVER_HERE,
-        pipelined: false,
+        pipelined: true,
     };
 
-    /// Host seconds on the board for one MUL_MAT of `m` rows, `k`, `n`, with `terms` and
-    /// `submits` submits on the busiest core.
-    pub fn host_s(&self, m: usize, k: usize, n: usize, terms: precision::Terms, submits: usize) -> f64 {
-        let here = self.act_quant_s * (terms.act * m * k) as f64
-            + self.output_s * (terms.rows() * m * n) as f64
-            + self.submit_s * submits as f64
-            + self.matmul_s;
-        self.a76 * here
+    /// Host seconds on the board for one MUL_MAT of `m` rows, `k`, `n`, with `terms`: the part
+    /// that always adds to the NPU's time (the NPU runs' host part, the arbiter) and the
+    /// activation and output passes.
+    pub fn host_parts(&self, m: usize, k: usize, n: usize, terms: precision::Terms) -> (f64, f64) {
+        let serial = self.npu_io_s * (terms.rows() * m * (k + n)) as f64 + self.matmul_s;
+        let passes = self.act_quant_s * (terms.act * m * k) as f64 + self.output_s * (terms.rows() * m * n) as f64;
+        (self.a76 * serial, self.a76 * passes)
     }
 
-    /// The MUL_MAT's time from the NPU's and the host's: their sum, or the larger with
-    /// pipelining.
-    pub fn combine(&self, npu_s: f64, host_s: f64) -> f64 {
-        if self.pipelined {
-            npu_s.max(host_s)
+    /// The MUL_MAT's time from the NPU's (`npu_s`), the host's serial part and its passes cut
+    /// into `pieces`: one after the other, or, pipelined, the first and last pieces' passes plus
+    /// whatever of the others' the NPU's time does not cover.
+    pub fn combine(&self, npu_s: f64, serial_s: f64, passes_s: f64, pieces: usize) -> f64 {
+        if self.pipelined && pieces > 1 {
+            let ends = passes_s / pieces as f64;
+            npu_s + serial_s + ends + (passes_s - ends - npu_s).max(0.0)
         } else {
-            npu_s + host_s
+            npu_s + serial_s + passes_s
         }
     }
 }
 
 /// **Assumption**: an RK3588 A76 core (2.3–2.4 GHz, rknpu-facts §8) takes 2.5× this machine's
 /// x86 core time for the host's passes (the "2–3× slower"; neither the shared references
-/// nor the seeds give a measured per-core ratio for this kind of work). The coefficients below
-/// were measured at load average 12–16 on 2 cores, which inflates them; the same runs' ggml-cpu
-/// rate (`ORK_OFF=1`, 6.6–7.2 tok/s pp512 on 2 threads) against seed 001's 35.5 tok/s on 4 A76
-/// cores would put a loaded thread here at 0.4× an A76 core: see docs/benchmarks.md.
+/// nor the seeds give a measured per-core ratio for this kind of work).
 pub const A76_OVER_HERE: f64 = 2.5;
-// Each: `P=512 UB=512 bash bench-scripts/prefill_host_table.sh $ORK_ENV/synth/synth-qwen3-1.7b-Q8_0.gguf`
-// (synthetic Qwen3-1.7B shape, timed NPU, µs per prompt token), the smaller of two runs, divided by
-// the work per token `ork-route` prints (`route::prefill_work`, M = 512).
-/// act-quant 2511 µs per token / 516096 row·K per token (Σ K of a layer's 7 MUL_MATs × 28).
-const ACT_QUANT_S: f64 = 4.87e-9;
-/// dequant 496 µs per token / 573440 row·N per token (Σ N × 28).
-const OUTPUT_S: f64 = 0.865e-9;
-/// submit 5365 µs per token / 0.383 busiest-core submits per token (one per core per MUL_MAT at
-/// M = 512; 196 MUL_MATs per 512 rows). Includes the simulator's decoding of each program and
-/// its zero writes where they outlast the modelled time, and 3 core threads sharing 2 CPUs.
-const SUBMIT_S: f64 = 14.0e-3;
-/// arbiter 2 µs per token × 512 / 196 MUL_MATs (a private lock directory: no other process).
-const MATMUL_S: f64 = 5.2e-6;
+// Each: `P=512 UB=512 R=1 bash bench-scripts/prefill_host_table.sh $ORK_ENV/synth/synth-qwen3-1.7b-Q8_0.gguf`
+// (synthetic Qwen3-1.7B shape, timed NPU, OMP_WAIT_POLICY=passive, µs per prompt token, load
+// average under 1), divided by the work per token `ork-route` prints (`route::prefill_work`, M = 512).
+/// act-quant 426 µs per token / 516096 row·K per token (Σ K of a layer's 7 MUL_MATs × 28).
+const ACT_QUANT_S: f64 = 0.825e-9;
+/// dequant 421 µs per token / 573440 row·N per token (Σ N × 28).
+const OUTPUT_S: f64 = 0.734e-9;
+/// submit 772 µs per token / (516096 + 573440) row·(K + N) per token. Includes 3 core threads
+/// sharing 2 CPUs with the host pool.
+const NPU_IO_S: f64 = 0.709e-9;
+/// arbiter 1 µs per token × 512 / 196 MUL_MATs (a private lock directory: no other process).
+const MATMUL_S: f64 = 2.6e-6;
 
 /// Published-figure cost model for one SoC, with the host's measured work around each NPU run.
 /// Times in seconds.
@@ -245,14 +244,18 @@ impl CostModel {
     }
 
     /// One NPU MUL_MAT with the host's work around it ([`HostCost::combine`] of [`Self::npu_s`]
-    /// and [`HostCost::host_s`]); the calibrated correction is not in it (`mean_correct_s`).
+    /// and [`HostCost::host_parts`], in the pieces the backend cuts it into: one activation term
+    /// and `npu::plan::pipeline_rows`); the calibrated correction is not in it (`mean_correct_s`).
     pub fn npu_host_s(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32) -> f64 {
         let npu = self.npu_s(m, k, n, terms, cores);
         if !npu.is_finite() || self.host == HostCost::NONE {
             return npu;
         }
-        let submits = self.npu_submits_terms(m, k, n, terms, cores);
-        self.host.combine(npu, self.host.host_s(m, k, n, terms, submits))
+        let (serial, passes) = self.host.host_parts(m, k, n, terms);
+        let geom = crate::npu::layout::WeightGeometry::new(&self.soc, n, k);
+        let rows = crate::npu::plan::pipeline_rows(&self.soc, &geom, m, cores).max(1);
+        let pieces = if terms.act == 1 { m.div_ceil(rows) } else { 1 };
+        self.host.combine(npu, serial, passes, pieces)
     }
 
     /// Submits on the busiest core for `[M,K]×[N,K]ᵀ` on `cores` cores (the real planner).
@@ -634,26 +637,34 @@ mod tests {
 
     #[test]
     fn with_host_the_prefill_rate_falls_by_the_host_time() {
-        // Qwen3-1.7B Q8_0 pp512 on RK3588: the with-host prediction's time per token is the
-        // NPU-only one plus the host's coefficients times the work per token (serial today),
+        // Qwen3-1.7B Q8_0 pp512 on RK3588: the with-host prediction's time per token, not
+        // pipelined, is the NPU-only one plus the host's coefficients times the work per token,
         // recomputed here from the coefficients and `prefill_work`'s counts.
         let c = cfg(&[]);
         let q = ModelShape::qwen3_1_7b();
         let (npu, host) = (CostModel::npu_only(SocId::Rk3588), CostModel::for_soc(SocId::Rk3588));
-        let (a, b) = (predict(&c, &npu, &q, 512), predict(&c, &host, &q, 512));
+        assert!(host.host.pipelined, "the backend pipelines");
+        let mut serial = host.clone();
+        serial.host.pipelined = false;
+        let (a, b) = (predict(&c, &npu, &q, 512), predict(&c, &serial, &q, 512));
         let w = prefill_work(&c, &host, &q, 512);
         assert_eq!((w.matmuls, w.row_k_per_token, w.row_n_per_token), (196, 516096.0, 573440.0), "{w:?}");
         let h = host.host;
-        let per_token = h.a76 * (h.act_quant_s * w.row_k_per_token + h.output_s * w.row_n_per_token + h.submit_s * w.submits_per_token + h.matmul_s * w.matmuls as f64 / 512.0);
+        let per_token = h.a76
+            * (h.act_quant_s * w.row_k_per_token + h.output_s * w.row_n_per_token + h.npu_io_s * (w.row_k_per_token + w.row_n_per_token) + h.matmul_s * w.matmuls as f64 / 512.0);
         let correction = q.per_layer.iter().map(|&(k, n, _, _)| host.mean_correct_s(1, k, n)).sum::<f64>() * q.layers as f64;
         let want = 1.0 / a.prefill_tok_s + per_token + correction;
         assert!(((1.0 / b.prefill_tok_s) / want - 1.0).abs() < 1e-9, "with host {:.1} tok/s, expected {:.1}", b.prefill_tok_s, 1.0 / want);
-        assert!(b.prefill_tok_s < a.prefill_tok_s && !h.pipelined);
-        // Pipelined, the host's work hides under the NPU's wherever it is the smaller.
-        let mut piped = host.clone();
-        piped.host.pipelined = true;
-        let p = predict(&c, &piped, &q, 512);
-        assert!(p.prefill_tok_s > b.prefill_tok_s && p.prefill_tok_s <= a.prefill_tok_s, "pipelined {:.0}", p.prefill_tok_s);
+        assert!(b.prefill_tok_s < a.prefill_tok_s);
+        // Pipelined (the default), the passes hide under the NPU's time wherever they are the
+        // smaller; the NPU runs' own host part never does.
+        let p = predict(&c, &host, &q, 512);
+        assert!(p.prefill_tok_s > b.prefill_tok_s && p.prefill_tok_s < a.prefill_tok_s, "pipelined {:.0}", p.prefill_tok_s);
+        // One MUL_MAT, by hand: cut into 4 pieces, passes 4 ms against 10 ms of NPU: the ends.
+        assert!((h.combine(10e-3, 1e-3, 4e-3, 4) - 12e-3).abs() < 1e-12);
+        // Passes longer than the NPU: what it does not cover adds.
+        assert!((h.combine(2e-3, 1e-3, 8e-3, 4) - (2e-3 + 1e-3 + 2e-3 + 4e-3)).abs() < 1e-12);
+        assert!((h.combine(2e-3, 1e-3, 8e-3, 1) - 11e-3).abs() < 1e-12, "uncut: all of it");
     }
 
     #[test]
