@@ -143,9 +143,7 @@ fn faulty_runs(faults: SimFaults, expect: fn(&KifError) -> bool) {
             }
             Err(NpuError::Submit { source, .. }) => {
                 assert!(expect(&source), "unexpected error {source}");
-                // C holds whatever the cores wrote before the failure (`Npu::mm_run`): the
-                // caller discards it. The next successful run overwrites all of it (above).
-                let _ = &sentinel;
+                assert_eq!(c, sentinel, "C must be untouched after a failed run");
                 failed += 1;
             }
             Err(e) => panic!("unexpected error {e}"),
@@ -212,7 +210,7 @@ fn a_short_task_count_is_detected_and_resubmitted() {
 }
 
 #[test]
-fn a_job_that_never_runs_twice_fails_the_run() {
+fn a_job_that_never_runs_twice_fails_the_run_and_leaves_c_untouched() {
     let (sim, npu) = sim_npu(rk3588(), SimFaults { never_run_every: Some(1), ..SimFaults::default() });
     let mut rng = Rng::new(8);
     let (k, n) = (512, 256);
@@ -224,8 +222,7 @@ fn a_job_that_never_runs_twice_fails_the_run() {
     let err = npu.mm_run(&rw, &a, 4, &mut c, Budget { max_cores: 3 }).expect_err("nothing ever runs");
     assert!(matches!(err, NpuError::NeverRan { .. }), "{err}");
     assert!(err.to_string().contains("left their output unwritten"), "{err}");
-    // A full-K share copies a program's block into C only after it landed: nothing landed.
-    assert_eq!(c, sentinel, "no result of a job that never ran reaches C");
+    assert_eq!(c, sentinel, "C must be untouched after a failed run");
     // Each core detected its job twice (first try, resubmit) and gave up.
     let h = npu.health();
     assert_eq!(h.never_ran, sim.injected().never_run);

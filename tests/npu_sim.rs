@@ -302,3 +302,34 @@ fn the_board_timing_completes_each_submit_at_its_modelled_time() {
     npu.mm_run(&rw, &a, 32, &mut c, Budget { max_cores: 3 }).unwrap();
     assert_eq!(c, ggml_ork::npu::reference_mm(&a, &w, 32, 64, 64), "computed again, bit-exact, once it is off");
 }
+
+/// Matmuls computed by the simulator (its kernel runs on rayon) from two caller threads at once,
+/// on every core, with shapes that grow the scratch buffers as they go: every run finishes, exact.
+/// (An NPU worker pool on rayon deadlocked here: a core's thread, waiting inside the simulator's
+/// parallel kernel while it held the simulator's state lock, took another core's share and blocked
+/// on that lock.)
+#[test]
+fn concurrent_callers_on_every_core_finish_and_are_exact() {
+    let (_sim, npu) = sim_npu(rk3588(), SimFaults::default());
+    let npu = std::sync::Arc::new(npu);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    for t in 0..2u64 {
+        let (npu, done_tx) = (npu.clone(), done_tx.clone());
+        std::thread::spawn(move || {
+            let mut rng = Rng::new(70 + t);
+            for (i, (k, n)) in [(1088usize, 256usize), (512, 384), (2080, 192)].into_iter().cycle().take(36).enumerate() {
+                let m = 8 + 24 * (i % 12);
+                let w = rng.i8s(n * k);
+                let rw = npu.upload(&layout::tile_weight(npu.soc(), &w, n, k).unwrap()).unwrap();
+                let a = rng.i8s(m * k);
+                let mut c = vec![0; m * n];
+                npu.mm_run(&rw, &a, m, &mut c, Budget { max_cores: 3 }).unwrap();
+                assert_eq!(c, reference_mm(&a, &w, m, k, n), "thread {t} run {i}");
+            }
+            let _ = done_tx.send(t);
+        });
+    }
+    for _ in 0..2 {
+        done_rx.recv_timeout(std::time::Duration::from_secs(120)).expect("both callers finish (no deadlock)");
+    }
+}

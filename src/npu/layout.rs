@@ -266,30 +266,46 @@ pub fn pack_a_fast(a: &[i8], k: usize, b: &ABlock, out: &mut [u8]) {
     }
 }
 
-/// Adds a program's int32 output block `src: [rows.len()][nc]` (little-endian bytes, dense) into
-/// `rows` (each `nc` wide): a K-slice's partial sums.
-pub fn add_c_rows(src: &[u8], nc: usize, rows: &mut [&mut [i32]]) {
-    c_rows(src, nc, rows, |d, v| *d = d.wrapping_add(v), |d, v| d.iter_mut().zip(v).for_each(|(d, v)| *d = d.wrapping_add(*v)));
+/// Adds an int32 output block `src: [mc][s]` (little-endian bytes, first `nc` of each row valid)
+/// into `dst: [mc][ldd]` i32 at column `col0`.
+#[allow(clippy::too_many_arguments)] // BLAS-style block arguments
+pub fn add_c_block(src: &[u8], mc: usize, nc: usize, s: usize, dst: &mut [i32], ldd: usize, row0: usize, col0: usize) {
+    c_block(src, mc, nc, s, dst, ldd, row0, col0, |d, v| *d = d.wrapping_add(v), |d, v| {
+        d.iter_mut().zip(v).for_each(|(d, v)| *d = d.wrapping_add(*v))
+    });
 }
 
-/// [`add_c_rows`] that overwrites instead of adding (full-K programs): the rows need not be
-/// zeroed first.
-pub fn copy_c_rows(src: &[u8], nc: usize, rows: &mut [&mut [i32]]) {
-    c_rows(src, nc, rows, |d, v| *d = v, |d, v| d.copy_from_slice(v));
+/// [`add_c_block`] that overwrites instead of adding (the first K-slice of a block, or full-K):
+/// `dst` need not be zeroed first.
+#[allow(clippy::too_many_arguments)] // BLAS-style block arguments
+pub fn copy_c_block(src: &[u8], mc: usize, nc: usize, s: usize, dst: &mut [i32], ldd: usize, row0: usize, col0: usize) {
+    c_block(src, mc, nc, s, dst, ldd, row0, col0, |d, v| *d = v, |d, v| d.copy_from_slice(v));
 }
 
-/// The walk of [`add_c_rows`] / [`copy_c_rows`]: the block read as `&[i32]` where its bytes are
+/// The walk of [`add_c_block`] / [`copy_c_block`]: rows read as `&[i32]` where the bytes are
 /// 4-aligned on a little-endian host (the scratch buffers are page-aligned and the programs'
-/// offsets multiples of 64), else word by word from its little-endian bytes.
-fn c_rows(src: &[u8], nc: usize, rows: &mut [&mut [i32]], word: impl Fn(&mut i32, i32), row: impl Fn(&mut [i32], &[i32])) {
-    let src = &src[..rows.len() * nc * 4];
-    let words: Option<&[i32]> = if cfg!(target_endian = "little") { bytemuck::try_cast_slice(src).ok() } else { None };
-    for (r, d) in rows.iter_mut().enumerate() {
-        let d = &mut d[..nc];
+/// offsets multiples of 4), else word by word from their little-endian bytes.
+#[allow(clippy::too_many_arguments)] // BLAS-style block arguments
+fn c_block(
+    src: &[u8],
+    mc: usize,
+    nc: usize,
+    s: usize,
+    dst: &mut [i32],
+    ldd: usize,
+    row0: usize,
+    col0: usize,
+    word: impl Fn(&mut i32, i32),
+    row: impl Fn(&mut [i32], &[i32]),
+) {
+    let words: Option<&[i32]> = if cfg!(target_endian = "little") { bytemuck::try_cast_slice(&src[..(mc.max(1) - 1) * s * 4 + nc * 4]).ok() } else { None };
+    for r in 0..mc {
+        let drow = &mut dst[(row0 + r) * ldd + col0..(row0 + r) * ldd + col0 + nc];
         match words {
-            Some(w) => row(d, &w[r * nc..(r + 1) * nc]),
+            Some(w) => row(drow, &w[r * s..r * s + nc]),
             None => {
-                for (d, b) in d.iter_mut().zip(src[r * nc * 4..(r + 1) * nc * 4].chunks_exact(4)) {
+                let srow = &src[r * s * 4..r * s * 4 + nc * 4];
+                for (d, b) in drow.iter_mut().zip(srow.chunks_exact(4)) {
                     word(d, i32::from_le_bytes(b.try_into().unwrap()));
                 }
             }

@@ -21,10 +21,8 @@
 //!   ([`CoreResult::synced_bytes`], [`CoreResult::io_bytes`]).
 //! * The core's mutex is held for the whole run of its share, so concurrent `mm_run`s from
 //!   several threads serialise per core and never share scratch.
-//! * A failed submit (timeout, reset, refusal) fails the run. The share writes the caller's C
-//!   rows directly (no copy of its own to merge later), so after a failure C holds what landed
-//!   before it, and a K-split share's zeros; the caller discards C then (`Npu::mm_run`). A
-//!   program's block is copied only after its submit passed the never-ran check.
+//! * A failed submit (timeout, reset, refusal) fails the run: no partial result is ever
+//!   accumulated into the caller's C (the caller merges only after every core succeeded).
 //! * A job that reports done is not trusted (peer-facts §4: a submit can return success while
 //!   the hardware never starts; completion bookkeeping once read a hole as success). Before
 //!   each submit the last output word of every program ([`PlannedProgram::last_out_word`],
@@ -106,12 +104,25 @@ pub(crate) struct ScratchSet {
 #[derive(Default)]
 pub(crate) struct CoreScratch {
     sets: HashMap<u32, ScratchSet>,
+    /// The host-side int32 result of the core's last share ([`CoreResult::local`]), handed back
+    /// after the caller copied it out ([`CoreScratch::give_back`]) so the next run writes into
+    /// memory that is already mapped instead of faulting in a fresh buffer.
+    local: Vec<i32>,
 }
 
 impl CoreScratch {
-    /// Bytes of this core's scratch buffers in every domain (regcmd, task, activation, output).
+    /// Bytes of this core's scratch in every domain (regcmd, task, activation, output buffers)
+    /// and its host-side result buffer.
     pub(crate) fn bytes(&self) -> u64 {
-        self.sets.values().flat_map(|s| [&s.regcmd, &s.task, &s.act, &s.out]).map(|b| b.size_bytes as u64).sum()
+        self.sets.values().flat_map(|s| [&s.regcmd, &s.task, &s.act, &s.out]).map(|b| b.size_bytes as u64).sum::<u64>()
+            + (self.local.capacity() * 4) as u64
+    }
+
+    /// Keeps `local` (a share's result, copied out) for the next run of this core.
+    pub(crate) fn give_back(&mut self, local: Vec<i32>) {
+        if local.capacity() > self.local.capacity() {
+            self.local = local;
+        }
     }
 }
 
@@ -178,9 +189,10 @@ impl Drop for WeightInner {
     }
 }
 
-/// What one core's share did (its int32 results are in the caller's rows).
-#[derive(Default)]
+/// What one core's share produced.
 pub(crate) struct CoreResult {
+    /// `[M][ncols]` row-major i32 over the core's column segments.
+    pub local: Vec<i32>,
     pub submits: u32,
     pub programs: u32,
     pub device_ns: u64,
@@ -227,11 +239,9 @@ pub(crate) fn ensure_scratch(shared: &Shared, domain: DomainId, cores: u32) -> R
 
 /// Runs one core's share of a plan.
 ///
-/// `a`: `[M, K]` row-major i8 (the caller's whole activation matrix). `out[s][row]`: the
-/// caller's result row `row` over the core's column segment `plan.segs[s]`, overwritten with
-/// the share's int32 results (the caller's `C` itself: nothing is copied twice). On an error the
-/// rows hold partial results; the caller discards them.
-pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, plan: &CorePlan, out: &mut [Vec<&mut [i32]>]) -> Result<CoreResult, NpuError> {
+/// `a`: `[M, K]` row-major i8 (the caller's whole activation matrix). Returns the core's
+/// `[M][plan.ncols]` int32 result over its column segments.
+pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, plan: &CorePlan) -> Result<CoreResult, NpuError> {
     let kif = &*shared.kif;
     let (k, n) = (w.k, w.n);
     let core = plan.core;
@@ -241,16 +251,26 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
     if let std::collections::hash_map::Entry::Vacant(e) = guard.sets.entry(domain.0) {
         e.insert(new_set(kif, domain).map_err(sub_err)?);
     }
-    assert_eq!(out.len(), plan.segs.len(), "one set of rows per column segment");
-    assert!(out.iter().zip(&plan.segs).all(|(rows, seg)| rows.len() == m && rows.iter().all(|r| r.len() == seg.nc)), "rows of M × segment width");
     // Every output word of the share is written by a program; a K-split share adds its K-slices'
     // partials, so it starts from zeros, and every other share copies each block in.
     let ksplit = plan.submits.iter().flat_map(|s| &s.programs).any(|p| p.k0 != 0);
+    let mut local = std::mem::take(&mut guard.local);
+    local.resize(m * plan.ncols, 0);
+    local.truncate(m * plan.ncols);
     if ksplit {
-        out.iter_mut().flatten().for_each(|r| r.fill(0));
+        local.fill(0);
     }
     let set = guard.sets.get_mut(&domain.0).expect("scratch set");
-    let mut res = CoreResult::default();
+    let mut res = CoreResult {
+        local,
+        submits: 0,
+        programs: 0,
+        device_ns: 0,
+        never_ran: 0,
+        retries: 0,
+        synced_bytes: 0,
+        io_bytes: 0,
+    };
     let w_iova = w.iova();
     for sub in &plan.submits {
         grow(kif, &mut set.act, sub.act_bytes, domain).map_err(sub_err)?;
@@ -329,15 +349,10 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
             res.retries += 1;
             attempt += 1;
         }
-        let ob = set.out.bytes();
+        let out = set.out.bytes();
         for p in &sub.programs {
-            let seg = plan.segs.iter().position(|s| s.col0 == p.col0 && s.nc == p.nc).expect("a program covers one column segment");
-            let rows = &mut out[seg][p.m0..p.m0 + p.mc];
-            if ksplit {
-                layout::add_c_rows(&ob[p.out_offset..], p.nc, rows);
-            } else {
-                layout::copy_c_rows(&ob[p.out_offset..], p.nc, rows);
-            }
+            let block = if ksplit { layout::add_c_block } else { layout::copy_c_block };
+            block(&out[p.out_offset..], p.mc, p.nc, p.nc, &mut res.local, plan.ncols, p.m0, p.col0);
         }
         res.submits += 1;
         res.programs += nprogs as u32;

@@ -400,11 +400,8 @@ impl Npu {
         }
     }
 
-    /// `C = A · Wᵀ`, exact int32. `a`: `[M, K]` row-major i8; `c`: `[M, N]` row-major i32, fully
-    /// overwritten on success. The cores write their results into `c` directly; after an error
-    /// `c` holds whatever the cores wrote before it (the caller discards it: the backend
-    /// computes that MUL_MAT on the CPU), which saves keeping each core's result apart and
-    /// copying it over on every run. Uses at most `budget.max_cores` cores.
+    /// `C = A · Wᵀ`, exact int32. `a`: `[M, K]` row-major i8; `c`: `[M, N]` row-major i32
+    /// (fully overwritten on success, untouched on error). Uses at most `budget.max_cores` cores.
     pub fn mm_run(&self, w: &ResidentWeight, a: &[i8], m: usize, c: &mut [i32], budget: Budget) -> Result<RunStats, NpuError> {
         self.mm_run_at(w, a, m, c, budget, 0)
     }
@@ -438,38 +435,39 @@ impl Npu {
             plan.submits(),
             plan.programs()
         );
-        // Each core's rows of C: row r's columns of its segment s at out[core][s][r], cut from C
-        // in the order of the segments' columns.
-        let mut out: Vec<Vec<Vec<&mut [i32]>>> = plan.cores.iter().map(|cp| cp.segs.iter().map(|_| Vec::with_capacity(m)).collect()).collect();
-        let mut order: Vec<(usize, usize, usize, usize)> =
-            plan.cores.iter().enumerate().flat_map(|(ci, cp)| cp.segs.iter().enumerate().map(move |(si, sg)| (sg.n0, sg.nc, ci, si))).collect();
-        order.sort_unstable();
-        for row in c.chunks_exact_mut(n) {
-            let (mut rest, mut at) = (row, 0);
-            for &(n0, nc, ci, si) in &order {
-                let (_, r) = std::mem::take(&mut rest).split_at_mut(n0 - at);
-                let (piece, r) = r.split_at_mut(nc);
-                out[ci][si].push(piece);
-                rest = r;
-                at = n0 + nc;
-            }
+        let a_shared: Option<Arc<Vec<i8>>> = (plan.cores.len() > 1).then(|| Arc::new(a.to_vec()));
+        let mut receivers = Vec::new();
+        for cp in plan.cores.iter().skip(1) {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (shared, weight, a_arc, cp) = (self.shared.clone(), w.inner.clone(), a_shared.clone().unwrap(), cp.clone());
+            self.pool.run_on(
+                cp.core,
+                Box::new(move || {
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mm::run_core(&shared, &weight, &a_arc, m, &cp)));
+                    let _ = tx.send(r.unwrap_or_else(|_| {
+                        Err(NpuError::Kif(KifError::Invalid(format!("NPU worker {} panicked", cp.core))))
+                    }));
+                }),
+            );
+            receivers.push(rx);
         }
-        let mut results: Vec<Result<mm::CoreResult, NpuError>> = plan.cores.iter().map(|_| Ok(mm::CoreResult::default())).collect();
-        {
-            let (shared, inner) = (&*self.shared, &*w.inner);
-            let mut jobs = plan.cores.iter().zip(out.iter_mut()).zip(results.iter_mut()).map(|((cp, rows), slot)| {
-                move || {
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mm::run_core(shared, inner, a, m, cp, rows)));
-                    *slot = r.unwrap_or_else(|_| Err(NpuError::Kif(KifError::Invalid(format!("NPU worker {} panicked", cp.core)))));
-                }
-            });
-            let first = jobs.next().expect("a plan has a core");
-            let rest: Vec<Box<dyn FnOnce() + Send + '_>> = jobs.map(|j| Box::new(j) as Box<dyn FnOnce() + Send + '_>).collect();
-            self.pool.run_cores(first, rest);
+        let first = mm::run_core(&self.shared, &w.inner, a, m, &plan.cores[0]);
+        let mut results = vec![first];
+        for rx in receivers {
+            results.push(rx.recv().unwrap_or_else(|_| Err(NpuError::Kif(KifError::Invalid("NPU worker vanished".into())))));
         }
         let mut stats = RunStats { cores: plan.cores.len() as u32, ..RunStats::default() };
+        let mut done = Vec::with_capacity(results.len());
         for r in results {
-            let r = r?;
+            done.push(r?);
+        }
+        for (cp, r) in plan.cores.iter().zip(done) {
+            for seg in &cp.segs {
+                for row in 0..m {
+                    let src = &r.local[row * cp.ncols + seg.col0..row * cp.ncols + seg.col0 + seg.nc];
+                    c[row * n + seg.n0..row * n + seg.n0 + seg.nc].copy_from_slice(src);
+                }
+            }
             stats.submits += r.submits;
             stats.programs += r.programs;
             stats.device_ns += r.device_ns;
@@ -477,6 +475,7 @@ impl Npu {
             stats.retries += r.retries;
             stats.synced_bytes += r.synced_bytes;
             stats.io_bytes += r.io_bytes;
+            self.shared.cores[cp.core as usize].lock().unwrap_or_else(|p| p.into_inner()).give_back(r.local);
         }
         stats.host_ns = t0.elapsed().as_nanos() as u64;
         Ok(stats)

@@ -1,62 +1,73 @@
 //! The worker pool: one host thread per NPU core beyond core 0.
 //!
 //! ork runs one host thread per NPU core, each submitting single-core jobs concurrently; core 0's
-//! share runs on the calling thread (rknpu-facts §5). The workers are a rayon pool of their own,
-//! spawned once, and a run hands them its other cores' shares in a scope
-//! ([`Pool::run_cores`]), so the shares borrow the caller's activation and write the caller's
-//! result rows directly (no copy of either crosses a thread). The workers are pinned to the CPUs
-//! of the list the pool is built with (big cores: seed 001 measured 2× slower workers on little
-//! cores); the big-core detection itself lives elsewhere (`hostcpu`), so the list is a plain
-//! parameter (empty = no pinning; `ORK_NO_AFFINITY=1` leaves it empty).
+//! share runs on the calling thread (rknpu-facts §5). Workers are spawned once and fed boxed
+//! jobs over a channel. Each worker is pinned to a CPU from the list the pool is built with
+//! (big cores: seed 001 measured 2× slower workers on little cores); the big-core detection
+//! itself lives elsewhere (`hostcpu`), so the list is a plain parameter (empty = no pinning;
+//! `ORK_NO_AFFINITY=1` leaves it empty).
+
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+type Job = Box<dyn FnOnce() + Send + 'static>;
+
+struct Worker {
+    tx: Option<mpsc::Sender<Job>>,
+    handle: Option<JoinHandle<()>>,
+}
 
 /// Persistent workers for NPU cores 1..n.
 pub struct Pool {
-    workers: Option<rayon::ThreadPool>,
-    count: usize,
+    workers: Vec<Worker>,
 }
 
 impl Pool {
-    /// Spawns workers for NPU cores `1..cores`; worker i (0-based) is pinned to
-    /// `pin_cpus[i % len]` unless the list is empty.
+    /// Spawns workers for NPU cores `1..cores`; worker for core i is pinned to
+    /// `pin_cpus[(i - 1) % len]` unless the list is empty.
     pub fn new(cores: u32, pin_cpus: &[usize]) -> Pool {
-        let count = cores.saturating_sub(1) as usize;
-        if count == 0 {
-            return Pool { workers: None, count };
-        }
-        let pin = pin_cpus.to_vec();
-        let workers = rayon::ThreadPoolBuilder::new()
-            .num_threads(count)
-            .thread_name(|i| format!("ork-npu{}", i + 1))
-            .start_handler(move |i| {
-                if let Some(&cpu) = (!pin.is_empty()).then(|| &pin[i % pin.len()]) {
-                    if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
-                        log::warn!("ork-npu{}: could not pin to CPU {cpu}", i + 1);
+        let mut workers = Vec::new();
+        for core in 1..cores as usize {
+            let (tx, rx) = mpsc::channel::<Job>();
+            let cpu = (!pin_cpus.is_empty()).then(|| pin_cpus[(core - 1) % pin_cpus.len()]);
+            let handle = std::thread::Builder::new()
+                .name(format!("ork-npu{core}"))
+                .spawn(move || {
+                    if let Some(cpu) = cpu {
+                        if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
+                            log::warn!("ork-npu{core}: could not pin to CPU {cpu}");
+                        }
                     }
-                }
-            })
-            .build()
-            .expect("spawn NPU worker threads");
-        Pool { workers: Some(workers), count }
+                    while let Ok(job) = rx.recv() {
+                        job();
+                    }
+                })
+                .expect("spawn NPU worker thread");
+            workers.push(Worker { tx: Some(tx), handle: Some(handle) });
+        }
+        Pool { workers }
     }
 
-    /// Runs `first` on the calling thread and every job of `rest` on the workers, all at once;
-    /// returns when all are done. The jobs may borrow from the caller.
-    pub fn run_cores<'a>(&self, first: impl FnOnce() + Send + 'a, rest: Vec<Box<dyn FnOnce() + Send + 'a>>) {
-        match &self.workers {
-            Some(p) if !rest.is_empty() => p.in_place_scope(|s| {
-                for job in rest {
-                    s.spawn(move |_| job());
-                }
-                first();
-            }),
-            _ => {
-                first();
-                rest.into_iter().for_each(|job| job());
-            }
-        }
+    /// Runs `job` on the worker of NPU core `core` (≥ 1).
+    pub fn run_on(&self, core: u32, job: Job) {
+        let w = &self.workers[core as usize - 1];
+        w.tx.as_ref().expect("pool alive").send(job).expect("NPU worker alive");
     }
 
     pub fn workers(&self) -> usize {
-        self.count
+        self.workers.len()
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        for w in &mut self.workers {
+            w.tx.take();
+        }
+        for w in &mut self.workers {
+            if let Some(h) = w.handle.take() {
+                let _ = h.join();
+            }
+        }
     }
 }
