@@ -324,6 +324,8 @@ fn a_mapped_weight_buffer_is_file_backed_not_a_copy() {
     let line = dev.stats.summary();
     assert!(line.contains("(GGUF copy 0.0, compute buffers 0.0,"), "{line}");
     assert!(line.contains("; GGUF file-backed 47.7 MiB (read in place from llama.cpp's mapping of the model file, not in the total)"), "{line}");
+    mapped.mark_weights();
+    assert_eq!(dev.stats.memory().gguf, 0, "marking a mapped buffer's weights makes no copy");
     // A copy beside it (--no-mmap, ORK_MAP_WEIGHTS=0) is ORK's memory.
     let copy = Buffer::new(Some(dev), 1_000_000);
     copy.mark_weights();

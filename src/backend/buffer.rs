@@ -164,9 +164,14 @@ impl Buffer {
         self.mapped
     }
 
-    /// ggml wrote model weights into this buffer: its bytes are (part of) the GGUF copy in the
-    /// memory report, not a compute buffer. Idempotent.
+    /// ggml wrote model weights into this buffer (`set_tensor`, or its own read of the file into
+    /// it, seen when a MUL_MAT first names one of them): its bytes are (part of) the GGUF copy in
+    /// the memory report, not a compute buffer. Idempotent; nothing for a [`Buffer::mapped`]
+    /// one, whose bytes are file-backed.
     pub fn mark_weights(&self) {
+        if self.mapped || self.holds_weights.load(Relaxed) {
+            return;
+        }
         if let Some(dev) = self.dev {
             if !self.holds_weights.swap(true, Relaxed) {
                 dev.stats.weight_buffer_bytes.fetch_add(self.host_bytes as u64, Relaxed);
