@@ -290,7 +290,9 @@ impl<'g> Walk<'_, 'g> {
 
     /// The resident weight of an accepted MUL_MAT, made resident first if it is not yet; None
     /// when it cannot be (one warning per weight; the weight is remembered as not resident).
-    fn npu_weight(&self, graph: &dyn Graph<'g>, i: usize, mm: &MulMatNode<'_>) -> Option<Arc<PackedWeight>> {
+    /// The NPU arbiter is let go before a weight is packed (a model's weights over the file's
+    /// mapping are packed at their first MUL_MAT): no other process waits on the packing.
+    fn npu_weight(&mut self, graph: &dyn Graph<'g>, i: usize, mm: &MulMatNode<'_>) -> Option<Arc<PackedWeight>> {
         let dev = self.dev;
         let w = mm.weight.as_ref()?;
         let store = w.store?;
@@ -301,6 +303,7 @@ impl<'g> Walk<'_, 'g> {
         if store.is_failed(t.addr) {
             return None;
         }
+        self.release();
         let packed = match graph.weight_data(i) {
             Some(data) => packed_weight(dev, store, t, &data, w.model_weight),
             None => Err(crate::npu::NpuError::NoDevice("no weight data".into())),
@@ -693,6 +696,27 @@ mod tests {
         }
         assert_eq!(dev.stats.not_resident.load(Relaxed), 2);
         assert!(dev.stats.summary().contains("; 0 weights kept one int8 term for want of resident budget and 1 were not made resident"), "{}", dev.stats.summary());
+    }
+
+    /// Packing a weight at its first MUL_MAT lets the NPU arbiter's hold go first (no other
+    /// process waits on the packing); a weight already resident keeps the hold.
+    #[test]
+    fn a_first_use_pack_lets_the_npu_hold_go() {
+        let dev = sim_device();
+        let stream = Stream::default();
+        let store = WeightStore::default();
+        let wb: Vec<u8> = weight_f32().iter().flat_map(|v| v.to_le_bytes()).collect();
+        let tensor = Tensor { addr: wb.as_ptr() as usize, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"blk.0.ffn_up.weight") };
+        let w = Weight { tensor, store: Some(&store), model_weight: true };
+        let g = Fake { nodes: vec![mul_mat(0x100, M_NPU, Some(w), &[])], weight: &wb, io: vec![None], cpu_runs: vec![], cpu_fails: false };
+        let Node::MulMat(mm) = g.nodes[0] else { unreachable!() };
+        let mut walk = Walk { dev: &dev, stream: &stream, pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), hold: Some(dev.arbiter().hold()) };
+        assert!(walk.npu_weight(&g, 0, &mm).is_some(), "packed");
+        assert!(walk.hold.is_none(), "let go before packing");
+        walk.hold = Some(dev.arbiter().hold());
+        assert!(walk.npu_weight(&g, 0, &mm).is_some(), "resident");
+        assert!(walk.hold.is_some(), "kept for a resident weight");
+        walk.release();
     }
 
     #[test]
