@@ -98,6 +98,7 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_NO_AFFINITY", default: "0", meaning: "1 (or true, yes, on) = do not pin NPU worker threads and the host pool (the passes around an NPU matmul, one thread per big core) to the big CPU cores" },
     VarDoc { name: "ORK_DOMAIN_CAP_MB", default: "3072", meaning: "weight bytes placed in one IOMMU domain before the next is opened (MiB); lower it below the kernel's per-domain window (the fake kernel's ORK_FK_DOMAIN_MB) so weights span several domains" },
     VarDoc { name: "ORK_WCACHE_BUDGET_MB", default: "RAM - 1024 - ORK buffers", meaning: "resident weight budget (MiB); weights past it keep one int8 term, then stay on the CPU" },
+    VarDoc { name: "ORK_MAP_WEIGHTS", default: "1", meaning: "1 = ORK's weight buffers are llama.cpp's own read-only mapping of the model file (ggml's buffer_from_host_ptr, used when llama.cpp maps the file: its default, not -lm none / --no-mmap): ggml-cpu and ORK read the GGUF bytes in place, with no second copy of them in ORK's memory, and weights are packed at their first NPU MUL_MAT; 0 = ggml copies the GGUF bytes into ORK's own buffers and they are packed as they are written (docs/cache.md \"The GGUF bytes\")" },
     VarDoc { name: "ORK_CACHE", default: "1", meaning: "0 = do not read or write .orkpack files" },
     VarDoc { name: "ORK_CACHE_MAX_MB", default: "8192", meaning: "size limit of the .orkpack cache directory; least-recently-used entries not in use are removed past it, and when that is not enough the new entry is not written (one warning)" },
     VarDoc { name: "ORK_CACHE_DIR", default: "$XDG_CACHE_HOME/ggml-ork or ~/.cache/ggml-ork", meaning: "where .orkpack files live" },
@@ -146,6 +147,9 @@ pub struct Config {
     /// `ORK_DOMAIN_CAP_MB`: weight bytes per IOMMU domain in MiB (None = the SoC's default).
     pub domain_cap_mb: Option<u64>,
     pub cache_enabled: bool,
+    /// `ORK_MAP_WEIGHTS`: offer ggml `buffer_from_host_ptr` (weights read in place from the
+    /// model file's mapping) instead of a copy in ORK's buffers.
+    pub map_weights: bool,
     pub cache_dir: Option<String>,
     /// `ORK_ROTATE`: Hadamard rotation of K on both operands, with the budget of extra terms.
     pub rotate: bool,
@@ -264,9 +268,9 @@ impl Config {
             },
         };
         let is_flag = |v: &str| matches!(v.trim().to_ascii_lowercase().as_str(), "" | "0" | "1" | "true" | "false" | "yes" | "no" | "on" | "off");
-        for name in ["ORK_OFF", "ORK_NO_AFFINITY", "ORK_PROFILE", "ORK_ROTATE", "ORK_MEAN_CORRECT", "ORK_CALIBRATE"] {
+        for name in ["ORK_OFF", "ORK_NO_AFFINITY", "ORK_PROFILE", "ORK_ROTATE", "ORK_MEAN_CORRECT", "ORK_CALIBRATE", "ORK_MAP_WEIGHTS"] {
             if let Some(v) = get(name).filter(|v| !is_flag(v)) {
-                let taken = if name == "ORK_ROTATE" || name == "ORK_MEAN_CORRECT" { 1 } else { 0 };
+                let taken = if matches!(name, "ORK_ROTATE" | "ORK_MEAN_CORRECT" | "ORK_MAP_WEIGHTS") { 1 } else { 0 };
                 bad.push(format!("{name}={v:?} is not 0 or 1; taken as {taken}"));
             }
         }
@@ -300,6 +304,7 @@ impl Config {
             no_affinity: flag(get("ORK_NO_AFFINITY").as_deref()),
             wcache_budget_mb,
             domain_cap_mb,
+            map_weights: on_unless_off("ORK_MAP_WEIGHTS"),
             cache_enabled: get("ORK_CACHE").map(|v| v.trim() != "0").unwrap_or(true),
             cache_dir: text("ORK_CACHE_DIR"),
             cache_max_mb,
@@ -363,6 +368,11 @@ mod tests {
         assert_eq!(c.cache_max_mb, 8192);
         assert_eq!(c.route, RoutePolicy::Threshold);
         assert_eq!(c.npu_lock, LockMode::Wait);
+        assert!(c.map_weights, "weights are read in place from llama.cpp's mapping by default");
+        let (c, bad) = parse(&[("ORK_MAP_WEIGHTS", "0")]);
+        assert!(!c.map_weights && bad.is_empty());
+        let (c, bad) = parse(&[("ORK_MAP_WEIGHTS", "maybe")]);
+        assert!(c.map_weights && bad.len() == 1, "{bad:?}");
     }
 
     #[test]

@@ -2,7 +2,8 @@
 """End-to-end checks of libggml-ork.so inside the pinned, unmodified llama.cpp tools.
 
 Each check asserts a real value against the CPU backend (same binaries, ORK_OFF=1):
-device listing, greedy-text parity, NPU faults (every submit failing, jobs that never ran, holes:
+device listing, greedy-text parity, the weight buffers over the model file's mapping (no GGUF copy
+on the exit line; the copy with ORK_MAP_WEIGHTS=0 and -lm none), NPU faults (every submit failing, jobs that never ran, holes:
 counted on the exit line, text still the CPU's), perplexity parity, test-backend-ops MUL_MAT, and the KL
 divergence of the Q8_0 / Q4_K_M logits from the CPU's F16 logits on two model families
 (SmolLM2-135M and Gemma-3-270M; ORK_E2E_ONLY=kld runs only those).
@@ -64,9 +65,9 @@ if want("devices"):
     check("devices/no-plugin", p.returncode == 0 and "ORK" not in p.stdout + p.stderr, "no ORK without the plugin")
 
 
-def generate(m, n, env):
+def generate(m, n, env, extra=()):
     p, dt = run([f"{BIN}/llama-completion", "-m", m, "-p", PROMPT, "-n", str(n), "--temp", "0",
-                 "-no-cnv", "-t", "2", "--no-warmup", "--seed", "1"], env)
+                 "-no-cnv", "-t", "2", "--no-warmup", "--seed", "1", *extra], env)
     if p.returncode != 0:
         return None, p.stderr[-800:], dt
     text = p.stdout
@@ -104,6 +105,26 @@ if want(name):
     n = p.stderr.count("ork: ORK ran ")
     check(name, p.returncode == 0 and n == 1, f"llama-completion -dev ORK: {n} exit line(s), rc {p.returncode}"
                                               + ("" if n == 1 else f"; stderr ends {p.stderr[-1500:]!r}"))
+
+# 2a''. ORK's weight buffers over llama.cpp's mapping of the model file (buffer_from_host_ptr, the
+# default): the exit line's memory report has no GGUF copy and the file-backed GGUF bytes; with
+# ORK_MAP_WEIGHTS=0, or `-lm none` (no mapping: ggml reads the file into ORK's buffer), the copy
+# and nothing file-backed. The text is the CPU's in all three, with a live NPU.
+name = "memory/mapped-weights"
+if want(name):
+    ref, _, _ = generate(model("Q8_0"), 16, cpu())
+    seen = []
+    for arm, env, extra in (("mapped", ork(), ()), ("ORK_MAP_WEIGHTS=0", ork(ORK_MAP_WEIGHTS=0), ()), ("-lm none", ork(), ("-lm", "none"))):
+        a, ea, _ = generate(model("Q8_0"), 16, env, extra)
+        m = re.findall(r"resident [0-9.]+ MiB \(GGUF copy ([0-9.]+),.*?GGUF file-backed ([0-9.]+) MiB", ea or "")
+        copy, mapped = (float(m[-1][0]), float(m[-1][1])) if m else (None, None)
+        want_copy = arm != "mapped"
+        ok = (a is not None and a == ref and npu_live(exit_counters(ea)) and copy is not None
+              and (copy > 100) == want_copy and (mapped > 100) != want_copy and min(copy, mapped) == 0.0)
+        seen.append((arm, ok, copy, mapped))
+    check(name, all(ok for _, ok, _, _ in seen) and len(seen) == 3,
+          "; ".join(f"{arm}: GGUF copy {c} MiB, file-backed {f} MiB{'' if ok else ' (WRONG)'}" for arm, ok, c, f in seen)
+          + f"; text {'= CPU in all' if all(ok for _, ok, _, _ in seen) else 'or NPU check failed somewhere'}")
 
 # 2a. NPU faults (the simulator's ORK_SIM_FAULT). Every submit failing: the text is still the CPU's
 # (each matmul is recomputed on the CPU), the exit line says 0 MUL_MAT ran on the NPU and all fell
@@ -166,7 +187,9 @@ if want(name):
     ok = p.returncode == 0 and mt is not None and mt.group(1) == mt.group(2) and "FAIL" not in p.stdout
     check(name, ok, f"{mt.group(0) if mt else 'no summary'} with nothing resident (ggml-cpu runs them inside ORK's graph), rc {p.returncode}")
 
-# 2d. a cache limit smaller than the packed model (311 MB here): the first start caches what fits
+# 2d. a cache limit smaller than the packed model (the 207 weights this prompt's prefill runs on the
+# NPU, packed at their first use: 100 MB of entries; 311 MB when the GGUF copy path also packs the
+# output head at load, ORK_MAP_WEIGHTS=0 or --no-mmap): the first start caches what fits
 # and warns once; later starts hit exactly those entries and neither write nor evict (before,
 # every start evicted the model's own first entries to write its last ones: zero hits, a full
 # repack and rewrite each time). The text is the same in every start.
@@ -176,14 +199,14 @@ if want(name):
     with tempfile.TemporaryDirectory() as d:
         starts = []
         for _ in range(3):
-            a, ea, _ = generate(model("Q8_0"), 8, ork(ORK_CACHE_DIR=d, ORK_CACHE_MAX_MB=150))
+            a, ea, _ = generate(model("Q8_0"), 8, ork(ORK_CACHE_DIR=d, ORK_CACHE_MAX_MB=60))
             m = re.search(r"weights: (\d+) cache hits, (\d+) packs \((\d+) cache writes\)", ea or "")
             starts.append((a, tuple(int(g) for g in m.groups()) if m else None, len(re.findall(r"orkpack cache full", ea or ""))))
         (a1, s1, w1), (a2, s2, w2), (a3, s3, w3) = starts
         ok = (None not in (s1, s2, s3) and a1 is not None and a1 == a2 == a3
               and s1[0] == 0 and 0 < s1[2] < s1[1] and w1 == 1
               and s2 == s3 and s2[0] == s1[2] and s2[2] == 0 and s2[0] + s2[1] == s1[1])
-        check(name, ok, f"ORK_CACHE_MAX_MB=150: hits/packs/writes {s1}, {s2}, {s3}; 'cache full' warnings {w1}, {w2}, {w3}; "
+        check(name, ok, f"ORK_CACHE_MAX_MB=60: hits/packs/writes {s1}, {s2}, {s3}; 'cache full' warnings {w1}, {w2}, {w3}; "
                         f"text {'identical' if a1 == a2 == a3 else 'DIFFERS'}")
 
 # 3. perplexity parity

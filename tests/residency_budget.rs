@@ -180,6 +180,7 @@ fn memory_is_counted_by_kind() {
         scales,
         scratch,
         copies: 0,
+        gguf_mapped: 0,
         total,
         peak: total,
     };
@@ -300,4 +301,44 @@ fn prefill_only_weights_keep_one_tile_set() {
         assert_eq!(counts(&dev), (1, 0, 0), "smallest M {smallest}");
         assert_eq!(observe(&dev, &pw, &src), observe(&both, &pw_both, &src));
     }
+}
+
+/// A weight buffer over llama.cpp's mapping of the model file (`buffer_from_host_ptr`) holds no
+/// copy: the memory report counts its bytes as file-backed GGUF bytes, outside ORK's total and
+/// peak, and not as a GGUF copy; they still lower the default budget (the pages share the RAM
+/// while the CPU decodes from them). Its weights are announced at `init_tensor` like a copy's,
+/// and nothing is packed then (each is packed at its first NPU MUL_MAT).
+#[test]
+fn a_mapped_weight_buffer_is_file_backed_not_a_copy() {
+    use ggml_ork::backend::buffer::{Buffer, Name, Tensor};
+    let dev: &'static Device = Box::leak(Box::new(uncached()));
+    let base = domain::default_budget_bytes();
+    dev.note_memory();
+    let before = dev.stats.memory();
+    let mapped = Buffer::mapped(Some(dev), 50_000_000);
+    assert!(mapped.is_mapped());
+    assert_eq!(dev.npu.residency_budget(), base - 50_000_000, "the mapped bytes lower the default budget");
+    let m = dev.stats.memory();
+    assert_eq!((m.gguf, m.buffers, m.gguf_mapped), (0, 0, 50_000_000), "file-backed, not a copy");
+    assert_eq!((m.total, m.peak), (before.total, before.peak), "not ORK's memory");
+    let line = dev.stats.summary();
+    assert!(line.contains("(GGUF copy 0.0, compute buffers 0.0,"), "{line}");
+    assert!(line.contains("; GGUF file-backed 47.7 MiB (read in place from llama.cpp's mapping of the model file, not in the total)"), "{line}");
+    mapped.mark_weights();
+    assert_eq!(dev.stats.memory().gguf, 0, "marking a mapped buffer's weights makes no copy");
+    // A copy beside it (--no-mmap, ORK_MAP_WEIGHTS=0) is ORK's memory.
+    let copy = Buffer::new(Some(dev), 1_000_000);
+    copy.mark_weights();
+    let m = dev.stats.memory();
+    assert_eq!((m.gguf, m.buffers, m.gguf_mapped, m.total), (1_000_000, 0, 50_000_000, before.total + 1_000_000));
+    // Announced at init, not packed.
+    let t = Tensor { addr: 0x1000, ggml_type: ggml_ork::quant::types::Q8_0, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"blk.0.attn_q.weight") };
+    mapped.init_tensor(&t);
+    assert_eq!(dev.stats.expected_term_bytes.load(Relaxed), dev.npu.term_bytes(N, K));
+    assert_eq!((dev.stats.packed.load(Relaxed), mapped.weights.len()), (0, 0));
+    drop(copy);
+    drop(mapped);
+    let m = dev.stats.memory();
+    assert_eq!((m.gguf, m.gguf_mapped, m.total, dev.stats.expected_term_bytes.load(Relaxed)), (0, 0, before.total, 0));
+    assert_eq!(dev.npu.residency_budget(), base);
 }

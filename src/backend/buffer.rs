@@ -4,6 +4,12 @@
 //! [`Tensor`] (and, where the bytes are needed, a [`WeightData`]); what happens to the tensor —
 //! counting the resident bytes a model will need, packing a weight as it is loaded, dropping
 //! stale packed copies — is decided here.
+//!
+//! A buffer either owns its host memory (ggml allocated it and copies the GGUF bytes in with
+//! `set_tensor`) or lies over llama.cpp's read-only mapping of the model file
+//! ([`Buffer::mapped`], ggml's `buffer_from_host_ptr`): then ggml only places the weights at
+//! their offsets (`init_tensor`), nothing is written, and each weight is packed at its first
+//! NPU MUL_MAT (`graph::compute`), once every weight of the model has been announced.
 
 use super::{Device, PackedWeight, WeightSource, WeightStore};
 use crate::npu::NpuError;
@@ -91,6 +97,16 @@ pub fn packed_weight(dev: &Device, store: &WeightStore, t: &Tensor<'_>, data: &W
     store.get_or_pack(dev, t.addr, &src, n, k, model_weight)
 }
 
+/// A model weight could not be made resident (its MUL_MATs stay on the CPU): one warning per
+/// process, the rest at debug level, all counted in the summary line.
+pub fn not_resident(dev: &Device, t: &Tensor<'_>, e: &NpuError) {
+    crate::logging::warn_first(
+        dev.stats.not_resident_weights.fetch_add(1, Relaxed) == 0,
+        &format!("weight {} stays on the CPU: {e}", t.name),
+        " (further weights that stay on the CPU: debug log, count at exit)",
+    );
+}
+
 /// One ORK buffer: its packed weights and what it adds to the device's accounting (its host
 /// bytes lower the default residency budget; the weights ggml places in it announce the resident
 /// bytes they will need). Dropping it takes both back.
@@ -105,20 +121,57 @@ pub struct Buffer {
     /// ggml wrote model weights into it (`GGML_BACKEND_BUFFER_USAGE_WEIGHTS`): its bytes count
     /// in `Stats::weight_buffer_bytes`, the GGUF copy.
     holds_weights: std::sync::atomic::AtomicBool,
+    /// Lies over llama.cpp's mapping of the model file: its bytes are `Stats::mapped_buffer_bytes`.
+    mapped: bool,
 }
 
 impl Buffer {
     /// A buffer of `host_bytes` on `dev` (None: no ORK device, nothing is accounted).
     pub fn new(dev: Option<&'static Device>, host_bytes: usize) -> Buffer {
-        if let Some(dev) = dev {
-            dev.host_buffers_changed(host_bytes as i64);
-        }
-        Buffer { dev, host_bytes, weights: WeightStore::default(), expected_term_bytes: AtomicU64::new(0), announced: Default::default(), holds_weights: Default::default() }
+        Buffer::with(dev, host_bytes, false)
     }
 
-    /// ggml wrote model weights into this buffer: its bytes are (part of) the GGUF copy in the
-    /// memory report, not a compute buffer. Idempotent.
+    fn with(dev: Option<&'static Device>, host_bytes: usize, mapped: bool) -> Buffer {
+        if let Some(dev) = dev {
+            // The file-backed share first: the peak sampled by the next call must not count it.
+            if mapped {
+                dev.stats.mapped_buffer_bytes.fetch_add(host_bytes as u64, Relaxed);
+            }
+            dev.host_buffers_changed(host_bytes as i64);
+        }
+        Buffer {
+            dev,
+            host_bytes,
+            weights: WeightStore::default(),
+            expected_term_bytes: AtomicU64::new(0),
+            announced: Default::default(),
+            holds_weights: Default::default(),
+            mapped,
+        }
+    }
+
+    /// A buffer over `host_bytes` of llama.cpp's mapping of the model file (ggml's
+    /// `buffer_from_host_ptr`): model weights read in place. Its bytes lower the default
+    /// residency budget like any ORK buffer's (the pages share the board's RAM while the CPU
+    /// decodes from them), and the memory report counts them as file-backed GGUF bytes, not as
+    /// ORK's memory.
+    pub fn mapped(dev: Option<&'static Device>, host_bytes: usize) -> Buffer {
+        Buffer::with(dev, host_bytes, true)
+    }
+
+    /// Whether the buffer lies over the model file's mapping ([`Buffer::mapped`]).
+    pub fn is_mapped(&self) -> bool {
+        self.mapped
+    }
+
+    /// ggml wrote model weights into this buffer (`set_tensor`, or its own read of the file into
+    /// it, seen when a MUL_MAT first names one of them): its bytes are (part of) the GGUF copy in
+    /// the memory report, not a compute buffer. Idempotent; nothing for a [`Buffer::mapped`]
+    /// one, whose bytes are file-backed.
     pub fn mark_weights(&self) {
+        if self.mapped || self.holds_weights.load(Relaxed) {
+            return;
+        }
         if let Some(dev) = self.dev {
             if !self.holds_weights.swap(true, Relaxed) {
                 dev.stats.weight_buffer_bytes.fetch_add(self.host_bytes as u64, Relaxed);
@@ -174,12 +227,7 @@ impl Buffer {
             return;
         }
         if let Err(e) = packed_weight(dev, &self.weights, t, data, true) {
-            // One warning; the rest at debug level and counted in the summary line.
-            crate::logging::warn_first(
-                dev.stats.not_resident_weights.fetch_add(1, Relaxed) == 0,
-                &format!("weight {} stays on the CPU: {e}", t.name),
-                " (further weights that stay on the CPU: debug log, count at exit)",
-            );
+            not_resident(dev, t, &e);
         }
     }
 
@@ -197,6 +245,9 @@ impl Drop for Buffer {
                 dev.stats.weight_buffer_bytes.fetch_sub(self.host_bytes as u64, Relaxed);
             }
             dev.host_buffers_changed(-(self.host_bytes as i64));
+            if self.mapped {
+                dev.stats.mapped_buffer_bytes.fetch_sub(self.host_bytes as u64, Relaxed);
+            }
             dev.stats.expected_term_bytes.fetch_sub(self.expected_term_bytes.load(Relaxed), Relaxed);
             for (d, mine) in dev.stats.announced.iter().zip(&self.announced) {
                 d.fetch_sub(mine.load(Relaxed), Relaxed);

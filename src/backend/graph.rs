@@ -294,7 +294,9 @@ impl<'g> Walk<'_, 'g> {
 
     /// The resident weight of an accepted MUL_MAT, made resident first if it is not yet; None
     /// when it cannot be (one warning per weight; the weight is remembered as not resident).
-    fn npu_weight(&self, graph: &dyn Graph<'g>, i: usize, mm: &MulMatNode<'_>) -> Option<Arc<PackedWeight>> {
+    /// The NPU arbiter is let go before a weight is packed (a model's weights over the file's
+    /// mapping are packed at their first MUL_MAT): no other process waits on the packing.
+    fn npu_weight(&mut self, graph: &dyn Graph<'g>, i: usize, mm: &MulMatNode<'_>) -> Option<Arc<PackedWeight>> {
         let dev = self.dev;
         let w = mm.weight.as_ref()?;
         let store = w.store?;
@@ -305,6 +307,7 @@ impl<'g> Walk<'_, 'g> {
         if store.is_failed(t.addr) {
             return None;
         }
+        self.release();
         let packed = match graph.weight_data(i) {
             Some(data) => packed_weight(dev, store, t, &data, w.model_weight),
             None => Err(crate::npu::NpuError::NoDevice("no weight data".into())),
@@ -313,7 +316,13 @@ impl<'g> Walk<'_, 'g> {
             Ok(pw) => Some(pw),
             Err(e) => {
                 dev.stats.not_resident.fetch_add(1, Relaxed);
-                log::warn!("MUL_MAT {} runs on the CPU: weight {} not resident on the NPU ({e})", mm.name, t.name);
+                if w.model_weight {
+                    // A model's weight packed at first use (read in place from the model file's
+                    // mapping, or loaded with --no-mmap): reported like one packed at load.
+                    super::buffer::not_resident(dev, t, &e);
+                } else {
+                    log::warn!("MUL_MAT {} runs on the CPU: weight {} not resident on the NPU ({e})", mm.name, t.name);
+                }
                 None
             }
         }
@@ -711,6 +720,53 @@ mod tests {
         let mut g = Fake { nodes, weight: &wb, io: vec![None], cpu_runs: vec![], cpu_fails: false };
         assert_eq!(compute(&dev, &stream, &mut g), Err("MUL_MAT ffn_up-0: activations/output are not contiguous f32".to_string()));
         assert_eq!(dev.stats.graph[0].calls.load(Relaxed), 3, "failed calls are booked too");
+    }
+
+    /// A model's weight packed at its first MUL_MAT (read in place from the model file's mapping,
+    /// so never written through `set_tensor`) that cannot be resident is reported like one packed
+    /// at load: counted in the exit line's "were not made resident", and declined afterwards.
+    #[test]
+    fn a_model_weight_not_resident_at_first_use_is_counted_like_one_at_load() {
+        let dev = sim_device();
+        dev.npu.set_residency_budget(0);
+        let stream = Stream::default();
+        let store = WeightStore::default();
+        let wb: Vec<u8> = weight_f32().iter().flat_map(|v| v.to_le_bytes()).collect();
+        let tensor = Tensor { addr: wb.as_ptr() as usize, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"blk.0.ffn_up.weight") };
+        for (model_weight, counted) in [(false, 0), (true, 1)] {
+            let w = Weight { tensor, store: Some(&store), model_weight };
+            store.clear();
+            let nodes = vec![mul_mat(0x100, M_NPU, Some(w), &[])];
+            let mut g = Fake { nodes, weight: &wb, io: vec![None], cpu_runs: vec![], cpu_fails: false };
+            compute(&dev, &stream, &mut g).expect("the walk runs");
+            assert_eq!(g.cpu_runs, vec![0..1], "the MUL_MAT runs on the CPU");
+            assert_eq!(dev.stats.not_resident_weights.load(Relaxed), counted, "model weight: {model_weight}");
+            assert!(store.is_failed(tensor.addr));
+            assert!(!supports(&dev, &mul_mat(0x100, M_NPU, Some(w), &[])), "declined once known not resident");
+        }
+        assert_eq!(dev.stats.not_resident.load(Relaxed), 2);
+        assert!(dev.stats.summary().contains("; 0 weights kept one int8 term for want of resident budget and 1 were not made resident"), "{}", dev.stats.summary());
+    }
+
+    /// Packing a weight at its first MUL_MAT lets the NPU arbiter's hold go first (no other
+    /// process waits on the packing); a weight already resident keeps the hold.
+    #[test]
+    fn a_first_use_pack_lets_the_npu_hold_go() {
+        let dev = sim_device();
+        let stream = Stream::default();
+        let store = WeightStore::default();
+        let wb: Vec<u8> = weight_f32().iter().flat_map(|v| v.to_le_bytes()).collect();
+        let tensor = Tensor { addr: wb.as_ptr() as usize, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"blk.0.ffn_up.weight") };
+        let w = Weight { tensor, store: Some(&store), model_weight: true };
+        let g = Fake { nodes: vec![mul_mat(0x100, M_NPU, Some(w), &[])], weight: &wb, io: vec![None], cpu_runs: vec![], cpu_fails: false };
+        let Node::MulMat(mm) = g.nodes[0] else { unreachable!() };
+        let mut walk = Walk { dev: &dev, stream: &stream, pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), hold: Some(dev.arbiter().hold()) };
+        assert!(walk.npu_weight(&g, 0, &mm).is_some(), "packed");
+        assert!(walk.hold.is_none(), "let go before packing");
+        walk.hold = Some(dev.arbiter().hold());
+        assert!(walk.npu_weight(&g, 0, &mm).is_some(), "resident");
+        assert!(walk.hold.is_some(), "kept for a resident weight");
+        walk.release();
     }
 
     #[test]

@@ -118,6 +118,9 @@ pub struct Stats {
     /// The part of `host_buffer_bytes` in buffers ggml wrote model weights into (the GGUF copy;
     /// the rest are ORK's compute buffers).
     pub weight_buffer_bytes: AtomicU64,
+    /// The part of `host_buffer_bytes` in buffers over llama.cpp's mapping of the model file
+    /// (`buffer_from_host_ptr`): file-backed GGUF bytes read in place, not ORK's memory.
+    pub mapped_buffer_bytes: AtomicU64,
     /// Weights kept to one int8 term, and weights left on the CPU, for want of resident budget.
     pub one_term_for_budget: AtomicU64,
     pub not_resident_weights: AtomicU64,
@@ -208,6 +211,9 @@ pub struct Memory {
     pub gguf: u64,
     /// ORK's other host buffers (ggml's compute buffers of ORK's graph splits).
     pub buffers: u64,
+    /// ORK's buffers over llama.cpp's mapping of the model file (`Stats::mapped_buffer_bytes`):
+    /// the GGUF bytes read in place, file-backed; not ORK's memory, not in `total`.
+    pub gguf_mapped: u64,
     /// Int8 tiles of the first and second weight term, one copy each.
     pub tiles: [u64; 2],
     pub scales: u64,
@@ -221,11 +227,12 @@ pub struct Memory {
 
 impl Memory {
     /// "resident 12.3 MiB (GGUF copy …, compute buffers …, int8 tiles … + … (terms 1 + 2),
-    /// scales …, NPU scratch …, per-core copies …), peak … MiB".
+    /// scales …, NPU scratch …, per-core copies …), peak … MiB; GGUF file-backed … MiB (…)".
     pub fn line(&self) -> String {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         format!(
-            "resident {:.1} MiB (GGUF copy {:.1}, compute buffers {:.1}, int8 tiles {:.1} + {:.1} (terms 1 + 2), scales {:.1}, NPU scratch {:.1}, per-core copies {:.1}), peak {:.1} MiB",
+            "resident {:.1} MiB (GGUF copy {:.1}, compute buffers {:.1}, int8 tiles {:.1} + {:.1} (terms 1 + 2), scales {:.1}, NPU scratch {:.1}, per-core copies {:.1}), peak {:.1} MiB; \
+             GGUF file-backed {:.1} MiB (read in place from llama.cpp's mapping of the model file, not in the total)",
             mib(self.total),
             mib(self.gguf),
             mib(self.buffers),
@@ -235,6 +242,7 @@ impl Memory {
             mib(self.scratch),
             mib(self.copies),
             mib(self.peak),
+            mib(self.gguf_mapped),
         )
     }
 }
@@ -345,10 +353,12 @@ impl Stats {
         let l = &self.mem;
         let tiles = [l.tiles[0].load(Relaxed), l.tiles[1].load(Relaxed)];
         let copies = l.weight_copies.load(Relaxed).max(1);
-        let host = self.host_buffer_bytes.load(Relaxed);
+        let mapped = self.mapped_buffer_bytes.load(Relaxed);
+        let host = self.host_buffer_bytes.load(Relaxed).saturating_sub(mapped);
         let gguf = self.weight_buffer_bytes.load(Relaxed).min(host);
         let mut m = Memory {
             gguf,
+            gguf_mapped: mapped,
             buffers: host - gguf,
             tiles,
             scales: l.scales.load(Relaxed),

@@ -2,8 +2,10 @@
 //! tensor's GGUF bytes and keyed by the tensor's data address (which also works when ggml's RPC
 //! server rebuilds tensor structs for every graph).
 //!
-//! A weight is packed when its bytes are written whole (`set_tensor` at load), or lazily at its
-//! first MUL_MAT; any later write or memset over its bytes drops the packed copy.
+//! A weight is packed when its bytes are written whole (`set_tensor` at load, into a buffer ORK
+//! allocated), or lazily at its first NPU MUL_MAT (a buffer over llama.cpp's mapping of the model
+//! file, or one ggml read the file into); any later write or memset over its bytes drops the
+//! packed copy.
 //!
 //! Packing goes through the `.orkpack` disk cache (`crate::cache`) when the device has one: a
 //! valid entry is mapped and imported instead of packing (a *hit*); otherwise the weight is

@@ -17,7 +17,7 @@ pub(super) const IFACE: ggml_backend_device_i = ggml_backend_device_i {
     init_backend: Some(dev_init_backend),
     get_buffer_type: Some(dev_get_buffer_type),
     get_host_buffer_type: None,
-    buffer_from_host_ptr: None,
+    buffer_from_host_ptr: Some(buffer::dev_buffer_from_host_ptr),
     supports_op: Some(dev_supports_op),
     supports_buft: Some(dev_supports_buft),
     offload_op: None,
@@ -73,7 +73,8 @@ unsafe extern "C" fn dev_get_props(dev: ggml_backend_dev_t, props: *mut ggml_bac
         p.caps = ggml_backend_dev_caps {
             async_: false,
             host_buffer: false,
-            buffer_from_host_ptr: false,
+            // llama.cpp then lays ORK's weight buffers over its mapping of the model file.
+            buffer_from_host_ptr: device().is_some_and(|d| d.cfg.map_weights),
             events: false,
             mmap_support: true,
         };

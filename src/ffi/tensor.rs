@@ -112,6 +112,13 @@ unsafe fn mul_mat(op: &ggml_tensor) -> MulMatNode<'_> {
     });
     // SAFETY: a live tensor's non-NULL buffer pointer points to a live buffer.
     let model_weight = unsafe { w.buffer.as_ref() }.is_some_and(|b| b.usage == GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    if model_weight {
+        // With --no-mmap (`-lm none`) ggml reads the file straight into ORK's host buffer, with
+        // no set_tensor: the first MUL_MAT naming one of its weights tells it holds the GGUF copy.
+        if let Some(c) = ctx {
+            c.buf.mark_weights();
+        }
+    }
     mm.weight = Some(Weight { tensor: wt, store: ctx.map(|c| &c.buf.weights), model_weight });
     mm
 }
