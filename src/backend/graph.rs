@@ -760,7 +760,7 @@ mod tests {
         let w = Weight { tensor, store: Some(&store), model_weight: true };
         let g = Fake { nodes: vec![mul_mat(0x100, M_NPU, Some(w), &[])], weight: &wb, io: vec![None], cpu_runs: vec![], cpu_fails: false };
         let Node::MulMat(mm) = g.nodes[0] else { unreachable!() };
-        let mut walk = Walk { dev: &dev, stream: &stream, pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), hold: Some(dev.arbiter().hold()) };
+        let mut walk = Walk { dev: &dev, stream: &stream, pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), last_act: Default::default(), hold: Some(dev.arbiter().hold()) };
         assert!(walk.npu_weight(&g, 0, &mm).is_some(), "packed");
         assert!(walk.hold.is_none(), "let go before packing");
         walk.hold = Some(dev.arbiter().hold());
