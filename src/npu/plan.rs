@@ -232,8 +232,10 @@ pub fn tile_sets(soc: &SocDesc, n: usize, k: usize, smallest_m: usize) -> TileSe
 /// Most pieces [`pipeline_rows`] cuts an M into.
 pub const MAX_PIECES: usize = 4;
 /// A piece's modelled time on each core, in submit floors, below which [`pipeline_rows`] does
-/// not cut: under the floor a piece would cost the NPU the floor instead of its work.
-pub const PIECE_FLOORS: f64 = 2.0;
+/// not cut: under the floor a piece would cost the NPU the floor instead of its work, and pieces
+/// of a few floors cost the host more in hand-offs than the overlap saves (SmolLM2-135M cut at
+/// two floors: act-quant + dequant 173 → 225 µs per token at pp512, `prefill_host_table.sh`).
+pub const PIECE_FLOORS: f64 = 4.0;
 
 /// Rows per piece for a caller that pipelines its host work with the NPU (it prepares piece
 /// i + 1 and finishes piece i − 1 while the NPU runs piece i): whole M-tiles of the plan, so the
