@@ -177,13 +177,13 @@ pub const A76_OVER_HERE: f64 = 2.5;
 // Each: `P=512 UB=512 R=1 bash bench-scripts/prefill_host_table.sh $ORK_ENV/synth/synth-qwen3-1.7b-Q8_0.gguf`
 // (synthetic Qwen3-1.7B shape, timed NPU, OMP_WAIT_POLICY=passive, µs per prompt token, load
 // average under 1), divided by the work per token `ork-route` prints (`route::prefill_work`, M = 512).
-/// act-quant 426 µs per token / 516096 row·K per token (Σ K of a layer's 7 MUL_MATs × 28).
-const ACT_QUANT_S: f64 = 0.825e-9;
-/// dequant 421 µs per token / 573440 row·N per token (Σ N × 28).
-const OUTPUT_S: f64 = 0.734e-9;
-/// submit 772 µs per token / (516096 + 573440) row·(K + N) per token. Includes 3 core threads
+/// act-quant 655 µs per token / 516096 row·K per token (Σ K of a layer's 7 MUL_MATs × 28).
+const ACT_QUANT_S: f64 = 1.269e-9;
+/// dequant 465 µs per token / 573440 row·N per token (Σ N × 28).
+const OUTPUT_S: f64 = 0.811e-9;
+/// submit 1194 µs per token / (516096 + 573440) row·(K + N) per token. Includes 3 core threads
 /// sharing 2 CPUs with the host pool.
-const NPU_IO_S: f64 = 0.709e-9;
+const NPU_IO_S: f64 = 1.096e-9;
 /// arbiter 1 µs per token × 512 / 196 MUL_MATs (a private lock directory: no other process).
 const MATMUL_S: f64 = 2.6e-6;
 
