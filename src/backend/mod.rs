@@ -866,21 +866,17 @@ impl Device {
         let ps = &self.stats.phase[(phase == crate::route::Phase::Decode) as usize];
         let want = self.cfg.max_cores.unwrap_or(self.npu.soc().cores);
         // The activation's identity and whether its int8 terms are still in `sc.a`: the caller
-        // vouches for an unchanged activation (`same`), else its hash says so.
-        let vouched = sc.act.filter(|a| same && (a.addr, a.len, a.rows, a.terms) == (x.as_ptr() as usize, x.len(), m, terms));
-        let key = w.rot.as_ref().map(|_| {
-            vouched.unwrap_or_else(|| pool::on_host(no_aff, m * k, || ActKey { addr: x.as_ptr() as usize, len: x.len(), rows: m, terms, hash: act_hash(x) }))
-        });
-        let reused = key.is_some() && key == sc.act;
-        // Dots to take again: the int8 terms are reused, the dots only when this weight's
-        // direction is the one they were taken with (Q/K/V and gate/up share it).
-        let redot = reused && dir.is_some_and(|d| d != sc.dot_dir.as_slice());
-        if reused {
-            self.stats.act_reused.fetch_add(1, Relaxed);
-            if vouched.is_some() {
-                self.stats.act_vouched.fetch_add(1, Relaxed);
-            }
-        }
+        // vouches for an unchanged activation (`same`), else its hash says so (taken in the same
+        // hand-off to the host pool as the activation pass where the MUL_MAT is not cut).
+        let (held_act, held_dir) = (sc.act, std::mem::take(&mut sc.dot_dir));
+        let vouched = held_act.filter(|a| same && (a.addr, a.len, a.rows, a.terms) == (x.as_ptr() as usize, x.len(), m, terms));
+        // (key, reused, redot): the dots are taken again when the int8 terms are reused but
+        // this weight's direction is not the one they were taken with (Q/K/V and gate/up share it).
+        let decide = || {
+            let key = w.rot.as_ref().map(|_| vouched.unwrap_or_else(|| ActKey { addr: x.as_ptr() as usize, len: x.len(), rows: m, terms, hash: act_hash(x) }));
+            let reused = key.is_some() && key == held_act;
+            (key, reused, reused && dir.is_some_and(|d| d != held_dir.as_slice()))
+        };
         let t1 = Instant::now();
         let lease = self.arbiter().acquire(phase, want);
         let ta = Instant::now();
@@ -900,10 +896,11 @@ impl Device {
         };
         // The activation pass of rows [r0, r1) (all of M when uncut: then the slices hold every
         // term, term-major). Returns its time and the time of dots taken again.
-        let act = |(r0, r1): (usize, usize), a: &mut [i8], a_scale: &mut [f32], dots: &mut [f32], coef: &mut [Option<f32>]| -> (u64, u64) {
+        let act = |(r0, r1): (usize, usize), reuse: (bool, bool), a: &mut [i8], a_scale: &mut [f32], dots: &mut [f32], coef: &mut [Option<f32>]| -> (u64, u64) {
             let t = Instant::now();
             let mut dot_ns = 0;
             let xr = &x[r0 * k..r1 * k];
+            let (reused, redot) = reuse;
             pool::on_host(no_aff, terms * (r1 - r0) * k, || {
                 if !reused {
                     quant::prepare_rows(xr, r1 - r0, k, terms, prep, dir, a, a_scale, dots);
@@ -984,12 +981,22 @@ impl Device {
         };
         let (mut act_ns, mut dot_ns, mut out_ns) = (0u64, 0u64, 0u64);
         let mut runs = PieceRun::default();
+        let (key, reused, redot);
         if bounds.len() == 1 {
-            let (t, d) = act((0, m), a, a_scale, dots, coef);
-            (act_ns, dot_ns) = (t, d);
+            // The reuse decision and the activation pass in one hand-off to the host pool.
+            let th = Instant::now();
+            let mut decided = (None, false, false);
+            let mut d = 0;
+            pool::on_host(no_aff, rows * k, || {
+                decided = decide();
+                d = act((0, m), (decided.1, decided.2), a, a_scale, dots, coef).1;
+            });
+            (key, reused, redot) = decided;
+            (act_ns, dot_ns) = (th.elapsed().as_nanos() as u64, d);
             runs.add(&npu(a, m, c, cl));
             out_ns += out((0, m), c, a_scale, cl, coef, dst);
         } else {
+            (key, reused, redot) = pool::on_host(no_aff, m * k, decide);
             // One int8 term: row r of every buffer is at r times its row length.
             let cut = |len: usize| bounds.iter().map(|&(r0, r1)| (r0 * len, r1 * len)).collect::<Vec<_>>();
             let (a_p, c_p, cl_p) = (pieces(a, &cut(k)), pieces(c, &cut(n)), pieces(cl, &cut(if w.lo.is_some() { n } else { 0 })));
@@ -1015,7 +1022,7 @@ impl Device {
                     out_ns += out(bounds[i], c, a_scale, cl, coef, dst);
                 };
                 for (i, a) in a_p.into_iter().enumerate() {
-                    let (t, d) = act(bounds[i], a, as_p[i], dots_p[i], coef_p[i]);
+                    let (t, d) = act(bounds[i], (reused, redot), a, as_p[i], dots_p[i], coef_p[i]);
                     act_ns += t;
                     dot_ns += d;
                     let _ = to_npu.send((i, &*a));
@@ -1029,11 +1036,15 @@ impl Device {
                 let _ = npu_thread.join();
             });
         }
-        if !reused {
+        if reused {
+            self.stats.act_reused.fetch_add(1, Relaxed);
+            if vouched.is_some() {
+                self.stats.act_vouched.fetch_add(1, Relaxed);
+            }
+        }
+        sc.dot_dir = held_dir;
+        if !reused || redot {
             sc.act = key;
-            sc.dot_dir.clear();
-            sc.dot_dir.extend_from_slice(dir.unwrap_or_default());
-        } else if redot {
             sc.dot_dir.clear();
             sc.dot_dir.extend_from_slice(dir.unwrap_or_default());
         }
