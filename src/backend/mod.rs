@@ -934,33 +934,30 @@ impl Device {
                 (q, ql)
             })
         };
+        // One weight term's NPU run of `rows` activation rows into `out`, booked into `r`; on an
+        // error the same int8 arithmetic on the CPU (`second`: the second weight term).
+        let term = |r: &mut PieceRun, rw: &crate::npu::ResidentWeight, second: bool, a: &[i8], rows: usize, out: &mut [i32]| {
+            let run = match &lease {
+                Ok(_) => self.npu.mm_run_at(rw, a, rows, out, budget, first),
+                Err(e) => Err(NpuError::NoDevice(e.to_string())),
+            };
+            r.book(run, rows, lease.is_ok(), self, |r| {
+                let tf = Instant::now();
+                let q = if second { held().1.as_deref().expect("second term") } else { held().0.as_slice() };
+                out.copy_from_slice(&crate::npu::reference_mm(a, q, rows, k, n));
+                r.cpu_ns += tf.elapsed().as_nanos() as u64;
+            });
+        };
         let npu = |a: &[i8], mr: usize, c: &mut [i32], cl: &mut [i32]| -> PieceRun {
             let mut r = PieceRun::default();
             let t = Instant::now();
-            let run = match &lease {
-                Ok(_) => self.npu.mm_run_at(&w.resident, a, terms * mr, c, budget, first),
-                Err(e) => Err(NpuError::NoDevice(e.to_string())),
-            };
-            r.book(run, terms * mr, lease.is_ok(), self, |r| {
-                let tf = Instant::now();
-                c.copy_from_slice(&crate::npu::reference_mm(a, &held().0, terms * mr, k, n));
-                r.cpu_ns += tf.elapsed().as_nanos() as u64;
-            });
+            term(&mut r, &w.resident, false, a, terms * mr, c);
             // The second weight term against the first activation term only: the cross terms
             // with later activation terms sit below both terms' resolution (SmolLM2: NMSE ≤ 3e-8
             // with them, ≤ 1.2e-6 without, against 1e-4 for one weight term) and would cost T·M
             // more NPU rows.
             if let Some((lo, _)) = &w.lo {
-                let al = &a[..lt * mr * k];
-                let run = match &lease {
-                    Ok(_) => self.npu.mm_run_at(lo, al, lt * mr, cl, budget, first),
-                    Err(e) => Err(NpuError::NoDevice(e.to_string())),
-                };
-                r.book(run, lt * mr, lease.is_ok(), self, |r| {
-                    let tf = Instant::now();
-                    cl.copy_from_slice(&crate::npu::reference_mm(al, held().1.as_ref().expect("second term"), lt * mr, k, n));
-                    r.cpu_ns += tf.elapsed().as_nanos() as u64;
-                });
+                term(&mut r, lo, true, &a[..lt * mr * k], lt * mr, cl);
             }
             r.wall_ns = t.elapsed().as_nanos() as u64;
             r

@@ -31,7 +31,6 @@
 //! `npu::layout::tile_weight_with` tile a block's rows right after they were quantized, while they are in
 //! the CPU cache; `npu::layout::tile_weight` is that tiler over a whole matrix.
 
-
 use crate::npu::soc::SocDesc;
 use crate::npu::{check_shape_soc, NpuError, TiledWeight};
 

@@ -256,7 +256,6 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
     let ksplit = plan.submits.iter().flat_map(|s| &s.programs).any(|p| p.k0 != 0);
     let mut local = std::mem::take(&mut guard.local);
     local.resize(m * plan.ncols, 0);
-    local.truncate(m * plan.ncols);
     if ksplit {
         local.fill(0);
     }

@@ -229,6 +229,31 @@ pub fn tile_sets(soc: &SocDesc, n: usize, k: usize, smallest_m: usize) -> TileSe
     }
 }
 
+/// The path a plan of `m` rows takes with `geom` (a blob with one tile set runs every M on the
+/// set it has): [`plan_at`]'s decision, shared with [`pipeline_rows`].
+fn path_for(geom: &WeightGeometry, m: usize) -> PathKind {
+    let fullk_ok = geom.sk == 1 || (geom.fullk_tile(0).is_some() && (prefers_fullk(geom.k, m) || !geom.has_ksplit()));
+    if fullk_ok {
+        PathKind::FullK
+    } else {
+        PathKind::KSplit
+    }
+}
+
+/// The tiles N-slice `ns` contracts on `path`: its full-K tile, or its K-slice tiles.
+fn ktiles(geom: &WeightGeometry, ns: usize, path: PathKind) -> Vec<&Tile> {
+    match path {
+        PathKind::FullK => vec![geom.fullk_tile(ns).expect("full-K tile")],
+        PathKind::KSplit => (0..geom.sk).map(|ks| geom.tile(ns, ks)).collect(),
+    }
+}
+
+/// Rows per M-tile over `tiles` (the smallest cap of their programs) and each tile's schedule.
+fn m_tile(soc: &SocDesc, tiles: &[&Tile], path: PathKind, m: usize) -> (usize, Vec<RowSchedule>) {
+    let rows_of: Vec<RowSchedule> = tiles.iter().map(|t| tile_rows(soc, t.kp, path, m)).collect();
+    (rows_of.iter().map(|r| r.0).min().unwrap_or(1).max(1), rows_of)
+}
+
 /// Most pieces [`pipeline_rows`] cuts an M into.
 pub const MAX_PIECES: usize = 4;
 /// A piece's modelled time on each core, in submit floors, below which [`pipeline_rows`] does
@@ -248,13 +273,8 @@ pub fn pipeline_rows(soc: &SocDesc, geom: &WeightGeometry, m: usize, max_cores: 
     if m < 2 {
         return m;
     }
-    let fullk_ok = geom.sk == 1 || (geom.fullk_tile(0).is_some() && (prefers_fullk(k, m) || !geom.has_ksplit()));
-    let path = if fullk_ok { PathKind::FullK } else { PathKind::KSplit };
-    let kps: Vec<usize> = match path {
-        PathKind::FullK => vec![geom.fullk_tile(0).expect("full-K tile").kp],
-        PathKind::KSplit => (0..geom.sk).map(|ks| geom.tile(0, ks).kp).collect(),
-    };
-    let mtile = kps.iter().map(|&kp| tile_rows(soc, kp, path, m).0).min().unwrap_or(1).max(1);
+    let path = path_for(geom, m);
+    let (mtile, _) = m_tile(soc, &ktiles(geom, 0, path), path, m);
     let cores = core_count(soc, n, max_cores.min(soc.cores));
     let n_core = n.div_ceil(cores as usize) as u64;
     for pieces in (2..=MAX_PIECES).rev() {
@@ -281,8 +301,7 @@ pub fn plan_at(soc: &SocDesc, geom: &WeightGeometry, m: usize, max_cores: u32, f
     let max_cores = max_cores.min(soc.cores - first_core);
     let (k, n) = (geom.k, geom.n);
     // A blob with only one tile set runs every M on the set it has.
-    let fullk_ok = geom.sk == 1 || (geom.fullk_tile(0).is_some() && (prefers_fullk(k, m) || !geom.has_ksplit()));
-    let path = if fullk_ok { PathKind::FullK } else { PathKind::KSplit };
+    let path = path_for(geom, m);
     let ncores = core_count(soc, n, max_cores);
     let max_programs = MAX_CHAIN_PROGRAMS.min(soc.max_submit_tasks as usize).max(1);
 
@@ -309,13 +328,8 @@ pub fn plan_at(soc: &SocDesc, geom: &WeightGeometry, m: usize, max_cores: u32, f
         let mut index: HashMap<ABlock, usize> = HashMap::new();
         for (seg, t0) in &work {
             let ns = seg.n0 / geom.n_slice;
-            let ktiles: Vec<&Tile> = match path {
-                PathKind::FullK => vec![geom.fullk_tile(ns).expect("full-K tile")],
-                PathKind::KSplit => (0..geom.sk).map(|ks| geom.tile(ns, ks)).collect(),
-            };
-            let rows_of: Vec<RowSchedule> =
-                ktiles.iter().map(|t| tile_rows(soc, t.kp, path, m)).collect();
-            let mtile = rows_of.iter().map(|r| r.0).min().unwrap_or(1).max(1);
+            let ktiles = ktiles(geom, ns, path);
+            let (mtile, rows_of) = m_tile(soc, &ktiles, path, m);
             let mut m0 = 0;
             while m0 < m {
                 let mc = mtile.min(m - m0);

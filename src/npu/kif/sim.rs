@@ -208,9 +208,9 @@ pub struct SimKif {
     syncs: AtomicU64,
     programs_run: AtomicU64,
     injected: Mutex<InjectedCounts>,
-    /// `ORK_SIM_TIMING=board`: programs are not computed (only each program's last output word is written) and each submit
-    /// completes at the hardware time [`crate::npu::soc::NpuTiming`] models for it, reported as
-    /// its `hw_elapse_ns`.
+    /// `ORK_SIM_TIMING=board`: programs are not computed (only each program's last output word
+    /// is written) and each submit completes at the hardware time [`crate::npu::soc::NpuTiming`]
+    /// models for it, reported as its `hw_elapse_ns`.
     board_timing: AtomicBool,
 }
 
@@ -896,7 +896,8 @@ fn decode_matmul(soc: &SocDesc, rf: &RegFile) -> Result<MatmulOp, KifError> {
     Ok(MatmulOp { mc, k, n, s, a, b, c })
 }
 
-/// Writes zeros over a decoded matmul's output range (the timed simulator's stand-in result).
+/// Writes zero into the last word of a decoded matmul's output range, the word the matmul writes
+/// last ([`Exec::Land`]: the timed simulator's stand-in for its result).
 fn land_output(mem: &dyn DeviceMemory, op: &MatmulOp) -> Result<(), KifError> {
     let len = op.c_len();
     let cp = mem.resolve(op.c, len).ok_or_else(|| unmodelled(format!("C range {:#x}+{len} is outside every live BO of the domain", op.c)))?;
