@@ -473,7 +473,7 @@ fn main() {
             let mut act = || quant::prepare_rows(black_box(&x), m, k, 1, prep, None, &mut qb, &mut sab, &mut []);
             let mut act_dot = || quant::prepare_rows(black_box(&x), m, k, 1, prep, Some(&dir.dir), &mut q, &mut sa, &mut dots);
             let (_, _, _, ta, tad) = paired_min(&mut act, &mut act_dot, rounds, sample_s);
-            let out = |corr: bool| quant::Output { c: &c, a_scale: &a_scale, terms: 1, w_scale: &w_scale, lo: None, corr: corr.then_some((&coef[..], &dir.err[..])) };
+            let out = |corr: bool| quant::Output { c: quant::CRows::Dense(&c), a_scale: &a_scale, terms: 1, w_scale: &w_scale, lo: None, corr: corr.then_some((&coef[..], &dir.err[..])) };
             let (o0, o1) = (out(false), out(true));
             let mut plain = || quant::dequantize_fused(black_box(&o0), &mut y);
             let mut fused = || quant::dequantize_fused(black_box(&o1), &mut y2);

@@ -169,7 +169,8 @@ fn memory_is_counted_by_kind() {
     // Scratch: regcmd, task array, 256 KiB activations, 1 MiB outputs on each of three cores.
     let regcmd = page_round(1024 * ggml_ork::npu::regcmd::PROGRAM_BYTES) as u64;
     let task = page_round(1024 * std::mem::size_of::<RknpuTask>()) as u64;
-    let scratch = 3 * (regcmd + task + (256 << 10) + (1 << 20));
+    // three cores' regcmd, task and output buffers, and the one activation image of lease slot 0
+    let scratch = 3 * (regcmd + task + (1 << 20)) + (256 << 10);
     // row scales [N], column scales [K], second-term row scales [N], f32
     let scales = 4 * (MN + MK + MN) as u64;
     let total = 12_345_678 + 1_000_000 + 2 * 401_408 + scales + scratch;
@@ -260,7 +261,8 @@ fn per_core_copies_count_against_the_budget() {
     let held = ggml_ork::backend::Held::new(&dev.stats.mem, [r.resident_bytes(), 0], 0);
     dev.note_memory();
     let (scratch, mirrored) = npu.scratch_bytes();
-    assert_eq!(mirrored, scratch * 2 / 3, "cores 1 and 2 of three equal scratch sets");
+    let image = 256u64 << 10;
+    assert_eq!(mirrored, (scratch - image) * 2 / 3 + 2 * image, "cores 1 and 2 of three equal scratch sets, and the activation image twice");
     assert_eq!(dev.stats.memory().copies, 2 * term + mirrored);
     drop(held);
     drop(r);

@@ -692,6 +692,35 @@ fn pieces<'a, T>(mut buf: &'a mut [T], cuts: &[(usize, usize)]) -> Vec<&'a mut [
 }
 
 /// What the NPU runs of one piece of a MUL_MAT did (or the CPU instead, after an error).
+/// A pipelined piece back from the NPU thread: its dense buffers (filled where a term fell back
+/// to the CPU), its booking, and where each weight term's result is.
+type Landed<'a> = (&'a [i32], &'a [i32], PieceRun, TermOut, TermOut);
+
+/// Where one weight term's int32 result of an NPU MUL_MAT is: in the NPU cores' buffers, or
+/// (computed on the CPU after an NPU error) in the caller's dense buffer.
+enum TermOut {
+    Shares(crate::npu::Shares),
+    Dense,
+}
+
+impl TermOut {
+    /// The cores' parts, for [`TermOut::rows`] (empty for a dense result).
+    fn parts(&self) -> Vec<quant::CPart<'_>> {
+        match self {
+            TermOut::Shares(sh) => sh.cores.iter().map(|s| quant::CPart { c: &s.local, ncols: s.ncols, segs: &s.segs }).collect(),
+            TermOut::Dense => Vec::new(),
+        }
+    }
+
+    /// The result as the output pass reads it: `parts` ([`TermOut::parts`]) or `dense`.
+    fn rows<'a>(&self, dense: &'a [i32], parts: &'a [quant::CPart<'a>]) -> quant::CRows<'a> {
+        match self {
+            TermOut::Shares(_) => quant::CRows::Parts(parts),
+            TermOut::Dense => quant::CRows::Dense(dense),
+        }
+    }
+}
+
 #[derive(Default)]
 struct PieceRun {
     submits: u64,
@@ -934,11 +963,16 @@ impl Device {
                 (q, ql)
             })
         };
-        // One weight term's NPU run of `rows` activation rows into `out`, booked into `r`; on an
-        // error the same int8 arithmetic on the CPU (`second`: the second weight term).
-        let term = |r: &mut PieceRun, rw: &crate::npu::ResidentWeight, second: bool, a: &[i8], rows: usize, out: &mut [i32]| {
+        // One weight term's NPU run of `rows` activation rows, booked into `r`: its result left
+        // in the NPU cores' buffers (`TermOut::Shares`), or on an error the same int8 arithmetic on
+        // the CPU into `out` (`second`: the second weight term).
+        let term = |r: &mut PieceRun, rw: &crate::npu::ResidentWeight, second: bool, a: &[i8], rows: usize, out: &mut [i32]| -> TermOut {
+            let mut held_by = TermOut::Dense;
             let run = match &lease {
-                Ok(_) => self.npu.mm_run_at(rw, a, rows, out, budget, first),
+                Ok(_) => self.npu.mm_run_shares(rw, a, rows, budget, first).map(|(sh, rs)| {
+                    held_by = TermOut::Shares(sh);
+                    rs
+                }),
                 Err(e) => Err(NpuError::NoDevice(e.to_string())),
             };
             r.book(run, rows, lease.is_ok(), self, |r| {
@@ -947,33 +981,51 @@ impl Device {
                 out.copy_from_slice(&crate::npu::reference_mm(a, q, rows, k, n));
                 r.cpu_ns += tf.elapsed().as_nanos() as u64;
             });
+            held_by
         };
-        let npu = |a: &[i8], mr: usize, c: &mut [i32], cl: &mut [i32]| -> PieceRun {
+        let npu = |a: &[i8], mr: usize, c: &mut [i32], cl: &mut [i32]| -> (PieceRun, TermOut, TermOut) {
             let mut r = PieceRun::default();
             let t = Instant::now();
-            term(&mut r, &w.resident, false, a, terms * mr, c);
+            let hc = term(&mut r, &w.resident, false, a, terms * mr, c);
             // The second weight term against the first activation term only: the cross terms
             // with later activation terms sit below both terms' resolution (SmolLM2: NMSE ≤ 3e-8
             // with them, ≤ 1.2e-6 without, against 1e-4 for one weight term) and would cost T·M
             // more NPU rows.
+            let mut hl = TermOut::Dense;
             if let Some((lo, _)) = &w.lo {
-                term(&mut r, lo, true, &a[..lt * mr * k], lt * mr, cl);
+                hl = term(&mut r, lo, true, &a[..lt * mr * k], lt * mr, cl);
+                // The output pass walks the first term's segments: a dense first term (computed
+                // on the CPU) takes a dense second one.
+                if let (TermOut::Dense, TermOut::Shares(sh)) = (&hc, &hl) {
+                    sh.copy_to(cl);
+                    if let TermOut::Shares(sh) = std::mem::replace(&mut hl, TermOut::Dense) {
+                        self.npu.give_back(sh);
+                    }
+                }
             }
             r.wall_ns = t.elapsed().as_nanos() as u64;
-            r
+            (r, hc, hl)
         };
-        // The output pass of rows [r0, r1): every term, the second weight term, the correction.
-        let out = |(r0, r1): (usize, usize), c: &[i32], a_scale: &[f32], cl: &[i32], coef: &[Option<f32>], dst: &mut [f32]| -> u64 {
+        // The output pass of rows [r0, r1): every term, the second weight term, the correction,
+        // reading the NPU cores' buffers in place; then hands them back to the NPU.
+        let out = |(r0, r1): (usize, usize), c: (&[i32], TermOut), a_scale: &[f32], cl: (&[i32], TermOut), coef: &[Option<f32>], dst: &mut [f32]| -> u64 {
             let t = Instant::now();
+            let (pc, pcl) = (c.1.parts(), cl.1.parts());
             let o = quant::Output {
-                c,
+                c: c.1.rows(c.0, &pc),
                 a_scale,
                 terms,
                 w_scale: &w.scales,
-                lo: w.lo.as_ref().map(|(_, ls)| (cl, ls.as_slice())),
+                lo: w.lo.as_ref().map(|(_, ls)| (cl.1.rows(cl.0, &pcl), ls.as_slice())),
                 corr: fix.map(|d| (coef, d.err.as_slice())),
             };
             pool::on_host(no_aff, (terms + lt + 1) * (r1 - r0) * n, || quant::dequantize_fused(&o, dst));
+            drop((pc, pcl));
+            for h in [c.1, cl.1] {
+                if let TermOut::Shares(sh) = h {
+                    self.npu.give_back(sh);
+                }
+            }
             t.elapsed().as_nanos() as u64
         };
         let (mut act_ns, mut dot_ns, mut out_ns) = (0u64, 0u64, 0u64);
@@ -990,8 +1042,9 @@ impl Device {
             });
             (key, reused, redot) = decided;
             (act_ns, dot_ns) = (th.elapsed().as_nanos() as u64, d);
-            runs.add(&npu(a, m, c, cl));
-            out_ns += out((0, m), c, a_scale, cl, coef, dst);
+            let (r, hc, hl) = npu(a, m, c, cl);
+            runs.add(&r);
+            out_ns += out((0, m), (c, hc), a_scale, (cl, hl), coef, dst);
         } else {
             (key, reused, redot) = pool::on_host(no_aff, m * k, decide);
             // One int8 term: row r of every buffer is at r times its row length.
@@ -1001,22 +1054,22 @@ impl Device {
                 (pieces(a_scale, &cut(1)), pieces(dots, &cut(usize::from(dir.is_some()))), pieces(coef, &cut(usize::from(fix.is_some()))), pieces(dst, &cut(n)));
             std::thread::scope(|s| {
                 let (to_npu, npu_rx) = std::sync::mpsc::channel::<(usize, &[i8])>();
-                let (npu_tx, from_npu) = std::sync::mpsc::channel::<(&[i32], &[i32], PieceRun)>();
+                let (npu_tx, from_npu) = std::sync::mpsc::channel::<Landed<'_>>();
                 let bounds = &bounds;
                 let npu = &npu;
                 let npu_thread = s.spawn(move || {
                     for ((c, cl), (i, a)) in c_p.into_iter().zip(cl_p).zip(npu_rx) {
                         let (r0, r1) = bounds[i];
-                        let r = npu(a, r1 - r0, c, cl);
-                        if npu_tx.send((&*c, &*cl, r)).is_err() {
+                        let (r, hc, hl) = npu(a, r1 - r0, c, cl);
+                        if npu_tx.send((&*c, &*cl, r, hc, hl)).is_err() {
                             return;
                         }
                     }
                 });
-                let mut finish = |i: usize, got: Option<(&[i32], &[i32], PieceRun)>, a_scale: &[f32], coef: &[Option<f32>], dst: &mut [f32]| {
-                    let (c, cl, r) = got.expect("the NPU thread ran every piece");
+                let mut finish = |i: usize, got: Option<Landed<'_>>, a_scale: &[f32], coef: &[Option<f32>], dst: &mut [f32]| {
+                    let (c, cl, r, hc, hl) = got.expect("the NPU thread ran every piece");
                     runs.add(&r);
-                    out_ns += out(bounds[i], c, a_scale, cl, coef, dst);
+                    out_ns += out(bounds[i], (c, hc), a_scale, (cl, hl), coef, dst);
                 };
                 for (i, a) in a_p.into_iter().enumerate() {
                     let (t, d) = act(bounds[i], (reused, redot), a, as_p[i], dots_p[i], coef_p[i]);

@@ -5,7 +5,8 @@
 //! goes through the kernel interface: the activation blocks are packed into the activation BO,
 //! the programs are synthesised into the regcmd BO and PC-chained, the task descriptors written,
 //! the buffers synced, the job submitted on `core_mask = 1 << core` in the weight's domain, the
-//! output BO synced back and every program's int32 block added into the core's local result.
+//! output BO synced back and every program's int32 block copied (K-split: added) into the core's
+//! result, which the caller reads in place (its output pass takes the cores' column segments).
 //!
 //! Decisions:
 //! * One stable activation buffer per core and domain (rknpu-facts §2.6: the NPU caches feature
@@ -21,8 +22,8 @@
 //!   ([`CoreResult::synced_bytes`], [`CoreResult::io_bytes`]).
 //! * The core's mutex is held for the whole run of its share, so concurrent `mm_run`s from
 //!   several threads serialise per core and never share scratch.
-//! * A failed submit (timeout, reset, refusal) fails the run: no partial result is ever
-//!   accumulated into the caller's C (the caller merges only after every core succeeded).
+//! * A failed submit (timeout, reset, refusal) fails the run: no partial result is ever handed
+//!   to the caller (it gets the cores' results only after every core succeeded).
 //! * A job that reports done is not trusted (peer-facts §4: a submit can return success while
 //!   the hardware never starts; completion bookkeeping once read a hole as success). Before
 //!   each submit the last output word of every program ([`PlannedProgram::last_out_word`],
@@ -97,31 +98,54 @@ const OUT_SCRATCH_INITIAL_BYTES: usize = 1 << 20;
 pub(crate) struct ScratchSet {
     regcmd: Bo,
     task: Bo,
-    act: Bo,
     out: Bo,
 }
 
 #[derive(Default)]
 pub(crate) struct CoreScratch {
     sets: HashMap<u32, ScratchSet>,
-    /// The host-side int32 result of the core's last share ([`CoreResult::local`]), handed back
-    /// after the caller copied it out ([`CoreScratch::give_back`]) so the next run writes into
-    /// memory that is already mapped instead of faulting in a fresh buffer.
-    local: Vec<i32>,
 }
 
 impl CoreScratch {
-    /// Bytes of this core's scratch in every domain (regcmd, task, activation, output buffers)
-    /// and its host-side result buffer.
+    /// Bytes of this core's scratch in every domain (regcmd, task and output buffers).
     pub(crate) fn bytes(&self) -> u64 {
-        self.sets.values().flat_map(|s| [&s.regcmd, &s.task, &s.act, &s.out]).map(|b| b.size_bytes as u64).sum::<u64>()
-            + (self.local.capacity() * 4) as u64
+        self.sets.values().flat_map(|s| [&s.regcmd, &s.task, &s.out]).map(|b| b.size_bytes as u64).sum::<u64>()
+    }
+}
+
+/// Host-side result buffers of one core's shares ([`CoreResult::local`]), handed back by the
+/// caller once it has read them (`Npu::give_back`), so later runs write into memory that is
+/// already mapped instead of faulting in fresh buffers. Locked apart from the core's scratch: a
+/// pipelined caller hands back one piece's results while the core runs the next.
+#[derive(Default)]
+pub(crate) struct Spares(Vec<Vec<i32>>);
+
+/// Result buffers kept per core: a pipelined caller holds one piece's results while the next
+/// piece runs.
+const SPARE_LOCALS: usize = 3;
+
+impl Spares {
+    /// Bytes held.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.0.iter().map(|v| (v.capacity() * 4) as u64).sum()
     }
 
-    /// Keeps `local` (a share's result, copied out) for the next run of this core.
+    /// A result buffer of `len` words (contents unspecified): the largest spare one.
+    fn take(&mut self, len: usize) -> Vec<i32> {
+        let mut v = match self.0.iter().enumerate().max_by_key(|(_, v)| v.capacity()) {
+            Some((i, _)) => self.0.swap_remove(i),
+            None => Vec::new(),
+        };
+        v.resize(len, 0);
+        v
+    }
+
+    /// Keeps `local` for a later run of this core (the smallest spare goes when full).
     pub(crate) fn give_back(&mut self, local: Vec<i32>) {
-        if local.capacity() > self.local.capacity() {
-            self.local = local;
+        self.0.push(local);
+        if self.0.len() > SPARE_LOCALS {
+            let (i, _) = self.0.iter().enumerate().min_by_key(|(_, v)| v.capacity()).expect("spares");
+            self.0.swap_remove(i);
         }
     }
 }
@@ -131,6 +155,11 @@ pub(crate) struct Shared {
     pub kif: Arc<dyn KernelInterface>,
     pub soc: SocDesc,
     pub cores: Vec<Mutex<CoreScratch>>,
+    /// Each core's spare result buffers.
+    pub spares: Vec<Mutex<Spares>>,
+    /// Activation images ([`ImageLayout`]) by lease slot (the first core of a run's cores), per
+    /// domain: one stable buffer each (rknpu-facts §2.6), locked for the whole run.
+    pub images: Vec<Mutex<HashMap<u32, Bo>>>,
     pub domains: Mutex<DomainSet>,
     pub timeout_ms: u32,
     pub health: HealthCounters,
@@ -151,10 +180,17 @@ impl Drop for Shared {
         for c in &self.cores {
             let sets = std::mem::take(&mut c.lock().unwrap_or_else(|p| p.into_inner()).sets);
             for (_, s) in sets {
-                for bo in [s.regcmd, s.task, s.act, s.out] {
+                for bo in [s.regcmd, s.task, s.out] {
                     if let Err(e) = self.kif.mem_destroy(bo) {
                         log::warn!("destroying NPU scratch: {e}");
                     }
+                }
+            }
+        }
+        for slot in &self.images {
+            for (_, bo) in std::mem::take(&mut *slot.lock().unwrap_or_else(|p| p.into_inner())) {
+                if let Err(e) = self.kif.mem_destroy(bo) {
+                    log::warn!("destroying an NPU activation image: {e}");
                 }
             }
         }
@@ -220,9 +256,8 @@ fn grow(kif: &dyn KernelInterface, bo: &mut Bo, needed: usize, domain: DomainId)
 fn new_set(kif: &dyn KernelInterface, domain: DomainId) -> Result<ScratchSet, KifError> {
     let regcmd = kif.mem_create(MAX_CHAIN_PROGRAMS * regcmd::PROGRAM_BYTES, mem_flags::DATA, domain)?;
     let task = kif.mem_create(MAX_CHAIN_PROGRAMS * std::mem::size_of::<RknpuTask>(), mem_flags::TASK, domain)?;
-    let act = kif.mem_create(ACT_SCRATCH_INITIAL_BYTES, mem_flags::DATA, domain)?;
     let out = kif.mem_create(OUT_SCRATCH_INITIAL_BYTES, mem_flags::DATA, domain)?;
-    Ok(ScratchSet { regcmd, task, act, out })
+    Ok(ScratchSet { regcmd, task, out })
 }
 
 /// Creates the scratch sets of cores `0..cores` in `domain` if missing. Called when a domain
@@ -234,14 +269,18 @@ pub(crate) fn ensure_scratch(shared: &Shared, domain: DomainId, cores: u32) -> R
             e.insert(new_set(&*shared.kif, domain)?);
         }
     }
+    let mut g = shared.images[0].lock().unwrap_or_else(|p| p.into_inner());
+    if let std::collections::hash_map::Entry::Vacant(e) = g.entry(domain.0) {
+        e.insert(shared.kif.mem_create(ACT_SCRATCH_INITIAL_BYTES, mem_flags::DATA, domain)?);
+    }
     Ok(())
 }
 
 /// Runs one core's share of a plan.
 ///
-/// `a`: `[M, K]` row-major i8 (the caller's whole activation matrix). Returns the core's
-/// `[M][plan.ncols]` int32 result over its column segments.
-pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, plan: &CorePlan) -> Result<CoreResult, NpuError> {
+/// `img`: the run's activation image, packed and synced by the caller ([`pack_image`]). Returns
+/// the core's `[M][plan.ncols]` int32 result over its column segments.
+pub(crate) fn run_core(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize, plan: &CorePlan) -> Result<CoreResult, NpuError> {
     let kif = &*shared.kif;
     let (k, n) = (w.k, w.n);
     let core = plan.core;
@@ -254,8 +293,7 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
     // Every output word of the share is written by a program; a K-split share adds its K-slices'
     // partials, so it starts from zeros, and every other share copies each block in.
     let ksplit = plan.submits.iter().flat_map(|s| &s.programs).any(|p| p.k0 != 0);
-    let mut local = std::mem::take(&mut guard.local);
-    local.resize(m * plan.ncols, 0);
+    let mut local = shared.spares[core as usize].lock().unwrap_or_else(|p| p.into_inner()).take(m * plan.ncols);
     if ksplit {
         local.fill(0);
     }
@@ -272,16 +310,11 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
     };
     let w_iova = w.iova();
     for sub in &plan.submits {
-        grow(kif, &mut set.act, sub.act_bytes, domain).map_err(sub_err)?;
         grow(kif, &mut set.out, sub.out_bytes, domain).map_err(sub_err)?;
-        // Activations.
-        let act = set.act.bytes_mut();
-        for (ab, off) in &sub.a_blocks {
-            layout::pack_a_fast(a, k, ab, &mut act[*off..*off + ab.bytes()]);
-        }
-        // Programs, chained, and their task descriptors.
-        let at = SubmitIovas { act: set.act.iova, weights: w_iova, out: set.out.iova, regcmd: set.regcmd.iova };
-        let entries = sub.regcmd(&at, shared.soc.pc_data_amount_scale)?;
+        // Programs, chained, reading their activation blocks in the image, and their task
+        // descriptors.
+        let at = SubmitIovas { act: img.iova, weights: w_iova, out: set.out.iova, regcmd: set.regcmd.iova };
+        let entries = sub.regcmd_at(&at, shared.soc.pc_data_amount_scale, |ab| img.layout.offset(ab))?;
         let nprogs = sub.programs.len();
         let bytes = regcmd::to_bytes(&entries);
         set.regcmd.bytes_mut()[..bytes.len()].copy_from_slice(&bytes);
@@ -301,11 +334,9 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
         if log::log_enabled!(target: "ork::regcmd", log::Level::Trace) {
             log::trace!(target: "ork::regcmd", "core {core} submit of {nprogs} programs:\n{}", crate::npu::regs::decode(&entries));
         }
-        let act_io: usize = sub.a_blocks.iter().map(|(ab, _)| ab.bytes()).sum();
-        res.synced_bytes += sync_spans(kif, &set.act, SyncDir::ToDevice, sub.a_blocks.iter().map(|(ab, off)| (*off, ab.bytes()))).map_err(sub_err)?;
         res.synced_bytes += sync_spans(kif, &set.regcmd, SyncDir::ToDevice, [(0, bytes.len())].into_iter()).map_err(sub_err)?;
         res.synced_bytes += sync_spans(kif, &set.task, SyncDir::ToDevice, [(0, nprogs * tsize)].into_iter()).map_err(sub_err)?;
-        res.io_bytes += (act_io + bytes.len() + nprogs * tsize) as u64;
+        res.io_bytes += (bytes.len() + nprogs * tsize) as u64;
         let out_io: usize = sub.programs.iter().map(|p| p.mc * p.nc * 4 + 4).sum();
         let job = SubmitJob {
             task_bo: &set.task,
@@ -359,6 +390,84 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
     shared.synced.synced_bytes.fetch_add(res.synced_bytes, Relaxed);
     shared.synced.io_bytes.fetch_add(res.io_bytes, Relaxed);
     Ok(res)
+}
+
+/// Where a run's activation blocks sit in its activation image: for every distinct K range
+/// `(k0, kp)` the plan's programs read, a region `[M][kp]` row-major int8 (a program's block of
+/// rows `m0..m0+mc` is then contiguous, as the flat layout needs, rknpu-facts §3.1); a full-K
+/// plan's image is A itself. Packed once per run by the caller and read by every core, instead
+/// of each core packing its blocks into a buffer of its own.
+pub(crate) struct ImageLayout {
+    /// `(k0, kp, base)`, sorted by `k0`.
+    regions: Vec<(usize, usize, usize)>,
+    m: usize,
+    /// Bytes of the image.
+    pub bytes: usize,
+}
+
+impl ImageLayout {
+    /// The layout of `plan`'s activation blocks over `m` rows.
+    pub(crate) fn of(plan: &crate::npu::plan::Plan) -> ImageLayout {
+        let mut ranges: Vec<(usize, usize)> = plan.cores.iter().flat_map(|c| &c.submits).flat_map(|s| &s.a_blocks).map(|(ab, _)| (ab.k0, ab.kp)).collect();
+        ranges.sort_unstable();
+        ranges.dedup();
+        let mut bytes = 0;
+        let regions = ranges
+            .into_iter()
+            .map(|(k0, kp)| {
+                let base = bytes;
+                bytes += (plan.m * kp).div_ceil(64) * 64;
+                (k0, kp, base)
+            })
+            .collect();
+        ImageLayout { regions, m: plan.m, bytes }
+    }
+
+    /// Byte offset of block `ab` in the image.
+    pub(crate) fn offset(&self, ab: &layout::ABlock) -> usize {
+        let &(_, _, base) = self.regions.iter().find(|r| (r.0, r.1) == (ab.k0, ab.kp)).expect("a planned K range");
+        base + ab.m0 * ab.kp
+    }
+
+    /// Packs `a: [M, K]` row-major into `dst` (≥ [`ImageLayout::bytes`]).
+    pub(crate) fn pack(&self, a: &[i8], k: usize, dst: &mut [u8]) {
+        for &(k0, kp, base) in &self.regions {
+            layout::pack_a_fast(a, k, &layout::ABlock { m0: 0, mc: self.m, k0, kp }, &mut dst[base..base + self.m * kp]);
+        }
+    }
+}
+
+/// A run's activation image as the cores see it: its device address and layout.
+pub(crate) struct ImageAt {
+    pub iova: Iova,
+    pub layout: ImageLayout,
+}
+
+/// The lease slot's images, locked for a run.
+pub(crate) type ImageGuard<'s> = std::sync::MutexGuard<'s, HashMap<u32, Bo>>;
+
+/// Packs `a` into the activation image of lease slot `slot` in `domain` (grown to the layout's
+/// size, never shrunk) and syncs it to the device. Returns the guard holding the slot (the run
+/// keeps it until every core is done), the image's address, and the bytes synced and exchanged.
+pub(crate) fn pack_image<'s>(
+    shared: &'s Shared,
+    slot: u32,
+    domain: DomainId,
+    lay: &ImageLayout,
+    a: &[i8],
+    k: usize,
+) -> Result<(ImageGuard<'s>, Iova, u64, u64), KifError> {
+    let kif = &*shared.kif;
+    let mut g = shared.images[slot as usize].lock().unwrap_or_else(|p| p.into_inner());
+    let bo = match g.entry(domain.0) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => e.insert(kif.mem_create(crate::npu::kif::page_round(lay.bytes.max(ACT_SCRATCH_INITIAL_BYTES)), mem_flags::DATA, domain)?),
+    };
+    grow(kif, bo, lay.bytes, domain)?;
+    lay.pack(a, k, &mut bo.bytes_mut()[..lay.bytes]);
+    let synced = sync_spans(kif, bo, SyncDir::ToDevice, [(0, lay.bytes)].into_iter())?;
+    let iova = bo.iova;
+    Ok((g, iova, synced, lay.bytes as u64))
 }
 
 /// Syncs the byte spans `(offset, len)` of `bo` in one direction: each widened to whole cache

@@ -141,6 +141,37 @@ pub struct RunStats {
     pub io_bytes: u64,
 }
 
+/// One core's part of an NPU matmul's int32 result: `[M][ncols]` row-major over its column
+/// segments `(n0, nc, col0)`: global columns `n0..n0+nc` at local column `col0`.
+pub struct CoreShare {
+    core: u32,
+    pub local: Vec<i32>,
+    pub ncols: usize,
+    pub segs: Vec<(usize, usize, usize)>,
+}
+
+/// The int32 result `[M, N]` of an NPU matmul, left in the cores' buffers
+/// ([`Npu::mm_run_shares`]); every column is in exactly one segment of one core.
+pub struct Shares {
+    pub m: usize,
+    pub n: usize,
+    pub cores: Vec<CoreShare>,
+}
+
+impl Shares {
+    /// Assembles the result into `c: [M, N]` row-major.
+    pub fn copy_to(&self, c: &mut [i32]) {
+        assert_eq!(c.len(), self.m * self.n, "c is not [M, N]");
+        for s in &self.cores {
+            for &(n0, nc, col0) in &s.segs {
+                for row in 0..self.m {
+                    c[row * self.n + n0..row * self.n + n0 + nc].copy_from_slice(&s.local[row * s.ncols + col0..row * s.ncols + col0 + nc]);
+                }
+            }
+        }
+    }
+}
+
 /// A deterministic, self-contained tiled weight blob (what a disk cache stores): the K-slice
 /// tiles then the optional full-K companion, layout of [`layout`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -248,6 +279,8 @@ impl Npu {
             kif,
             domains: Mutex::new(domains),
             cores: (0..cores).map(|_| Mutex::new(mm::CoreScratch::default())).collect(),
+            images: (0..cores).map(|_| Mutex::new(std::collections::HashMap::new())).collect(),
+            spares: (0..cores).map(|_| Mutex::new(mm::Spares::default())).collect(),
             soc,
             timeout_ms,
             health: mm::HealthCounters::default(),
@@ -330,13 +363,22 @@ impl Npu {
         self.shared.domains().copies()
     }
 
-    /// Bytes of the NPU scratch buffers (regcmd, task, activation, output; every core and
-    /// domain), and of the copies of them the interface keeps besides (`rocket`: core `c ≥ 1`'s
-    /// scratch mirrored onto its own file descriptor). Waits for running jobs' cores.
+    /// Bytes of the NPU scratch buffers (each core's regcmd, task and output buffers, the
+    /// activation images; every domain; and the cores' spare host-side result buffers), and of the copies of them the interface keeps besides
+    /// (`rocket`: what cores `c ≥ 1` read mirrored onto their own file descriptors). Waits for
+    /// running jobs' cores.
     pub fn scratch_bytes(&self) -> (u64, u64) {
-        let per_core: Vec<u64> = self.shared.cores.iter().map(|c| c.lock().unwrap_or_else(|p| p.into_inner()).bytes()).collect();
-        let mirrored = if self.weight_copies() > 1 { per_core.iter().skip(1).sum() } else { 0 };
-        (per_core.iter().sum(), mirrored)
+        let per_core: Vec<(u64, u64)> = self
+            .shared
+            .cores
+            .iter()
+            .zip(&self.shared.spares)
+            .map(|(c, s)| (c.lock().unwrap_or_else(|p| p.into_inner()).bytes(), s.lock().unwrap_or_else(|p| p.into_inner()).bytes()))
+            .collect();
+        let images: u64 = self.shared.images.iter().map(|i| i.lock().unwrap_or_else(|p| p.into_inner()).values().map(|b| b.size_bytes as u64).sum::<u64>()).sum();
+        let copies = u64::from(self.weight_copies().saturating_sub(1));
+        let mirrored = if copies > 0 { per_core.iter().skip(1).map(|b| b.0).sum::<u64>() + copies * images } else { 0 };
+        (per_core.iter().map(|b| b.0 + b.1).sum::<u64>() + images, mirrored)
     }
 
     /// Sets the residency budget (policy: the backend lowers it by the host memory its weight
@@ -401,7 +443,7 @@ impl Npu {
     }
 
     /// `C = A · Wᵀ`, exact int32. `a`: `[M, K]` row-major i8; `c`: `[M, N]` row-major i32
-    /// (fully overwritten on success, untouched on error). Uses at most `budget.max_cores` cores.
+    /// (fully overwritten on success, zeroed on error: no partial result leaves a failed run). Uses at most `budget.max_cores` cores.
     pub fn mm_run(&self, w: &ResidentWeight, a: &[i8], m: usize, c: &mut [i32], budget: Budget) -> Result<RunStats, NpuError> {
         self.mm_run_at(w, a, m, c, budget, 0)
     }
@@ -410,6 +452,21 @@ impl Npu {
     /// backend's arbiter, so concurrent matmuls use disjoint cores). The range is clamped to the
     /// cores this `Npu` runs workers for.
     pub fn mm_run_at(&self, w: &ResidentWeight, a: &[i8], m: usize, c: &mut [i32], budget: Budget, first_core: u32) -> Result<RunStats, NpuError> {
+        let n = w.n();
+        if c.len() != m * n {
+            return Err(NpuError::BadArg { op: "mm_run", m, k: w.k(), n, why: format!("c has {} elements, not M·N", c.len()) });
+        }
+        let (shares, stats) = self.mm_run_shares(w, a, m, budget, first_core)?;
+        shares.copy_to(c);
+        self.give_back(shares);
+        Ok(stats)
+    }
+
+    /// [`Npu::mm_run_at`] that leaves the result where the cores put it: each core's column
+    /// segments in a buffer of its own ([`Shares`]), for a caller whose next pass reads them in
+    /// place (the backend's output pass) instead of assembling `C`. Hand them back with
+    /// [`Npu::give_back`] once read.
+    pub fn mm_run_shares(&self, w: &ResidentWeight, a: &[i8], m: usize, budget: Budget, first_core: u32) -> Result<(Shares, RunStats), NpuError> {
         let first_core = first_core.min(self.max_cores - 1);
         let budget = Budget { max_cores: budget.max_cores.min(self.max_cores - first_core) };
         let t0 = Instant::now();
@@ -420,9 +477,6 @@ impl Npu {
         }
         if a.len() != m * k {
             return Err(bad(format!("a has {} elements, not M·K", a.len())));
-        }
-        if c.len() != m * n {
-            return Err(bad(format!("c has {} elements, not M·N", c.len())));
         }
         if !Arc::ptr_eq(&w.inner.shared, &self.shared) {
             return Err(bad("weight was uploaded to another Npu".into()));
@@ -435,15 +489,20 @@ impl Npu {
             plan.submits(),
             plan.programs()
         );
-        let a_shared: Option<Arc<Vec<i8>>> = (plan.cores.len() > 1).then(|| Arc::new(a.to_vec()));
+        // A packed once into the activation image of this lease, which every core reads; the
+        // image stays locked until every core is done.
+        let layout = mm::ImageLayout::of(&plan);
+        let (image, iova, img_synced, img_io) = mm::pack_image(&self.shared, first_core, w.inner.domain, &layout, a, k)
+            .map_err(|source| NpuError::Submit { op: "mm_run", m, k, n, core: first_core, source })?;
+        let img = Arc::new(mm::ImageAt { iova, layout });
         let mut receivers = Vec::new();
         for cp in plan.cores.iter().skip(1) {
             let (tx, rx) = std::sync::mpsc::channel();
-            let (shared, weight, a_arc, cp) = (self.shared.clone(), w.inner.clone(), a_shared.clone().unwrap(), cp.clone());
+            let (shared, weight, img, cp) = (self.shared.clone(), w.inner.clone(), img.clone(), cp.clone());
             self.pool.run_on(
                 cp.core,
                 Box::new(move || {
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mm::run_core(&shared, &weight, &a_arc, m, &cp)));
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mm::run_core(&shared, &weight, &img, m, &cp)));
                     let _ = tx.send(r.unwrap_or_else(|_| {
                         Err(NpuError::Kif(KifError::Invalid(format!("NPU worker {} panicked", cp.core))))
                     }));
@@ -451,34 +510,45 @@ impl Npu {
             );
             receivers.push(rx);
         }
-        let first = mm::run_core(&self.shared, &w.inner, a, m, &plan.cores[0]);
-        let mut results = vec![first];
+        let mut results = vec![mm::run_core(&self.shared, &w.inner, &img, m, &plan.cores[0])];
         for rx in receivers {
             results.push(rx.recv().unwrap_or_else(|_| Err(NpuError::Kif(KifError::Invalid("NPU worker vanished".into())))));
         }
-        let mut stats = RunStats { cores: plan.cores.len() as u32, ..RunStats::default() };
-        let mut done = Vec::with_capacity(results.len());
-        for r in results {
-            done.push(r?);
-        }
-        for (cp, r) in plan.cores.iter().zip(done) {
-            for seg in &cp.segs {
-                for row in 0..m {
-                    let src = &r.local[row * cp.ncols + seg.col0..row * cp.ncols + seg.col0 + seg.nc];
-                    c[row * n + seg.n0..row * n + seg.n0 + seg.nc].copy_from_slice(src);
+        drop(image);
+        let mut stats = RunStats { cores: plan.cores.len() as u32, synced_bytes: img_synced, io_bytes: img_io, ..RunStats::default() };
+        let mut shares = Shares { m, n, cores: Vec::with_capacity(results.len()) };
+        let mut failed = None;
+        for (cp, r) in plan.cores.iter().zip(results) {
+            match r {
+                Ok(r) => {
+                    stats.submits += r.submits;
+                    stats.programs += r.programs;
+                    stats.device_ns += r.device_ns;
+                    stats.never_ran += r.never_ran;
+                    stats.retries += r.retries;
+                    stats.synced_bytes += r.synced_bytes;
+                    stats.io_bytes += r.io_bytes;
+                    shares.cores.push(CoreShare { core: cp.core, local: r.local, ncols: cp.ncols, segs: cp.segs.iter().map(|s| (s.n0, s.nc, s.col0)).collect() });
                 }
+                Err(e) => failed = failed.or(Some(e)),
             }
-            stats.submits += r.submits;
-            stats.programs += r.programs;
-            stats.device_ns += r.device_ns;
-            stats.never_ran += r.never_ran;
-            stats.retries += r.retries;
-            stats.synced_bytes += r.synced_bytes;
-            stats.io_bytes += r.io_bytes;
-            self.shared.cores[cp.core as usize].lock().unwrap_or_else(|p| p.into_inner()).give_back(r.local);
         }
+        if let Some(e) = failed {
+            self.give_back(shares);
+            return Err(e);
+        }
+        // The image's bytes count with the run's (the cores counted their own).
+        self.shared.synced.synced_bytes.fetch_add(img_synced, std::sync::atomic::Ordering::Relaxed);
+        self.shared.synced.io_bytes.fetch_add(img_io, std::sync::atomic::Ordering::Relaxed);
         stats.host_ns = t0.elapsed().as_nanos() as u64;
-        Ok(stats)
+        Ok((shares, stats))
+    }
+
+    /// Keeps the result buffers of `shares` for later runs of their cores.
+    pub fn give_back(&self, shares: Shares) {
+        for s in shares.cores {
+            self.shared.spares[s.core as usize].lock().unwrap_or_else(|p| p.into_inner()).give_back(s.local);
+        }
     }
 
     /// Rows per piece when the caller pipelines its host work around an `m`-row matmul of `w`

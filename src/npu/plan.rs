@@ -109,6 +109,12 @@ impl PlannedSubmit {
     /// [`synth_fixed`] (the golden tests, `ork-regdump --synth`). One program per
     /// `PROGRAM_ENTRIES` entries, in `programs` order.
     pub fn regcmd(&self, at: &SubmitIovas, amount_scale: u32) -> Result<Vec<RegCmd>, RegcmdError> {
+        self.regcmd_at(at, amount_scale, |ab| self.a_blocks.iter().find(|(b, _)| b == ab).expect("a submit's block").1)
+    }
+
+    /// [`PlannedSubmit::regcmd`] with each activation block at `a_offset(block)` bytes past
+    /// `at.act` (the NPU core's activation image, `mm.rs`) instead of its scratch offset.
+    pub fn regcmd_at(&self, at: &SubmitIovas, amount_scale: u32, a_offset: impl Fn(&ABlock) -> usize) -> Result<Vec<RegCmd>, RegcmdError> {
         let progs: Vec<MatmulProgram> = self
             .programs
             .iter()
@@ -117,7 +123,7 @@ impl PlannedSubmit {
                 k: p.kp as u32,
                 n: p.nc as u32,
                 dst_stride: p.nc as u32,
-                a: Iova(at.act.0 + self.a_blocks[p.a_block].1 as u32),
+                a: Iova(at.act.0 + a_offset(&self.a_blocks[p.a_block].0) as u32),
                 b: Iova(at.weights.0 + p.weight_offset as u32),
                 c: Iova(at.out.0 + p.out_offset as u32),
                 sched: p.sched,

@@ -414,18 +414,105 @@ pub fn prepare_rows(x: &[f32], m: usize, k: usize, terms: usize, prep: RowPrep<'
     }
 }
 
+/// Int32 results `[R, N]`: one row-major matrix, or column segments held apart (an NPU
+/// matmul's cores each keep their columns in a buffer of their own, `npu::Shares`).
+#[derive(Clone, Copy)]
+pub enum CRows<'a> {
+    /// `[R, N]` row-major.
+    Dense(&'a [i32]),
+    /// Parts `(c: [R][ncols], ncols, segs)`, each segment `(n0, nc, col0)`: global columns
+    /// `n0..n0+nc` at the part's column `col0`. Every column is in exactly one segment.
+    Parts(&'a [CPart<'a>]),
+}
+
+/// A column range of [`CRows`] located once: row `r` is `c[r·stride + at..][..nc]` (a dense
+/// matrix's stride is filled in by [`Located::row`]'s caller: `n`).
+#[derive(Clone, Copy)]
+pub struct Located<'a> {
+    c: &'a [i32],
+    /// 0: dense (the row length is the caller's N).
+    stride: usize,
+    at: usize,
+    nc: usize,
+}
+
+impl<'a> Located<'a> {
+    /// The range's columns of row `r` of a matrix of `n` columns.
+    #[inline]
+    pub fn row(&self, r: usize, n: usize) -> &'a [i32] {
+        let s = if self.stride == 0 { n } else { self.stride };
+        &self.c[r * s + self.at..r * s + self.at + self.nc]
+    }
+}
+
+/// One part of [`CRows::Parts`].
+pub struct CPart<'a> {
+    pub c: &'a [i32],
+    pub ncols: usize,
+    pub segs: &'a [(usize, usize, usize)],
+}
+
+impl<'a> CRows<'a> {
+    /// The segments `(n0, nc)` of a row, by first column (`[(0, n)]` for a dense matrix).
+    pub fn segments(&self, n: usize) -> Vec<(usize, usize)> {
+        match self {
+            CRows::Dense(_) => vec![(0, n)],
+            CRows::Parts(parts) => {
+                let mut v: Vec<(usize, usize)> = parts.iter().flat_map(|p| p.segs.iter().map(|&(n0, nc, _)| (n0, nc))).collect();
+                v.sort_unstable();
+                v
+            }
+        }
+    }
+
+    /// Where each column range `(n0, nc)` of `segs` (each inside one segment) is held: a
+    /// [`Located`] per range, so a row's range is one slice away ([`CRows::at`]).
+    pub fn locate(&self, segs: &[(usize, usize)]) -> Vec<Located<'a>> {
+        segs.iter()
+            .map(|&(n0, nc)| match self {
+                CRows::Dense(c) => Located { c, stride: 0, at: n0, nc },
+                CRows::Parts(parts) => parts
+                    .iter()
+                    .find_map(|p| {
+                        p.segs.iter().find(|&&(s0, snc, _)| n0 >= s0 && n0 + nc <= s0 + snc).map(|&(s0, _, col0)| Located { c: p.c, stride: p.ncols, at: col0 + (n0 - s0), nc })
+                    })
+                    .unwrap_or_else(|| panic!("columns {n0}..{} are not inside one segment", n0 + nc)),
+            })
+            .collect()
+    }
+
+    /// Rows held (`R`), given the row length `n`.
+    fn rows(&self, n: usize) -> usize {
+        match self {
+            CRows::Dense(c) => c.len().checked_div(n).unwrap_or(0),
+            CRows::Parts(parts) => parts.first().map_or(0, |p| p.c.len().checked_div(p.ncols).unwrap_or(0)),
+        }
+    }
+
+    /// Whether it holds exactly `rows` rows of `n` columns.
+    fn is(&self, rows: usize, n: usize) -> bool {
+        match self {
+            CRows::Dense(c) => c.len() == rows * n,
+            CRows::Parts(parts) => {
+                parts.iter().all(|p| p.c.len() == rows * p.ncols && p.segs.iter().all(|&(_, nc, col0)| col0 + nc <= p.ncols))
+                    && self.segments(n).iter().try_fold(0, |at, &(n0, nc)| (n0 == at).then_some(n0 + nc)) == Some(n)
+            }
+        }
+    }
+}
+
 /// The int32 results of an NPU matmul and what turns them into `dst`, for [`dequantize_fused`].
 pub struct Output<'a> {
     /// `c: [T·M, N]`, term-major rows (the activation terms against the first weight term).
-    pub c: &'a [i32],
+    pub c: CRows<'a>,
     /// `[T·M]`, the activation terms' scales.
     pub a_scale: &'a [f32],
     pub terms: usize,
     /// `[N]`, the first weight term's scales.
     pub w_scale: &'a [f32],
     /// The second weight term: `cl: [L·M, N]` (the first L activation terms against it) and its
-    /// scales `[N]`.
-    pub lo: Option<(&'a [i32], &'a [f32])>,
+    /// scales `[N]`. Its segments are `c`'s or contain them.
+    pub lo: Option<(CRows<'a>, &'a [f32])>,
     /// The calibrated correction: `coef: [M]`, each row's coefficient (`None` leaves the row),
     /// and `e: [N]`, the NPU's error along the weight's direction (`mean::Direction::err`).
     pub corr: Option<(&'a [Option<f32>], &'a [f32])>,
@@ -444,13 +531,13 @@ pub fn dequantize_fused(o: &Output<'_>, dst: &mut [f32]) {
     assert!(terms >= 1, "at least one term");
     let m = o.a_scale.len() / terms;
     assert_eq!(o.a_scale.len(), terms * m, "a_scale is not [T·M]");
-    assert_eq!(o.c.len(), terms * m * n, "c is not [T·M, N]");
+    assert!(o.c.is(terms * m, n), "c is not [T·M, N]");
     assert_eq!(dst.len(), m * n, "dst is not [M, N]");
     let lt = match o.lo {
         Some((cl, ls)) => {
             assert_eq!(ls.len(), n, "lo_scale is not [N]");
-            let lt = cl.len().checked_div(m * n).unwrap_or(0);
-            assert!(cl.len() == lt * m * n && lt <= terms, "cl is not [L·M, N] with L ≤ T");
+            let lt = cl.rows(n).checked_div(m).unwrap_or(0);
+            assert!(cl.is(lt * m, n) && lt <= terms, "cl is not [L·M, N] with L ≤ T");
             lt
         }
         None => 0,
@@ -461,33 +548,41 @@ pub fn dequantize_fused(o: &Output<'_>, dst: &mut [f32]) {
     if n == 0 {
         return;
     }
-    let body = |(i, dr): (usize, &mut [f32])| {
-        let row = |t: usize| &o.c[(t * m + i) * n..(t * m + i + 1) * n];
-        let sa = |t: usize| o.a_scale[t * m + i];
-        let corr = o.corr.and_then(|(coef, e)| coef[i].map(|c| (c, e)));
-        match (terms, o.lo, lt, corr) {
-            (1, None, _, None) => dequantize_row(row(0), sa(0), o.w_scale, dr),
-            (1, None, _, Some((cc, e))) => dequantize_row_corr(row(0), sa(0), o.w_scale, cc, e, dr),
-            (2, Some((cl, ls)), 1, None) => dequantize_row2_lo(row(0), sa(0), row(1), sa(1), o.w_scale, &cl[i * n..(i + 1) * n], sa(0), ls, dr),
-            (2, Some((cl, ls)), 1, Some((cc, e))) => {
-                dequantize_row2_lo_corr(row(0), sa(0), row(1), sa(1), o.w_scale, &cl[i * n..(i + 1) * n], sa(0), ls, cc, e, dr)
-            }
-            _ => {
-                if terms == 1 {
-                    dequantize_row(row(0), sa(0), o.w_scale, dr);
-                } else {
-                    dequantize_row2(row(0), sa(0), row(1), sa(1), o.w_scale, dr);
-                    for t in 2..terms {
-                        dequantize_row_acc(row(t), sa(t), o.w_scale, dr);
-                    }
+    // Every formula is per column, so a row is finished segment by segment (the same floats).
+    let segs = o.c.segments(n);
+    let (cs, ls_at) = (o.c.locate(&segs), o.lo.map(|(cl, _)| cl.locate(&segs)));
+    let body = |(i, drow): (usize, &mut [f32])| {
+        for (j, &(n0, nc)) in segs.iter().enumerate() {
+            let dr = &mut drow[n0..n0 + nc];
+            let ws = &o.w_scale[n0..n0 + nc];
+            let row = |t: usize| cs[j].row(t * m + i, n);
+            let lrow = |t: usize| ls_at.as_ref().expect("a second term")[j].row(t * m + i, n);
+            let sa = |t: usize| o.a_scale[t * m + i];
+            let corr = o.corr.and_then(|(coef, e)| coef[i].map(|c| (c, &e[n0..n0 + nc])));
+            match (terms, o.lo, lt, corr) {
+                (1, None, _, None) => dequantize_row(row(0), sa(0), ws, dr),
+                (1, None, _, Some((cc, e))) => dequantize_row_corr(row(0), sa(0), ws, cc, e, dr),
+                (2, Some((_, ls)), 1, None) => dequantize_row2_lo(row(0), sa(0), row(1), sa(1), ws, lrow(0), sa(0), &ls[n0..n0 + nc], dr),
+                (2, Some((_, ls)), 1, Some((cc, e))) => {
+                    dequantize_row2_lo_corr(row(0), sa(0), row(1), sa(1), ws, lrow(0), sa(0), &ls[n0..n0 + nc], cc, e, dr)
                 }
-                if let Some((cl, ls)) = o.lo {
-                    for t in 0..lt {
-                        dequantize_row_acc(&cl[(t * m + i) * n..(t * m + i + 1) * n], sa(t), ls, dr);
+                _ => {
+                    if terms == 1 {
+                        dequantize_row(row(0), sa(0), ws, dr);
+                    } else {
+                        dequantize_row2(row(0), sa(0), row(1), sa(1), ws, dr);
+                        for t in 2..terms {
+                            dequantize_row_acc(row(t), sa(t), ws, dr);
+                        }
                     }
-                }
-                if let Some((cc, e)) = corr {
-                    add_scaled_row(cc, e, dr);
+                    if let Some((_, ls)) = o.lo {
+                        for t in 0..lt {
+                            dequantize_row_acc(lrow(t), sa(t), &ls[n0..n0 + nc], dr);
+                        }
+                    }
+                    if let Some((cc, e)) = corr {
+                        add_scaled_row(cc, e, dr);
+                    }
                 }
             }
         }
@@ -958,19 +1053,48 @@ mod tests {
                 }
             }
             let out = Output {
-                c: &c,
+                c: CRows::Dense(&c),
                 a_scale: &a_scale,
                 terms,
                 w_scale: &w_scale,
-                lo: lo.then_some((&cl[..], &lo_scale[..])),
+                lo: lo.then_some((CRows::Dense(&cl[..]), &lo_scale[..])),
                 corr: corr.then_some((&coef[..], &e[..])),
             };
-            for threads in [1, 3] {
-                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-                let mut got = vec![7f32; m * n];
-                pool.install(|| dequantize_fused(&out, &mut got));
-                for j in 0..m * n {
-                    assert_eq!(got[j].to_bits(), want[j].to_bits(), "m {m} n {n} terms {terms} lo {lo} corr {corr} threads {threads} j {j}");
+            // The same results held as two cores' column segments (core 0: the first and last
+            // thirds, core 1: the middle one), as `npu::Shares` keeps them.
+            let cuts = [0, n / 3, 2 * n / 3, n];
+            let segs: [Vec<(usize, usize, usize)>; 2] = [
+                vec![(cuts[0], cuts[1] - cuts[0], 0), (cuts[2], cuts[3] - cuts[2], cuts[1] - cuts[0])],
+                vec![(cuts[1], cuts[2] - cuts[1], 0)],
+            ];
+            let split = |full: &[i32]| -> Vec<Vec<i32>> {
+                let rows = full.len() / n;
+                segs.iter()
+                    .map(|ss| {
+                        let mut v = Vec::new();
+                        for r in 0..rows {
+                            for &(n0, nc, _) in ss {
+                                v.extend_from_slice(&full[r * n + n0..r * n + n0 + nc]);
+                            }
+                        }
+                        v
+                    })
+                    .collect()
+            };
+            let (cp, clp) = (split(&c), split(&cl));
+            fn parts<'a>(v: &'a [Vec<i32>], segs: &'a [Vec<(usize, usize, usize)>]) -> Vec<CPart<'a>> {
+                v.iter().zip(segs).map(|(c, ss)| CPart { c, ncols: ss.iter().map(|s| s.1).sum(), segs: ss }).collect()
+            }
+            let (pc, pcl) = (parts(&cp, &segs), parts(&clp, &segs));
+            let out_parts = Output { c: CRows::Parts(&pc), lo: lo.then_some((CRows::Parts(&pcl), &lo_scale[..])), ..out };
+            for (how, out) in [("dense", &out), ("parts", &out_parts)] {
+                for threads in [1, 3] {
+                    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                    let mut got = vec![7f32; m * n];
+                    pool.install(|| dequantize_fused(out, &mut got));
+                    for j in 0..m * n {
+                        assert_eq!(got[j].to_bits(), want[j].to_bits(), "{how} m {m} n {n} terms {terms} lo {lo} corr {corr} threads {threads} j {j}");
+                    }
                 }
             }
         }
