@@ -610,21 +610,19 @@ struct ActKey {
     hash: u64,
 }
 
-/// Bytes per XXH3 chunk of [`act_hash`]: fixed, so the hash of the same values is the same
-/// whatever the pool's size.
-const ACT_HASH_CHUNK: usize = 256 << 10;
-
-/// The hash of [`ActKey`]: XXH3-64 of every byte of `x`, in fixed 256 KiB chunks on the current
-/// pool, then XXH3-64 of the chunks' hashes (a prefill activation is megabytes: one thread's
-/// XXH3 over it was a tenth of the activation pass).
-fn act_hash(x: &[f32]) -> u64 {
+/// The hash of [`ActKey`]: XXH3-64 of the rows' [`quant::row_hash`]es (`x: [M, K]`, rows on
+/// the current pool). The activation pass takes the same row hashes while it reads the rows
+/// ([`quant::prepare_rows_hashed`], combined by [`rows_hash`]), so only an activation that may be
+/// the previous one (same address and size) is read for its hash alone.
+fn act_hash(x: &[f32], k: usize) -> u64 {
     use rayon::prelude::*;
-    let b: &[u8] = bytemuck::cast_slice(x);
-    if b.len() <= ACT_HASH_CHUNK {
-        return twox_hash::XxHash3_64::oneshot(b);
-    }
-    let parts: Vec<u64> = b.par_chunks(ACT_HASH_CHUNK).map(twox_hash::XxHash3_64::oneshot).collect();
-    twox_hash::XxHash3_64::oneshot(bytemuck::cast_slice(&parts))
+    let rows: Vec<u64> = if x.len() >= quant::PAR_MIN_ELEMS { x.par_chunks(k).map(quant::row_hash).collect() } else { x.chunks(k).map(quant::row_hash).collect() };
+    rows_hash(&rows)
+}
+
+/// [`act_hash`] from its rows' hashes.
+fn rows_hash(rows: &[u64]) -> u64 {
+    twox_hash::XxHash3_64::oneshot(bytemuck::cast_slice(rows))
 }
 
 /// Buffers above this size are not kept between calls (a ubatch of thousands of rows would
@@ -901,11 +899,16 @@ impl Device {
         let vouched = held_act.filter(|a| same && (a.addr, a.len, a.rows, a.terms) == (x.as_ptr() as usize, x.len(), m, terms));
         // (key, reused, redot): the dots are taken again when the int8 terms are reused but
         // this weight's direction is not the one they were taken with (Q/K/V and gate/up share it).
+        // An activation that cannot be the held one (another address or size) is not hashed
+        // here: its activation pass takes the row hashes (`hashes`), and its key after it.
+        let this = |hash: u64| ActKey { addr: x.as_ptr() as usize, len: x.len(), rows: m, terms, hash };
+        let candidate = held_act.is_some_and(|a| (a.addr, a.len, a.rows, a.terms) == (x.as_ptr() as usize, x.len(), m, terms));
         let decide = || {
-            let key = w.rot.as_ref().map(|_| vouched.unwrap_or_else(|| ActKey { addr: x.as_ptr() as usize, len: x.len(), rows: m, terms, hash: act_hash(x) }));
+            let key = w.rot.as_ref().and_then(|_| vouched.or_else(|| candidate.then(|| this(act_hash(x, k)))));
             let reused = key.is_some() && key == held_act;
             (key, reused, reused && dir.is_some_and(|d| d != held_dir.as_slice()))
         };
+        let mut hashes = vec![0u64; if w.rot.is_some() && vouched.is_none() && !candidate { m } else { 0 }];
         let t1 = Instant::now();
         let lease = self.arbiter().acquire(phase, want);
         let ta = Instant::now();
@@ -925,14 +928,14 @@ impl Device {
         };
         // The activation pass of rows [r0, r1) (all of M when uncut: then the slices hold every
         // term, term-major). Returns its time and the time of dots taken again.
-        let act = |(r0, r1): (usize, usize), reuse: (bool, bool), a: &mut [i8], a_scale: &mut [f32], dots: &mut [f32], coef: &mut [Option<f32>]| -> (u64, u64) {
+        let act = |(r0, r1): (usize, usize), reuse: (bool, bool), a: &mut [i8], a_scale: &mut [f32], dots: &mut [f32], coef: &mut [Option<f32>], hashes: &mut [u64]| -> (u64, u64) {
             let t = Instant::now();
             let mut dot_ns = 0;
             let xr = &x[r0 * k..r1 * k];
             let (reused, redot) = reuse;
             pool::on_host(no_aff, terms * (r1 - r0) * k, || {
                 if !reused {
-                    quant::prepare_rows(xr, r1 - r0, k, terms, prep, dir, a, a_scale, dots);
+                    quant::prepare_rows_hashed(xr, r1 - r0, k, terms, prep, dir, a, a_scale, dots, hashes);
                 } else if let Some(d) = dir.filter(|_| redot) {
                     use rayon::prelude::*;
                     let td = Instant::now();
@@ -1038,7 +1041,7 @@ impl Device {
             let mut d = 0;
             pool::on_host(no_aff, rows * k, || {
                 decided = decide();
-                d = act((0, m), (decided.1, decided.2), a, a_scale, dots, coef).1;
+                d = act((0, m), (decided.1, decided.2), a, a_scale, dots, coef, &mut hashes).1;
             });
             (key, reused, redot) = decided;
             (act_ns, dot_ns) = (th.elapsed().as_nanos() as u64, d);
@@ -1046,12 +1049,14 @@ impl Device {
             runs.add(&r);
             out_ns += out((0, m), (c, hc), a_scale, (cl, hl), coef, dst);
         } else {
-            (key, reused, redot) = pool::on_host(no_aff, m * k, decide);
+            (key, reused, redot) = if candidate { pool::on_host(no_aff, m * k, decide) } else { decide() };
             // One int8 term: row r of every buffer is at r times its row length.
             let cut = |len: usize| bounds.iter().map(|&(r0, r1)| (r0 * len, r1 * len)).collect::<Vec<_>>();
             let (a_p, c_p, cl_p) = (pieces(a, &cut(k)), pieces(c, &cut(n)), pieces(cl, &cut(if w.lo.is_some() { n } else { 0 })));
             let (mut as_p, mut dots_p, mut coef_p, mut dst_p) =
                 (pieces(a_scale, &cut(1)), pieces(dots, &cut(usize::from(dir.is_some()))), pieces(coef, &cut(usize::from(fix.is_some()))), pieces(dst, &cut(n)));
+            let hashed = usize::from(!hashes.is_empty());
+            let mut hashes_p = pieces(&mut hashes, &cut(hashed));
             std::thread::scope(|s| {
                 let (to_npu, npu_rx) = std::sync::mpsc::channel::<(usize, &[i8])>();
                 let (npu_tx, from_npu) = std::sync::mpsc::channel::<Landed<'_>>();
@@ -1072,7 +1077,7 @@ impl Device {
                     out_ns += out(bounds[i], (c, hc), a_scale, (cl, hl), coef, dst);
                 };
                 for (i, a) in a_p.into_iter().enumerate() {
-                    let (t, d) = act(bounds[i], (reused, redot), a, as_p[i], dots_p[i], coef_p[i]);
+                    let (t, d) = act(bounds[i], (reused, redot), a, as_p[i], dots_p[i], coef_p[i], hashes_p[i]);
                     act_ns += t;
                     dot_ns += d;
                     let _ = to_npu.send((i, &*a));
@@ -1086,6 +1091,8 @@ impl Device {
                 let _ = npu_thread.join();
             });
         }
+        // The key of an activation not hashed before its pass: from the row hashes it took.
+        let key = if hashes.is_empty() { key } else { Some(this(rows_hash(&hashes))) };
         if reused {
             self.stats.act_reused.fetch_add(1, Relaxed);
             if vouched.is_some() {

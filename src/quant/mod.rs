@@ -319,7 +319,22 @@ pub enum RowPrep<'a> {
 /// tests compare them). Runs on the current rayon pool when the rows are large enough.
 #[allow(clippy::too_many_arguments)]
 pub fn prepare_rows(x: &[f32], m: usize, k: usize, terms: usize, prep: RowPrep<'_>, dir: Option<&[f32]>, q: &mut [i8], scales: &mut [f32], dots: &mut [f32]) {
+    prepare_rows_hashed(x, m, k, terms, prep, dir, q, scales, dots, &mut []);
+}
+
+/// The identity of an activation row: XXH3-64 of its bytes ([`prepare_rows_hashed`] takes it
+/// while the row is in cache for its activation pass).
+#[inline]
+pub fn row_hash(xr: &[f32]) -> u64 {
+    twox_hash::XxHash3_64::oneshot(bytemuck::cast_slice(xr))
+}
+
+/// [`prepare_rows`] that also writes each row's [`row_hash`] into `hashes` (`[M]`, or empty for
+/// none): the reuse key of the activation for the price of reading rows already in cache.
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_rows_hashed(x: &[f32], m: usize, k: usize, terms: usize, prep: RowPrep<'_>, dir: Option<&[f32]>, q: &mut [i8], scales: &mut [f32], dots: &mut [f32], hashes: &mut [u64]) {
     assert!(terms >= 1, "at least one term");
+    assert!(hashes.is_empty() || hashes.len() == m, "hashes is not [M] (or empty)");
     assert_eq!(x.len(), m * k, "x is not [M, K]");
     assert_eq!(q.len(), terms * m * k, "q is not [T·M, K]");
     assert_eq!(scales.len(), terms * m, "scales is not [T·M]");
@@ -337,6 +352,7 @@ pub fn prepare_rows(x: &[f32], m: usize, k: usize, terms: usize, prep: RowPrep<'
     if k == 0 {
         scales.iter_mut().for_each(|s| *s = ABSMAX_FLOOR / QMAX);
         dots.iter_mut().for_each(|d| *d = 0.0);
+        hashes.iter_mut().for_each(|h| *h = row_hash(&[]));
         return;
     }
     // One block of rows: its input rows, its rows of every term's q / scales, its dots.
@@ -345,12 +361,16 @@ pub fn prepare_rows(x: &[f32], m: usize, k: usize, terms: usize, prep: RowPrep<'
         q: Vec<&'b mut [i8]>,
         s: Vec<&'b mut [f32]>,
         dots: &'b mut [f32],
+        h: &'b mut [u64],
     }
     let run = |b: Block<'_>| {
-        let Block { x, mut q, mut s, dots } = b;
+        let Block { x, mut q, mut s, dots, h } = b;
         with_scratch(2 * k, |buf| {
             let (row, resid) = buf.split_at_mut(k);
             for (i, xr) in x.chunks_exact(k).enumerate() {
+                if let Some(h) = h.get_mut(i) {
+                    *h = row_hash(xr);
+                }
                 // The dots of four rows at a time (independent chains of adds), the rows then
                 // still in cache for their rotation.
                 if let (Some(d), 0) = (dir, i % 4) {
@@ -390,6 +410,7 @@ pub fn prepare_rows(x: &[f32], m: usize, k: usize, terms: usize, prep: RowPrep<'
     let mut q_left: Vec<&mut [i8]> = q.chunks_mut(m * k).collect();
     let mut s_left: Vec<&mut [f32]> = scales.chunks_mut(m).collect();
     let mut d_left: &mut [f32] = dots;
+    let mut h_left: &mut [u64] = hashes;
     let mut blocks = Vec::with_capacity(m.div_ceil(per));
     for xb in x.chunks(per * k) {
         let nb = xb.len() / k;
@@ -405,7 +426,10 @@ pub fn prepare_rows(x: &[f32], m: usize, k: usize, terms: usize, prep: RowPrep<'
         }
         let (db, rest) = std::mem::take(&mut d_left).split_at_mut(if dir.is_some() { nb } else { 0 });
         d_left = rest;
-        blocks.push(Block { x: xb, q: qb, s: sb, dots: db });
+        let hn = if h_left.is_empty() { 0 } else { nb };
+        let (hb, rest) = std::mem::take(&mut h_left).split_at_mut(hn);
+        h_left = rest;
+        blocks.push(Block { x: xb, q: qb, s: sb, dots: db, h: hb });
     }
     if blocks.len() == 1 {
         blocks.into_iter().for_each(run);
@@ -986,7 +1010,9 @@ mod tests {
                 for threads in [1, 2, 5] {
                     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
                     let (mut q, mut sc, mut d) = (vec![9i8; terms * m * k], vec![9f32; terms * m], vec![9f32; m]);
-                    pool.install(|| prepare_rows(&x, m, k, terms, prep, Some(&dir), &mut q, &mut sc, &mut d));
+                    let mut h = vec![9u64; m];
+                    pool.install(|| prepare_rows_hashed(&x, m, k, terms, prep, Some(&dir), &mut q, &mut sc, &mut d, &mut h));
+                    assert_eq!(h, x.chunks(k).map(row_hash).collect::<Vec<_>>(), "m {m} k {k} terms {terms} threads {threads}: row hashes");
                     let tag = format!("m {m} k {k} terms {terms} threads {threads} rotated {}", matches!(prep, RowPrep::Rotate(_)));
                     assert_eq!(q, wq, "{tag}: int8 terms");
                     assert_eq!(sc.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), ws.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{tag}: scales");
