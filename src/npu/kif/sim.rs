@@ -1016,6 +1016,18 @@ fn has_avx2() -> bool {
     }
 }
 
+/// Makes the calling thread's sleeps end on time: Linux lets a sleeping thread's timer fire up
+/// to its *timer slack* late (50 µs by default), which would add to every timed submit a wait no
+/// board's interrupt has. Set once per thread (1 µs); a refusal leaves the default.
+fn tight_timer() {
+    thread_local!(static SET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
+    SET.with(|s| {
+        if !s.replace(true) {
+            let _ = nix::sys::prctl::set_timerslack(1_000);
+        }
+    });
+}
+
 #[cfg(test)]
 mod coverage_tests {
     use super::*;
@@ -1035,14 +1047,3 @@ mod coverage_tests {
     }
 }
 
-/// Makes the calling thread's sleeps end on time: Linux lets a sleeping thread's timer fire up
-/// to its *timer slack* late (50 µs by default), which would add to every timed submit a wait no
-/// board's interrupt has. Set once per thread (1 µs); a refusal leaves the default.
-fn tight_timer() {
-    thread_local!(static SET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
-    SET.with(|s| {
-        if !s.replace(true) {
-            let _ = nix::sys::prctl::set_timerslack(1_000);
-        }
-    });
-}
