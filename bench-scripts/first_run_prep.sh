@@ -7,7 +7,9 @@
 #
 # Per model: one llama-completion run (ORK_NPU=sim, ORK_PROFILE=1, 4 tokens) with a fresh private
 # ORK_CACHE_DIR (the first run: every weight packed, uploaded, written to the cache), then one
-# more with the same directory (the warm start: every weight a cache hit). Prints the backend's
+# more with the same directory (the warm start: every weight a cache hit, with whatever of the
+# cache files the page cache still holds), then one more after dropping the cache files' pages
+# (warm-disk: the warm start of a later boot, the files read from disk). Prints the backend's
 # `ork:` weight line (hits, packs, "prepared in N ms" and its split), the wall time, the bytes the
 # process wrote (/proc/PID/io write_bytes, sampled just before it exits: what reached the
 # filesystem layer) and the cache directory's size after the run.
@@ -54,7 +56,7 @@ run() { # tag model cache
     t1=$(date +%s.%N)
     local line
     line=$(grep 'cache hits' "$WORK/$tag.err" | tail -1 | grep . || { echo "no ork: summary in the $tag run" >&2; tail -20 "$WORK/$tag.err" >&2; exit 1; })
-    printf '%-6s wall %5.1f s, wrote %6.0f MB, cache dir %6.0f MB\n       %s\n' "$tag" "$(echo "$t1 - $t0" | bc)" \
+    printf '%-9s wall %5.1f s, wrote %6.0f MB, cache dir %6.0f MB\n       %s\n' "$tag" "$(echo "$t1 - $t0" | bc)" \
         "$(echo "$wb / 1000000" | bc -l)" "$(echo "$(du -sb "$cache" 2>/dev/null | cut -f1 || echo 0) / 1000000" | bc -l)" "$(sed -E 's/^.*(weights: .*cache write [0-9]+ ms\)).*$/\1/' <<<"$line")"
     grep -E "^ork: packing weights" "$WORK/$tag.err" | tail -1 | sed 's/^/       /' || true
 }
@@ -66,6 +68,13 @@ for model in "$@"; do
     cache="$WORK/cache-$(basename "$model" .gguf)"
     run first "$model" "$cache"
     run warm "$model" "$cache"
+    # The warm start of a later boot: the cache files' pages dropped from the page cache first
+    # (posix_fadvise DONTNEED per file: read from disk again, as after a reboot).
+    python3 -c 'import os,sys
+for root, _, files in os.walk(sys.argv[1]):
+    for f in files:
+        fd = os.open(os.path.join(root, f), os.O_RDONLY); os.fsync(fd); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' "$cache"
+    run warm-disk "$model" "$cache"
     cmp -s "$WORK/first.out" "$WORK/warm.out" || echo "       generated text of the warm run DIFFERS"
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
