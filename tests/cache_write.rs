@@ -7,8 +7,15 @@ use ggml_ork::npu::soc::{SocDesc, SocId};
 
 #[test]
 fn a_stored_entry_is_the_encoded_file_byte_for_byte() {
+    // O_DIRECT (the default) and buffered (ORK_CACHE_DIRECT=0).
+    for direct in [true, false] {
+        store_and_compare(direct);
+    }
+}
+
+fn store_and_compare(direct: bool) {
     let tmp = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
-    let c = PackCache::new(tmp.path(), u64::MAX);
+    let c = PackCache::new(tmp.path(), u64::MAX).with_direct(direct);
     // N × K with one weight term: tiles of 33 MiB + 4 KiB + 96 bytes (more than two bounce
     // buffers, a tail that is no multiple of a page), scales [N] ++ [K].
     let (n, k) = (96usize, 98_347usize);
@@ -21,7 +28,7 @@ fn a_stored_entry_is_the_encoded_file_byte_for_byte() {
     let want = format::encode_file(&id.normalized(), cache::quant_params(), &tiles, &scales);
     assert_eq!(written.len(), want.len());
     let first_diff = written.iter().zip(&want).position(|(a, b)| a != b);
-    assert_eq!(first_diff, None, "written file differs from the encoded one");
+    assert_eq!(first_diff, None, "written file (direct: {direct}) differs from the encoded one");
     let hit = c.open(&id).expect("the entry opens");
     assert_eq!(hit.header().tiles_bytes as usize, tiles.len());
     // No temporary file left beside it.

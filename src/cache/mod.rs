@@ -470,6 +470,9 @@ pub struct PackCache {
     /// about entries larger than the whole limit.
     warned_full: AtomicBool,
     warned_too_big: AtomicBool,
+    /// Write entries with `O_DIRECT` where the filesystem takes it ([`write_direct`];
+    /// `ORK_CACHE_DIRECT`, default on).
+    direct: bool,
 }
 
 /// Distinguishes temporary files of threads in one process.
@@ -555,6 +558,11 @@ fn write_direct(tmp: &Path, id: &Identity, tiles: &[u8], scales: &[f32]) -> io::
 }
 
 impl PackCache {
+    /// This cache writing its entries with `O_DIRECT` (`true`, the default) or buffered.
+    pub fn with_direct(self, direct: bool) -> PackCache {
+        PackCache { direct, ..self }
+    }
+
     pub fn new(dir: impl Into<PathBuf>, max_bytes: u64) -> PackCache {
         let now = SystemTime::now();
         PackCache {
@@ -565,6 +573,7 @@ impl PackCache {
             refusal: AtomicU8::new(0),
             warned_full: AtomicBool::new(false),
             warned_too_big: AtomicBool::new(false),
+            direct: true,
         }
     }
 
@@ -577,7 +586,7 @@ impl PackCache {
             log::debug!("orkpack cache off: no ORK_CACHE_DIR, XDG_CACHE_HOME or HOME");
             return None;
         };
-        Some(PackCache::new(dir, cfg.cache_max_mb.saturating_mul(1 << 20)))
+        Some(PackCache::new(dir, cfg.cache_max_mb.saturating_mul(1 << 20)).with_direct(cfg.cache_direct))
     }
 
     pub fn dir(&self) -> &Path {
@@ -669,7 +678,7 @@ impl PackCache {
         ));
         let write = || -> io::Result<()> {
             #[cfg(target_os = "linux")]
-            if write_direct(&tmp, &id.normalized(), tiles, scales)? {
+            if self.direct && write_direct(&tmp, &id.normalized(), tiles, scales)? {
                 return Ok(());
             }
             let mut w = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
