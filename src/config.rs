@@ -100,6 +100,7 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_WCACHE_BUDGET_MB", default: "RAM - 1024 - ORK buffers", meaning: "resident weight budget (MiB); weights past it keep one int8 term, then stay on the CPU" },
     VarDoc { name: "ORK_MAP_WEIGHTS", default: "1", meaning: "1 = ORK's weight buffers are llama.cpp's own read-only mapping of the model file (ggml's buffer_from_host_ptr, used when llama.cpp maps the file: its default, not -lm none / --no-mmap): ggml-cpu and ORK read the GGUF bytes in place, with no second copy of them in ORK's memory, and weights are packed at their first NPU MUL_MAT; 0 = ggml copies the GGUF bytes into ORK's own buffers and they are packed as they are written (docs/cache.md \"The GGUF bytes\")" },
     VarDoc { name: "ORK_CACHE", default: "1", meaning: "0 = do not read or write .orkpack files" },
+    VarDoc { name: "ORK_CACHE_DIRECT", default: "1", meaning: "1 = write .orkpack entries with O_DIRECT (no page cache: the first run's tiles do not push the model's mapped pages out of RAM; each write waits for the disk); 0 = buffered writes (the kernel writes them back later: faster on a slow disk such as eMMC when RAM is plentiful)" },
     VarDoc { name: "ORK_CACHE_MAX_MB", default: "8192", meaning: "size limit of the .orkpack cache directory; least-recently-used entries not in use are removed past it, and when that is not enough the new entry is not written (one warning)" },
     VarDoc { name: "ORK_CACHE_DIR", default: "$XDG_CACHE_HOME/ggml-ork or ~/.cache/ggml-ork", meaning: "where .orkpack files live" },
     VarDoc { name: "ORK_VK_DEVICE", default: "(first Mali)", meaning: "Vulkan device for GPU decode, by index or name substring" },
@@ -147,6 +148,8 @@ pub struct Config {
     /// `ORK_DOMAIN_CAP_MB`: weight bytes per IOMMU domain in MiB (None = the SoC's default).
     pub domain_cap_mb: Option<u64>,
     pub cache_enabled: bool,
+    /// `ORK_CACHE_DIRECT`: write cache entries with `O_DIRECT` (`cache::PackCache`).
+    pub cache_direct: bool,
     /// `ORK_MAP_WEIGHTS`: offer ggml `buffer_from_host_ptr` (weights read in place from the
     /// model file's mapping) instead of a copy in ORK's buffers.
     pub map_weights: bool,
@@ -306,6 +309,7 @@ impl Config {
             domain_cap_mb,
             map_weights: on_unless_off("ORK_MAP_WEIGHTS"),
             cache_enabled: get("ORK_CACHE").map(|v| v.trim() != "0").unwrap_or(true),
+            cache_direct: get("ORK_CACHE_DIRECT").map(|v| v.trim() != "0").unwrap_or(true),
             cache_dir: text("ORK_CACHE_DIR"),
             cache_max_mb,
             vk_device: text("ORK_VK_DEVICE").map(|s| s.trim().to_string()),

@@ -5,132 +5,202 @@
 //! The GGUF tensor directory is read directly (header, KV pairs skipped by type, tensor infos):
 //! no llama.cpp needed. The same `ORK_*` variables as the plugin apply (`ORK_ROUTE`, `ORK_MINM`,
 //! `ORK_DECODE`, `ORK_ACT_TERMS`, ...); `--m N` sets the prefill ubatch rows (default 512).
+//!
+//! `--ram GB[,GB..]` plans a board instead (`route::board`): what stays resident on the NPU,
+//! what streams from the `.orkpack` cache, what stays on the CPU, the predicted peak RSS and
+//! prefill/decode rates, for the GGUF given (its tensor directory only: no tensor data is read)
+//! or, with `--model NAME|all [--quant Q4_K_M|Q8_0]`, for built-in dense shapes
+//! (`route::board::DENSE_MODELS`), with the largest that fits each board.
 
 use ggml_ork::config::Config;
-use ggml_ork::route::{self, Availability, CostModel, Engine, MatMul, ModelShape};
-use std::io::{BufReader, Read};
-
-#[derive(Debug, thiserror::Error)]
-enum GgufError {
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-    #[error("not a GGUF file (magic {0:?})")]
-    Magic([u8; 4]),
-    #[error("unknown GGUF value type {0}")]
-    Type(u32),
-    #[error("implausible GGUF field: {0}")]
-    Bad(String),
-}
-
-/// Longest string (key, value, tensor name) accepted from a GGUF header.
-const MAX_GGUF_STRING: u64 = 1 << 20;
-/// Largest tensor dimension accepted (ggml's `ne` is int64; no real weight comes near this).
-const MAX_DIM: u64 = 1 << 31;
-
-struct Tensor {
-    name: String,
-    dims: Vec<u64>,
-    ggml_type: u32,
-}
-
-struct Reader<R: Read>(R);
-
-impl<R: Read> Reader<R> {
-    fn bytes<const N: usize>(&mut self) -> Result<[u8; N], GgufError> {
-        let mut b = [0u8; N];
-        self.0.read_exact(&mut b)?;
-        Ok(b)
-    }
-    fn u32(&mut self) -> Result<u32, GgufError> {
-        Ok(u32::from_le_bytes(self.bytes()?))
-    }
-    fn u64(&mut self) -> Result<u64, GgufError> {
-        Ok(u64::from_le_bytes(self.bytes()?))
-    }
-    fn string(&mut self) -> Result<String, GgufError> {
-        let n = self.u64()?;
-        if n > MAX_GGUF_STRING {
-            return Err(GgufError::Bad(format!("string of {n} bytes")));
-        }
-        let mut b = vec![0u8; n as usize];
-        self.0.read_exact(&mut b)?;
-        Ok(String::from_utf8_lossy(&b).into_owned())
-    }
-    /// Reads a value of GGUF type `t`; returns it as text for scalars/strings we care about.
-    fn value(&mut self, t: u32) -> Result<Option<String>, GgufError> {
-        Ok(match t {
-            0 | 1 | 7 => Some(self.bytes::<1>()?[0].to_string()),
-            2 | 3 => Some(u16::from_le_bytes(self.bytes()?).to_string()),
-            4 => Some(self.u32()?.to_string()),
-            5 => Some(i32::from_le_bytes(self.bytes()?).to_string()),
-            6 => Some(f32::from_le_bytes(self.bytes()?).to_string()),
-            8 => Some(self.string()?),
-            9 => {
-                let (et, n) = (self.u32()?, self.u64()?);
-                for _ in 0..n {
-                    self.value(et)?;
-                }
-                None
-            }
-            10 | 11 => Some(self.u64()?.to_string()),
-            12 => Some(f64::from_le_bytes(self.bytes()?).to_string()),
-            other => return Err(GgufError::Type(other)),
-        })
-    }
-}
-
-/// GGUF key/value pairs (scalars and strings as text) and the tensor directory.
-type Gguf = (Vec<(String, String)>, Vec<Tensor>);
-
-fn read_gguf(path: &str) -> Result<Gguf, GgufError> {
-    let mut r = Reader(BufReader::new(std::fs::File::open(path)?));
-    let magic = r.bytes::<4>()?;
-    if &magic != b"GGUF" {
-        return Err(GgufError::Magic(magic));
-    }
-    let _version = r.u32()?;
-    let (nt, nkv) = (r.u64()?, r.u64()?);
-    let mut kv = Vec::new();
-    for _ in 0..nkv {
-        let k = r.string()?;
-        let t = r.u32()?;
-        if let Some(v) = r.value(t)? {
-            kv.push((k, v));
-        }
-    }
-    let mut tensors = Vec::new();
-    for _ in 0..nt {
-        let name = r.string()?;
-        let nd = r.u32()?;
-        if nd > 4 {
-            return Err(GgufError::Bad(format!("tensor {name} has {nd} dimensions")));
-        }
-        let dims = (0..nd).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
-        if dims.iter().any(|&d| d > MAX_DIM) {
-            return Err(GgufError::Bad(format!("tensor {name} has dimensions {dims:?}")));
-        }
-        let ggml_type = r.u32()?;
-        let _offset = r.u64()?;
-        tensors.push(Tensor { name, dims, ggml_type });
-    }
-    Ok((kv, tensors))
-}
+use ggml_ork::route::{self, board, Availability, CostModel, Engine, MatMul, ModelShape};
+use ggml_ork::route::gguf::read_gguf;
 
 fn type_name(t: u32) -> &'static str {
     ggml_ork::quant::types::weight_type(t).map_or("other", |w| w.name)
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let Some(path) = args.iter().skip(1).find(|a| !a.starts_with("--") && a.parse::<usize>().is_err()) else {
-        eprintln!("usage: ork-route MODEL.gguf [--m ROWS]");
-        std::process::exit(2);
-    };
-    let m_prefill = args.iter().position(|a| a == "--m").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(512usize);
-    if !(1..=1 << 20).contains(&m_prefill) {
-        eprintln!("ork-route: --m must be 1..=1048576 rows");
+/// Command line: `MODEL.gguf` and `--flag VALUE` pairs.
+struct Args {
+    path: Option<String>,
+    m_prefill: usize,
+    /// Board RAM sizes in GiB (`--ram 16,32`).
+    ram: Vec<f64>,
+    /// A built-in dense shape (`--model Qwen3-32B`) and its file type (`--quant Q4_K_M`).
+    model: Option<String>,
+    quant: Vec<board::Quant>,
+    ctx: usize,
+    disk_mbps: Option<f64>,
+}
+
+const USAGE: &str = "usage: ork-route MODEL.gguf [--m ROWS]\n       ork-route MODEL.gguf --ram GB[,GB..] [--ctx TOKENS] [--disk-mbps MB/s]\n       ork-route --model NAME|all [--quant Q4_K_M|Q8_0] --ram GB[,GB..] [--ctx TOKENS] [--disk-mbps MB/s]";
+
+fn parse_args(args: &[String]) -> Result<Args, String> {
+    let mut a = Args { path: None, m_prefill: 512, ram: Vec::new(), model: None, quant: board::Quant::ALL.to_vec(), ctx: 4096, disk_mbps: None };
+    let mut it = args.iter().skip(1);
+    while let Some(x) = it.next() {
+        if !x.starts_with("--") {
+            a.path = Some(x.clone());
+            continue;
+        }
+        let v = it.next().ok_or_else(|| format!("{x} needs a value"))?;
+        let bad = || format!("{x}: bad value {v:?}");
+        match x.as_str() {
+            "--m" => a.m_prefill = v.parse().ok().filter(|m| (1..=1 << 20).contains(m)).ok_or("--m must be 1..=1048576 rows")?,
+            "--ram" => a.ram = v.split(',').map(|g| g.parse::<f64>().ok().filter(|g| *g > 0.0 && *g < 1e6)).collect::<Option<_>>().ok_or_else(bad)?,
+            "--model" => a.model = Some(v.clone()),
+            "--quant" => {
+                a.quant = vec![board::Quant::ALL.into_iter().find(|q| q.name().eq_ignore_ascii_case(v)).ok_or_else(bad)?];
+            }
+            "--ctx" => a.ctx = v.parse().ok().filter(|c| (1..=1 << 24).contains(c)).ok_or_else(bad)?,
+            "--disk-mbps" => a.disk_mbps = Some(v.parse().ok().filter(|d: &f64| *d > 0.0).ok_or_else(bad)?),
+            _ => return Err(format!("unknown option {x}")),
+        }
+    }
+    if a.path.is_none() && a.model.is_none() {
+        return Err("give a GGUF or --model".into());
+    }
+    if a.model.is_some() && a.ram.is_empty() {
+        return Err("--model needs --ram".into());
+    }
+    Ok(a)
+}
+
+fn gib(b: u64) -> f64 {
+    b as f64 / (1u64 << 30) as f64
+}
+
+/// Prints one model's board plan.
+fn print_plan(bm: &board::BoardModel, b: &board::Board, p: &board::BoardPlan) {
+    let count = |pl: board::Place| p.place.iter().filter(|&&x| x == pl).count();
+    println!("## {} on a {:.0} GiB board (ctx {}, ubatch {}; GGUF {:.2} GiB, {:.2} B parameters)", bm.name, gib(b.ram_bytes), b.ctx, b.ubatch, gib(p.gguf_bytes), bm.params() as f64 / 1e9);
+    if !p.fits {
+        println!(
+            "#   DOES NOT FIT: the GGUF mapping, KV cache, compute buffers and scratch alone need {:.2} GiB + {:.2} GiB OS reserve > {:.2} GiB RAM",
+            gib(p.fixed_bytes),
+            gib(board::OS_RESERVE_BYTES),
+            gib(b.ram_bytes)
+        );
+        return;
+    }
+    println!("#   resident on the NPU: {} MUL_MAT weights, {:.2} GiB of int8 tiles and scales (budget {:.2} GiB)", count(board::Place::Resident), gib(p.resident_bytes), gib(p.resident_budget));
+    println!(
+        "#   streamed per prefill ubatch from the .orkpack cache: {} weights, {:.2} GiB ({:.2} s at {:.0} MB/s = min(disk, copy))",
+        count(board::Place::Streamed),
+        gib(p.streamed_bytes),
+        p.stream_s,
+        b.stream.bps() / 1e6
+    );
+    println!(
+        "#   on the CPU: {} MUL_MAT weights the NPU layout cannot hold, the output head ({}; M = 1 in generation), embedding and norms: {:.2} GiB of GGUF bytes",
+        count(board::Place::Cpu),
+        if bm.head_tied { "tied to the embedding" } else { "output.weight" },
+        gib(p.cpu_bytes)
+    );
+    println!(
+        "#   peak RSS {:.2} GiB = GGUF mapping {:.2} + KV {:.2} + compute {:.2} + ORK scratch and ring {:.2} + process {:.2} + resident tiles {:.2}; with the {:.0} GiB OS reserve, {:.2} GiB of {:.0} left",
+        gib(p.peak_rss),
+        gib(p.gguf_bytes),
+        gib(p.kv_bytes),
+        gib(p.compute_bytes),
+        gib(p.scratch_bytes),
+        gib(board::PROCESS_BASE_BYTES),
+        gib(p.resident_bytes),
+        gib(board::OS_RESERVE_BYTES),
+        gib(b.ram_bytes.saturating_sub(p.peak_rss + board::OS_RESERVE_BYTES)),
+        gib(b.ram_bytes)
+    );
+    println!(
+        "#   predicted (modelled, RK3588, A76 = {:.1}x this machine's core: an assumption): pp{} {:.1} tok/s with the NPU (NPU MUL_MATs {:.2} s, stream {:.2} s per ubatch) vs {:.1} tok/s CPU only ({:.1}x); decode {:.2} tok/s (ggml-cpu)",
+        route::A76_OVER_HERE,
+        b.ubatch,
+        p.pp_npu,
+        p.npu_s,
+        p.stream_s,
+        p.pp_cpu,
+        p.pp_npu / p.pp_cpu,
+        p.decode
+    );
+}
+
+/// `--ram`: the board plan of a GGUF or of built-in shapes, and the largest model per board.
+fn board_mode(a: &Args, file_model: Option<board::BoardModel>) {
+    let cfg = Config::from_lookup(|k| std::env::var(k).ok()).0;
+    let id = cfg.soc.as_deref().and_then(ggml_ork::npu::soc::SocId::parse).unwrap_or(ggml_ork::npu::soc::SocId::Rk3588);
+    let model = CostModel::for_soc(id);
+    let stream = board::StreamRate { disk_bps: a.disk_mbps.map_or(board::BOARD_DISK_BPS, |d| d * 1e6), ..board::StreamRate::BOARD };
+    let boards: Vec<board::Board> = a.ram.iter().map(|&g| board::Board { ctx: a.ctx, ubatch: a.m_prefill, stream, ..board::Board::new(g) }).collect();
+    println!(
+        "# board plan, SoC {}; memory: GGUF mapped (ggml-cpu reads it in place), int8 tiles resident up to RAM - {:.0} GiB OS reserve - the rest, the remainder streamed from the .orkpack cache (disk {:.0} MB/s, copy {:.0} MB/s); vendor driver (one tile copy)",
+        model.soc.id.name(),
+        gib(board::OS_RESERVE_BYTES),
+        stream.disk_bps / 1e6,
+        stream.copy_bps / 1e6
+    );
+    if let Some(bm) = file_model {
+        for b in &boards {
+            print_plan(&bm, b, &board::plan(&cfg, &model, &bm, b));
+        }
+        return;
+    }
+    let name = a.model.as_deref().unwrap_or("all");
+    let descs: Vec<&board::DenseDesc> = board::DENSE_MODELS.iter().filter(|d| name == "all" || d.name.eq_ignore_ascii_case(name)).collect();
+    if descs.is_empty() {
+        eprintln!("ork-route: no built-in model {name:?}; known: {}", board::DENSE_MODELS.iter().map(|d| d.name).collect::<Vec<_>>().join(", "));
         std::process::exit(2);
     }
+    for b in &boards {
+        for &q in &a.quant {
+            for d in &descs {
+                let bm = board::BoardModel::from_desc(d, q);
+                print_plan(&bm, b, &board::plan(&cfg, &model, &bm, b));
+            }
+        }
+    }
+    if name == "all" {
+        println!("\n# the largest built-in dense model per board with every prefill MUL_MAT on the NPU (resident or streamed):");
+        for b in &boards {
+            for &q in &a.quant {
+                match board::largest_fitting(&cfg, &model, b, q) {
+                    Some((d, bm, p)) => println!(
+                        "#   {:>3.0} GiB, {:<6}: {:<14} GGUF {:5.2} GiB, resident {:5.2} GiB, streamed {:5.2} GiB, peak RSS {:5.2} GiB; pp{} {:6.1} tok/s vs CPU {:5.1} ({:.1}x), decode {:.2} tok/s  [{}]",
+                        gib(b.ram_bytes),
+                        q.name(),
+                        d.name,
+                        gib(p.gguf_bytes),
+                        gib(p.resident_bytes),
+                        gib(p.streamed_bytes),
+                        gib(p.peak_rss),
+                        b.ubatch,
+                        p.pp_npu,
+                        p.pp_cpu,
+                        p.pp_npu / p.pp_cpu,
+                        p.decode,
+                        bm.name
+                    ),
+                    None => println!("#   {:>3.0} GiB, {:<6}: none of the built-in models fits", gib(b.ram_bytes), q.name()),
+                }
+            }
+        }
+        println!("#   shapes from: {}", board::DENSE_MODELS.iter().map(|d| format!("{} ({})", d.name, d.source)).collect::<Vec<_>>().join("; "));
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let a = match parse_args(&args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("ork-route: {e}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    let m_prefill = a.m_prefill;
+    let Some(path) = a.path.clone() else {
+        board_mode(&a, None);
+        return;
+    };
+    let path = path.as_str();
     let (kv, tensors) = match read_gguf(path) {
         Ok(x) => x,
         Err(e) => {
@@ -138,6 +208,13 @@ fn main() {
             std::process::exit(1);
         }
     };
+    if !a.ram.is_empty() {
+        let infos: Vec<board::TensorInfo<'_>> = tensors.iter().map(|t| (t.name.as_str(), t.dims.as_slice(), t.ggml_type)).collect();
+        let lookup = |k: &str| kv.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        let name = std::path::Path::new(path).file_name().map_or(path.to_string(), |f| f.to_string_lossy().into_owned());
+        board_mode(&a, Some(board::from_gguf(&name, &lookup, &infos)));
+        return;
+    }
     let cfg = Config::from_lookup(|k| std::env::var(k).ok()).0;
     let id = cfg.soc.as_deref().and_then(ggml_ork::npu::soc::SocId::parse).unwrap_or(ggml_ork::npu::soc::SocId::Rk3588);
     let model = CostModel::for_soc(id);

@@ -346,25 +346,40 @@ pub fn layout(tiles_bytes: usize, n: usize) -> (usize, usize) {
 /// The header page of a file holding `tiles` and `scales` (`[N] f32`), plus the scales as
 /// little-endian bytes: what [`write_file`] streams out. The payload checksum is computed here.
 pub fn encode_header(id: &Identity, quant: QuantParams, tiles: &[u8], scales: &[f32]) -> (Box<[u8; HEADER_BYTES]>, Vec<u8>) {
-    let (scales_off, file_bytes) = layout(tiles.len(), scales.len());
-    let gap = scales_off - HEADER_BYTES - tiles.len();
-    let scale_bytes: Vec<u8> = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
-    let mut after_tiles = vec![0u8; gap];
-    after_tiles.extend_from_slice(&scale_bytes);
-    let payload_hash = par_hash2(tiles, &after_tiles);
+    let after = after_tiles(tiles.len(), scales);
+    let payload_hash = par_hash2(tiles, &after);
+    let h = header_with_hash(id, quant, tiles.len(), scales.len(), payload_hash);
+    let gap = after.len() - 4 * scales.len();
+    (h, after[gap..].to_vec())
+}
+
+/// The payload after the tiles: the zero gap up to the scales' alignment, then the scales
+/// (little-endian f32).
+pub fn after_tiles(tiles_bytes: usize, scales: &[f32]) -> Vec<u8> {
+    let (scales_off, _) = layout(tiles_bytes, scales.len());
+    let mut after = vec![0u8; scales_off - HEADER_BYTES - tiles_bytes];
+    after.extend(scales.iter().flat_map(|s| s.to_le_bytes()));
+    after
+}
+
+/// The header page of a file of `tiles_bytes` of tiles and `scale_count` scales whose payload
+/// (tiles ++ [`after_tiles`]) hashes to `payload_hash` ([`par_hash`], or [`StreamHash`] over
+/// the same bytes in order): a writer that hashes while it writes the payload writes this last.
+pub fn header_with_hash(id: &Identity, quant: QuantParams, tiles_bytes: usize, scale_count: usize, payload_hash: u128) -> Box<[u8; HEADER_BYTES]> {
+    let (scales_off, file_bytes) = layout(tiles_bytes, scale_count);
     let mut h = Box::new([0u8; HEADER_BYTES]);
     put(&mut h[..], 0, &id.encode());
     put(&mut h[..], OFF_QMAX, &quant.qmax.to_bits().to_le_bytes());
     put(&mut h[..], OFF_ABSMAX_FLOOR, &quant.absmax_floor.to_bits().to_le_bytes());
     put(&mut h[..], OFF_TILES_OFF, &(HEADER_BYTES as u64).to_le_bytes());
-    put(&mut h[..], OFF_TILES_BYTES, &(tiles.len() as u64).to_le_bytes());
+    put(&mut h[..], OFF_TILES_BYTES, &(tiles_bytes as u64).to_le_bytes());
     put(&mut h[..], OFF_SCALES_OFF, &(scales_off as u64).to_le_bytes());
-    put(&mut h[..], OFF_SCALES_BYTES, &(scale_bytes.len() as u64).to_le_bytes());
+    put(&mut h[..], OFF_SCALES_BYTES, &(4 * scale_count as u64).to_le_bytes());
     put(&mut h[..], OFF_FILE_BYTES, &(file_bytes as u64).to_le_bytes());
     put(&mut h[..], OFF_PAYLOAD_XXH3, &payload_hash.to_le_bytes());
     let ck = header_checksum(&h[..]);
     put(&mut h[..], OFF_HEADER_XXH3, &ck.to_le_bytes());
-    (h, scale_bytes)
+    h
 }
 
 /// Streams a whole file (header page, tiles, zero gap, scales) into `w`.

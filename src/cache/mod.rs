@@ -470,12 +470,99 @@ pub struct PackCache {
     /// about entries larger than the whole limit.
     warned_full: AtomicBool,
     warned_too_big: AtomicBool,
+    /// Write entries with `O_DIRECT` where the filesystem takes it ([`write_direct`];
+    /// `ORK_CACHE_DIRECT`, default on).
+    direct: bool,
 }
 
 /// Distinguishes temporary files of threads in one process.
 static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// Pieces of an entry written with `O_DIRECT` ([`write_direct`]), and their alignment (file
+/// offsets, lengths and the buffer's address: the logical block size of every common device
+/// divides it). 16 MiB writes: `dd oflag=direct` of 1 GiB on the shared builder ran at 666,
+/// 757 and 932 MB/s with 1, 4 and 16 MiB blocks. Copied and hashed [`DIRECT_HASH_PIECE`] at a
+/// time, so the hash reads each piece while it is still in the CPU cache.
+const DIRECT_CHUNK_BYTES: usize = 16 << 20;
+const DIRECT_HASH_PIECE: usize = 256 << 10;
+const DIRECT_ALIGN: usize = 4096;
+
+thread_local! {
+    /// Each writing thread's bounce buffer for [`write_direct`], allocated once.
+    static DIRECT_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Writes an entry to `tmp` with `O_DIRECT`, the payload hashed in the same pass: each piece of
+/// the tiles and of what follows them is copied into an aligned bounce buffer (it stays in the
+/// CPU cache), hashed there, and written from it straight to the device; the header page, which
+/// holds the hash, is written last at offset 0, and the file cut to its length. Nothing goes
+/// through the page cache: no page-cache pages allocated and filled per written byte (on the
+/// shared builder a buffered write ran at 274 MB/s where `O_DIRECT` ran at 1.4 GB/s, `dd` of
+/// 1 GiB), and on a board the first run's hundreds of MB to GB of tiles do not push the model's
+/// own mapped pages out of RAM. `Ok(false)` when the filesystem refuses `O_DIRECT` (tmpfs,
+/// EINVAL) or an alignment: the caller writes the file buffered instead.
+#[cfg(target_os = "linux")]
+fn write_direct(tmp: &Path, id: &Identity, tiles: &[u8], scales: &[f32]) -> io::Result<bool> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let einval = |e: &io::Error| e.raw_os_error() == Some(nix::libc::EINVAL);
+    let f = match fs::OpenOptions::new().write(true).create(true).truncate(true).custom_flags(nix::libc::O_DIRECT).open(tmp) {
+        Ok(f) => f,
+        Err(e) if einval(&e) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let after = format::after_tiles(tiles.len(), scales);
+    let (_, file_bytes) = format::layout(tiles.len(), scales.len());
+    DIRECT_BUF.with(|cell| {
+        let mut v = cell.borrow_mut();
+        if v.len() < DIRECT_CHUNK_BYTES + DIRECT_ALIGN {
+            *v = vec![0u8; DIRECT_CHUNK_BYTES + DIRECT_ALIGN];
+        }
+        let start = v.as_ptr().align_offset(DIRECT_ALIGN);
+        let buf = &mut v[start..start + DIRECT_CHUNK_BYTES];
+        let put = |buf: &[u8], off: usize| match f.write_all_at(buf, off as u64) {
+            Ok(()) => Ok(true),
+            Err(e) if einval(&e) => Ok(false),
+            Err(e) => Err(e),
+        };
+        let mut hash = format::StreamHash::new();
+        let (mut off, mut fill) = (format::HEADER_BYTES, 0);
+        for mut src in [tiles, &after[..]] {
+            while !src.is_empty() {
+                let take = (DIRECT_CHUNK_BYTES - fill).min(src.len()).min(DIRECT_HASH_PIECE);
+                buf[fill..fill + take].copy_from_slice(&src[..take]);
+                hash.update(&buf[fill..fill + take]);
+                (fill, src) = (fill + take, &src[take..]);
+                if fill == DIRECT_CHUNK_BYTES {
+                    if !put(buf, off)? {
+                        return Ok(false);
+                    }
+                    (off, fill) = (off + fill, 0);
+                }
+            }
+        }
+        if fill > 0 {
+            let end = fill.next_multiple_of(DIRECT_ALIGN);
+            buf[fill..end].fill(0);
+            if !put(&buf[..end], off)? {
+                return Ok(false);
+            }
+        }
+        let h = format::header_with_hash(id, quant_params(), tiles.len(), scales.len(), hash.finish());
+        buf[..format::HEADER_BYTES].copy_from_slice(&h[..]);
+        if !put(&buf[..format::HEADER_BYTES], 0)? {
+            return Ok(false);
+        }
+        f.set_len(file_bytes as u64)?;
+        Ok(true)
+    })
+}
+
 impl PackCache {
+    /// This cache writing its entries with `O_DIRECT` (`true`, the default) or buffered.
+    pub fn with_direct(self, direct: bool) -> PackCache {
+        PackCache { direct, ..self }
+    }
+
     pub fn new(dir: impl Into<PathBuf>, max_bytes: u64) -> PackCache {
         let now = SystemTime::now();
         PackCache {
@@ -486,6 +573,7 @@ impl PackCache {
             refusal: AtomicU8::new(0),
             warned_full: AtomicBool::new(false),
             warned_too_big: AtomicBool::new(false),
+            direct: true,
         }
     }
 
@@ -498,7 +586,7 @@ impl PackCache {
             log::debug!("orkpack cache off: no ORK_CACHE_DIR, XDG_CACHE_HOME or HOME");
             return None;
         };
-        Some(PackCache::new(dir, cfg.cache_max_mb.saturating_mul(1 << 20)))
+        Some(PackCache::new(dir, cfg.cache_max_mb.saturating_mul(1 << 20)).with_direct(cfg.cache_direct))
     }
 
     pub fn dir(&self) -> &Path {
@@ -589,6 +677,10 @@ impl PackCache {
             TMP_SEQ.fetch_add(1, Relaxed)
         ));
         let write = || -> io::Result<()> {
+            #[cfg(target_os = "linux")]
+            if self.direct && write_direct(&tmp, &id.normalized(), tiles, scales)? {
+                return Ok(());
+            }
             let mut w = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
             format::write_file(&mut w, &id.normalized(), quant_params(), tiles, scales)?;
             w.flush()

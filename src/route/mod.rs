@@ -42,6 +42,8 @@
 //!   000); librkllmrt 184 / 11.71 (seed 002). `ork-route` prints them next to the predictions.
 
 pub mod arbiter;
+pub mod board;
+pub mod gguf;
 pub mod precision;
 
 use crate::config::{Config, DecodeSelect, RoutePolicy};
