@@ -43,7 +43,7 @@ use std::sync::{Arc, Mutex};
 use crate::npu::domain::DomainSet;
 use crate::npu::kif::{job_flags, mem_flags, Bo, DomainId, Iova, KernelInterface, KifError, RknpuTask, SubmitJob, SyncDir};
 use crate::npu::layout::{self, WeightGeometry};
-use crate::npu::plan::{CorePlan, PlannedProgram, SubmitIovas, MAX_CHAIN_PROGRAMS};
+use crate::npu::plan::{CorePlan, PlannedProgram, SubmitIovas};
 use crate::npu::regcmd;
 use crate::npu::soc::SocDesc;
 use crate::npu::NpuError;
@@ -99,6 +99,19 @@ pub(crate) struct ScratchSet {
     task: Bo,
     act: Bo,
     out: Bo,
+    /// Where the interface syncs whole buffers only (`KernelInterface::syncs_whole_buffers`):
+    /// output buffers by size class (whole pages, a power of two), each submit taking the
+    /// smallest that holds its output, so the whole-buffer syncs around it (the sentinels' clean,
+    /// the results' invalidate) cover at most twice what it exchanges instead of the largest
+    /// submit's output. Output buffers may change between submits (unlike the activation buffer,
+    /// rknpu-facts §2.6); a new class costs one warm-up submit.
+    out_classes: Vec<Bo>,
+}
+
+impl ScratchSet {
+    fn bos(&self) -> impl Iterator<Item = &Bo> {
+        [&self.regcmd, &self.task, &self.act, &self.out].into_iter().chain(&self.out_classes)
+    }
 }
 
 #[derive(Default)]
@@ -114,7 +127,7 @@ impl CoreScratch {
     /// Bytes of this core's scratch in every domain (regcmd, task, activation, output buffers)
     /// and its host-side result buffer.
     pub(crate) fn bytes(&self) -> u64 {
-        self.sets.values().flat_map(|s| [&s.regcmd, &s.task, &s.act, &s.out]).map(|b| b.size_bytes as u64).sum::<u64>()
+        self.sets.values().flat_map(|s| s.bos()).map(|b| b.size_bytes as u64).sum::<u64>()
             + (self.local.capacity() * 4) as u64
     }
 
@@ -151,7 +164,7 @@ impl Drop for Shared {
         for c in &self.cores {
             let sets = std::mem::take(&mut c.lock().unwrap_or_else(|p| p.into_inner()).sets);
             for (_, s) in sets {
-                for bo in [s.regcmd, s.task, s.act, s.out] {
+                for bo in [s.regcmd, s.task, s.act, s.out].into_iter().chain(s.out_classes) {
                     if let Err(e) = self.kif.mem_destroy(bo) {
                         log::warn!("destroying NPU scratch: {e}");
                     }
@@ -161,26 +174,50 @@ impl Drop for Shared {
     }
 }
 
-/// A resident weight: its tiled blob in one BO of one domain.
+/// One core's part of a weight where every core has its own address space
+/// (`KernelInterface::per_core_spaces`): the blob ranges that core reads
+/// ([`crate::npu::plan::core_parts`]), packed one after the other into a BO of its space.
+pub(crate) struct WeightPart {
+    pub bo: Bo,
+    /// `(blob offset, len, offset in the part)`, in blob order.
+    pub ranges: Vec<(usize, usize, usize)>,
+}
+
+impl WeightPart {
+    /// The part's IOVA of blob byte `offset` (the start of a program's weights), if it holds it.
+    pub fn iova_of(&self, offset: usize) -> Option<Iova> {
+        let i = self.ranges.partition_point(|r| r.0 + r.1 <= offset);
+        let &(o, l, p) = self.ranges.get(i)?;
+        (o <= offset && offset < o + l).then(|| Iova(self.bo.iova.0 + (p + offset - o) as u32))
+    }
+}
+
+/// A resident weight: its tiled blob in one BO of one domain, or (per-core address spaces) one
+/// part per core in that domain's spaces.
 pub(crate) struct WeightInner {
     pub n: usize,
     pub k: usize,
     pub geom: WeightGeometry,
     pub bo: Option<Bo>,
+    /// Per core `0..parts.len()` (empty unless the interface has per-core address spaces); the
+    /// weight then runs on exactly these cores, `plan_at(.., parts.len(), 0)`.
+    pub parts: Vec<Option<WeightPart>>,
     pub domain: DomainId,
     pub reserved_bytes: u64,
     pub shared: Arc<Shared>,
 }
 
 impl WeightInner {
-    pub fn iova(&self) -> Iova {
-        self.bo.as_ref().expect("live weight").iova
+    /// Bytes of its buffers (page-rounded).
+    pub fn bytes(&self) -> u64 {
+        self.bo.iter().chain(self.parts.iter().flatten().map(|p| &p.bo)).map(|b| b.size_bytes as u64).sum()
     }
 }
 
 impl Drop for WeightInner {
     fn drop(&mut self) {
-        if let Some(bo) = self.bo.take() {
+        let parts = std::mem::take(&mut self.parts).into_iter().flatten().map(|p| p.bo);
+        for bo in self.bo.take().into_iter().chain(parts) {
             if let Err(e) = self.shared.kif.mem_destroy(bo) {
                 log::warn!("freeing resident weight N={} K={}: {e}", self.n, self.k);
             }
@@ -209,29 +246,39 @@ pub(crate) struct CoreResult {
 /// Makes `bo` hold at least `needed` bytes: a buffer of exactly the page-rounded need when it
 /// is smaller, else nothing (never shrunk, so alternating shapes do not re-allocate).
 fn grow(kif: &dyn KernelInterface, bo: &mut Bo, needed: usize, domain: DomainId) -> Result<(), KifError> {
+    grow_with(kif, bo, needed, domain, mem_flags::DATA)
+}
+
+/// [`grow`] with the buffer's memory flags.
+fn grow_with(kif: &dyn KernelInterface, bo: &mut Bo, needed: usize, domain: DomainId, flags: u32) -> Result<(), KifError> {
     if bo.size_bytes >= needed {
         return Ok(());
     }
-    let fresh = kif.mem_create(crate::npu::kif::page_round(needed), mem_flags::DATA, domain)?;
+    let fresh = kif.mem_create(crate::npu::kif::page_round(needed), flags, domain)?;
     let old = std::mem::replace(bo, fresh);
     kif.mem_destroy(old)
 }
 
+/// A core's scratch in one domain (`domain`: the core's address space). The regcmd and task
+/// buffers start at one page and grow with the longest chain, like the activation and output
+/// buffers: where the driver syncs only whole buffers (`rocket`), a buffer sized for
+/// [`MAX_CHAIN_PROGRAMS`] programs would cost ~900 KiB of cache maintenance per submit.
 fn new_set(kif: &dyn KernelInterface, domain: DomainId) -> Result<ScratchSet, KifError> {
-    let regcmd = kif.mem_create(MAX_CHAIN_PROGRAMS * regcmd::PROGRAM_BYTES, mem_flags::DATA, domain)?;
-    let task = kif.mem_create(MAX_CHAIN_PROGRAMS * std::mem::size_of::<RknpuTask>(), mem_flags::TASK, domain)?;
+    let regcmd = kif.mem_create(crate::npu::kif::PAGE_BYTES, mem_flags::DATA, domain)?;
+    let task = kif.mem_create(crate::npu::kif::PAGE_BYTES, mem_flags::TASK, domain)?;
     let act = kif.mem_create(ACT_SCRATCH_INITIAL_BYTES, mem_flags::DATA, domain)?;
     let out = kif.mem_create(OUT_SCRATCH_INITIAL_BYTES, mem_flags::DATA, domain)?;
-    Ok(ScratchSet { regcmd, task, act, out })
+    Ok(ScratchSet { regcmd, task, act, out, out_classes: Vec::new() })
 }
 
-/// Creates the scratch sets of cores `0..cores` in `domain` if missing. Called when a domain
-/// receives its first weight, while it still has room (ork pre-allocates scratch the same way).
+/// Creates the scratch sets of cores `0..cores` in `domain` if missing (core `c`'s in
+/// `KernelInterface::space_of(domain, c)`). Called when a domain receives its first weight, while
+/// it still has room (ork pre-allocates scratch the same way).
 pub(crate) fn ensure_scratch(shared: &Shared, domain: DomainId, cores: u32) -> Result<(), KifError> {
-    for c in &shared.cores[..cores as usize] {
+    for (i, c) in shared.cores[..cores as usize].iter().enumerate() {
         let mut g = c.lock().unwrap_or_else(|p| p.into_inner());
         if let std::collections::hash_map::Entry::Vacant(e) = g.sets.entry(domain.0) {
-            e.insert(new_set(&*shared.kif, domain)?);
+            e.insert(new_set(&*shared.kif, shared.kif.space_of(domain, i as u32))?);
         }
     }
     Ok(())
@@ -245,10 +292,11 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
     let kif = &*shared.kif;
     let (k, n) = (w.k, w.n);
     let core = plan.core;
-    let domain = w.domain;
+    // Scratch is kept per (core, domain); its buffers and the job live in the core's space.
+    let domain = kif.space_of(w.domain, core);
     let sub_err = |source: KifError| NpuError::Submit { op: "mm_run", m, k, n, core, source };
     let mut guard = shared.cores[core as usize].lock().unwrap_or_else(|p| p.into_inner());
-    if let std::collections::hash_map::Entry::Vacant(e) = guard.sets.entry(domain.0) {
+    if let std::collections::hash_map::Entry::Vacant(e) = guard.sets.entry(w.domain.0) {
         e.insert(new_set(kif, domain).map_err(sub_err)?);
     }
     // Every output word of the share is written by a program; a K-split share adds its K-slices'
@@ -259,7 +307,7 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
     if ksplit {
         local.fill(0);
     }
-    let set = guard.sets.get_mut(&domain.0).expect("scratch set");
+    let set = guard.sets.get_mut(&w.domain.0).expect("scratch set");
     let mut res = CoreResult {
         local,
         submits: 0,
@@ -270,21 +318,63 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
         synced_bytes: 0,
         io_bytes: 0,
     };
-    let w_iova = w.iova();
+    // The weights' base: the blob's BO, or this core's part, with every program's weight offset
+    // moved to where the part holds it.
+    let part = if w.parts.is_empty() || plan.submits.is_empty() {
+        None
+    } else {
+        let missing = || sub_err(KifError::Invalid(format!("core {core} holds no part of this weight")));
+        Some(w.parts.get(core as usize).and_then(Option::as_ref).ok_or_else(missing)?)
+    };
+    let w_iova = match (part, &w.bo) {
+        (Some(p), _) => p.bo.iova,
+        (None, Some(bo)) => bo.iova,
+        (None, None) => Iova(0), // a core with nothing to run
+    };
     for sub in &plan.submits {
+        let moved;
+        let sub = match part {
+            None => sub,
+            Some(p) => {
+                let mut s = sub.clone();
+                for prog in &mut s.programs {
+                    let at = p.iova_of(prog.weight_offset).ok_or_else(|| {
+                        sub_err(KifError::Invalid(format!("core {core}'s part does not hold weight byte {}", prog.weight_offset)))
+                    })?;
+                    prog.weight_offset = (at.0 - p.bo.iova.0) as usize;
+                }
+                moved = s;
+                &moved
+            }
+        };
         grow(kif, &mut set.act, sub.act_bytes, domain).map_err(sub_err)?;
-        grow(kif, &mut set.out, sub.out_bytes, domain).map_err(sub_err)?;
+        let out_bo = if kif.syncs_whole_buffers() {
+            let class = crate::npu::kif::page_round(sub.out_bytes.max(1)).next_power_of_two();
+            let i = match set.out_classes.iter().position(|b| b.size_bytes == class) {
+                Some(i) => i,
+                None => {
+                    set.out_classes.push(kif.mem_create(class, mem_flags::DATA, domain).map_err(sub_err)?);
+                    set.out_classes.len() - 1
+                }
+            };
+            &mut set.out_classes[i]
+        } else {
+            grow(kif, &mut set.out, sub.out_bytes, domain).map_err(sub_err)?;
+            &mut set.out
+        };
+        grow(kif, &mut set.regcmd, sub.programs.len() * regcmd::PROGRAM_BYTES, domain).map_err(sub_err)?;
         // Activations.
         let act = set.act.bytes_mut();
         for (ab, off) in &sub.a_blocks {
             layout::pack_a_fast(a, k, ab, &mut act[*off..*off + ab.bytes()]);
         }
         // Programs, chained, and their task descriptors.
-        let at = SubmitIovas { act: set.act.iova, weights: w_iova, out: set.out.iova, regcmd: set.regcmd.iova };
+        let at = SubmitIovas { act: set.act.iova, weights: w_iova, out: out_bo.iova, regcmd: set.regcmd.iova };
         let entries = sub.regcmd(&at, shared.soc.pc_data_amount_scale)?;
         let nprogs = sub.programs.len();
         let bytes = regcmd::to_bytes(&entries);
         set.regcmd.bytes_mut()[..bytes.len()].copy_from_slice(&bytes);
+        grow_with(kif, &mut set.task, nprogs * std::mem::size_of::<RknpuTask>(), domain, mem_flags::TASK).map_err(sub_err)?;
         let tsize = std::mem::size_of::<RknpuTask>();
         let tbytes = set.task.bytes_mut();
         for i in 0..nprogs {
@@ -318,16 +408,16 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
         };
         let mut attempt = 0;
         loop {
-            arm_sentinels(set.out.bytes_mut(), &sub.programs);
+            arm_sentinels(out_bo.bytes_mut(), &sub.programs);
             res.synced_bytes +=
-                sync_spans(kif, &set.out, SyncDir::ToDevice, sub.programs.iter().map(|p| (p.last_out_word(), 4))).map_err(sub_err)?;
+                sync_spans(kif, out_bo, SyncDir::ToDevice, sub.programs.iter().map(|p| (p.last_out_word(), 4))).map_err(sub_err)?;
             let done = kif.submit(&job).map_err(sub_err)?;
             res.synced_bytes +=
-                sync_spans(kif, &set.out, SyncDir::FromDevice, sub.programs.iter().map(|p| (p.out_offset, p.mc * p.nc * 4))).map_err(sub_err)?;
+                sync_spans(kif, out_bo, SyncDir::FromDevice, sub.programs.iter().map(|p| (p.out_offset, p.mc * p.nc * 4))).map_err(sub_err)?;
             res.synced_bytes += done.synced_bytes as u64;
             res.io_bytes += out_io as u64;
             res.device_ns += done.hw_elapse_ns;
-            let missing = unlanded(set.out.bytes(), &sub.programs);
+            let missing = unlanded(out_bo.bytes(), &sub.programs);
             if done.task_counter == job.task_number && missing == 0 {
                 break;
             }
@@ -348,7 +438,7 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
             res.retries += 1;
             attempt += 1;
         }
-        let out = set.out.bytes();
+        let out = out_bo.bytes();
         for p in &sub.programs {
             let block = if ksplit { layout::add_c_block } else { layout::copy_c_block };
             block(&out[p.out_offset..], p.mc, p.nc, p.nc, &mut res.local, plan.ncols, p.m0, p.col0);
