@@ -330,14 +330,16 @@ impl Npu {
     }
 
     /// Copies of each weight the kernel interface holds (`KernelInterface::weight_copies` for the
-    /// cores this `Npu` runs on): 1, or the cores `rocket` mirrors every weight onto.
+    /// cores this `Npu` runs on): 1 on every interface today.
     pub fn weight_copies(&self) -> u32 {
         self.shared.domains().copies()
     }
 
     /// Bytes of the NPU scratch buffers (regcmd, task, activation, output; every core and
-    /// domain), and of the copies of them the interface keeps besides (`rocket`: core `c ≥ 1`'s
-    /// scratch mirrored onto its own file descriptor). Waits for running jobs' cores.
+    /// domain), and of the copies of them the interface keeps besides (where
+    /// [`Npu::weight_copies`] > 1, every core but the first's; 0 on every interface today: on
+    /// `rocket` each core's scratch lives in that core's own address space only). Waits for
+    /// running jobs' cores.
     pub fn scratch_bytes(&self) -> (u64, u64) {
         let per_core: Vec<u64> = self.shared.cores.iter().map(|c| c.lock().unwrap_or_else(|p| p.into_inner()).bytes()).collect();
         let mirrored = if self.weight_copies() > 1 { per_core.iter().skip(1).sum() } else { 0 };

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The fake-kernel step of the test command (tests/run-all.sh): builds the plugin, ork-selftest,
-# the fake kernel and its shim, then runs tests/fake-kernel/test.py (docs/fake-kernel.md).
+# examples/rocket_place, the fake kernel and its shim, runs the kernel model's own tests, then
+# tests/fake-kernel/test.py (docs/fake-kernel.md).
 source "$(dirname "$0")/../common.sh"
 cd "$ROOT"
 build_plugin
-cargo build --release --quiet --bin ork-selftest -p ggml-ork
+cargo build --release --quiet --bin ork-selftest --example rocket_place -p ggml-ork
 cargo build --release --quiet -p ork-fake-kernel
 # The kernel model's own tests: the cache views, rocket's per-fd windows and PRIME sharing.
 if ! out=$(cargo test --release --quiet -p ork-fake-kernel 2>&1); then

@@ -17,25 +17,33 @@
 //!   are harmless (with TASK_NUMBER 1 the sequencer does not walk; §2.4).
 //! * **Dependencies and completion.** Rocket has implicit sync: a job waits for the write fences
 //!   of its in-BOs and of its out-BOs, and attaches its own fence to its out-BOs. The interface
-//!   keeps every live BO by IOVA range and scans each task's regcmd: the BO holding the DPU
-//!   destination (the register table's `DPU_DST_BASE_ADDR`; rknpu-facts §2.2 row 61, S6) is an
-//!   out-BO, every other BO whose range contains a register value (and the regcmd BO itself) is
-//!   an in-BO. A false positive only adds an ordering dependency, never a wrong result. The
-//!   submit ioctl returns at once; completion is awaited with PREP_BO on each out-BO (which also
-//!   makes the CPU view coherent). Its timeout is an *absolute* CLOCK_MONOTONIC time
-//!   (`rocket_gem.c`, `drm_timeout_abs_to_jiffies`).
+//!   keeps every live BO of each fd by IOVA range and scans each task's regcmd: the BO holding the
+//!   DPU destination (the register table's `DPU_DST_BASE_ADDR`; rknpu-facts §2.2 row 61, S6) is
+//!   an out-BO, every other BO an address register points into (and the regcmd BO itself) is an
+//!   in-BO; an address register that points into no live BO of the job's fd is refused (the
+//!   board would fault on it). The submit ioctl returns at once; completion is awaited with
+//!   PREP_BO on a one-page completion BO of the fd that every job also names as an out-BO, so
+//!   the wait maintains 4 KiB, and the caller's own `mem_sync(FromDevice)` invalidates the output
+//!   once. PREP_BO's timeout is an *absolute* CLOCK_MONOTONIC time (`rocket_gem.c`,
+//!   `drm_timeout_abs_to_jiffies`).
 //! * **Cache maintenance.** `SyncDir::ToDevice` → FINI_BO, `SyncDir::FromDevice` → PREP_BO, each
 //!   on the whole BO (mainline has no ranged variant), so a ranged `mem_sync` maintains the whole
-//!   buffer and says so in the bytes it returns. The
-//!   first stored uapi version has neither ioctl; `open` probes FINI_BO on a scratch BO and refuses
-//!   such kernels, because without PREP_BO there is no way to wait for a job.
-//! * **One fd per core.** Mainline binds every job of one fd to one core (peer-facts §2), so
-//!   the interface opens [`FDS`] fds and runs a job with `core_mask = 1 << c` on fd `c`; each fd
-//!   has its own IOMMU address space starting at IOVA 0 (0 is a valid address), so buffers
-//!   live on fd 0 and are mirrored into the other fds on first use (see [`Rocket`]). Domains
-//!   other than 0 are [`KifError::Unsupported`]; the kernel resets a core itself when a job
-//!   exceeds its fixed 500 ms timeout, so [`KernelInterface::reset`] has nothing to do. Memory
-//!   flags are ignored: rocket BOs are always cacheable shmem.
+//!   buffer and says so in the bytes it returns ([`KernelInterface::syncs_whole_buffers`]: the
+//!   NPU core then keeps its per-submit buffers small). The first stored uapi version has neither
+//!   ioctl; `open` probes FINI_BO on a scratch BO and refuses such kernels, because without
+//!   PREP_BO there is no way to wait for a job.
+//! * **One fd per core and domain.** Mainline binds every job of one fd to one core (peer-facts
+//!   §2) and gives every fd its own IOMMU address space from IOVA 0 (0 is a valid address). The
+//!   interface's address spaces are its fds: space `d·FDS + c` is core `c`'s fd for domain `d`
+//!   ([`KernelInterface::space_of`]), and a job with `core_mask = 1 << c` runs in it. A buffer is
+//!   addressable by its own fd's jobs only ([`KernelInterface::per_core_spaces`]), so the NPU core
+//!   gives every core its own scratch and its own part of each weight — the N-blocks that core
+//!   computes (`npu::plan::core_parts`) — and a weight is held once; each domain adds one window
+//!   per core, so the weights are not capped at one window (see [`Rocket`]). Not taken: sharing
+//!   one buffer between the fds through DRM PRIME (the imported handle gets no NPU address,
+//!   [`Rocket`]). The kernel resets a core itself when a job exceeds its fixed 500 ms timeout, so
+//!   [`KernelInterface::reset`] has nothing to do. Memory flags are ignored: rocket BOs are always
+//!   cacheable shmem.
 //! * **Cold output buffers** (rknpu-facts §2.6): as on rknpu, a job whose output buffer no job
 //!   has written yet runs twice, the first result discarded.
 //! * **Known blind spot.** Mainline `rocket_ioctl_submit` drops per-job errors (a bad BO handle
@@ -46,7 +54,9 @@
 //!
 //! Sources: shared reference `rknpu-facts.md` §1.7 (S8: `include/uapi/drm/rocket_accel.h`, both
 //! stored versions, and `drivers/accel/rocket/rocket_job.c`), `rocket_gem.c` (PREP/FINI
-//! semantics), §2.1–2.2 (regcmd entry encoding, DPU DST_BASE_ADDR).
+//! semantics; CREATE_BO is the only place a BO is mapped into an fd's IOMMU domain),
+//! `rocket_drv.c` (no PRIME import hook: a self-import is the DRM core's, the same object),
+//! §2.1–2.2 (regcmd entry encoding, DPU DST_BASE_ADDR).
 
 use std::collections::BTreeMap;
 use std::fs::File;
