@@ -100,10 +100,10 @@ pub(crate) struct ScratchSet {
     act: Bo,
     out: Bo,
     /// Where the interface syncs whole buffers only (`KernelInterface::syncs_whole_buffers`):
-    /// output buffers by size class (whole pages, a power of two), each submit taking the
-    /// smallest that holds its output, so the whole-buffer syncs around it (the sentinels' clean,
-    /// the results' invalidate) cover at most twice what it exchanges instead of the largest
-    /// submit's output. Output buffers may change between submits (unlike the activation buffer,
+    /// output buffers by size class ([`out_class`]: whole pages, four classes per octave), each
+    /// submit taking the smallest that holds its output, so the whole-buffer syncs around it
+    /// (the sentinels' clean, the results' invalidate) cover at most 1.25 times its output each
+    /// instead of the largest submit's output. Output buffers may change between submits (unlike the activation buffer,
     /// rknpu-facts §2.6); a new class costs one warm-up submit.
     out_classes: Vec<Bo>,
 }
@@ -243,6 +243,19 @@ pub(crate) struct CoreResult {
     pub io_bytes: u64,
 }
 
+/// The output buffer class for `need` bytes (`ScratchSet::out_classes`): whole pages; up to 4
+/// pages exactly, above that rounded up to a quarter of the power of two below it (at most 25 %
+/// over the need, four classes per octave).
+fn out_class(need: usize) -> usize {
+    let page = crate::npu::kif::PAGE_BYTES;
+    let p = need.div_ceil(page).max(1);
+    if p <= 4 {
+        return p * page;
+    }
+    let step = 1usize << (usize::BITS - 1 - p.leading_zeros() - 2);
+    p.div_ceil(step) * step * page
+}
+
 /// Makes `bo` hold at least `needed` bytes: a buffer of exactly the page-rounded need when it
 /// is smaller, else nothing (never shrunk, so alternating shapes do not re-allocate).
 fn grow(kif: &dyn KernelInterface, bo: &mut Bo, needed: usize, domain: DomainId) -> Result<(), KifError> {
@@ -266,8 +279,13 @@ fn grow_with(kif: &dyn KernelInterface, bo: &mut Bo, needed: usize, domain: Doma
 fn new_set(kif: &dyn KernelInterface, domain: DomainId) -> Result<ScratchSet, KifError> {
     let regcmd = kif.mem_create(crate::npu::kif::PAGE_BYTES, mem_flags::DATA, domain)?;
     let task = kif.mem_create(crate::npu::kif::PAGE_BYTES, mem_flags::TASK, domain)?;
-    let act = kif.mem_create(ACT_SCRATCH_INITIAL_BYTES, mem_flags::DATA, domain)?;
-    let out = kif.mem_create(OUT_SCRATCH_INITIAL_BYTES, mem_flags::DATA, domain)?;
+    // Where every sync is of the whole buffer, the activation buffer starts at one page too
+    // (it still only grows, so it keeps its address once the largest submit came), and the
+    // output buffers come by size class (`ScratchSet::out_classes`).
+    let whole = kif.syncs_whole_buffers();
+    let page = crate::npu::kif::PAGE_BYTES;
+    let act = kif.mem_create(if whole { page } else { ACT_SCRATCH_INITIAL_BYTES }, mem_flags::DATA, domain)?;
+    let out = kif.mem_create(if whole { page } else { OUT_SCRATCH_INITIAL_BYTES }, mem_flags::DATA, domain)?;
     Ok(ScratchSet { regcmd, task, act, out, out_classes: Vec::new() })
 }
 
@@ -349,7 +367,7 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, a: &[i8], m: usize, pla
         };
         grow(kif, &mut set.act, sub.act_bytes, domain).map_err(sub_err)?;
         let out_bo = if kif.syncs_whole_buffers() {
-            let class = crate::npu::kif::page_round(sub.out_bytes.max(1)).next_power_of_two();
+            let class = out_class(sub.out_bytes);
             let i = match set.out_classes.iter().position(|b| b.size_bytes == class) {
                 Some(i) => i,
                 None => {
@@ -483,4 +501,23 @@ fn arm_sentinels(out: &mut [u8], programs: &[PlannedProgram]) {
 /// Programs whose last output word still holds [`SENTINEL`]: they never wrote their output.
 fn unlanded(out: &[u8], programs: &[PlannedProgram]) -> usize {
     programs.iter().filter(|p| out[p.last_out_word()..p.last_out_word() + 4] == SENTINEL.to_le_bytes()).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::out_class;
+    const P: usize = crate::npu::kif::PAGE_BYTES;
+
+    #[test]
+    fn output_classes_hold_the_need_within_a_quarter() {
+        assert_eq!(out_class(0), P);
+        assert_eq!(out_class(3 * P + 1), 4 * P);
+        assert_eq!(out_class(5 * P), 5 * P);
+        assert_eq!(out_class(9 * P + 1), 10 * P);
+        assert_eq!(out_class(1000 * P), 1024 * P);
+        for need in (1..20_000).map(|i| i * 997) {
+            let c = out_class(need);
+            assert!(c >= need && c % P == 0 && (c as f64) <= 1.25 * need.div_ceil(P).max(1) as f64 * P as f64, "{need} -> {c}");
+        }
+    }
 }
