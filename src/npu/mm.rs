@@ -18,7 +18,13 @@
 //!   activation blocks, the regcmd and task bytes written, and each program's sentinel word;
 //!   from the device each program's output block. Ranges are widened to whole cache lines and
 //!   merged where they touch. The bytes synced and the bytes exchanged are counted per run
-//!   ([`CoreResult::synced_bytes`], [`CoreResult::io_bytes`]).
+//!   ([`CoreResult::synced_bytes`], [`CoreResult::io_bytes`]). Where the interface syncs only
+//!   whole buffers (`KernelInterface::syncs_whole_buffers`, `rocket`) the buffers themselves are
+//!   kept small instead: every scratch buffer starts at one page and grows with need, and output
+//!   buffers come by size class ([`ScratchSet`]).
+//! * Where every core has its own address space (`KernelInterface::per_core_spaces`, `rocket`)
+//!   each core's scratch lives in `KernelInterface::space_of(domain, core)` and a weight is one
+//!   part per core ([`WeightPart`]); a program's weight offset is moved into its core's part.
 //! * The core's mutex is held for the whole run of its share, so concurrent `mm_run`s from
 //!   several threads serialise per core and never share scratch.
 //! * A failed submit (timeout, reset, refusal) fails the run: no partial result is ever
