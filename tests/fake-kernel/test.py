@@ -232,6 +232,9 @@ if REAL:
     # The rest needs the fake kernel: its IOMMU window, its counters and its quirk injection.
     skip_fake_only("domains", "ORK_FK_DOMAIN_MB, the fake kernel's domain count")
     skip_fake_only("domains-efault", "ORK_FK_DOMAIN_MB, the fake kernel's EFAULT count")
+    skip_fake_only("rocket-spaces", "ORK_FK_DOMAIN_MB per fd, the fake kernel's address-space count")
+    skip_fake_only("rocket-window-full", "ORK_FK_DOMAIN_MB per fd, the fake kernel's ENOSPC count")
+    skip_fake_only("rocket-place", "examples/rocket_place over small fake windows")
     skip_fake_only("quirk/*", "ORK_FK_QUIRKS; a board's own quirks, if it has them, strike in the checks above")
     npass, nfail = summary()
     print(f"{npass} passed, {nfail} failed")
