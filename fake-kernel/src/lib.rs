@@ -96,6 +96,8 @@ const fn iow(nr: u64, size: u64) -> u64 {
 }
 const DRM_VERSION: u64 = iowr(0x00, 64);
 const DRM_GEM_CLOSE: u64 = iow(0x09, 8);
+const DRM_PRIME_HANDLE_TO_FD: u64 = iowr(0x2d, 12);
+const DRM_PRIME_FD_TO_HANDLE: u64 = iowr(0x2e, 12);
 const RKNPU_ACTION: u64 = iowr(0x40, 8);
 const RKNPU_SUBMIT: u64 = iowr(0x41, 104);
 const RKNPU_MEM_CREATE: u64 = iowr(0x42, 48);
@@ -207,6 +209,13 @@ struct Stats {
     syncs: AtomicU64,
     synced_bytes: AtomicU64,
     evicted_lines: AtomicU64,
+    prime_exports: AtomicU64,
+    prime_imports: AtomicU64,
+    /// rocket: address spaces (fds) that held a BO, and the most bytes of BOs live at once
+    /// (every object once, however many handles name it).
+    spaces_used: AtomicU64,
+    live_bo_bytes: AtomicU64,
+    peak_bo_bytes: AtomicU64,
 }
 
 fn add(c: &AtomicU64, n: u64) {
@@ -246,6 +255,9 @@ struct KBo {
 
 impl Drop for KBo {
     fn drop(&mut self) {
+        if let Some(k) = KERNEL.get() {
+            k.stats.live_bo_bytes.fetch_sub(self.size, Ordering::Relaxed);
+        }
         // SAFETY: `cpu..cpu+size` and `dev..dev+size` are the mappings made in `KBo::new`,
         // unmapped only here.
         unsafe {
@@ -296,6 +308,10 @@ impl KBo {
             return Err(libc::ENOMEM);
         }
         let id = NEXT_BO.fetch_add(1, Ordering::Relaxed);
+        if let Some(k) = KERNEL.get() {
+            let live = k.stats.live_bo_bytes.fetch_add(size, Ordering::Relaxed) + size;
+            k.stats.peak_bo_bytes.fetch_max(live, Ordering::Relaxed);
+        }
         Ok(KBo {
             memfd,
             cpu: p as usize,
@@ -307,7 +323,9 @@ impl KBo {
             // Looks like an arm64 kernel pointer, never like an IOVA.
             obj_addr: 0xffff_ff80_0000_0000 | (id << 12),
             warm: AtomicBool::new(false),
-            clean: Mutex::new(vec![line_hash(&[0; LINE as usize]); (size / LINE) as usize]),
+            // All zeros: a zero line hashes to 0, so the vector is left to the allocator's
+            // untouched zero pages (a BO costs memory only where it is written).
+            clean: Mutex::new(vec![0; (size / LINE) as usize]),
             pending: AtomicU32::new(0),
         })
     }
@@ -374,20 +392,34 @@ impl KBo {
     }
 }
 
-/// A 64-bit hash of one cache line (FNV-1a over its eight words, then a final mix).
+/// A 64-bit hash of one cache line (FNV-1a over its eight words, then a final mix), shifted so
+/// that a line of zeros hashes to 0.
 fn line_hash(b: &[u8]) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     for w in b.chunks_exact(8) {
         h = (h ^ u64::from_le_bytes(w.try_into().unwrap())).wrapping_mul(0x0000_0100_0000_01b3);
     }
-    h ^ (h >> 29)
+    (h ^ (h >> 29)) ^ ZERO_LINE_HASH
 }
+
+/// The unshifted hash of a line of zeros.
+const ZERO_LINE_HASH: u64 = {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut i = 0;
+    while i < 8 {
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        i += 1;
+    }
+    h ^ (h >> 29)
+};
 
 /// One IOMMU address space: live BOs by IOVA.
 #[derive(Default)]
 struct Space {
     bos: BTreeMap<u64, Arc<KBo>>,
     used: u64,
+    /// rocket: the space has held a BO (counted in `spaces_used`).
+    ever_used: bool,
 }
 
 impl Space {
@@ -496,6 +528,8 @@ struct Kernel {
     fence: (Mutex<()>, Condvar),
     /// Client mappings of BOs: address → length.
     maps: Mutex<HashMap<usize, usize>>,
+    /// PRIME: exported dma-bufs by (st_dev, st_ino) of their file (a dup of the BO's memfd).
+    dmabufs: Mutex<HashMap<(u64, u64), std::sync::Weak<KBo>>>,
     redirects: Mutex<HashMap<String, &'static CStr>>,
 }
 
@@ -555,6 +589,7 @@ impl Kernel {
             soc,
             fence: (Mutex::new(()), Condvar::new()),
             maps: Mutex::new(HashMap::new()),
+            dmabufs: Mutex::new(HashMap::new()),
             redirects: Mutex::new(HashMap::new()),
         };
         k.make_tree();
@@ -686,6 +721,8 @@ impl Kernel {
                 0
             }
             (Node::Rocket, DRM_GEM_CLOSE) => self.rocket_gem_close(fd, &a),
+            (Node::Rocket, DRM_PRIME_HANDLE_TO_FD) => self.prime_export(fd, &a),
+            (Node::Rocket, DRM_PRIME_FD_TO_HANDLE) => self.prime_import(fd, &a),
             (_, r) => {
                 eprintln!("ork-fake-kernel: {node:?} node: ioctl {r:#x} is not modelled (ENOTTY)");
                 -libc::ENOTTY
@@ -993,6 +1030,10 @@ impl Kernel {
             Ok(b) => Arc::new(b),
             Err(e) => return -e,
         };
+        if space.bos.is_empty() && !space.ever_used {
+            space.ever_used = true;
+            add(&self.stats.spaces_used, 1);
+        }
         space.bos.insert(iova, bo.clone());
         space.used += size;
         drop(space);
@@ -1021,10 +1062,53 @@ impl Kernel {
             Some(bo)
         });
         let Some(bo) = bo else { return -libc::EINVAL };
+        // Only the creating fd's space maps the BO (an imported handle has no IOVA there).
         let mut space = rf.space.write().unwrap();
-        if space.bos.remove(&bo.iova).is_some() {
+        if space.bos.get(&bo.iova).is_some_and(|b| Arc::ptr_eq(b, &bo)) {
+            space.bos.remove(&bo.iova);
             space.used -= bo.size;
         }
+        0
+    }
+
+    /// `DRM_IOCTL_PRIME_HANDLE_TO_FD` (`drm_prime_handle`, 12 B: handle u32 @0, flags u32 @4,
+    /// fd s32 @8 out). The dma-buf is a dup of the BO's memfd: mmap of it maps the BO's pages
+    /// (its CPU view), as a dma-buf of a shmem GEM object does.
+    fn prime_export(&self, fd: c_int, a: &Arg) -> c_int {
+        let Some(bo) = self.with_file(fd, |f| f.handles.get(&a.u32(0)).cloned()) else { return -libc::ENOENT };
+        let cloexec = if a.u32(4) & libc::O_CLOEXEC as u32 != 0 { libc::F_DUPFD_CLOEXEC } else { libc::F_DUPFD };
+        // SAFETY: fcntl(F_DUPFD*) on the BO's own memfd, which lives as long as `bo`.
+        let dfd = unsafe { libc::fcntl(bo.memfd.as_raw_fd(), cloexec, 0) };
+        if dfd < 0 {
+            return -libc::EMFILE;
+        }
+        let Some(key) = file_key(dfd) else { return -libc::EBADF };
+        self.dmabufs.lock().unwrap().insert(key, Arc::downgrade(&bo));
+        add(&self.stats.prime_exports, 1);
+        a.set_u32(8, dfd as u32);
+        0
+    }
+
+    /// `DRM_IOCTL_PRIME_FD_TO_HANDLE`: a handle on this fd for the GEM object behind a dma-buf
+    /// (the same handle if the fd already has one). Like mainline's self-import
+    /// (`drm_gem_prime_import` returns the exporting device's own object): the handle names the
+    /// *same* object — same pages, same device view, so syncs through either fd act on both —
+    /// but rocket maps a BO into an IOMMU domain only in CREATE_BO, for the creating fd: the
+    /// importing fd's address space gets nothing, and a job there cannot address it.
+    fn prime_import(&self, fd: c_int, a: &Arg) -> c_int {
+        let Some(key) = file_key(a.u32(8) as c_int) else { return -libc::EBADF };
+        let Some(bo) = self.dmabufs.lock().unwrap().get(&key).and_then(std::sync::Weak::upgrade) else { return -libc::EINVAL };
+        add(&self.stats.prime_imports, 1);
+        let h = self.with_file(fd, |f| {
+            if let Some((&h, _)) = f.handles.iter().find(|(_, b)| Arc::ptr_eq(b, &bo)) {
+                return h;
+            }
+            let h = f.next_handle;
+            f.next_handle += 1;
+            f.handles.insert(h, bo.clone());
+            h
+        });
+        a.set_u32(0, h);
         0
     }
 
@@ -1213,6 +1297,10 @@ impl Kernel {
             ("syncs", g(&s.syncs).to_string()),
             ("synced_bytes", g(&s.synced_bytes).to_string()),
             ("evicted_lines", g(&s.evicted_lines).to_string()),
+            ("prime_exports", g(&s.prime_exports).to_string()),
+            ("prime_imports", g(&s.prime_imports).to_string()),
+            ("spaces_used", g(&s.spaces_used).to_string()),
+            ("peak_bo_bytes", g(&s.peak_bo_bytes).to_string()),
             ("live_client_maps", live_maps.to_string()),
         ];
         let line: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -1244,6 +1332,14 @@ fn ggml_ork_pod_read(c: &[u8]) -> RknpuTask {
         regcfg_offset: u(28),
         regcmd_addr: u64::from_le_bytes(c[32..40].try_into().unwrap()),
     }
+}
+
+/// (st_dev, st_ino) of an open file: what identifies a dma-buf here.
+fn file_key(fd: c_int) -> Option<(u64, u64)> {
+    // SAFETY: fstat fills the stat buffer we own; `fd` is checked by the kernel.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
 }
 
 fn monotonic_ns() -> i64 {
@@ -1363,6 +1459,99 @@ mod tests {
     fn fill(p: usize, off: usize, len: usize, v: u8) {
         // SAFETY: as in `view`.
         unsafe { std::ptr::write_bytes((p + off) as *mut u8, v, len) };
+    }
+
+    /// An ioctl argument block of `n` bytes for the tests.
+    fn arg(n: usize) -> Vec<u8> {
+        vec![0u8; n]
+    }
+    fn ioctl(k: &Kernel, fd: c_int, req: u64, a: &mut [u8]) -> c_int {
+        k.ioctl(fd, req, a.as_mut_ptr() as *mut c_void)
+    }
+    fn u32_at(a: &[u8], o: usize) -> u32 {
+        u32::from_le_bytes(a[o..o + 4].try_into().unwrap())
+    }
+    fn u64_at(a: &[u8], o: usize) -> u64 {
+        u64::from_le_bytes(a[o..o + 8].try_into().unwrap())
+    }
+    /// CREATE_BO of `size` on `fd`: (errno-or-0, handle, iova, mmap offset).
+    fn create_bo(k: &Kernel, fd: c_int, size: u32) -> (c_int, u32, u64, u64) {
+        let mut a = arg(24);
+        a[0..4].copy_from_slice(&size.to_le_bytes());
+        let r = ioctl(k, fd, ROCKET_CREATE_BO, &mut a);
+        (r, u32_at(&a, 4), u64_at(&a, 8), u64_at(&a, 16))
+    }
+
+    /// rocket under the kernel model: every fd is its own address space with its own window
+    /// (`ORK_FK_DOMAIN_MB`, here 1 MiB); PRIME export/import shares one object between fds —
+    /// the same pages through every mapping, one device view that a sync through either handle
+    /// maintains — and gives the importing fd no NPU address for it.
+    #[test]
+    fn rocket_fds_have_own_windows_and_prime_shares_pages_without_an_address() {
+        // SAFETY: set before the kernel is first built; no other test of this binary reads them.
+        unsafe {
+            std::env::set_var("ORK_FAKE_KERNEL", "rocket");
+            std::env::set_var("ORK_FK_DOMAIN_MB", "1");
+            std::env::set_var("ORK_FK_QUIRKS", "none");
+        }
+        let k = kernel();
+        let (f0, f1) = (k.open("/dev/accel/accel0"), k.open("/dev/accel/accel0"));
+        assert!(f0 >= 0 && f1 >= 0);
+        // Per-descriptor windows: fd 0's 1 MiB fills, fd 1 still has its own from IOVA 0.
+        let (r, h0, iova0, off0) = create_bo(k, f0, 3 * PAGE as u32);
+        assert_eq!((r, iova0), (0, 0), "the first BO of an fd sits at IOVA 0");
+        let (r, big, _, _) = create_bo(k, f0, (1 << 20) - 3 * PAGE as u32);
+        assert_eq!(r, 0, "the rest of fd 0's window");
+        assert_eq!(create_bo(k, f0, PAGE as u32).0, -libc::ENOSPC, "fd 0's window is full");
+        let (r, own1, iova1, _) = create_bo(k, f1, PAGE as u32);
+        assert_eq!((r, iova1), (0, 0), "fd 1 has a window of its own");
+        // Export from fd 0, import on fd 1.
+        let p0 = k.mmap(std::ptr::null_mut(), 3 * PAGE as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, f0, off0 as i64).unwrap() as usize;
+        fill(p0, 0, 3 * PAGE as usize, 0x5a);
+        let mut a = arg(12);
+        a[0..4].copy_from_slice(&h0.to_le_bytes());
+        a[4..8].copy_from_slice(&(libc::O_CLOEXEC as u32).to_le_bytes());
+        assert_eq!(ioctl(k, f0, DRM_PRIME_HANDLE_TO_FD, &mut a), 0);
+        let dmabuf = u32_at(&a, 8) as c_int;
+        let mut b = arg(12);
+        b[8..12].copy_from_slice(&(dmabuf as u32).to_le_bytes());
+        assert_eq!(ioctl(k, f1, DRM_PRIME_FD_TO_HANDLE, &mut b), 0);
+        let h1 = u32_at(&b, 0);
+        assert_ne!(h1, own1, "a new handle on fd 1");
+        let mut again = b.clone();
+        assert_eq!(ioctl(k, f1, DRM_PRIME_FD_TO_HANDLE, &mut again), 0);
+        assert_eq!(u32_at(&again, 0), h1, "importing the same dma-buf again gives the same handle");
+        // The same pages: what fd 0's mapping wrote, the dma-buf's mapping reads, and back.
+        // SAFETY: a shared mapping of the dma-buf (a memfd) of 3 pages, checked below.
+        let p1 = unsafe { libc::mmap(std::ptr::null_mut(), 3 * PAGE as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, dmabuf, 0) };
+        assert_ne!(p1, libc::MAP_FAILED);
+        let p1 = p1 as usize;
+        assert_eq!(view(p1, 0, 3 * PAGE as usize), vec![0x5a; 3 * PAGE as usize], "an import that copies would read a stale or empty buffer");
+        fill(p1, 100, 8, 0x11);
+        assert_eq!(view(p0, 100, 8), vec![0x11; 8]);
+        // One device view: a clean through fd 1's handle is what the object (fd 0's) holds.
+        let bo0 = k.with_file(f0, |f| f.handles[&h0].clone());
+        assert_eq!(view(bo0.dev, 100, 8), vec![0; 8], "nothing cleaned yet");
+        let mut fini = arg(8);
+        fini[0..4].copy_from_slice(&h1.to_le_bytes());
+        assert_eq!(ioctl(k, f1, ROCKET_FINI_BO, &mut fini), 0);
+        assert_eq!(view(bo0.dev, 96, 16), [vec![0x5a; 4], vec![0x11; 8], vec![0x5a; 4]].concat());
+        // No NPU address on fd 1: its space holds only its own BO (at the same IOVA 0).
+        let rf1 = k.rocket_file(f1);
+        let sp = rf1.space.read().unwrap();
+        assert!(sp.bos.values().all(|b| !Arc::ptr_eq(b, &bo0)), "the imported object is mapped in fd 1's space");
+        drop(sp);
+        // Closing the imported handle leaves fd 1's own BO at IOVA 0 mapped.
+        let mut close = arg(8);
+        close[0..4].copy_from_slice(&h1.to_le_bytes());
+        assert_eq!(ioctl(k, f1, DRM_GEM_CLOSE, &mut close), 0);
+        assert!(rf1.space.read().unwrap().bo_at(0).is_some_and(|b| !Arc::ptr_eq(b, &bo0)));
+        let _ = big;
+        // SAFETY: unmapping the mapping made above; closing the dma-buf fd we own.
+        unsafe {
+            libc::munmap(p1 as *mut c_void, 3 * PAGE as usize);
+            libc::close(dmabuf);
+        }
     }
 
     /// The cache model: CPU writes are invisible to the device until a to-device sync of their

@@ -617,38 +617,47 @@ mod tests {
     #[test]
     fn an_activation_read_twice_in_a_row_is_vouched_for_by_the_walk() {
         for (between, vouched) in [(false, 1), (true, 0)] {
-            let (cfg, bad) = Config::from_lookup(|k| match k {
-                "ORK_NPU" => Some("sim".into()),
-                "ORK_NPU_LOCK" => Some("off".into()),
-                "ORK_CACHE" => Some("0".into()),
-                _ => None,
+            // Each case on a thread of its own: the held activation lives in the thread's
+            // scratch, and this case's input may land where the last case's was (same bytes,
+            // same hash: a reuse the case does not count on).
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    let (cfg, bad) = Config::from_lookup(|k| match k {
+                        "ORK_NPU" => Some("sim".into()),
+                        "ORK_NPU_LOCK" => Some("off".into()),
+                        "ORK_CACHE" => Some("0".into()),
+                        _ => None,
+                    });
+                    assert!(bad.is_empty(), "{bad:?}");
+                    let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), pin_cpus: vec![], ..NpuConfig::default() }).expect("simulator opens");
+                    let dev = Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: None, calib: None };
+                    let store = WeightStore::default();
+                    let wb: Vec<u8> = weight_f32().iter().flat_map(|v| v.to_le_bytes()).collect();
+                    let tensor = Tensor { addr: wb.as_ptr() as usize, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"blk.0.ffn_up.weight") };
+                    let weight = Weight { tensor, store: Some(&store), model_weight: false };
+                    let x = input(M_NPU);
+                    let (mut d1, mut d2) = (vec![0f32; M_NPU * N], vec![0f32; M_NPU * N]);
+                    let mut nodes = vec![mul_mat(0x100, M_NPU, Some(weight), &[])];
+                    if between {
+                        nodes.push(Node::Other);
+                    }
+                    nodes.push(mul_mat(0x200, M_NPU, Some(weight), &[]));
+                    let last = nodes.len() - 1;
+                    let mut io: Vec<Option<(&[f32], &mut [f32])>> = (0..nodes.len()).map(|_| None).collect();
+                    io[0] = Some((&x, &mut d1));
+                    io[last] = Some((&x, &mut d2));
+                    let mut g = Fake { nodes, weight: &wb, io, cpu_runs: vec![], cpu_fails: false };
+                    compute(&dev, &Stream::default(), &mut g).expect("the walk runs");
+                    drop(g);
+                    let s = &dev.stats;
+                    assert_eq!(s.npu_matmuls.load(Relaxed), 2);
+                    assert_eq!(s.act_reused.load(Relaxed), 1, "the second MUL_MAT reuses the int8 terms (between: {between})");
+                    assert_eq!(s.act_vouched.load(Relaxed), vouched, "vouched for by the walk only with nothing between (between: {between})");
+                    assert!(d1.iter().zip(&d2).all(|(a, b)| a.to_bits() == b.to_bits()), "the same bits");
+                })
+                .join()
+                .expect("the case runs");
             });
-            assert!(bad.is_empty(), "{bad:?}");
-            let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), pin_cpus: vec![], ..NpuConfig::default() }).expect("simulator opens");
-            let dev = Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: None, calib: None };
-            let store = WeightStore::default();
-            let wb: Vec<u8> = weight_f32().iter().flat_map(|v| v.to_le_bytes()).collect();
-            let tensor = Tensor { addr: wb.as_ptr() as usize, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"blk.0.ffn_up.weight") };
-            let weight = Weight { tensor, store: Some(&store), model_weight: false };
-            let x = input(M_NPU);
-            let (mut d1, mut d2) = (vec![0f32; M_NPU * N], vec![0f32; M_NPU * N]);
-            let mut nodes = vec![mul_mat(0x100, M_NPU, Some(weight), &[])];
-            if between {
-                nodes.push(Node::Other);
-            }
-            nodes.push(mul_mat(0x200, M_NPU, Some(weight), &[]));
-            let last = nodes.len() - 1;
-            let mut io: Vec<Option<(&[f32], &mut [f32])>> = (0..nodes.len()).map(|_| None).collect();
-            io[0] = Some((&x, &mut d1));
-            io[last] = Some((&x, &mut d2));
-            let mut g = Fake { nodes, weight: &wb, io, cpu_runs: vec![], cpu_fails: false };
-            compute(&dev, &Stream::default(), &mut g).expect("the walk runs");
-            drop(g);
-            let s = &dev.stats;
-            assert_eq!(s.npu_matmuls.load(Relaxed), 2);
-            assert_eq!(s.act_reused.load(Relaxed), 1, "the second MUL_MAT reuses the int8 terms (between: {between})");
-            assert_eq!(s.act_vouched.load(Relaxed), vouched, "vouched for by the walk only with nothing between (between: {between})");
-            assert!(d1.iter().zip(&d2).all(|(a, b)| a.to_bits() == b.to_bits()), "the same bits");
         }
     }
 

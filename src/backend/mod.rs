@@ -219,7 +219,7 @@ pub struct Memory {
     pub scales: u64,
     pub scratch: u64,
     /// What the kernel interface holds besides one copy: weight tiles × (copies − 1) and the
-    /// scratch copies (`rocket`'s per-core mirrors).
+    /// scratch copies (`Npu::scratch_bytes`; 0 on every interface today, `rocket` included).
     pub copies: u64,
     pub total: u64,
     pub peak: u64,

@@ -17,9 +17,11 @@
 //!   on the CPU.
 //!
 //! * the budget counts every copy of a weight the kernel interface keeps
-//!   (`KernelInterface::weight_copies`: `rocket` mirrors each weight onto every core's file
-//!   descriptor): [`DomainSet::resident_bytes`] is the domain bytes times the copies, while a
-//!   domain's own fill (`used`) counts one copy, the one in its address space.
+//!   (`KernelInterface::weight_copies`, 1 on every interface today): [`DomainSet::resident_bytes`]
+//!   is the domain bytes times the copies, while a domain's own fill (`used`) counts one copy;
+//! * where every core has its own address space (`rocket`, `KernelInterface::per_core_spaces`) a
+//!   domain is one window per core, each holding its core's parts of the domain's weights: the
+//!   `Npu` sets the cap to the per-window cap times the cores.
 //!
 //! Scratch buffers (regcmd, tasks, activations, outputs) live in each domain outside the cap's
 //! accounting: the cap leaves about 1 GiB of the window for them.

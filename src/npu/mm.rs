@@ -19,7 +19,13 @@
 //!   activation blocks, the regcmd and task bytes written, and each program's sentinel word;
 //!   from the device each program's output block. Ranges are widened to whole cache lines and
 //!   merged where they touch. The bytes synced and the bytes exchanged are counted per run
-//!   ([`CoreResult::synced_bytes`], [`CoreResult::io_bytes`]).
+//!   ([`CoreResult::synced_bytes`], [`CoreResult::io_bytes`]). Where the interface syncs only
+//!   whole buffers (`KernelInterface::syncs_whole_buffers`, `rocket`) the buffers themselves are
+//!   kept small instead: every scratch buffer starts at one page and grows with need, and output
+//!   buffers come by size class ([`ScratchSet`]).
+//! * Where every core has its own address space (`KernelInterface::per_core_spaces`, `rocket`)
+//!   each core's scratch lives in `KernelInterface::space_of(domain, core)` and a weight is one
+//!   part per core ([`WeightPart`]); a program's weight offset is moved into its core's part.
 //! * The core's mutex is held for the whole run of its share, so concurrent `mm_run`s from
 //!   several threads serialise per core and never share scratch.
 //! * A failed submit (timeout, reset, refusal) fails the run: no partial result is ever handed
@@ -44,7 +50,7 @@ use std::sync::{Arc, Mutex};
 use crate::npu::domain::DomainSet;
 use crate::npu::kif::{job_flags, mem_flags, Bo, DomainId, Iova, KernelInterface, KifError, RknpuTask, SubmitJob, SyncDir};
 use crate::npu::layout::{self, WeightGeometry};
-use crate::npu::plan::{CorePlan, PlannedProgram, SubmitIovas, MAX_CHAIN_PROGRAMS};
+use crate::npu::plan::{CorePlan, PlannedProgram, SubmitIovas};
 use crate::npu::regcmd;
 use crate::npu::soc::SocDesc;
 use crate::npu::NpuError;
@@ -99,6 +105,19 @@ pub(crate) struct ScratchSet {
     regcmd: Bo,
     task: Bo,
     out: Bo,
+    /// Where the interface syncs whole buffers only (`KernelInterface::syncs_whole_buffers`):
+    /// output buffers by size class ([`out_class`]: whole pages, four classes per octave), each
+    /// submit taking the smallest that holds its output, so the whole-buffer syncs around it
+    /// (the sentinels' clean, the results' invalidate) cover at most 1.25 times its output each
+    /// instead of the largest submit's output. Output buffers may change between submits (unlike the activation buffer,
+    /// rknpu-facts §2.6); a new class costs one warm-up submit.
+    out_classes: Vec<Bo>,
+}
+
+impl ScratchSet {
+    fn bos(&self) -> impl Iterator<Item = &Bo> {
+        [&self.regcmd, &self.task, &self.out].into_iter().chain(&self.out_classes)
+    }
 }
 
 #[derive(Default)]
@@ -109,7 +128,7 @@ pub(crate) struct CoreScratch {
 impl CoreScratch {
     /// Bytes of this core's scratch in every domain (regcmd, task and output buffers).
     pub(crate) fn bytes(&self) -> u64 {
-        self.sets.values().flat_map(|s| [&s.regcmd, &s.task, &s.out]).map(|b| b.size_bytes as u64).sum::<u64>()
+        self.sets.values().flat_map(|s| s.bos()).map(|b| b.size_bytes as u64).sum::<u64>()
     }
 }
 
@@ -180,7 +199,7 @@ impl Drop for Shared {
         for c in &self.cores {
             let sets = std::mem::take(&mut c.lock().unwrap_or_else(|p| p.into_inner()).sets);
             for (_, s) in sets {
-                for bo in [s.regcmd, s.task, s.out] {
+                for bo in [s.regcmd, s.task, s.out].into_iter().chain(s.out_classes) {
                     if let Err(e) = self.kif.mem_destroy(bo) {
                         log::warn!("destroying NPU scratch: {e}");
                     }
@@ -197,26 +216,50 @@ impl Drop for Shared {
     }
 }
 
-/// A resident weight: its tiled blob in one BO of one domain.
+/// One core's part of a weight where every core has its own address space
+/// (`KernelInterface::per_core_spaces`): the blob ranges that core reads
+/// ([`crate::npu::plan::core_parts`]), packed one after the other into a BO of its space.
+pub(crate) struct WeightPart {
+    pub bo: Bo,
+    /// `(blob offset, len, offset in the part)`, in blob order.
+    pub ranges: Vec<(usize, usize, usize)>,
+}
+
+impl WeightPart {
+    /// The part's IOVA of blob byte `offset` (the start of a program's weights), if it holds it.
+    pub fn iova_of(&self, offset: usize) -> Option<Iova> {
+        let i = self.ranges.partition_point(|r| r.0 + r.1 <= offset);
+        let &(o, l, p) = self.ranges.get(i)?;
+        (o <= offset && offset < o + l).then(|| Iova(self.bo.iova.0 + (p + offset - o) as u32))
+    }
+}
+
+/// A resident weight: its tiled blob in one BO of one domain, or (per-core address spaces) one
+/// part per core in that domain's spaces.
 pub(crate) struct WeightInner {
     pub n: usize,
     pub k: usize,
     pub geom: WeightGeometry,
     pub bo: Option<Bo>,
+    /// Per core `0..parts.len()` (empty unless the interface has per-core address spaces); the
+    /// weight then runs on exactly these cores, `plan_at(.., parts.len(), 0)`.
+    pub parts: Vec<Option<WeightPart>>,
     pub domain: DomainId,
     pub reserved_bytes: u64,
     pub shared: Arc<Shared>,
 }
 
 impl WeightInner {
-    pub fn iova(&self) -> Iova {
-        self.bo.as_ref().expect("live weight").iova
+    /// Bytes of its buffers (page-rounded).
+    pub fn bytes(&self) -> u64 {
+        self.bo.iter().chain(self.parts.iter().flatten().map(|p| &p.bo)).map(|b| b.size_bytes as u64).sum()
     }
 }
 
 impl Drop for WeightInner {
     fn drop(&mut self) {
-        if let Some(bo) = self.bo.take() {
+        let parts = std::mem::take(&mut self.parts).into_iter().flatten().map(|p| p.bo);
+        for bo in self.bo.take().into_iter().chain(parts) {
             if let Err(e) = self.shared.kif.mem_destroy(bo) {
                 log::warn!("freeing resident weight N={} K={}: {e}", self.n, self.k);
             }
@@ -242,36 +285,66 @@ pub(crate) struct CoreResult {
     pub io_bytes: u64,
 }
 
+/// The output buffer class for `need` bytes (`ScratchSet::out_classes`): whole pages; up to 4
+/// pages exactly, above that rounded up to a quarter of the power of two below it (at most 25 %
+/// over the need, four classes per octave).
+fn out_class(need: usize) -> usize {
+    let page = crate::npu::kif::PAGE_BYTES;
+    let p = need.div_ceil(page).max(1);
+    if p <= 4 {
+        return p * page;
+    }
+    let step = 1usize << (usize::BITS - 1 - p.leading_zeros() - 2);
+    p.div_ceil(step) * step * page
+}
+
 /// Makes `bo` hold at least `needed` bytes: a buffer of exactly the page-rounded need when it
 /// is smaller, else nothing (never shrunk, so alternating shapes do not re-allocate).
 fn grow(kif: &dyn KernelInterface, bo: &mut Bo, needed: usize, domain: DomainId) -> Result<(), KifError> {
+    grow_with(kif, bo, needed, domain, mem_flags::DATA)
+}
+
+/// [`grow`] with the buffer's memory flags.
+fn grow_with(kif: &dyn KernelInterface, bo: &mut Bo, needed: usize, domain: DomainId, flags: u32) -> Result<(), KifError> {
     if bo.size_bytes >= needed {
         return Ok(());
     }
-    let fresh = kif.mem_create(crate::npu::kif::page_round(needed), mem_flags::DATA, domain)?;
+    let fresh = kif.mem_create(crate::npu::kif::page_round(needed), flags, domain)?;
     let old = std::mem::replace(bo, fresh);
     kif.mem_destroy(old)
 }
 
+/// A core's scratch in one domain (`domain`: the core's address space). The regcmd and task
+/// buffers start at one page and grow with the longest chain, like the activation and output
+/// buffers: where the driver syncs only whole buffers (`rocket`), a buffer sized for
+/// [`MAX_CHAIN_PROGRAMS`] programs would cost ~900 KiB of cache maintenance per submit.
 fn new_set(kif: &dyn KernelInterface, domain: DomainId) -> Result<ScratchSet, KifError> {
-    let regcmd = kif.mem_create(MAX_CHAIN_PROGRAMS * regcmd::PROGRAM_BYTES, mem_flags::DATA, domain)?;
-    let task = kif.mem_create(MAX_CHAIN_PROGRAMS * std::mem::size_of::<RknpuTask>(), mem_flags::TASK, domain)?;
-    let out = kif.mem_create(OUT_SCRATCH_INITIAL_BYTES, mem_flags::DATA, domain)?;
-    Ok(ScratchSet { regcmd, task, out })
+    let regcmd = kif.mem_create(crate::npu::kif::PAGE_BYTES, mem_flags::DATA, domain)?;
+    let task = kif.mem_create(crate::npu::kif::PAGE_BYTES, mem_flags::TASK, domain)?;
+    // Where every sync is of the whole buffer, the output buffers come by size class
+    // (`ScratchSet::out_classes`).
+    let whole = kif.syncs_whole_buffers();
+    let out = kif.mem_create(if whole { crate::npu::kif::PAGE_BYTES } else { OUT_SCRATCH_INITIAL_BYTES }, mem_flags::DATA, domain)?;
+    Ok(ScratchSet { regcmd, task, out, out_classes: Vec::new() })
 }
 
-/// Creates the scratch sets of cores `0..cores` in `domain` if missing. Called when a domain
-/// receives its first weight, while it still has room (ork pre-allocates scratch the same way).
+/// Creates the scratch sets of cores `0..cores` in `domain` if missing (core `c`'s in
+/// `KernelInterface::space_of(domain, c)`). Called when a domain receives its first weight, while
+/// it still has room (ork pre-allocates scratch the same way).
 pub(crate) fn ensure_scratch(shared: &Shared, domain: DomainId, cores: u32) -> Result<(), KifError> {
-    for c in &shared.cores[..cores as usize] {
+    for (i, c) in shared.cores[..cores as usize].iter().enumerate() {
         let mut g = c.lock().unwrap_or_else(|p| p.into_inner());
         if let std::collections::hash_map::Entry::Vacant(e) = g.sets.entry(domain.0) {
-            e.insert(new_set(&*shared.kif, domain)?);
+            e.insert(new_set(&*shared.kif, shared.kif.space_of(domain, i as u32))?);
         }
     }
+    // Lease slot 0's activation image in every core's space.
     let mut g = shared.images[0].lock().unwrap_or_else(|p| p.into_inner());
-    if let std::collections::hash_map::Entry::Vacant(e) = g.entry(domain.0) {
-        e.insert(shared.kif.mem_create(ACT_SCRATCH_INITIAL_BYTES, mem_flags::DATA, domain)?);
+    for c in 0..cores {
+        let space = shared.kif.space_of(domain, c);
+        if let std::collections::hash_map::Entry::Vacant(e) = g.entry(space.0) {
+            e.insert(shared.kif.mem_create(image_initial_bytes(&*shared.kif), mem_flags::DATA, space)?);
+        }
     }
     Ok(())
 }
@@ -284,10 +357,11 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize
     let kif = &*shared.kif;
     let (k, n) = (w.k, w.n);
     let core = plan.core;
-    let domain = w.domain;
+    // Scratch is kept per (core, domain); its buffers and the job live in the core's space.
+    let domain = kif.space_of(w.domain, core);
     let sub_err = |source: KifError| NpuError::Submit { op: "mm_run", m, k, n, core, source };
     let mut guard = shared.cores[core as usize].lock().unwrap_or_else(|p| p.into_inner());
-    if let std::collections::hash_map::Entry::Vacant(e) = guard.sets.entry(domain.0) {
+    if let std::collections::hash_map::Entry::Vacant(e) = guard.sets.entry(w.domain.0) {
         e.insert(new_set(kif, domain).map_err(sub_err)?);
     }
     // Every output word of the share is written by a program; a K-split share adds its K-slices'
@@ -297,7 +371,7 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize
     if ksplit {
         local.fill(0);
     }
-    let set = guard.sets.get_mut(&domain.0).expect("scratch set");
+    let set = guard.sets.get_mut(&w.domain.0).expect("scratch set");
     let mut res = CoreResult {
         local,
         submits: 0,
@@ -308,16 +382,58 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize
         synced_bytes: 0,
         io_bytes: 0,
     };
-    let w_iova = w.iova();
+    // The weights' base: the blob's BO, or this core's part, with every program's weight offset
+    // moved to where the part holds it.
+    let part = if w.parts.is_empty() || plan.submits.is_empty() {
+        None
+    } else {
+        let missing = || sub_err(KifError::Invalid(format!("core {core} holds no part of this weight")));
+        Some(w.parts.get(core as usize).and_then(Option::as_ref).ok_or_else(missing)?)
+    };
+    let w_iova = match (part, &w.bo) {
+        (Some(p), _) => p.bo.iova,
+        (None, Some(bo)) => bo.iova,
+        (None, None) => Iova(0), // a core with nothing to run
+    };
     for sub in &plan.submits {
-        grow(kif, &mut set.out, sub.out_bytes, domain).map_err(sub_err)?;
-        // Programs, chained, reading their activation blocks in the image, and their task
-        // descriptors.
-        let at = SubmitIovas { act: img.iova, weights: w_iova, out: set.out.iova, regcmd: set.regcmd.iova };
+        let moved;
+        let sub = match part {
+            None => sub,
+            Some(p) => {
+                let mut s = sub.clone();
+                for prog in &mut s.programs {
+                    let at = p.iova_of(prog.weight_offset).ok_or_else(|| {
+                        sub_err(KifError::Invalid(format!("core {core}'s part does not hold weight byte {}", prog.weight_offset)))
+                    })?;
+                    prog.weight_offset = (at.0 - p.bo.iova.0) as usize;
+                }
+                moved = s;
+                &moved
+            }
+        };
+        let out_bo = if kif.syncs_whole_buffers() {
+            let class = out_class(sub.out_bytes);
+            let i = match set.out_classes.iter().position(|b| b.size_bytes == class) {
+                Some(i) => i,
+                None => {
+                    set.out_classes.push(kif.mem_create(class, mem_flags::DATA, domain).map_err(sub_err)?);
+                    set.out_classes.len() - 1
+                }
+            };
+            &mut set.out_classes[i]
+        } else {
+            grow(kif, &mut set.out, sub.out_bytes, domain).map_err(sub_err)?;
+            &mut set.out
+        };
+        grow(kif, &mut set.regcmd, sub.programs.len() * regcmd::PROGRAM_BYTES, domain).map_err(sub_err)?;
+        // Programs, chained, reading their activation blocks in the image (its copy in this
+        // core's space), and their task descriptors.
+        let at = SubmitIovas { act: img.iova_of(core), weights: w_iova, out: out_bo.iova, regcmd: set.regcmd.iova };
         let entries = sub.regcmd_at(&at, shared.soc.pc_data_amount_scale, |ab| img.layout.offset(ab))?;
         let nprogs = sub.programs.len();
         let bytes = regcmd::to_bytes(&entries);
         set.regcmd.bytes_mut()[..bytes.len()].copy_from_slice(&bytes);
+        grow_with(kif, &mut set.task, nprogs * std::mem::size_of::<RknpuTask>(), domain, mem_flags::TASK).map_err(sub_err)?;
         let tsize = std::mem::size_of::<RknpuTask>();
         let tbytes = set.task.bytes_mut();
         for i in 0..nprogs {
@@ -349,16 +465,16 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize
         };
         let mut attempt = 0;
         loop {
-            arm_sentinels(set.out.bytes_mut(), &sub.programs);
+            arm_sentinels(out_bo.bytes_mut(), &sub.programs);
             res.synced_bytes +=
-                sync_spans(kif, &set.out, SyncDir::ToDevice, sub.programs.iter().map(|p| (p.last_out_word(), 4))).map_err(sub_err)?;
+                sync_spans(kif, out_bo, SyncDir::ToDevice, sub.programs.iter().map(|p| (p.last_out_word(), 4))).map_err(sub_err)?;
             let done = kif.submit(&job).map_err(sub_err)?;
             res.synced_bytes +=
-                sync_spans(kif, &set.out, SyncDir::FromDevice, sub.programs.iter().map(|p| (p.out_offset, p.mc * p.nc * 4))).map_err(sub_err)?;
+                sync_spans(kif, out_bo, SyncDir::FromDevice, sub.programs.iter().map(|p| (p.out_offset, p.mc * p.nc * 4))).map_err(sub_err)?;
             res.synced_bytes += done.synced_bytes as u64;
             res.io_bytes += out_io as u64;
             res.device_ns += done.hw_elapse_ns;
-            let missing = unlanded(set.out.bytes(), &sub.programs);
+            let missing = unlanded(out_bo.bytes(), &sub.programs);
             if done.task_counter == job.task_number && missing == 0 {
                 break;
             }
@@ -379,7 +495,7 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize
             res.retries += 1;
             attempt += 1;
         }
-        let out = set.out.bytes();
+        let out = out_bo.bytes();
         for p in &sub.programs {
             let block = if ksplit { layout::add_c_block } else { layout::copy_c_block };
             block(&out[p.out_offset..], p.mc, p.nc, p.nc, &mut res.local, plan.ncols, p.m0, p.col0);
@@ -437,37 +553,71 @@ impl ImageLayout {
     }
 }
 
-/// A run's activation image as the cores see it: its device address and layout.
+/// A run's activation image as the cores see it: its layout, and its device address in each
+/// core's address space (one image read by every core where they share a space; a copy in each
+/// core's space where every core has its own, `rocket`).
 pub(crate) struct ImageAt {
-    pub iova: Iova,
+    /// `(space, address)` of each copy.
+    pub iovas: Vec<(u32, Iova)>,
+    /// The space of each core (by core index).
+    pub space_of_core: Vec<u32>,
     pub layout: ImageLayout,
 }
 
-/// The lease slot's images, locked for a run.
+impl ImageAt {
+    /// The image's address for `core`.
+    pub(crate) fn iova_of(&self, core: u32) -> Iova {
+        let space = self.space_of_core[core as usize];
+        self.iovas.iter().find(|(s, _)| *s == space).expect("an image in every core's space").1
+    }
+}
+
+/// The lease slot's images (by address space), locked for a run.
 pub(crate) type ImageGuard<'s> = std::sync::MutexGuard<'s, HashMap<u32, Bo>>;
 
-/// Packs `a` into the activation image of lease slot `slot` in `domain` (grown to the layout's
-/// size, never shrunk) and syncs it to the device. Returns the guard holding the slot (the run
-/// keeps it until every core is done), the image's address, and the bytes synced and exchanged.
+/// An activation image's first size: one page where syncs are of whole buffers (`rocket`).
+fn image_initial_bytes(kif: &dyn KernelInterface) -> usize {
+    if kif.syncs_whole_buffers() {
+        crate::npu::kif::PAGE_BYTES
+    } else {
+        ACT_SCRATCH_INITIAL_BYTES
+    }
+}
+
+/// Packs `a` into the activation image of lease slot `slot` in `domain`, in the address space
+/// of each of `cores` (grown to the layout's size, never shrunk), and syncs it to the device.
+/// Returns the guard holding the slot (the run keeps it until every core is done), the images,
+/// and the bytes synced and exchanged.
+#[allow(clippy::too_many_arguments)] // the run's slot, domain, cores, layout and activation
 pub(crate) fn pack_image<'s>(
     shared: &'s Shared,
     slot: u32,
     domain: DomainId,
-    lay: &ImageLayout,
+    cores: &[u32],
+    layout: ImageLayout,
     a: &[i8],
     k: usize,
-) -> Result<(ImageGuard<'s>, Iova, u64, u64), KifError> {
+) -> Result<(ImageGuard<'s>, ImageAt, u64, u64), KifError> {
     let kif = &*shared.kif;
     let mut g = shared.images[slot as usize].lock().unwrap_or_else(|p| p.into_inner());
-    let bo = match g.entry(domain.0) {
-        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-        std::collections::hash_map::Entry::Vacant(e) => e.insert(kif.mem_create(crate::npu::kif::page_round(lay.bytes.max(ACT_SCRATCH_INITIAL_BYTES)), mem_flags::DATA, domain)?),
-    };
-    grow(kif, bo, lay.bytes, domain)?;
-    lay.pack(a, k, &mut bo.bytes_mut()[..lay.bytes]);
-    let synced = sync_spans(kif, bo, SyncDir::ToDevice, [(0, lay.bytes)].into_iter())?;
-    let iova = bo.iova;
-    Ok((g, iova, synced, lay.bytes as u64))
+    let space_of_core: Vec<u32> = (0..shared.cores.len() as u32).map(|c| kif.space_of(domain, c).0).collect();
+    let mut spaces: Vec<u32> = cores.iter().map(|&c| space_of_core[c as usize]).collect();
+    spaces.sort_unstable();
+    spaces.dedup();
+    let (mut synced, mut io, mut iovas) = (0u64, 0u64, Vec::with_capacity(spaces.len()));
+    for space in spaces {
+        let d = DomainId(space);
+        let bo = match g.entry(space) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(kif.mem_create(image_initial_bytes(kif), mem_flags::DATA, d)?),
+        };
+        grow(kif, bo, layout.bytes, d)?;
+        layout.pack(a, k, &mut bo.bytes_mut()[..layout.bytes]);
+        synced += sync_spans(kif, bo, SyncDir::ToDevice, [(0, layout.bytes)].into_iter())?;
+        io += layout.bytes as u64;
+        iovas.push((space, bo.iova));
+    }
+    Ok((g, ImageAt { iovas, space_of_core, layout }, synced, io))
 }
 
 /// Syncs the byte spans `(offset, len)` of `bo` in one direction: each widened to whole cache
@@ -502,4 +652,23 @@ fn arm_sentinels(out: &mut [u8], programs: &[PlannedProgram]) {
 /// Programs whose last output word still holds [`SENTINEL`]: they never wrote their output.
 fn unlanded(out: &[u8], programs: &[PlannedProgram]) -> usize {
     programs.iter().filter(|p| out[p.last_out_word()..p.last_out_word() + 4] == SENTINEL.to_le_bytes()).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::out_class;
+    const P: usize = crate::npu::kif::PAGE_BYTES;
+
+    #[test]
+    fn output_classes_hold_the_need_within_a_quarter() {
+        assert_eq!(out_class(0), P);
+        assert_eq!(out_class(3 * P + 1), 4 * P);
+        assert_eq!(out_class(5 * P), 5 * P);
+        assert_eq!(out_class(9 * P + 1), 10 * P);
+        assert_eq!(out_class(1000 * P), 1024 * P);
+        for need in (1..20_000).map(|i| i * 997) {
+            let c = out_class(need);
+            assert!(c >= need && c % P == 0 && (c as f64) <= 1.25 * need.div_ceil(P).max(1) as f64 * P as f64, "{need} -> {c}");
+        }
+    }
 }

@@ -197,7 +197,7 @@ impl ResidentWeight {
     }
     /// Bytes it occupies in its domain's IOVA window (page-rounded).
     pub fn resident_bytes(&self) -> u64 {
-        self.inner.bo.as_ref().map_or(0, |b| b.size_bytes as u64)
+        self.inner.bytes()
     }
     /// The IOMMU domain it lives in.
     pub fn domain(&self) -> u32 {
@@ -273,7 +273,12 @@ impl Npu {
         let max_cores = cfg.max_cores.unwrap_or(cores).clamp(1, cores);
         let budget = cfg.wcache_budget_bytes.unwrap_or_else(domain::default_budget_bytes);
         let timeout_ms = cfg.timeout_ms.unwrap_or(mm::DEFAULT_TIMEOUT_MS);
-        let mut domains = domain::DomainSet::new(soc.domain_cap_bytes, budget, kif::MAX_DOMAINS);
+        // With an address space per core a domain is one window per core, each holding its
+        // cores' parts of the weights: the cap (per window) counts once per core. A split that
+        // leaves one window fuller meets the kernel's EFAULT, the safety net below.
+        let per_core = kif.per_core_spaces();
+        let cap = if per_core { soc.domain_cap_bytes * u64::from(max_cores) } else { soc.domain_cap_bytes };
+        let mut domains = domain::DomainSet::new(cap, budget, kif::MAX_DOMAINS);
         domains.set_copies(kif.weight_copies(max_cores));
         let shared = Arc::new(Shared {
             kif,
@@ -358,14 +363,16 @@ impl Npu {
     }
 
     /// Copies of each weight the kernel interface holds (`KernelInterface::weight_copies` for the
-    /// cores this `Npu` runs on): 1, or the cores `rocket` mirrors every weight onto.
+    /// cores this `Npu` runs on): 1 on every interface today.
     pub fn weight_copies(&self) -> u32 {
         self.shared.domains().copies()
     }
 
     /// Bytes of the NPU scratch buffers (each core's regcmd, task and output buffers, the
-    /// activation images; every domain; and the cores' spare host-side result buffers), and of the copies of them the interface keeps besides
-    /// (`rocket`: what cores `c ≥ 1` read mirrored onto their own file descriptors). Waits for
+    /// activation images, every domain and address space; and the cores' spare host-side result
+    /// buffers), and of the copies of them the interface keeps besides (where
+    /// [`Npu::weight_copies`] > 1, every core but the first's; 0 on every interface today: on
+    /// `rocket` each core's scratch and image copy live in that core's own address space). Waits for
     /// running jobs' cores.
     pub fn scratch_bytes(&self) -> (u64, u64) {
         let per_core: Vec<(u64, u64)> = self
@@ -412,6 +419,9 @@ impl Npu {
         if bytes.len() != geom.total_bytes {
             return Err(NpuError::BadBlob { op, n, k, got: bytes.len(), expected: geom.total_bytes });
         }
+        if self.shared.kif.per_core_spaces() {
+            return self.place_parts(op, n, k, geom, bytes, observe);
+        }
         let size = reserved_bytes(&geom);
         let kif = &*self.shared.kif;
         loop {
@@ -425,7 +435,7 @@ impl Npu {
             let made = mm::ensure_scratch(&self.shared, d, self.max_cores).and_then(|_| kif.mem_import_observed(bytes, d, observe));
             match made {
                 Ok(bo) => {
-                    let inner = WeightInner { n, k, geom, bo: Some(bo), domain: d, reserved_bytes: size, shared: self.shared.clone() };
+                    let inner = WeightInner { n, k, geom, bo: Some(bo), parts: Vec::new(), domain: d, reserved_bytes: size, shared: self.shared.clone() };
                     return Ok(Arc::new(ResidentWeight { inner: Arc::new(inner) }));
                 }
                 Err(KifError::Fault { .. }) => {
@@ -439,6 +449,70 @@ impl Npu {
                     return Err(NpuError::Kif(e));
                 }
             }
+        }
+    }
+
+    /// [`Npu::place`] where every core has its own address space: the weight is split into one
+    /// part per core of its plans ([`plan::core_parts`]: the N-blocks that core computes), each
+    /// in the core's space of the reserved domain, so it is held once and runs on those cores.
+    /// `observe` sees `bytes` (the host copy) in order once every part landed.
+    fn place_parts(&self, op: &'static str, n: usize, k: usize, geom: WeightGeometry, bytes: &[u8], observe: &mut Observer<'_>) -> Result<Arc<ResidentWeight>, NpuError> {
+        let ncores = plan::core_count(&self.shared.soc, n, self.max_cores) as usize;
+        let ranges = plan::core_parts(&geom, ncores);
+        let lens: Vec<usize> = ranges.iter().map(|r| r.iter().map(|x| x.1).sum()).collect();
+        let size: u64 = lens.iter().map(|&l| kif::page_round(l) as u64).sum();
+        let kif = &*self.shared.kif;
+        loop {
+            let d = self.shared.domains().reserve(size).map_err(|e| NpuError::NoRoom { op, n, k, bytes: size, why: format!("{e:?}") })?;
+            let mut parts: Vec<Option<mm::WeightPart>> = Vec::with_capacity(ncores);
+            let mut made = mm::ensure_scratch(&self.shared, d, self.max_cores);
+            for (c, (rs, &len)) in ranges.iter().zip(&lens).enumerate() {
+                if made.is_err() || len == 0 {
+                    parts.push(None);
+                    continue;
+                }
+                made = kif.mem_create(len, kif::mem_flags::DATA, kif.space_of(d, c as u32)).and_then(|mut bo| {
+                    let mut at = 0;
+                    let mut map = Vec::with_capacity(rs.len());
+                    for &(off, l) in rs {
+                        bo.bytes_mut()[at..at + l].copy_from_slice(&bytes[off..off + l]);
+                        map.push((off, l, at));
+                        at += l;
+                    }
+                    match kif.mem_sync_all(&bo, kif::SyncDir::ToDevice) {
+                        Ok(_) => {
+                            parts.push(Some(mm::WeightPart { bo, ranges: map }));
+                            Ok(())
+                        }
+                        Err(e) => {
+                            let _ = kif.mem_destroy(bo);
+                            Err(e)
+                        }
+                    }
+                });
+            }
+            if let Err(e) = made {
+                for p in parts.into_iter().flatten() {
+                    let _ = kif.mem_destroy(p.bo);
+                }
+                match e {
+                    KifError::Fault { .. } => {
+                        if !self.shared.domains().fault(d, size) {
+                            return Err(NpuError::NoRoom { op, n, k, bytes: size, why: "EFAULT in an empty IOMMU domain: the weight does not fit one".into() });
+                        }
+                        continue;
+                    }
+                    e => {
+                        self.shared.domains().release(d, size);
+                        return Err(NpuError::Kif(e));
+                    }
+                }
+            }
+            for (i, piece) in bytes.chunks(kif::IMPORT_PIECE_BYTES).enumerate() {
+                observe(i * kif::IMPORT_PIECE_BYTES, piece);
+            }
+            let inner = WeightInner { n, k, geom, bo: None, parts, domain: d, reserved_bytes: size, shared: self.shared.clone() };
+            return Ok(Arc::new(ResidentWeight { inner: Arc::new(inner) }));
         }
     }
 
@@ -481,7 +555,13 @@ impl Npu {
         if !Arc::ptr_eq(&w.inner.shared, &self.shared) {
             return Err(bad("weight was uploaded to another Npu".into()));
         }
-        let plan = plan::plan_at(&self.shared.soc, &w.inner.geom, m, budget.max_cores.min(self.max_cores), first_core);
+        // A weight split into per-core parts runs on the cores that hold them, whatever the
+        // lease (the per-core locks still serialise matmuls that meet on a core).
+        let plan = if w.inner.parts.is_empty() {
+            plan::plan_at(&self.shared.soc, &w.inner.geom, m, budget.max_cores.min(self.max_cores), first_core)
+        } else {
+            plan::plan_at(&self.shared.soc, &w.inner.geom, m, w.inner.parts.len() as u32, 0)
+        };
         log::debug!(
             "mm_run M={m} K={k} N={n}: {:?}, {} cores, {} submits, {} programs",
             plan.path,
@@ -491,10 +571,10 @@ impl Npu {
         );
         // A packed once into the activation image of this lease, which every core reads; the
         // image stays locked until every core is done.
-        let layout = mm::ImageLayout::of(&plan);
-        let (image, iova, img_synced, img_io) = mm::pack_image(&self.shared, first_core, w.inner.domain, &layout, a, k)
+        let cores: Vec<u32> = plan.cores.iter().map(|c| c.core).collect();
+        let (image, img, img_synced, img_io) = mm::pack_image(&self.shared, first_core, w.inner.domain, &cores, mm::ImageLayout::of(&plan), a, k)
             .map_err(|source| NpuError::Submit { op: "mm_run", m, k, n, core: first_core, source })?;
-        let img = Arc::new(mm::ImageAt { iova, layout });
+        let img = Arc::new(img);
         let mut receivers = Vec::new();
         for cp in plan.cores.iter().skip(1) {
             let (tx, rx) = std::sync::mpsc::channel();

@@ -381,6 +381,30 @@ pub fn plan_at(soc: &SocDesc, geom: &WeightGeometry, m: usize, max_cores: u32, f
     Plan { m, k, n, path, cores }
 }
 
+/// The blob byte ranges `(offset, len)` each of `ncores` cores reads in every plan of
+/// [`plan_at`] on `ncores` cores from core 0, whatever M and path: core `i` owns the N-blocks
+/// `[i·NNs/nc, (i+1)·NNs/nc)` of every N-slice, and an N-block of a tile is `Kp·32` contiguous
+/// bytes (`layout`), so its share of each tile (K-slice and full-K) is one range. Per core, in
+/// blob order; the tiles' zero padding belongs to no core. Where the kernel interface gives each
+/// core its own address space (`KernelInterface::per_core_spaces`), a weight is placed as one
+/// part per core holding these ranges (`Npu::place`).
+pub fn core_parts(geom: &WeightGeometry, ncores: usize) -> Vec<Vec<(usize, usize)>> {
+    let ncores = ncores.max(1);
+    (0..ncores)
+        .map(|core| {
+            geom.tiles
+                .iter()
+                .chain(&geom.fullk)
+                .filter_map(|t| {
+                    let nns = t.nc / BLOCK;
+                    let (t0, t1) = (core * nns / ncores, (core + 1) * nns / ncores);
+                    (t1 > t0).then(|| (t.block_offset(t0), (t1 - t0) * t.kp * BLOCK))
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// Fixed IOVAs of [`synth_fixed`] (ork's `ork_i8_npu_synth_dump` uses 0x1000000 / 0x2000000 /
 /// 0x3000000 for A / B / C, rknpu-facts §10); the regcmd buffer goes at 0x4000000.
 pub const SYNTH_A_IOVA: u32 = 0x0100_0000;
@@ -423,4 +447,46 @@ pub fn synth_text(soc: &SocDesc, m: usize, k: usize, n: usize, max_cores: u32) -
         s += &crate::npu::regs::decode(&entries);
     }
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::npu::soc::SocId;
+
+    /// Every program a core runs reads inside that core's part, the parts are disjoint, and
+    /// together they hold every tile's payload once (no padding): a weight split this way is
+    /// held 1.0× and runs every M on the cores its parts live with.
+    #[test]
+    fn core_parts_hold_what_each_core_reads_once() {
+        let soc = SocDesc::get(SocId::Rk3588);
+        for (n, k) in [(576, 576), (1536, 576), (64, 2048), (96, 3072), (8192 + 96, 1024), (2048, 5120), (256, 12288)] {
+            for sets in [TileSets::Both, TileSets::KSplit, TileSets::FullK] {
+                let geom = WeightGeometry::with_sets(&soc, n, k, sets);
+                for cores in 1..=3u32 {
+                    let nc = core_count(&soc, n, cores) as usize;
+                    let parts = core_parts(&geom, nc);
+                    let mut all: Vec<(usize, usize)> = parts.iter().flatten().copied().collect();
+                    all.sort_unstable();
+                    assert!(all.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0), "parts overlap: N={n} K={k}");
+                    let payload: usize = geom.tiles.iter().chain(&geom.fullk).map(|t| t.kp * t.nc).sum();
+                    assert_eq!(all.iter().map(|r| r.1).sum::<usize>(), payload, "N={n} K={k} {sets:?} on {nc} cores");
+                    for m in [1, 7, 64, 300] {
+                        let p = plan_at(&soc, &geom, m, cores, 0);
+                        assert_eq!(p.cores.len(), nc);
+                        for cp in &p.cores {
+                            for prog in cp.submits.iter().flat_map(|s| &s.programs) {
+                                let (s, e) = (prog.weight_offset, prog.weight_offset + prog.nc * prog.kp);
+                                assert!(
+                                    parts[cp.core as usize].iter().any(|&(o, l)| o <= s && e <= o + l),
+                                    "N={n} K={k} M={m}: core {} reads {s}..{e} outside its part",
+                                    cp.core
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

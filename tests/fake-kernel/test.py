@@ -7,7 +7,13 @@ Checks, each one PASS/FAIL line:
   ORK_NPU=rknpu and ORK_NPU=rocket equal the ORK_NPU=sim figures, with the board quirks on
   (cold output buffers, the int8 mode-switch wedge), 0 NPU errors, 0 jobs the fake kernel
   refused, wedged, killed or dropped;
-* rocket: the prefill matmuls run on all 3 cores (the fake kernel's per-core job counts);
+* rocket: the prefill matmuls run on all 3 cores (the fake kernel's per-core job counts), and
+  every weight is held once (no per-core copies; the fake kernel's peak of live buffer bytes
+  within 1.1x of rknpu's);
+* rocket past one address space: with small per-fd windows the weights' per-core parts fill
+  several domains of 3 fds (the same text, no EFAULT), a window smaller than the cap meets
+  ENOSPC and placement moves on (the same text), and examples/rocket_place puts 256 MiB of
+  weights over >= 9 fds bit-exact at 1.000x one tile set;
 * a domain window small enough that SmolLM2's packed weights need >= 3 IOMMU domains: the same
   text, 0 EFAULT, the domain count in the log;
 * each modelled board quirk alone, with ork-selftest's bit-exact suite (which fails when the
@@ -155,12 +161,12 @@ for f in (() if REAL else (SELFTEST, os.path.join(ROOT, "target", "release", "li
 # 1. greedy text
 ref, ref_err, _, dt = generate("sim")
 print(f"  sim: {ork_line(ref_err)[0]} NPU matmuls, {dt:.0f}s", flush=True)
-greedy_counters = {}
+greedy_counters, greedy_errs = {}, {}
 for npu in NPUS:
     text, err, c, dt = generate(npu)
     ran, fell = ork_line(err)
     ok_c, why = verdict(c, err, npu)
-    greedy_counters[npu] = c
+    greedy_counters[npu], greedy_errs[npu] = c, err
     check(f"{PREFIX}/greedy/{npu}", ref is not None and text == ref and ran > 0 and fell == 0 and ok_c,
           f"text {'equals' if text == ref else 'differs from'} ORK_NPU=sim ({text!r}); {ran} NPU matmuls, "
           f"{fell} fell back; {WHO}: {why}; {dt:.0f}s")
@@ -173,6 +179,25 @@ else:
     per = [int(x) for x in c["jobs_per_core"].split(",")] if c else []
     check("fake-kernel/rocket-3-cores", len(per) == 3 and all(n > 0 for n in per) and int(c.get("opens", "0")) >= 3,
           f"jobs per core {per} on {c.get('opens') if c else '?'} opened fds")
+
+# 2b. rocket holds every weight once: no per-core copies in the exit line, the int8 tiles no more
+# than rknpu's (one tile set; rocket's parts leave the tiles' padding out), and the fake kernel's
+# peak of live buffer bytes (every object once) within 1.1x of rknpu's, where the three cores
+# read one buffer (before the per-core parts, rocket mirrored each weight onto every core's fd).
+def resident_words(err):
+    m = re.search(r"int8 tiles ([0-9.]+) .*?per-core copies ([0-9.]+)", err or "")
+    return (float(m.group(1)), float(m.group(2))) if m else (None, None)
+
+
+if REAL:
+    skip_fake_only("rocket-held-once", "the fake kernel's live buffer bytes")
+else:
+    (t_ro, cp_ro), (t_rk, _) = resident_words(greedy_errs.get("rocket")), resident_words(greedy_errs.get("rknpu"))
+    pk = {n: int((greedy_counters.get(n) or {}).get("peak_bo_bytes", "0")) for n in ("rocket", "rknpu")}
+    check("fake-kernel/rocket-held-once",
+          t_ro is not None and t_rk is not None and cp_ro == 0.0 and 0 < t_ro <= t_rk * 1.001 and 0 < pk["rocket"] <= 1.1 * pk["rknpu"],
+          f"exit line: int8 tiles {t_ro} MiB (rknpu {t_rk}), per-core copies {cp_ro} MiB; fake kernel peak of live "
+          f"buffers {pk['rocket'] / 2**20:.1f} MiB vs rknpu {pk['rknpu'] / 2**20:.1f} MiB ({pk['rocket'] / max(pk['rknpu'], 1):.2f}x)")
 
 # 3. perplexity, 2 chunks
 def ppl(npu):
@@ -207,6 +232,9 @@ if REAL:
     # The rest needs the fake kernel: its IOMMU window, its counters and its quirk injection.
     skip_fake_only("domains", "ORK_FK_DOMAIN_MB, the fake kernel's domain count")
     skip_fake_only("domains-efault", "ORK_FK_DOMAIN_MB, the fake kernel's EFAULT count")
+    skip_fake_only("rocket-spaces", "ORK_FK_DOMAIN_MB per fd, the fake kernel's address-space count")
+    skip_fake_only("rocket-window-full", "ORK_FK_DOMAIN_MB per fd, the fake kernel's ENOSPC count")
+    skip_fake_only("rocket-place", "examples/rocket_place over small fake windows")
     skip_fake_only("quirk/*", "ORK_FK_QUIRKS; a board's own quirks, if it has them, strike in the checks above")
     npass, nfail = summary()
     print(f"{npass} passed, {nfail} failed")
@@ -229,6 +257,37 @@ nfault = int(c["efault"]) if c else 0
 check("fake-kernel/domains-efault", text == ref and nfault >= 1 and ork_line(err)[1] == 0 and int(c["domains_used"]) >= 2,
       f"{DOMAIN_WINDOW_MB} MiB window, cap {2 * DOMAIN_WINDOW_MB} MiB: {nfault} EFAULT, {c['domains_used'] if c else '?'} domains, "
       f"text {'equals' if text == ref else 'differs from'} ORK_NPU=sim; {dt:.0f}s")
+
+# 5c. rocket past one address space: every fd is a window of its own (ORK_FK_DOMAIN_MB each);
+# with a small window and cap the weights' per-core parts fill several domains of 3 fds each,
+# the same text, no EFAULT, all 3 cores
+text, err, c, dt = generate("rocket", {"ORK_FK_DOMAIN_MB": 48, "ORK_DOMAIN_CAP_MB": 10})
+opened = re.findall(r"IOMMU domain (\d+) opened for weights", err or "")
+spaces = int(c.get("spaces_used", "0")) if c else 0
+per = [int(x) for x in c["jobs_per_core"].split(",")] if c else []
+ok_c, why = clean(c)
+check("fake-kernel/rocket-spaces", text == ref and len(opened) >= 2 and spaces >= 3 * (len(opened) + 1) and ok_c
+      and len(per) == 3 and all(n > 0 for n in per),
+      f"48 MiB window per fd, cap 10 MiB per fd: {len(opened) + 1} domains, {spaces} address spaces (fds) held buffers, "
+      f"text {'equals' if text == ref else 'differs from'} ORK_NPU=sim; {why}; {dt:.0f}s")
+
+# 5d. rocket, a window smaller than the product's cap: CREATE_BO past an fd's window is ENOSPC, the
+# placement moves on to the next domain (the safety net), the same text, no NPU error
+text, err, c, dt = generate("rocket", {"ORK_FK_DOMAIN_MB": 24, "ORK_DOMAIN_CAP_MB": 64})
+nfault = int(c["efault"]) if c else 0
+check("fake-kernel/rocket-window-full", text == ref and nfault >= 1 and ork_line(err)[1] == 0 and int(c.get("spaces_used", "0")) > 3,
+      f"24 MiB window per fd, cap 64 MiB: {nfault} CREATE_BO past a window, {c.get('spaces_used') if c else '?'} address spaces, "
+      f"text {'equals' if text == ref else 'differs from'} ORK_NPU=sim; {dt:.0f}s")
+
+# 5e. many weights past one address space (examples/rocket_place): 256 MiB of [4096, 4096] weights,
+# 32 MiB windows, bit-exact on 3 cores, resident = 1.0x one tile set, 1 copy
+PLACE = os.path.join(ROOT, "target", "release", "examples", "rocket_place")
+p, c, dt = run([PLACE, "256", "24"], "rocket", {"ORK_FK_DOMAIN_MB": 32})
+m = re.search(r"over (\d+) domains \((\d+) address spaces\), resident (\d+) MiB \(([0-9.]+)× one tile set, (\d+) copies\), results bit-exact", p.stdout)
+check("fake-kernel/rocket-place", p.returncode == 0 and m is not None and int(m.group(1)) >= 3 and m.group(4) == "1.000"
+      and m.group(5) == "1" and c is not None and int(c.get("spaces_used", "0")) >= 9,
+      f"{p.stdout.strip() or p.stderr[-300:]}; fake kernel: {c.get('spaces_used') if c else '?'} spaces, "
+      f"peak live buffers {int(c.get('peak_bo_bytes', '0')) / 2**20 if c else 0:.0f} MiB; {dt:.0f}s")
 
 # 6. each board quirk alone: the bit-exact suite passes only with the driver's defence
 sentinel = "sentinel" in open(os.path.join(ROOT, "src", "npu", "mm.rs")).read()

@@ -258,14 +258,35 @@ pub trait KernelInterface: Send + Sync {
     fn fault_report(&self) -> Option<String> {
         None
     }
-    /// Copies of each buffer the interface keeps in memory when `cores` cores run jobs on it:
-    /// 1 where every core reads the one buffer (the vendor driver, the simulator); `rocket`
-    /// mirrors each buffer a job on core `c ≥ 1` names onto that core's file descriptor, so a
-    /// weight run on `cores` cores is held `cores` times. The residency budget and the memory
-    /// report count weights by it (`npu::domain`).
+    /// Copies of each weight the interface keeps in memory when `cores` cores run jobs on it.
+    /// 1 on every interface here: the vendor driver and the simulator let every core read the
+    /// one buffer, and on `rocket` each core holds only its own part of a weight
+    /// ([`per_core_spaces`](Self::per_core_spaces)). The residency budget and the memory report
+    /// count weights by it (`npu::domain`).
     fn weight_copies(&self, cores: u32) -> u32 {
         let _ = cores;
         1
+    }
+    /// Whether every cache maintenance covers the whole buffer whatever range is asked
+    /// (`rocket`: PREP_BO/FINI_BO take no range). The NPU core then keeps its per-submit
+    /// buffers small (`npu::mm`).
+    fn syncs_whole_buffers(&self) -> bool {
+        false
+    }
+    /// Whether every core has an address space of its own: a buffer created in
+    /// [`space_of`](Self::space_of)`(d, c)` is addressable by jobs on core `c` only. False where
+    /// the cores share the domain's address space (the vendor driver, the simulator). Where
+    /// true, the NPU core splits each weight into per-core parts, each holding the N-blocks its
+    /// core computes (`npu::mm`), and runs a job of core `c` in `space_of(d, c)`.
+    fn per_core_spaces(&self) -> bool {
+        false
+    }
+    /// The address space jobs of `core` use for the buffers of domain `domain`: `domain` itself
+    /// where the cores share it; on `rocket` the file descriptor of that core in that domain's
+    /// group (see `rocket`).
+    fn space_of(&self, domain: DomainId, core: u32) -> DomainId {
+        let _ = core;
+        domain
     }
     /// Imports existing host bytes (e.g. an mmapped `.orkpack` payload) as a device buffer.
     /// No interface here can map a file's pages into the device without a copy (see `rknpu`'s

@@ -17,25 +17,33 @@
 //!   are harmless (with TASK_NUMBER 1 the sequencer does not walk; §2.4).
 //! * **Dependencies and completion.** Rocket has implicit sync: a job waits for the write fences
 //!   of its in-BOs and of its out-BOs, and attaches its own fence to its out-BOs. The interface
-//!   keeps every live BO by IOVA range and scans each task's regcmd: the BO holding the DPU
-//!   destination (the register table's `DPU_DST_BASE_ADDR`; rknpu-facts §2.2 row 61, S6) is an
-//!   out-BO, every other BO whose range contains a register value (and the regcmd BO itself) is
-//!   an in-BO. A false positive only adds an ordering dependency, never a wrong result. The
-//!   submit ioctl returns at once; completion is awaited with PREP_BO on each out-BO (which also
-//!   makes the CPU view coherent). Its timeout is an *absolute* CLOCK_MONOTONIC time
-//!   (`rocket_gem.c`, `drm_timeout_abs_to_jiffies`).
+//!   keeps every live BO of each fd by IOVA range and scans each task's regcmd: the BO holding the
+//!   DPU destination (the register table's `DPU_DST_BASE_ADDR`; rknpu-facts §2.2 row 61, S6) is
+//!   an out-BO, every other BO an address register points into (and the regcmd BO itself) is an
+//!   in-BO; an address register that points into no live BO of the job's fd is refused (the
+//!   board would fault on it). The submit ioctl returns at once; completion is awaited with
+//!   PREP_BO on a one-page completion BO of the fd that every job also names as an out-BO, so
+//!   the wait maintains 4 KiB, and the caller's own `mem_sync(FromDevice)` invalidates the output
+//!   once. PREP_BO's timeout is an *absolute* CLOCK_MONOTONIC time (`rocket_gem.c`,
+//!   `drm_timeout_abs_to_jiffies`).
 //! * **Cache maintenance.** `SyncDir::ToDevice` → FINI_BO, `SyncDir::FromDevice` → PREP_BO, each
 //!   on the whole BO (mainline has no ranged variant), so a ranged `mem_sync` maintains the whole
-//!   buffer and says so in the bytes it returns. The
-//!   first stored uapi version has neither ioctl; `open` probes FINI_BO on a scratch BO and refuses
-//!   such kernels, because without PREP_BO there is no way to wait for a job.
-//! * **One fd per core.** Mainline binds every job of one fd to one core (peer-facts §2), so
-//!   the interface opens [`FDS`] fds and runs a job with `core_mask = 1 << c` on fd `c`; each fd
-//!   has its own IOMMU address space starting at IOVA 0 (0 is a valid address), so buffers
-//!   live on fd 0 and are mirrored into the other fds on first use (see [`Rocket`]). Domains
-//!   other than 0 are [`KifError::Unsupported`]; the kernel resets a core itself when a job
-//!   exceeds its fixed 500 ms timeout, so [`KernelInterface::reset`] has nothing to do. Memory
-//!   flags are ignored: rocket BOs are always cacheable shmem.
+//!   buffer and says so in the bytes it returns ([`KernelInterface::syncs_whole_buffers`]: the
+//!   NPU core then keeps its per-submit buffers small). The first stored uapi version has neither
+//!   ioctl; `open` probes FINI_BO on a scratch BO and refuses such kernels, because without
+//!   PREP_BO there is no way to wait for a job.
+//! * **One fd per core and domain.** Mainline binds every job of one fd to one core (peer-facts
+//!   §2) and gives every fd its own IOMMU address space from IOVA 0 (0 is a valid address). The
+//!   interface's address spaces are its fds: space `d·FDS + c` is core `c`'s fd for domain `d`
+//!   ([`KernelInterface::space_of`]), and a job with `core_mask = 1 << c` runs in it. A buffer is
+//!   addressable by its own fd's jobs only ([`KernelInterface::per_core_spaces`]), so the NPU core
+//!   gives every core its own scratch and its own part of each weight — the N-blocks that core
+//!   computes (`npu::plan::core_parts`) — and a weight is held once; each domain adds one window
+//!   per core, so the weights are not capped at one window (see [`Rocket`]). Not taken: sharing
+//!   one buffer between the fds through DRM PRIME (the imported handle gets no NPU address,
+//!   [`Rocket`]). The kernel resets a core itself when a job exceeds its fixed 500 ms timeout, so
+//!   [`KernelInterface::reset`] has nothing to do. Memory flags are ignored: rocket BOs are always
+//!   cacheable shmem.
 //! * **Cold output buffers** (rknpu-facts §2.6): as on rknpu, a job whose output buffer no job
 //!   has written yet runs twice, the first result discarded.
 //! * **Known blind spot.** Mainline `rocket_ioctl_submit` drops per-job errors (a bad BO handle
@@ -46,13 +54,15 @@
 //!
 //! Sources: shared reference `rknpu-facts.md` §1.7 (S8: `include/uapi/drm/rocket_accel.h`, both
 //! stored versions, and `drivers/accel/rocket/rocket_job.c`), `rocket_gem.c` (PREP/FINI
-//! semantics), §2.1–2.2 (regcmd entry encoding, DPU DST_BASE_ADDR).
+//! semantics; CREATE_BO is the only place a BO is mapped into an fd's IOMMU domain),
+//! `rocket_drv.c` (no PRIME import hook: a self-import is the DRM core's, the same object),
+//! §2.1–2.2 (regcmd entry encoding, DPU DST_BASE_ADDR).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use nix::errno::Errno;
 
@@ -305,10 +315,13 @@ pub fn open() -> Result<Box<dyn KernelInterface>, KifError> {
     Ok(Box::new(Rocket::open_path(&path)?))
 }
 
-/// File descriptors opened per device: one per NPU core (RK3588 has 3). Mainline binds all
-/// jobs of one fd to one core's scheduler (peer-facts §2), so a job on `core_mask = 1 << c`
-/// goes to fd `c`.
+/// File descriptors per domain group: one per NPU core (RK3588 has 3). Mainline binds all jobs
+/// of one fd to one core's scheduler (peer-facts §2), so a job on `core_mask = 1 << c` goes to
+/// the fd of core `c`.
 pub const FDS: usize = 3;
+
+/// Address spaces (fds) at most: [`FDS`] per domain, [`super::MAX_DOMAINS`] domains.
+pub const MAX_SPACES: usize = FDS * super::MAX_DOMAINS as usize;
 
 /// Bookkeeping of one live BO on one fd, keyed by its IOVA.
 struct BoRec {
@@ -316,8 +329,6 @@ struct BoRec {
     size_bytes: usize,
     /// CPU address of the mapping (kept as an integer so the map is `Send`).
     cpu_addr: usize,
-    /// Bumped by every `mem_sync(ToDevice)`: the CPU changed the bytes (primary BOs only).
-    gen: u64,
 }
 
 /// One open fd: its own IOMMU address space (IOVAs start at 0) and its own core.
@@ -326,36 +337,36 @@ struct CoreFd {
     /// Live BOs of this fd by IOVA start. Held while a submit reads regcmd through the
     /// mappings, so a concurrent `mem_destroy` cannot unmap them mid-read.
     bos: Mutex<BTreeMap<u32, BoRec>>,
+    /// Output buffers of this fd written since creation (GEM handles are per fd; §2.6).
+    warmth: Warmth,
+    /// A one-page BO every job of this fd names as an output besides its own: the job's fence
+    /// lands on it, and the completion wait (PREP_BO, which also syncs the whole BO it names)
+    /// waits on it, so the wait maintains one page instead of a whole output buffer (the
+    /// caller's `mem_sync(FromDevice)` maintains the output once). Created on first submit.
+    done: Mutex<Option<(u32, memmap2::MmapRaw)>>,
 }
 
-/// The copy of a primary BO (fd 0) in another core's address space.
-struct Mirror {
-    handle: u32,
-    iova: u32,
-    size_bytes: usize,
-    map: memmap2::MmapRaw,
-    /// The primary's `gen` this copy was made from (`u64::MAX` = never).
-    synced_gen: u64,
-}
-
-/// A live connection to the rocket driver: one fd per core.
+/// A live connection to the rocket driver: one fd per core and domain.
 ///
-/// Buffers are created on fd 0 (the *primary*: the `Bo`'s IOVA and CPU mapping are fd 0's). A
-/// job for core 0 runs on fd 0 as is. A job for core `c > 0` runs on fd `c`, whose address space
-/// is private: every buffer the job touches gets a *mirror* BO on fd `c` (created on first use);
-/// before the job, mirrors whose primary changed since (`mem_sync(ToDevice)` bumps a generation)
-/// are refreshed by copy, and the regcmd is copied with its address registers translated into fd
-/// `c`'s IOVAs; after the job the outputs are copied back into the primary. A weight is
-/// therefore resident once per core that runs it — the price of mainline's per-fd address
-/// spaces (PRIME imports get no NPU address on rocket).
+/// Address spaces: mainline gives every fd its own IOMMU address space (a 32-bit window from
+/// IOVA 0) and runs its jobs on one core. The interface numbers its fds *spaces*: space
+/// `s = d·FDS + c` is the fd of core `c` for domain `d` ([`KernelInterface::space_of`]);
+/// domain `d`'s [`FDS`] fds are opened together, in core order, the first time one is needed
+/// (domain 0's at open). A buffer lives in exactly one space and only jobs of that space's core
+/// can address it ([`KernelInterface::per_core_spaces`]): the NPU core gives each core its own
+/// scratch and its own part of every weight (the N-blocks that core computes), so a weight is
+/// held once and every domain adds [`FDS`] windows of room.
+///
+/// Why not share one buffer between the fds: DRM PRIME export/import between two fds of the
+/// same device hands the importing fd a handle to the *same* GEM object (the pages are shared),
+/// but mainline rocket maps a BO into an IOMMU domain only in CREATE_BO, for the creating fd
+/// (`rocket_gem.c`; `rocket_drv.c` sets no PRIME import hook), and a job runs with its own fd's
+/// domain attached (`rocket_job.c`): the imported handle has no NPU address in the importing
+/// fd's space. The fake kernel models exactly that (fake-kernel/src/lib.rs, PRIME).
 pub struct Rocket {
     path: PathBuf,
-    fds: Vec<CoreFd>,
-    /// Per core: primary handle → mirror on that core's fd (index 0 stays empty). Lock order:
-    /// a core's `mirrors` before any `bos`.
-    mirrors: Vec<Mutex<HashMap<u32, Mirror>>>,
-    /// Output buffers written since creation (primary handles; cold-buffer quirk, §2.6).
-    warmth: Warmth,
+    /// Space → fd, opened by domain group ([`Rocket::fd`]).
+    fds: Mutex<Vec<Option<Arc<CoreFd>>>>,
 }
 
 fn monotonic_now_ns() -> i64 {
@@ -373,6 +384,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl CoreFd {
+    fn open(path: &Path) -> Result<CoreFd, KifError> {
+        let fd = drm::open_node(path)?;
+        let name = drm::driver_name(&fd)?;
+        if name != DRIVER_NAME {
+            return Err(KifError::NoDevice(format!("{} is DRM driver \"{name}\", not \"{DRIVER_NAME}\"", path.display())));
+        }
+        Ok(CoreFd { fd, bos: Mutex::new(BTreeMap::new()), warmth: Warmth::default(), done: Mutex::new(None) })
+    }
+
     fn fini_bo(&self, handle: u32) -> Result<(), KifError> {
         let a = DrmRocketFiniBo { handle, reserved: 0 };
         // SAFETY: `a` is a valid drm_rocket_fini_bo for the whole call; `self.fd` is open.
@@ -398,14 +418,15 @@ impl CoreFd {
             })
     }
 
-    /// CREATE_BO + mmap. Returns (handle, IOVA, mapping). IOVA 0 is a valid address.
-    fn create(&self, size: usize) -> Result<(u32, u32, memmap2::MmapRaw), KifError> {
+    /// CREATE_BO + mmap. Returns (handle, IOVA, mapping). IOVA 0 is a valid address. A full
+    /// address space is [`KifError::Fault`] naming `space`.
+    fn create(&self, size: usize, space: u32) -> Result<(u32, u32, memmap2::MmapRaw), KifError> {
         let size32 = u32::try_from(size)
             .map_err(|_| KifError::Invalid(format!("rocket: a BO is at most 4 GiB, asked {size} B")))?;
         let mut c = DrmRocketCreateBo { size: size32, ..DrmRocketCreateBo::default() };
         // SAFETY: `c` is a valid drm_rocket_create_bo for the whole call; `self.fd` is open.
         drm::restart(|| unsafe { sys::rocket_create_bo(self.fd.as_raw_fd(), &mut c) }).map_err(|e| match e {
-            Errno::ENOMEM | Errno::ENOSPC | Errno::EFAULT => KifError::Fault { op: "DRM_ROCKET_CREATE_BO", domain: 0 },
+            Errno::ENOMEM | Errno::ENOSPC | Errno::EFAULT => KifError::Fault { op: "DRM_ROCKET_CREATE_BO", domain: space },
             source => KifError::Sys { op: "DRM_ROCKET_CREATE_BO", source },
         })?;
         let handle = c.handle;
@@ -448,49 +469,27 @@ impl CoreFd {
             .map(|_| ())
             .map_err(|source| KifError::Sys { op: "DRM_ROCKET_SUBMIT", source })
     }
-}
 
-impl Rocket {
-    /// Opens [`FDS`] fds on `path` (one per core), checks the driver name, and checks that
-    /// PREP_BO/FINI_BO exist.
-    pub fn open_path(path: &Path) -> Result<Rocket, KifError> {
-        let mut fds = Vec::with_capacity(FDS);
-        for _ in 0..FDS {
-            let fd = drm::open_node(path)?;
-            let name = drm::driver_name(&fd)?;
-            if name != DRIVER_NAME {
-                return Err(KifError::NoDevice(format!(
-                    "{} is DRM driver \"{name}\", not \"{DRIVER_NAME}\"",
-                    path.display()
-                )));
-            }
-            fds.push(CoreFd { fd, bos: Mutex::new(BTreeMap::new()) });
+    /// The handle of this fd's completion BO (created on first use).
+    fn done_handle(&self, space: u32) -> Result<u32, KifError> {
+        let mut d = lock(&self.done);
+        if let Some((h, _)) = &*d {
+            return Ok(*h);
         }
-        let dev = Rocket { path: path.to_path_buf(), fds, mirrors: (0..FDS).map(|_| Mutex::new(HashMap::new())).collect(), warmth: Warmth::default() };
-        // Probe FINI_BO: kernels with only CREATE_BO/SUBMIT cannot wait for a job.
-        let probe = dev.mem_create(PAGE_BYTES, 0, DomainId(0))?;
-        let fini = dev.fds[0].fini_bo(probe.handle);
-        dev.mem_destroy(probe)?;
-        if let Err(e) = fini {
-            log::error!("rocket: FINI_BO probe failed ({e}); kernel too old");
-            return Err(KifError::Unsupported {
-                driver: "rocket",
-                what: "kernel without DRM_ROCKET_PREP_BO/FINI_BO (cannot wait for jobs)",
-            });
-        }
-        log::info!("{}", dev.describe());
-        Ok(dev)
+        let (h, _, map) = self.create(PAGE_BYTES, space)?;
+        *d = Some((h, map));
+        Ok(h)
     }
 
-    /// Reads the regcmd entries of `tasks` through fd 0's mappings, with the primary handle of
-    /// the buffer holding each task's regcmd.
-    fn read_regcmd(&self, tasks: &[DrmRocketTask]) -> Result<Vec<(u32, u32, Vec<RegCmd>)>, KifError> {
-        let bos = lock(&self.fds[0].bos);
+    /// Reads the regcmd entries of `tasks` through this fd's mappings, with the handle of the
+    /// buffer holding each task's regcmd.
+    fn read_regcmd(&self, tasks: &[DrmRocketTask]) -> Result<Vec<(u32, Vec<RegCmd>)>, KifError> {
+        let bos = lock(&self.bos);
         let mut out = Vec::with_capacity(tasks.len());
         for t in tasks {
             let len_bytes = t.regcmd_count as usize * 8;
             let (&start, rec) = bos.range(..=t.regcmd).next_back().ok_or_else(|| {
-                KifError::Invalid(format!("rocket: regcmd {:#010x} is not in a live buffer", t.regcmd))
+                KifError::Invalid(format!("rocket: regcmd {:#010x} is not in a live buffer of its fd", t.regcmd))
             })?;
             let off = (t.regcmd - start) as usize;
             if off + len_bytes > rec.size_bytes {
@@ -503,141 +502,85 @@ impl Rocket {
             // held, so `mem_destroy` cannot unmap it meanwhile; the caller does not write regcmd
             // while submitting it (the same contract the device needs).
             let bytes = unsafe { std::slice::from_raw_parts((rec.cpu_addr + off) as *const u8, len_bytes) };
-            out.push((rec.handle, t.regcmd - start, regcmd::from_bytes(bytes)));
+            out.push((rec.handle, regcmd::from_bytes(bytes)));
         }
         Ok(out)
     }
 
-    /// The in/out handle lists (primary handles) of a job, from its regcmd.
-    fn job_refs(&self, progs: &[(u32, u32, Vec<RegCmd>)]) -> (Vec<u32>, Vec<u32>) {
-        let ranges: Vec<(u32, usize, u32)> =
-            lock(&self.fds[0].bos).iter().map(|(&iova, r)| (iova, r.size_bytes, r.handle)).collect();
-        let entries: Vec<RegCmd> = progs.iter().flat_map(|(_, _, e)| e.iter().copied()).collect();
-        let mut regcmd_handles: Vec<u32> = progs.iter().map(|(h, _, _)| *h).collect();
-        let (mut ins, mut outs) = classify_refs(&entries, &ranges);
-        if outs.is_empty() {
-            // Nothing to wait on: make the regcmd buffers the completion carriers.
-            log::debug!("rocket: job writes no known buffer; waiting on its regcmd buffer instead");
-            regcmd_handles.sort_unstable();
-            regcmd_handles.dedup();
-            outs = regcmd_handles;
-        } else {
-            ins.extend(regcmd_handles);
+    /// The in/out handle lists of a job, from its regcmd. Every address register must point
+    /// into a live buffer of this fd: anything else would be read through another address
+    /// space's mapping (an IOMMU fault on the board), so it is refused here.
+    fn job_refs(&self, progs: &[(u32, Vec<RegCmd>)]) -> Result<(Vec<u32>, Vec<u32>), KifError> {
+        let ranges: Vec<(u32, usize, u32)> = lock(&self.bos).iter().map(|(&iova, r)| (iova, r.size_bytes, r.handle)).collect();
+        let entries: Vec<RegCmd> = progs.iter().flat_map(|(_, e)| e.iter().copied()).collect();
+        for e in entries.iter().filter(|e| e.target_op() != 0 && super::is_address_reg(e)) {
+            let v = e.value();
+            if !ranges.iter().any(|&(s, size, _)| v >= s && (v as u64) < s as u64 + size as u64) {
+                return Err(KifError::Invalid(format!("rocket: address register {e} points at no live buffer of this core's address space")));
+            }
         }
+        let mut regcmd_handles: Vec<u32> = progs.iter().map(|(h, _)| *h).collect();
+        let (mut ins, outs) = classify_refs(&entries, &ranges);
+        ins.append(&mut regcmd_handles);
         ins.sort_unstable();
         ins.dedup();
         ins.retain(|h| outs.binary_search(h).is_err());
-        (ins, outs)
+        Ok((ins, outs))
     }
 
-    /// Runs the job on fd 0 (core 0): the buffers are the primaries. Returns the bytes of cache
-    /// maintenance done (the completion wait, PREP_BO, also invalidates each whole output BO).
-    fn run_primary(&self, progs: &[(u32, u32, Vec<RegCmd>)], tasks: &[DrmRocketTask], ins: &[u32], outs: &[u32], timeout_ms: u32) -> Result<usize, KifError> {
-        let _ = progs;
-        let fd = &self.fds[0];
-        fd.submit(tasks, ins, outs)?;
-        let mut synced = 0;
-        for &h in outs {
-            fd.prep_bo(h, timeout_ms)?;
-            synced += lock(&fd.bos).values().find(|r| r.handle == h).map_or(0, |r| r.size_bytes);
+    /// Submits one job and waits for it on the completion BO `done`. Returns the bytes of cache
+    /// maintenance done (the wait's PREP_BO of the one-page completion BO).
+    fn run(&self, tasks: &[DrmRocketTask], ins: &[u32], outs: &[u32], done: u32, timeout_ms: u32) -> Result<usize, KifError> {
+        let mut with_done = outs.to_vec();
+        with_done.push(done);
+        self.submit(tasks, ins, &with_done)?;
+        self.prep_bo(done, timeout_ms)?;
+        Ok(PAGE_BYTES)
+    }
+}
+
+impl Rocket {
+    /// Opens domain 0's [`FDS`] fds on `path` (one per core), checks the driver name, and checks
+    /// that PREP_BO/FINI_BO exist.
+    pub fn open_path(path: &Path) -> Result<Rocket, KifError> {
+        let dev = Rocket { path: path.to_path_buf(), fds: Mutex::new(vec![None; MAX_SPACES]) };
+        dev.fd(0)?;
+        // Probe FINI_BO: kernels with only CREATE_BO/SUBMIT cannot wait for a job.
+        let probe = dev.mem_create(PAGE_BYTES, 0, DomainId(0))?;
+        let fini = dev.fd(0)?.fini_bo(probe.handle);
+        dev.mem_destroy(probe)?;
+        if let Err(e) = fini {
+            log::error!("rocket: FINI_BO probe failed ({e}); kernel too old");
+            return Err(KifError::Unsupported {
+                driver: "rocket",
+                what: "kernel without DRM_ROCKET_PREP_BO/FINI_BO (cannot wait for jobs)",
+            });
         }
-        Ok(synced)
+        log::info!("{}", dev.describe());
+        Ok(dev)
     }
 
-    /// Runs the job on fd `core` through mirrors (see [`Rocket`]). Returns the bytes of cache
-    /// maintenance done (every FINI_BO/PREP_BO of a whole mirror or primary).
-    fn run_mirrored(&self, core: usize, progs: &[(u32, u32, Vec<RegCmd>)], ins: &[u32], outs: &[u32], timeout_ms: u32) -> Result<usize, KifError> {
-        let cfd = &self.fds[core];
-        let mut synced = 0;
-        let mut mirrors = lock(&self.mirrors[core]);
-        // Primary records by handle and by IOVA (for translation).
-        let prim: Vec<(u32, u32, usize, usize, u64)> =
-            lock(&self.fds[0].bos).iter().map(|(&iova, r)| (r.handle, iova, r.size_bytes, r.cpu_addr, r.gen)).collect();
-        let by_handle = |h: u32| prim.iter().find(|p| p.0 == h).copied();
-        let by_addr = |v: u32| prim.iter().find(|p| v >= p.1 && (v as u64) < p.1 as u64 + p.2 as u64).copied();
-        // Every buffer the job names (inputs, outputs, the regcmd buffers) and every buffer an
-        // address register points into gets a mirror; refresh the stale ones.
-        let mut need: Vec<u32> = ins.iter().chain(outs).copied().collect();
-        for (_, _, entries) in progs {
-            for e in entries.iter().filter(|e| super::is_address_reg(e)) {
-                if let Some(p) = by_addr(e.value()) {
-                    need.push(p.0);
+    /// The fd of `space`, opening its domain's [`FDS`] fds (in core order) on first use.
+    fn fd(&self, space: u32) -> Result<Arc<CoreFd>, KifError> {
+        let s = space as usize;
+        if s >= MAX_SPACES {
+            return Err(KifError::Invalid(format!("rocket: address space {space} past the {MAX_SPACES} this interface opens")));
+        }
+        let mut fds = lock(&self.fds);
+        if fds[s].is_none() {
+            let group = s / FDS * FDS;
+            for (i, slot) in fds[group..group + FDS].iter_mut().enumerate() {
+                if slot.is_none() {
+                    *slot = Some(Arc::new(CoreFd::open(&self.path)?));
+                    log::debug!("rocket: opened the fd of core {i} for domain {}", group / FDS);
                 }
             }
         }
-        need.sort_unstable();
-        need.dedup();
-        for &h in &need {
-            let (_, _, size, cpu, gen) = by_handle(h).ok_or_else(|| KifError::Invalid(format!("rocket: handle {h} is not live")))?;
-            if let std::collections::hash_map::Entry::Vacant(v) = mirrors.entry(h) {
-                let (mh, miova, map) = cfd.create(size)?;
-                log::debug!("rocket: mirror of BO {h} on core {core}: handle {mh} iova {miova:#010x}");
-                v.insert(Mirror { handle: mh, iova: miova, size_bytes: size, map, synced_gen: u64::MAX });
-            }
-            let m = mirrors.get_mut(&h).expect("mirror just made");
-            if m.synced_gen != gen {
-                // SAFETY: both mappings are live and `size` bytes long (the mirror was created
-                // with the primary's size); the caller does not write the primary while
-                // submitting it; nothing else writes the mirror.
-                unsafe { std::ptr::copy_nonoverlapping(cpu as *const u8, m.map.as_mut_ptr(), m.size_bytes) };
-                m.synced_gen = gen;
-                cfd.fini_bo(m.handle)?;
-                synced += m.size_bytes;
-            }
-        }
-        // Regcmd with the address registers moved into fd `core`'s address space.
-        let mut tasks = Vec::with_capacity(progs.len());
-        for (h, off, entries) in progs {
-            let translated: Vec<RegCmd> = entries
-                .iter()
-                .map(|&e| {
-                    if !super::is_address_reg(&e) {
-                        return Ok(e);
-                    }
-                    let v = e.value();
-                    let p = by_addr(v).ok_or_else(|| KifError::Invalid(format!("rocket: address register {e} points at no live buffer")))?;
-                    let m = &mirrors[&p.0];
-                    Ok(RegCmd::raw(e.target_op(), e.offset(), m.iova + (v - p.1)))
-                })
-                .collect::<Result<_, KifError>>()?;
-            let m = &mirrors[h];
-            let bytes = regcmd::to_bytes(&translated);
-            // SAFETY: `off + bytes.len()` lies inside the primary regcmd buffer (checked in
-            // `read_regcmd`), and the mirror has the primary's size.
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), m.map.as_mut_ptr().add(*off as usize), bytes.len()) };
-            // The mirror now differs from the primary: refresh it from the primary next time.
-            let m = mirrors.get_mut(h).expect("mirror");
-            m.synced_gen = u64::MAX;
-            cfd.fini_bo(m.handle)?;
-            synced += m.size_bytes;
-            tasks.push(DrmRocketTask { regcmd: m.iova + off, regcmd_count: entries.len() as u32 });
-        }
-        let mins: Vec<u32> = ins.iter().map(|h| mirrors[h].handle).collect();
-        let mouts: Vec<u32> = outs.iter().map(|h| mirrors[h].handle).collect();
-        cfd.submit(&tasks, &mins, &mouts)?;
-        for &h in &mouts {
-            cfd.prep_bo(h, timeout_ms)?;
-        }
-        // Results back into the primaries the caller reads. The copy is a CPU write into the
-        // primary: cleaned to memory at once (FINI_BO), or the caller's `mem_sync(FromDevice)`
-        // (PREP_BO: an invalidate) would drop it and read the primary's stale device copy.
-        for &h in outs {
-            let (_, _, _, cpu, _) = by_handle(h).expect("live primary");
-            let m = &mirrors[&h];
-            // SAFETY: as above, both mappings are live and the mirror's size is the primary's.
-            unsafe { std::ptr::copy_nonoverlapping(m.map.as_ptr(), cpu as *mut u8, m.size_bytes) };
-            self.fds[0].fini_bo(h)?;
-            synced += 2 * m.size_bytes;
-        }
-        Ok(synced)
+        Ok(fds[s].clone().expect("fd just opened"))
     }
 
-    fn run_on(&self, core: usize, progs: &[(u32, u32, Vec<RegCmd>)], tasks: &[DrmRocketTask], ins: &[u32], outs: &[u32], timeout_ms: u32) -> Result<usize, KifError> {
-        if core == 0 {
-            self.run_primary(progs, tasks, ins, outs, timeout_ms)
-        } else {
-            self.run_mirrored(core, progs, ins, outs, timeout_ms)
-        }
+    fn open_fds(&self) -> usize {
+        lock(&self.fds).iter().filter(|f| f.is_some()).count()
     }
 }
 
@@ -647,26 +590,32 @@ impl KernelInterface for Rocket {
     }
 
     fn describe(&self) -> String {
-        format!("rocket (mainline accel) at {}, {} fds (one per core)", self.path.display(), self.fds.len())
+        format!("rocket (mainline accel) at {}, {} fds (one per core and domain)", self.path.display(), self.open_fds())
     }
 
-    /// Every buffer a job on core `c ≥ 1` names is mirrored whole onto fd `c` (`run_mirrored`).
-    fn weight_copies(&self, cores: u32) -> u32 {
-        cores.clamp(1, self.fds.len().max(1) as u32)
+    fn per_core_spaces(&self) -> bool {
+        true
     }
 
+    fn syncs_whole_buffers(&self) -> bool {
+        true
+    }
+
+    fn space_of(&self, domain: DomainId, core: u32) -> DomainId {
+        DomainId(domain.0 * FDS as u32 + core % FDS as u32)
+    }
+
+    /// `domain` is an address space ([`Rocket`]): the fd of one core for one domain.
     fn mem_create(&self, size_bytes: usize, flags: u32, domain: DomainId) -> Result<Bo, KifError> {
-        if domain.0 != 0 {
-            return Err(KifError::Unsupported { driver: "rocket", what: "IOMMU domains other than 0" });
-        }
         if size_bytes == 0 {
             return Err(KifError::Invalid("mem_create: size 0".into()));
         }
         let size = page_round(size_bytes);
-        let (handle, iova, map) = self.fds[0].create(size)?;
+        let fd = self.fd(domain.0)?;
+        let (handle, iova, map) = fd.create(size, domain.0)?;
         let ptr = map.as_mut_ptr();
-        lock(&self.fds[0].bos).insert(iova, BoRec { handle, size_bytes: size, cpu_addr: ptr as usize, gen: 0 });
-        log::debug!("rocket: create_bo {size} B flags {flags:#x} (ignored) -> handle {handle} iova {iova:#010x}");
+        lock(&fd.bos).insert(iova, BoRec { handle, size_bytes: size, cpu_addr: ptr as usize });
+        log::debug!("rocket: create_bo {size} B flags {flags:#x} (ignored) in space {} -> handle {handle} iova {iova:#010x}", domain.0);
         // SAFETY: `map` is a shared read-write mapping of exactly `size` bytes, moved into the Bo,
         // which keeps it alive (munmap on drop).
         Ok(unsafe { Bo::from_raw(handle, 0, Iova(iova), size, domain, ptr, Box::new(map)) })
@@ -676,57 +625,53 @@ impl KernelInterface for Rocket {
     /// out of tree, peer-facts §6): every sync maintains the whole buffer.
     fn mem_sync(&self, bo: &Bo, dir: SyncDir, offset: usize, len: usize) -> Result<usize, KifError> {
         super::check_sync_range("rocket mem_sync", bo, offset, len)?;
+        let fd = self.fd(bo.domain.0)?;
         match dir {
-            SyncDir::ToDevice => {
-                if let Some(r) = lock(&self.fds[0].bos).get_mut(&bo.iova.0) {
-                    r.gen += 1;
-                }
-                self.fds[0].fini_bo(bo.handle)?
-            }
-            SyncDir::FromDevice => self.fds[0].prep_bo(bo.handle, DEFAULT_WAIT_MS)?,
+            SyncDir::ToDevice => fd.fini_bo(bo.handle)?,
+            SyncDir::FromDevice => fd.prep_bo(bo.handle, DEFAULT_WAIT_MS)?,
         }
         Ok(bo.size_bytes)
     }
 
     fn mem_destroy(&self, bo: Bo) -> Result<(), KifError> {
         let handle = bo.handle;
-        let gone: Vec<(usize, Mirror)> =
-            self.mirrors.iter().enumerate().filter_map(|(c, m)| lock(m).remove(&handle).map(|m| (c, m))).collect();
-        for (core, m) in gone {
-            let mh = m.handle;
-            drop(m); // munmap before the handle goes.
-            drm::gem_close(&self.fds[core].fd, mh)?;
-        }
-        lock(&self.fds[0].bos).remove(&bo.iova.0);
-        self.warmth.forget(handle);
+        let fd = self.fd(bo.domain.0)?;
+        lock(&fd.bos).remove(&bo.iova.0);
+        fd.warmth.forget(handle);
         drop(bo); // munmap before the handle goes.
-        drm::gem_close(&self.fds[0].fd, handle)
+        drm::gem_close(&fd.fd, handle)
     }
 
     fn submit(&self, job: &SubmitJob<'_>) -> Result<SubmitDone, KifError> {
-        if job.domain.0 != 0 {
-            return Err(KifError::Unsupported { driver: "rocket", what: "IOMMU domains other than 0" });
+        let space = job.domain.0;
+        let space_core = space as usize % FDS;
+        if job.core_mask != 0 && job.core_mask != 1 << space_core {
+            return Err(KifError::Invalid(format!(
+                "rocket: core_mask {:#x} in address space {space}, which is core {space_core}'s (KernelInterface::space_of)",
+                job.core_mask
+            )));
         }
-        if job.core_mask.count_ones() > 1 || job.core_mask >= 1 << self.fds.len() {
-            return Err(KifError::Unsupported { driver: "rocket", what: "core_mask must name one of the opened cores (or 0)" });
+        if job.task_bo.domain != job.domain {
+            return Err(KifError::Invalid(format!("rocket: task buffer in space {}, job in space {space}", job.task_bo.domain.0)));
         }
-        let core = if job.core_mask == 0 { 0 } else { job.core_mask.trailing_zeros() as usize };
+        let fd = self.fd(space)?;
         let descs = read_tasks(job.task_bo.bytes(), job.task_start, job.task_number)?;
         let tasks = descs.iter().map(rocket_task_from).collect::<Result<Vec<_>, _>>()?;
-        let progs = self.read_regcmd(&tasks)?;
-        let (ins, outs) = self.job_refs(&progs);
+        let progs = fd.read_regcmd(&tasks)?;
+        let (ins, outs) = fd.job_refs(&progs)?;
+        let done = fd.done_handle(space)?;
         let timeout_ms = if job.timeout_ms == 0 { DEFAULT_WAIT_MS } else { job.timeout_ms };
-        log::trace!("rocket: submit {} task(s) on core {core}, in {ins:?}, out {outs:?}", tasks.len());
-        let cold = self.warmth.cold(&outs);
+        log::trace!("rocket: submit {} task(s) in space {space} (core {space_core}), in {ins:?}, out {outs:?}", tasks.len());
+        let cold = fd.warmth.cold(&outs);
         let mut synced = 0;
         if !cold.is_empty() {
             // §2.6: the first submit into a fresh output buffer returns stale data.
-            self.warmth.warmups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            fd.warmth.warmups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             log::debug!("rocket: warm-up job for fresh output buffer(s) {cold:?}");
-            synced += self.run_on(core, &progs, &tasks, &ins, &outs, timeout_ms)?;
-            self.warmth.mark(&cold);
+            synced += fd.run(&tasks, &ins, &outs, done, timeout_ms)?;
+            fd.warmth.mark(&cold);
         }
-        synced += self.run_on(core, &progs, &tasks, &ins, &outs, timeout_ms)?;
+        synced += fd.run(&tasks, &ins, &outs, done, timeout_ms)?;
         Ok(SubmitDone { hw_elapse_ns: 0, task_counter: job.task_number, synced_bytes: synced })
     }
 
@@ -738,10 +683,9 @@ impl KernelInterface for Rocket {
 
 impl Drop for Rocket {
     fn drop(&mut self) {
-        let live = std::mem::take(&mut *lock(&self.fds[0].bos));
-        let mirrors: usize = self.mirrors.iter().map(|m| std::mem::take(&mut *lock(m)).len()).sum();
-        if !live.is_empty() || mirrors > 0 {
-            log::debug!("rocket: {} BO(s) and {mirrors} mirror(s) still alive at close; the kernel frees them with the fds", live.len());
+        let live: usize = lock(&self.fds).iter().flatten().map(|f| std::mem::take(&mut *lock(&f.bos)).len()).sum();
+        if live > 0 {
+            log::debug!("rocket: {live} BO(s) still alive at close; the kernel frees them with the fds");
         }
     }
 }
