@@ -170,6 +170,8 @@ pub(crate) struct WeightInner {
     pub domain: DomainId,
     pub reserved_bytes: u64,
     pub shared: Arc<Shared>,
+    /// The stream ring whose slot this is (`super::stream`): the buffer goes back to it on drop.
+    pub ring: Option<Arc<crate::npu::stream::RingInner>>,
 }
 
 impl WeightInner {
@@ -180,6 +182,17 @@ impl WeightInner {
 
 impl Drop for WeightInner {
     fn drop(&mut self) {
+        if let Some(ring) = self.ring.take() {
+            let slot = crate::npu::stream::Slot { bo: self.bo.take().map(|bo| (bo, self.domain)) };
+            if let Some((bo, d)) = ring.give_back(slot).and_then(|s| s.bo) {
+                let size = bo.size_bytes as u64;
+                if let Err(e) = self.shared.kif.mem_destroy(bo) {
+                    log::warn!("freeing a stream slot: {e}");
+                }
+                self.shared.domains().release_unbudgeted(d, size);
+            }
+            return;
+        }
         if let Some(bo) = self.bo.take() {
             if let Err(e) = self.shared.kif.mem_destroy(bo) {
                 log::warn!("freeing resident weight N={} K={}: {e}", self.n, self.k);
