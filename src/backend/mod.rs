@@ -19,6 +19,7 @@ mod device;
 mod pool;
 pub mod gpu;
 pub mod graph;
+pub mod stream;
 pub mod weights;
 
 use crate::cache::PackCache;
@@ -146,6 +147,9 @@ pub struct Stats {
     pub reported: std::sync::Mutex<String>,
     /// Resident bytes by kind and their peak ([`Stats::memory`]).
     pub mem: Arc<MemLedger>,
+    /// Streamed prefill: the ring, the fill worker and their counters (`stream`; off until the
+    /// device enables it).
+    pub stream: stream::Streamer,
     /// ORK's `graph_compute` calls, by class: 0 = batches (some MUL_MAT with M > 1, or none run
     /// by ORK), 1 = single-row graphs (every MUL_MAT ORK ran had M = 1: decode).
     pub graph: [GraphStats; 2],
@@ -426,7 +430,7 @@ impl Stats {
                     "; {one} weights kept one int8 term for want of resident budget and {cpu} were not made resident (their MUL_MATs run on the CPU; \
                      budget: ORK_WCACHE_BUDGET_MB, default RAM - 1 GiB - ORK buffers)"
                 ),
-            },
+            } + &self.stream.line(),
             ms(&self.quant_ns),
             ms(&self.npu_ns),
             ms(&self.dequant_ns),

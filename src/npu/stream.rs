@@ -78,6 +78,11 @@ impl Npu {
 }
 
 impl StreamRing {
+    /// The SoC it runs on (the tile layout of what is filled).
+    pub fn soc(&self) -> &super::soc::SocDesc {
+        &self.shared.soc
+    }
+
     /// Number of slots.
     pub fn slots(&self) -> usize {
         self.slots

@@ -187,6 +187,52 @@ const NPU_IO_S: f64 = 1.096e-9;
 /// arbiter 1 µs per token × 512 / 196 MUL_MATs (a private lock directory: no other process).
 const MATMUL_S: f64 = 2.6e-6;
 
+/// What it costs to bring a weight that is not resident to the NPU for one MUL_MAT (streamed
+/// prefill, `backend::stream`): its tiles copied from the `.orkpack` mapping into a ring slot,
+/// or, where the cache has no entry, packed from the GGUF bytes again. Rates measured on this
+/// machine, scaled to an A76 core by `a76`; the one place these figures live (`ork-route`'s
+/// board plan reads them too).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StreamCost {
+    /// Seconds per tile byte copied from the cache mapping into a slot (page cache warm).
+    pub copy_s_per_byte: f64,
+    /// Seconds per weight parameter packed from the GGUF bytes (dequantize, rotate, int8, tile).
+    pub pack_s_per_param: f64,
+    /// An A76 core's time for this work over this machine's.
+    pub a76: f64,
+}
+
+/// `cargo run --release --example stream_rates` (one 6144×2048 Q8_0 weight, 5 rounds, best):
+/// 1.58 GB/s from the cache mapping into a slot (memcpy + cache clean, page cache warm), on a
+/// machine at load average ~2.
+const STREAM_COPY_S_PER_BYTE: f64 = 1.0 / 1.58e9;
+/// Same command: 96 Mparam/s packing the same weight from its Q8_0 bytes (rotation, int8 rows,
+/// tiles; all host threads).
+const STREAM_PACK_S_PER_PARAM: f64 = 1.0 / 96.0e6;
+
+impl StreamCost {
+    pub const MEASURED: StreamCost = StreamCost { copy_s_per_byte: STREAM_COPY_S_PER_BYTE, pack_s_per_param: STREAM_PACK_S_PER_PARAM, a76: A76_OVER_HERE };
+
+    /// Board seconds to fill a slot with one weight: `tile_bytes` from the cache, or the `params`
+    /// of its `[N, K]` packed again (no cache entry).
+    pub fn fill_s(&self, tile_bytes: u64, params: u64, from_cache: bool) -> f64 {
+        self.a76 * if from_cache { self.copy_s_per_byte * tile_bytes as f64 } else { self.pack_s_per_param * params as f64 }
+    }
+}
+
+/// Whether a MUL_MAT of a streamed weight (`fill_s` to fill its slot, [`StreamCost::fill_s`])
+/// runs on the NPU rather than the CPU: the fill of the next weight overlaps this weight's NPU
+/// run (prefetch), so the NPU side costs the larger of the two.
+pub fn stream_pays(cfg: &Config, mm: &MatMul, terms: precision::Terms, fill_s: f64) -> bool {
+    if mm.m < cfg.min_m {
+        return false;
+    }
+    let model = cost_model_for(cfg);
+    let cores = cfg.max_cores.unwrap_or(model.soc.cores);
+    let t_npu = model.npu_host_s(mm.m, mm.k, mm.n, terms, cores);
+    t_npu.max(fill_s) < model.cpu_s(mm.m, mm.k, mm.n, mm.ggml_type)
+}
+
 /// Published-figure cost model for one SoC, with the host's measured work around each NPU run.
 /// Times in seconds.
 #[derive(Clone, Debug)]

@@ -1,0 +1,99 @@
+//! Streamed prefill (`backend::stream`): a weight past the residency budget runs on the NPU
+//! through ring slots, with the same bits as the same weight resident; from the `.orkpack` entry
+//! and, without a cache, packed from its source bytes again.
+
+mod cache_common;
+
+use cache_common::*;
+use ggml_ork::backend::weights::Placed;
+use ggml_ork::backend::Device;
+use ggml_ork::config::Config;
+use ggml_ork::npu::soc::SocId;
+use ggml_ork::npu::{Npu, NpuConfig, NpuKind};
+use std::sync::atomic::Ordering::Relaxed;
+
+/// A simulator device (rotation on: the default precision path) with residency budget
+/// `budget` bytes, streaming on, and a cache in `dir` or none.
+fn device(budget: Option<u64>, dir: Option<&std::path::Path>) -> Device {
+    let (cfg, _) = Config::from_lookup(|_| None);
+    let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), wcache_budget_bytes: budget, ..NpuConfig::default() }).expect("simulator opens");
+    let dev = Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: dir.map(|d| ggml_ork::cache::PackCache::new(d, u64::MAX)), calib: None };
+    dev.stats.stream.enable(true);
+    dev
+}
+
+const M_PREFILL: usize = 64;
+
+/// Runs `[M, K] × [N, K]ᵀ` on `dev` through its weight store, resident or streamed; the output
+/// and whether it streamed.
+fn run(dev: &Device, name: &str, w: &[u8], n: usize, k: usize, x: &[f32]) -> (Vec<f32>, bool) {
+    let store = ggml_ork::backend::WeightStore::default();
+    let src = source(name, w, k);
+    let m = x.len() / k;
+    let mut y = vec![0f32; m * n];
+    match store.get_or_place(dev, w.as_ptr() as usize, &src, n, k, true).expect("placed") {
+        Placed::Resident(pw) => {
+            dev.run_mul_mat(&pw, &src, x, m, &mut y);
+            (y, false)
+        }
+        Placed::Streamed(ss) => {
+            let pw = dev.stats.stream.fill_now(dev, &ss, Some(&src)).expect("filled");
+            assert!(pw.resident.is_streamed());
+            dev.run_mul_mat(&pw, &src, x, m, &mut y);
+            (y, true)
+        }
+    }
+}
+
+fn input(m: usize, k: usize) -> Vec<f32> {
+    (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect()
+}
+
+#[test]
+fn a_streamed_weight_computes_the_resident_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, n, k) in [("blk.0.ffn_up.weight", 96, 160), ("blk.0.ffn_down.weight", 64, 2048)] {
+        let w = weight_bytes(n as u64, n, k);
+        let x = input(M_PREFILL, k);
+        let (resident, streamed_there) = run(&device(None, None), name, &w, n, k, &x);
+        assert!(!streamed_there);
+        // Budget 0: nothing is resident; with a cache (entry written at the first placement,
+        // then mapped) and without (packed again at each fill).
+        for cache in [Some(dir.path()), None] {
+            let dev = device(Some(0), cache);
+            let (y, streamed) = run(&dev, name, &w, n, k, &x);
+            assert!(streamed, "{name}: past the budget it streams");
+            assert_eq!(y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), resident.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{name} cache {}: same bits", cache.is_some());
+            let s = &dev.stats.stream;
+            assert_eq!((s.weights.load(Relaxed), s.failed.load(Relaxed)), (1, 0));
+            assert!(s.bytes.load(Relaxed) > 0 && s.fills.load(Relaxed) >= 1);
+            assert_eq!(dev.npu.resident_bytes(), 0, "nothing resident");
+            assert_eq!(dev.stats.npu_matmuls.load(Relaxed), 1, "it ran on the NPU");
+        }
+    }
+}
+
+/// With streaming on, a weight is resident whole or streamed: a budget with room for one of its
+/// two terms streams it rather than keeping one term (the arithmetic would differ).
+#[test]
+fn a_weight_is_resident_whole_or_streamed() {
+    let (n, k) = (96, 160);
+    let w = weight_bytes(3, n, k);
+    let x = input(M_PREFILL, k);
+    // ORK_ROTATE=0: two weight terms for every weight.
+    let (cfg, _) = Config::from_lookup(|v| (v == "ORK_ROTATE").then(|| "0".into()));
+    let cfg: &'static Config = Box::leak(Box::new(cfg));
+    let open = |budget| {
+        let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), wcache_budget_bytes: budget, ..NpuConfig::default() }).unwrap();
+        Device { npu, vk: None, cfg, stats: Default::default(), cache: None, calib: None }
+    };
+    let full = open(None);
+    let (resident, _) = run(&full, "blk.0.attn_q.weight", &w, n, k, &x);
+    let term = full.npu.term_bytes(n, k);
+    let dev = open(Some(term * 3 / 2));
+    dev.stats.stream.enable(true);
+    let (y, streamed) = run(&dev, "blk.0.attn_q.weight", &w, n, k, &x);
+    assert!(streamed, "one term's room: streamed whole");
+    assert_eq!(y, resident);
+    assert_eq!(dev.stats.one_term_for_budget.load(Relaxed), 0);
+}
