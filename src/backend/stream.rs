@@ -134,6 +134,11 @@ impl Streamer {
         self.enabled.load(Relaxed)
     }
 
+    /// Whether weights past the budget stream here (on, and the interface takes a ring).
+    pub fn active(&self, dev: &Device) -> bool {
+        self.ring(dev).is_some()
+    }
+
     /// The ring, made at first use (None: streaming is off or the interface refuses a ring).
     pub fn ring(&self, dev: &Device) -> Option<Arc<StreamRing>> {
         if !self.enabled() {

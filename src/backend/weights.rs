@@ -84,7 +84,7 @@ fn rotation(k: usize) -> Option<Arc<Rotation>> {
 /// parameter (K-split layout plus a full-K copy) and the ratio seen so far, and 1/32 for padding.
 fn second_term_fits(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, new_bytes: usize) -> bool {
     let s = &dev.stats;
-    if s.stream.enabled() {
+    if s.stream.active(dev) {
         // The rest streams: a weight is resident whole or not at all (`pack_with`).
         return dev.npu.resident_bytes() + new_bytes as u64 <= dev.npu.residency_budget();
     }
@@ -311,7 +311,7 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
     // resident whole (every term) or streamed (`super::stream`), so that both run the same
     // arithmetic.
     let (resident, budget) = (dev.npu.resident_bytes(), dev.npu.residency_budget());
-    let need = if dev.stats.stream.enabled() { term_bytes * u64::from(terms) } else { term_bytes };
+    let need = if dev.stats.stream.active(dev) { term_bytes * u64::from(terms) } else { term_bytes };
     if resident + need > budget {
         let why = format!("residency budget: {} of {} MiB in use", resident >> 20, budget >> 20);
         return Err(NpuError::NoRoom { op: "pack", n, k, bytes: need, why });
@@ -480,7 +480,7 @@ impl WeightStore {
         }
         let mut r = get_or_make(&self.map, addr, src, n, k, || pack_with(dev, src, n, k, use_cache)).map(Placed::Resident);
         if let Err(NpuError::NoRoom { op: "pack", .. }) = &r {
-            if dev.stats.stream.ring(dev).is_some() {
+            if dev.stats.stream.active(dev) {
                 let range = addr..addr + src.bytes.len();
                 r = stream_source(dev, src, n, k, use_cache, range).map(|s| {
                     let s = Arc::new(s);
