@@ -10,7 +10,7 @@
 
 use super::buffer::{packed_weight, Tensor};
 use super::gpu::{self, GpuJob};
-use super::stream::{StreamSrc, Ticket};
+use super::stream::StreamSrc;
 use super::weights::Placed;
 use super::{mul_mat_unsupported, Device, MatMulShape, PackedWeight, WeightStore};
 use crate::config::RoutePolicy;
@@ -225,10 +225,7 @@ struct Walk<'d, 'g> {
     /// unlock per call, not per matmul) and let go before ggml-cpu runs and on return; taking
     /// and letting it go is arbiter time, as inside `run_mul_mat`.
     hold: Option<Hold<'static>>,
-    /// The fill of the next streamed MUL_MAT's weight, running on the stream worker (`stream`),
-    /// with the node it is for.
-    ticket: Option<(usize, Ticket)>,
-    /// The graph has no streamed MUL_MAT after this node (the prefetch scan stops there).
+    /// The graph has no streamed MUL_MAT from this node on (the prefetch scan stops there).
     scanned_to: usize,
 }
 
@@ -237,7 +234,7 @@ struct Walk<'d, 'g> {
 pub fn compute<'g>(dev: &Device, stream: &Stream, graph: &mut dyn Graph<'g>) -> Result<(), String> {
     // Wall time of the whole call and the counters around it, for the profile's host-time lines.
     let _record = Record { dev, before: dev.stats.graph_snap(), t0: Instant::now() };
-    let mut w = Walk { dev, stream, pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), last_act: Default::default(), hold: None, ticket: None, scanned_to: 0 };
+    let mut w = Walk { dev, stream, pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), last_act: Default::default(), hold: None, scanned_to: 0 };
     w.walk(graph)
 }
 
@@ -365,9 +362,9 @@ impl<'g> Walk<'_, 'g> {
         }
     }
 
-    /// The weight of MUL_MAT node `i` (`m` rows) filled into stream ring slots: the prefetched
-    /// fill if one ran for it, else a fill now; then the fill of the next streamed MUL_MAT is
-    /// handed to the worker. None (the MUL_MAT runs on the CPU): streaming does not pay at this
+    /// The weight of MUL_MAT node `i` (`m` rows) filled into stream ring slots: the fill that ran
+    /// ahead if it was for it, else a fill now; then the fill of the next streamed MUL_MAT (of
+    /// this graph, else the weight that followed this one last time) is handed to the worker. None (the MUL_MAT runs on the CPU): streaming does not pay at this
     /// M, or the fill failed (counted).
     fn streamed_weight(&mut self, graph: &dyn Graph<'g>, i: usize, mm: &MulMatNode<'_>, m: usize, ss: Arc<StreamSrc>) -> Option<Arc<PackedWeight>> {
         let dev = self.dev;
@@ -376,41 +373,36 @@ impl<'g> Walk<'_, 'g> {
             st.declined.fetch_add(1, Relaxed);
             return None;
         }
-        let r = match self.ticket.take() {
-            Some((node, t)) if node == i => {
-                let t0 = Instant::now();
-                let (r, ns) = t.wait();
-                st.book(&ss, &r, ns, t0.elapsed().as_nanos() as u64);
-                r
-            }
-            other => {
-                // A fill for another node is let go (its slots come back when it ends).
-                drop(other);
+        let addr = mm.weight.as_ref()?.tensor.addr;
+        let r = match graph.weight_data(i) {
+            Some(data) => {
                 let w = mm.weight.as_ref()?;
-                let data = graph.weight_data(i)?;
                 let name = w.tensor.name.to_str();
-                let src = data.source(&w.tensor, &name).ok()?;
-                st.fill_now(dev, &ss, Some(&src))
+                let src = data.source(&w.tensor, &name).ok();
+                st.take(dev, addr, &ss, src.as_ref())
             }
+            None => st.take(dev, addr, &ss, None),
         };
+        // The next streamed weight of this graph, else the one that came next last time.
         self.prefetch_from(graph, i + 1);
+        st.prefetch_successor(dev, addr);
         r.ok()
     }
 
     /// Hands the fill of the first streamed MUL_MAT at or after node `from` to the stream worker
-    /// (where it pays at its M), unless one is running.
+    /// (where it pays at its M), unless a fill runs ahead already.
     fn prefetch_from(&mut self, graph: &dyn Graph<'g>, from: usize) {
-        if self.ticket.is_some() {
+        let dev = self.dev;
+        if dev.stats.stream.has_pending() {
             return;
         }
-        let dev = self.dev;
         for j in from.max(self.scanned_to)..graph.len() {
             let Node::MulMat(mm) = graph.node(j) else { continue };
             let (Some(s), Some(ss)) = (mm.shape, mm.weight.and_then(|w| streamed_src(&w))) else { continue };
             if mul_mat_unsupported(dev, &s).is_some() || !ss.pays(dev, s.m) {
                 continue;
             }
-            self.ticket = dev.stats.stream.prefetch(dev, mm.weight.map_or(0, |w| w.tensor.addr), ss).map(|t| (j, t));
+            dev.stats.stream.prefetch(dev, mm.weight.map_or(0, |w| w.tensor.addr), ss);
             return;
         }
         self.scanned_to = graph.len();
@@ -848,11 +840,11 @@ mod tests {
         let w = Weight { tensor, store: Some(&store), model_weight: true };
         let g = Fake { nodes: vec![mul_mat(0x100, M_NPU, Some(w), &[])], weight: &wb, io: vec![None], cpu_runs: vec![], cpu_fails: false };
         let Node::MulMat(mm) = g.nodes[0] else { unreachable!() };
-        let mut walk = Walk { dev: &dev, stream: &stream, pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), last_act: Default::default(), hold: Some(dev.arbiter().hold()) };
-        assert!(walk.npu_weight(&g, 0, &mm).is_some(), "packed");
+        let mut walk = Walk { dev: &dev, stream: &stream, pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), last_act: Default::default(), hold: Some(dev.arbiter().hold()), scanned_to: 0 };
+        assert!(walk.npu_weight(&g, 0, &mm, M_NPU).is_some(), "packed");
         assert!(walk.hold.is_none(), "let go before packing");
         walk.hold = Some(dev.arbiter().hold());
-        assert!(walk.npu_weight(&g, 0, &mm).is_some(), "resident");
+        assert!(walk.npu_weight(&g, 0, &mm, M_NPU).is_some(), "resident");
         assert!(walk.hold.is_some(), "kept for a resident weight");
         walk.release();
     }

@@ -771,12 +771,14 @@ impl Device {
         log::debug!("resident weight budget {} MiB (RAM - 1 GiB - {} MiB of ORK buffers)", budget >> 20, now >> 20);
     }
 
-    /// Copies the NPU's scratch bytes and weight copies into the [`MemLedger`] and samples the
+    /// Copies the NPU's scratch bytes (with the stream ring's) and weight copies into the
+    /// [`MemLedger`] and samples the
     /// peak (after a weight placement, a buffer change, and before a report).
     pub fn note_memory(&self) {
         let (scratch, scratch_copies) = self.npu.scratch_bytes();
         let l = &self.stats.mem;
-        l.scratch.store(scratch, Relaxed);
+        // The stream ring's slots are NPU buffers beside the scratch (`stream`).
+        l.scratch.store(scratch + self.stats.stream.ring_bytes(), Relaxed);
         l.scratch_copies.store(scratch_copies, Relaxed);
         l.weight_copies.store(u64::from(self.npu.weight_copies()), Relaxed);
         self.stats.memory();

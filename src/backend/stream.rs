@@ -72,11 +72,12 @@ impl StreamSrc {
 
     /// Whether a MUL_MAT of `m` rows of this weight runs on the NPU (the cost model).
     pub fn pays(&self, dev: &Device, m: usize) -> bool {
-        let fill = crate::route::StreamCost::MEASURED.fill_s(self.fill_bytes(), (self.n * self.k) as u64, matches!(self.tiles, Tiles::Cache(_)));
+        let cached = matches!(self.tiles, Tiles::Cache(_));
+        let fill = crate::route::StreamCost::MEASURED.fill_s(self.fill_bytes(), (self.n * self.k) as u64, cached);
         let mm = crate::route::MatMul { m, k: self.k, n: self.n, ggml_type: self.ggml_type };
         let terms = crate::route::precision::Terms { weight: self.terms, act: self.act_terms };
-        let _ = dev;
-        crate::route::stream_pays(dev.cfg, &mm, terms, fill)
+        // Only fills from the cache run ahead (`Streamer::start`).
+        crate::route::stream_pays(dev.cfg, &mm, terms, fill, cached)
     }
 }
 
@@ -111,6 +112,15 @@ pub struct Streamer {
     enabled: AtomicBool,
     ring: OnceLock<Option<Arc<StreamRing>>>,
     worker: Mutex<Option<Sender<Job>>>,
+    /// The fill running ahead (weight address, ticket): for the next streamed MUL_MAT of the
+    /// graph being walked, or, past its end, for the weight that followed the last one used
+    /// the last time (ggml hands ORK one graph split at a time: the next split's weights are
+    /// not visible from this one, but each ubatch uses the weights in the same order).
+    pending: Mutex<Option<(usize, Ticket)>>,
+    /// Streamed weight address → the streamed weight used after it last time, and the last
+    /// streamed weight used.
+    next_of: Mutex<std::collections::HashMap<usize, (usize, Arc<StreamSrc>)>>,
+    last_used: Mutex<Option<usize>>,
     /// Weights made streamed, fills done (each term one slot fill), tile bytes copied or packed
     /// into slots, the fills' time, the part of it the walk waited for (exposed), the fills that
     /// failed (those MUL_MATs ran on the CPU) and MUL_MATs of streamed weights the cost model
@@ -147,6 +157,11 @@ impl Streamer {
         self.ring.get_or_init(|| dev.npu.stream_ring(RING_SLOTS).map(Arc::new)).clone()
     }
 
+    /// Bytes of the ring's slot buffers (0 before the first fill).
+    pub fn ring_bytes(&self) -> u64 {
+        self.ring.get().and_then(|r| r.as_ref()).map_or(0, |r| r.bytes())
+    }
+
     /// The part of the exit line on streaming ("" when nothing streamed).
     pub fn line(&self) -> String {
         let w = self.weights.load(Relaxed);
@@ -164,8 +179,57 @@ impl Streamer {
         )
     }
 
+    /// Whether a fill runs ahead.
+    pub fn has_pending(&self) -> bool {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    /// Hands the fill of the streamed weight at `addr` to the worker (unless one runs ahead).
+    pub fn prefetch(&self, dev: &Device, addr: usize, src: Arc<StreamSrc>) {
+        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if p.is_none() {
+            *p = self.start(dev, addr, src).map(|t| (addr, t));
+        }
+    }
+
+    /// Prefetches the weight that followed the one at `addr` the last time.
+    pub fn prefetch_successor(&self, dev: &Device, addr: usize) {
+        let next = self.next_of.lock().unwrap_or_else(|p| p.into_inner()).get(&addr).cloned();
+        if let Some((a, src)) = next {
+            self.prefetch(dev, a, src);
+        }
+    }
+
+    /// The streamed weight at `addr` (`src`) is used now: learns the order of use, and returns
+    /// the fill for it (the one running ahead if it is for this weight, else one made now with
+    /// `gguf`, its source bytes when it has no cache entry), booking its time and the part of
+    /// it waited for.
+    pub fn take(&self, dev: &Device, addr: usize, src: &Arc<StreamSrc>, gguf: Option<&WeightSource<'_>>) -> Filled {
+        {
+            let mut last = self.last_used.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(prev) = last.filter(|&p| p != addr) {
+                self.next_of.lock().unwrap_or_else(|p| p.into_inner()).insert(prev, (addr, src.clone()));
+            }
+            *last = Some(addr);
+        }
+        let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match pending {
+            Some((a, t)) if a == addr => {
+                let t0 = Instant::now();
+                let (r, ns) = t.wait();
+                self.book(src, &r, ns, t0.elapsed().as_nanos() as u64);
+                r
+            }
+            other => {
+                // A fill for another weight is let go (its slots come back when it ends).
+                drop(other);
+                self.fill_now(dev, src, gguf)
+            }
+        }
+    }
+
     /// Hands the fill of a cache-backed streamed weight to the worker thread.
-    pub fn prefetch(&self, dev: &Device, addr: usize, src: Arc<StreamSrc>) -> Option<Ticket> {
+    fn start(&self, dev: &Device, addr: usize, src: Arc<StreamSrc>) -> Option<Ticket> {
         let ring = self.ring(dev)?;
         if !matches!(src.tiles, Tiles::Cache(_)) {
             return None;
@@ -191,7 +255,7 @@ impl Streamer {
         Some(Ticket { addr, cell })
     }
 
-    /// Fills a streamed weight now (no prefetch was running for it); `gguf`: its source bytes,
+    /// Fills a streamed weight now (no fill ran ahead for it); `gguf`: its source bytes,
     /// needed when it has no cache entry. Counted like a prefetched fill, all of it exposed.
     pub fn fill_now(&self, dev: &Device, src: &StreamSrc, gguf: Option<&WeightSource<'_>>) -> Filled {
         let ring = self.ring(dev).ok_or("no stream ring")?;

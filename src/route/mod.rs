@@ -202,13 +202,16 @@ pub struct StreamCost {
     pub a76: f64,
 }
 
-/// `cargo run --release --example stream_rates` (one 6144×2048 Q8_0 weight, 5 rounds, best):
-/// 1.58 GB/s from the cache mapping into a slot (memcpy + cache clean, page cache warm), on a
-/// machine at load average ~2.
-const STREAM_COPY_S_PER_BYTE: f64 = 1.0 / 1.58e9;
-/// Same command: 96 Mparam/s packing the same weight from its Q8_0 bytes (rotation, int8 rows,
-/// tiles; all host threads).
-const STREAM_PACK_S_PER_PARAM: f64 = 1.0 / 96.0e6;
+/// `bash bench-scripts/stream_pp512.sh` (synthetic Qwen3-1.7B Q8_0, budget 410 MiB): the streamed
+/// rows' exit line, 1796 MiB filled from the cache mappings in 292–318 ms of the fill worker's
+/// time (memcpy into the slots + their cache clean, page cache warm), 5.9–6.4 GB/s, load average
+/// 5–7 on 2 cores.
+const STREAM_COPY_S_PER_BYTE: f64 = 1.0 / 6.0e9;
+/// The same model packed cold, `ORK_CACHE_DIR=$(mktemp -d) ORK_NPU=sim ORK_SIM_TIMING=board
+/// llama-bench -m synth-qwen3-1.7b-Q8_0.gguf -p 512 -ub 512 -n 0 -t 2 -r 1` with this build: exit
+/// line "packing 2426 ms" for 193 weights, int8 tiles 1308 MiB (one term, one byte per
+/// parameter): 565 Mparam/s on ORK's host threads (rotation, int8 rows, tiles), load average 7–8.
+const STREAM_PACK_S_PER_PARAM: f64 = 1.0 / 565.0e6;
 
 impl StreamCost {
     pub const MEASURED: StreamCost = StreamCost { copy_s_per_byte: STREAM_COPY_S_PER_BYTE, pack_s_per_param: STREAM_PACK_S_PER_PARAM, a76: A76_OVER_HERE };
@@ -220,17 +223,20 @@ impl StreamCost {
     }
 }
 
-/// Whether a MUL_MAT of a streamed weight (`fill_s` to fill its slot, [`StreamCost::fill_s`])
-/// runs on the NPU rather than the CPU: the fill of the next weight overlaps this weight's NPU
-/// run (prefetch), so the NPU side costs the larger of the two.
-pub fn stream_pays(cfg: &Config, mm: &MatMul, terms: precision::Terms, fill_s: f64) -> bool {
+/// Whether a MUL_MAT of a streamed weight (`fill_s` to fill its slots, [`StreamCost::fill_s`])
+/// runs on the NPU rather than the CPU. `overlapped`: the fill runs ahead on the fill worker
+/// while the NPU runs the weight before (prefetch: fills from the cache), so the NPU side costs
+/// the larger of the two; otherwise (packing from the GGUF bytes, done when the weight is
+/// reached) their sum.
+pub fn stream_pays(cfg: &Config, mm: &MatMul, terms: precision::Terms, fill_s: f64, overlapped: bool) -> bool {
     if mm.m < cfg.min_m {
         return false;
     }
     let model = cost_model_for(cfg);
     let cores = cfg.max_cores.unwrap_or(model.soc.cores);
     let t_npu = model.npu_host_s(mm.m, mm.k, mm.n, terms, cores);
-    t_npu.max(fill_s) < model.cpu_s(mm.m, mm.k, mm.n, mm.ggml_type)
+    let t = if overlapped { t_npu.max(fill_s) } else { t_npu + fill_s };
+    t < model.cpu_s(mm.m, mm.k, mm.n, mm.ggml_type)
 }
 
 /// Published-figure cost model for one SoC, with the host's measured work around each NPU run.
@@ -601,6 +607,33 @@ mod tests {
     fn cfg(pairs: &[(&str, &str)]) -> Config {
         let m: std::collections::HashMap<_, _> = pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
         Config::from_lookup(|k| m.get(k).cloned()).0
+    }
+
+    /// Streaming a Qwen3-1.7B FFN weight (2048 × 6144, one term) pays at pp512 from the cache
+    /// (its ~5 ms fill hides under the ~9 ms NPU run) and packed again (sum ~65 ms against the
+    /// CPU's ~130 ms); not below ORK_MINM, and not where the fill outweighs the CPU (M = 32
+    /// packed again).
+    #[test]
+    fn streaming_pays_where_the_fill_beats_the_cpu() {
+        let c = cfg(&[]);
+        let (k, n) = (2048, 6144);
+        let terms = precision::Terms { weight: 1, act: 1 };
+        let s = StreamCost::MEASURED;
+        let cached = s.fill_s((k * n) as u64, (k * n) as u64, true);
+        let packed = s.fill_s((k * n) as u64, (k * n) as u64, false);
+        assert!((cached - 2.5 * 12_582_912.0 / 6.0e9).abs() < 1e-9, "{cached}");
+        assert!(packed > 10.0 * cached);
+        let mm = |m| MatMul { m, k, n, ggml_type: crate::quant::types::Q8_0 };
+        assert!(stream_pays(&c, &mm(512), terms, cached, true));
+        assert!(stream_pays(&c, &mm(512), terms, packed, false));
+        assert!(!stream_pays(&c, &mm(16), terms, cached, true), "decode: M < ORK_MINM");
+        assert!(!stream_pays(&c, &mm(32), terms, packed, false), "the pack costs more than the CPU's run");
+        // Overlap matters: the same fill, not run ahead, costs the sum.
+        let model = cost_model_for(&c);
+        let npu = model.npu_host_s(512, k, n, terms, 3);
+        let cpu = model.cpu_s(512, k, n, crate::quant::types::Q8_0);
+        let fill = cpu - npu / 2.0;
+        assert!(stream_pays(&c, &mm(512), terms, fill, true) && !stream_pays(&c, &mm(512), terms, fill, false));
     }
 
     #[test]
