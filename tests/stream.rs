@@ -97,3 +97,24 @@ fn a_weight_is_resident_whole_or_streamed() {
     assert_eq!(y, resident);
     assert_eq!(dev.stats.one_term_for_budget.load(Relaxed), 0);
 }
+
+/// A streamed weight whose NPU run fails is computed on the CPU and counted, like a resident one
+/// (the same int8 arithmetic: the same floats as the NPU's).
+#[test]
+fn a_failed_streamed_run_falls_back_counted() {
+    let (n, k) = (96, 160);
+    let w = weight_bytes(5, n, k);
+    let x = input(M_PREFILL, k);
+    let (resident, _) = run(&device(None, None), "blk.0.ffn_up.weight", &w, n, k, &x);
+    let (cfg, _) = Config::from_lookup(|_| None);
+    let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), wcache_budget_bytes: Some(0), sim_fault: Some("timeout_every:1".into()), ..NpuConfig::default() })
+        .expect("simulator opens");
+    let dev = Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: None, calib: None };
+    dev.stats.stream.enable(true);
+    let (y, streamed) = run(&dev, "blk.0.ffn_up.weight", &w, n, k, &x);
+    assert!(streamed);
+    let s = &dev.stats;
+    assert_eq!((s.npu_matmuls.load(Relaxed), s.npu_fallbacks.load(Relaxed)), (0, 1), "counted as a fallback");
+    assert!(s.npu_errors.load(Relaxed) >= 1);
+    assert_eq!(y, resident, "the CPU's int8 arithmetic gives the NPU's floats");
+}
