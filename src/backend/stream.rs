@@ -38,7 +38,7 @@ pub const RING_SLOTS: usize = 4;
 /// Where a streamed weight's tiles come from.
 pub enum Tiles {
     /// The verified `.orkpack` entry, mapped: every term's tiles, one after the other.
-    Cache(cache::Loaded),
+    Cache(Box<cache::Loaded>),
     /// No entry: packed from the GGUF bytes at each use.
     Gguf,
 }
@@ -84,10 +84,13 @@ impl StreamSrc {
 /// What a finished fill hands over: the weight in its slots, or why not; its bytes and time.
 pub type Filled = Result<Arc<PackedWeight>, String>;
 
+/// Where the worker leaves a fill's result and its time, and the signal that it did.
+type Cell = Arc<(Mutex<Option<(Filled, u64)>>, Condvar)>;
+
 /// A fill handed to the worker; [`Ticket::wait`] takes its result.
 pub struct Ticket {
     pub addr: usize,
-    cell: Arc<(Mutex<Option<(Filled, u64)>>, Condvar)>,
+    cell: Cell,
 }
 
 impl Ticket {
@@ -234,7 +237,7 @@ impl Streamer {
         if !matches!(src.tiles, Tiles::Cache(_)) {
             return None;
         }
-        let cell: Arc<(Mutex<Option<(Filled, u64)>>, Condvar)> = Default::default();
+        let cell: Cell = Default::default();
         let out = cell.clone();
         let ledger = dev.stats.mem.clone();
         let job: Job = Box::new(move || {

@@ -235,7 +235,7 @@ pub fn stream_source(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, u
             Ok(l) if l.tiles().len() == terms * one => {
                 if let Some(f) = split(l.scales()) {
                     dev.stats.cache_hits.fetch_add(1, Relaxed);
-                    made = Some((Tiles::Cache(l), f));
+                    made = Some((Tiles::Cache(Box::new(l)), f));
                 }
             }
             Ok(_) => log::debug!("orkpack {}: entry sizes do not match; repacking", src.name),
@@ -255,7 +255,7 @@ pub fn stream_source(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, u
                 match c.store(id, &blob, &f).and_then(|_| c.load(id)) {
                     Ok(l) => {
                         dev.stats.cache_writes.fetch_add(1, Relaxed);
-                        tiles_of = Tiles::Cache(l);
+                        tiles_of = Tiles::Cache(Box::new(l));
                     }
                     Err(e) => log::debug!("orkpack {}: not cached ({e}); streamed from the GGUF bytes", src.name),
                 }
