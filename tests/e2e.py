@@ -207,7 +207,7 @@ if want(name):
         gen_long(ork(ORK_CACHE_DIR=d))
         a, ea = gen_long(ork(ORK_CACHE_DIR=d))
         b, eb = gen_long(ork(ORK_CACHE_DIR=d, ORK_WCACHE_BUDGET_MB=24))
-        st = re.search(r"streamed: (\d+) weights, (\d+) fills, (\d+) MiB, fill ([\d.]+) ms of which exposed ([\d.]+) ms, (\d+) failed, (\d+) left to the CPU by cost", eb or "")
+        st = re.search(r"streamed: (\d+) weights, (\d+) fills \(\d+ run ahead\), (\d+) MiB, fill ([\d.]+) ms of which exposed ([\d.]+) ms, (\d+) failed, (\d+) left to the CPU by cost", eb or "")
         cb = exit_counters(eb)
         ok = (a is not None and a == b and st is not None and int(st.group(1)) > 0 and int(st.group(2)) > 0
               and int(st.group(6)) == 0 and npu_live(cb) and "not made resident" not in (eb or ""))

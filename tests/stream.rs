@@ -118,3 +118,48 @@ fn a_failed_streamed_run_falls_back_counted() {
     assert!(s.npu_errors.load(Relaxed) >= 1);
     assert_eq!(y, resident, "the CPU's int8 arithmetic gives the NPU's floats");
 }
+
+/// The fill worker runs ahead: a prefetched fill is the one the next use takes (counted as run
+/// ahead, the same bits), and after one pass over two weights in order, the first one's use
+/// prefetches the second (the order learned), so the second's fill is taken ready again.
+#[test]
+fn fills_run_ahead_in_the_learned_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = device(Some(0), Some(dir.path()));
+    let (n, k) = (96, 160);
+    let (wa, wb) = (weight_bytes(7, n, k), weight_bytes(8, n, k));
+    let x = input(M_PREFILL, k);
+    let store = ggml_ork::backend::WeightStore::default();
+    let place = |name: &'static str, w: &Vec<u8>| match store.get_or_place(&dev, w.as_ptr() as usize, &source(name, w, k), n, k, true).expect("placed") {
+        Placed::Streamed(ss) => ss,
+        Placed::Resident(_) => panic!("budget 0: streamed"),
+    };
+    let (sa, sb) = (place("blk.0.ffn_up.weight", &wa), place("blk.0.ffn_gate.weight", &wb));
+    let (aa, ab) = (wa.as_ptr() as usize, wb.as_ptr() as usize);
+    let st = &dev.stats.stream;
+    let y = |pw: &ggml_ork::backend::PackedWeight, w: &Vec<u8>| {
+        let mut y = vec![0f32; M_PREFILL * n];
+        dev.run_mul_mat(pw, &source("", w, k), &x, M_PREFILL, &mut y);
+        y
+    };
+    // First pass: nothing known ahead; a then b, filled when reached.
+    let first_a = y(&st.take(&dev, aa, &sa, None).unwrap(), &wa);
+    let _ = st.take(&dev, ab, &sb, None).unwrap();
+    assert_eq!(st.ahead.load(Relaxed), 0);
+    // An explicit prefetch of a is taken by a's use.
+    st.prefetch(&dev, aa, sa.clone());
+    let pa = st.take(&dev, aa, &sa, None).unwrap();
+    assert_eq!(st.ahead.load(Relaxed), 1, "taken from the worker");
+    assert_eq!(y(&pa, &wa), first_a, "the same bits");
+    drop(pa);
+    // a was followed by b: after a's use the worker fills b.
+    st.prefetch_successor(&dev, aa);
+    assert!(st.has_pending());
+    let _ = st.take(&dev, ab, &sb, None).unwrap();
+    assert_eq!(st.ahead.load(Relaxed), 2, "b was filled ahead");
+    assert_eq!((st.fills.load(Relaxed), st.failed.load(Relaxed)), (4, 0));
+    // A fill running ahead for another weight is let go, not taken.
+    st.prefetch(&dev, ab, sb.clone());
+    let _ = st.take(&dev, aa, &sa, None).unwrap();
+    assert_eq!(st.ahead.load(Relaxed), 2);
+}

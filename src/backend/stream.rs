@@ -124,7 +124,7 @@ pub struct Streamer {
     /// streamed weight used.
     next_of: Mutex<std::collections::HashMap<usize, (usize, Arc<StreamSrc>)>>,
     last_used: Mutex<Option<usize>>,
-    /// Weights made streamed, fills done (each term one slot fill), tile bytes copied or packed
+    /// Weights made streamed, fills done (a weight's every term into slots), tile bytes copied or packed
     /// into slots, the fills' time, the part of it the walk waited for (exposed), the fills that
     /// failed (those MUL_MATs ran on the CPU) and MUL_MATs of streamed weights the cost model
     /// left to the CPU.
@@ -135,6 +135,8 @@ pub struct Streamer {
     pub exposed_ns: AtomicU64,
     pub failed: AtomicU64,
     pub declined: AtomicU64,
+    /// Fills the walk took from the worker (run ahead) rather than making them when reached.
+    pub ahead: AtomicU64,
 }
 
 impl Streamer {
@@ -172,8 +174,9 @@ impl Streamer {
             return String::new();
         }
         format!(
-            ", streamed: {w} weights, {} fills, {} MiB, fill {:.0} ms of which exposed {:.0} ms, {} failed, {} left to the CPU by cost",
+            ", streamed: {w} weights, {} fills ({} run ahead), {} MiB, fill {:.0} ms of which exposed {:.0} ms, {} failed, {} left to the CPU by cost",
             self.fills.load(Relaxed),
+            self.ahead.load(Relaxed),
             self.bytes.load(Relaxed) >> 20,
             self.fill_ns.load(Relaxed) as f64 / 1e6,
             self.exposed_ns.load(Relaxed) as f64 / 1e6,
@@ -218,6 +221,7 @@ impl Streamer {
         let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner()).take();
         match pending {
             Some((a, t)) if a == addr => {
+                self.ahead.fetch_add(1, Relaxed);
                 let t0 = Instant::now();
                 let (r, ns) = t.wait();
                 self.book(src, &r, ns, t0.elapsed().as_nanos() as u64);
@@ -275,7 +279,7 @@ impl Streamer {
         self.exposed_ns.fetch_add(exposed_ns, Relaxed);
         match r {
             Ok(_) => {
-                self.fills.fetch_add(src.terms as u64, Relaxed);
+                self.fills.fetch_add(1, Relaxed);
                 self.bytes.fetch_add(src.fill_bytes(), Relaxed);
             }
             Err(e) => {
