@@ -6,7 +6,9 @@
 //! **What kind of ggml device ORK is.** ORK registers as an ACCEL device beside the CPU (like
 //! ggml-blas), with its own *host* weight buffer type: weights keep their GGUF bytes in ordinary
 //! memory (so ggml-cpu can still read them in place for decode) and additionally get a packed,
-//! resident int8 copy on the NPU, keyed by the tensor's data address. The scheduler gives ORK the
+//! resident int8 copy on the NPU, keyed by the tensor's data address (past the residency budget
+//! a weight is streamed instead: its tiles copied into a ring of NPU buffers for each prefill
+//! MUL_MAT, `stream`). The scheduler gives ORK the
 //! MUL_MATs it accepts and the CPU everything else, with no copies (both sides read host
 //! memory). README "Design: ORK as an ACCEL device" gives the measured argument.
 //!
