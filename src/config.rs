@@ -97,7 +97,8 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_MM_TIMEOUT", default: "60000", meaning: "NPU submit timeout in ms; a submit past it fails (the NPU is soft-reset) and the matmul runs on the CPU" },
     VarDoc { name: "ORK_NO_AFFINITY", default: "0", meaning: "1 (or true, yes, on) = do not pin NPU worker threads and the host pool (the passes around an NPU matmul, one thread per big core) to the big CPU cores" },
     VarDoc { name: "ORK_DOMAIN_CAP_MB", default: "3072", meaning: "weight bytes placed in one IOMMU domain before the next is opened (MiB; on `rocket`, per core's address space: a domain there is one file descriptor per core, each holding that core's part of every weight); lower it below the kernel's per-domain window (the fake kernel's ORK_FK_DOMAIN_MB) so weights span several domains" },
-    VarDoc { name: "ORK_WCACHE_BUDGET_MB", default: "RAM - 1024 - ORK buffers", meaning: "resident weight budget (MiB); weights past it keep one int8 term, then stay on the CPU" },
+    VarDoc { name: "ORK_WCACHE_BUDGET_MB", default: "RAM - 1024 - ORK buffers", meaning: "resident weight budget (MiB); weights past it are streamed to the NPU for prefill (ORK_STREAM), else keep one int8 term, then stay on the CPU" },
+    VarDoc { name: "ORK_STREAM", default: "1", meaning: "1 = weights past the resident budget run prefill on the NPU through a ring of NPU buffers filled from the .orkpack cache (or packed again) while the NPU runs the previous weight, where the cost model says it beats the CPU; 0 = they keep one int8 term, then stay on the CPU" },
     VarDoc { name: "ORK_MAP_WEIGHTS", default: "1", meaning: "1 = ORK's weight buffers are llama.cpp's own read-only mapping of the model file (ggml's buffer_from_host_ptr, used when llama.cpp maps the file: its default, not -lm none / --no-mmap): ggml-cpu and ORK read the GGUF bytes in place, with no second copy of them in ORK's memory, and weights are packed at their first NPU MUL_MAT; 0 = ggml copies the GGUF bytes into ORK's own buffers and they are packed as they are written (docs/cache.md \"The GGUF bytes\")" },
     VarDoc { name: "ORK_CACHE", default: "1", meaning: "0 = do not read or write .orkpack files" },
     VarDoc { name: "ORK_CACHE_DIRECT", default: "1", meaning: "1 = write .orkpack entries with O_DIRECT (no page cache: the first run's tiles do not push the model's mapped pages out of RAM; each write waits for the disk); 0 = buffered writes (the kernel writes them back later: faster on a slow disk such as eMMC when RAM is plentiful)" },
@@ -156,6 +157,8 @@ pub struct Config {
     pub cache_dir: Option<String>,
     /// `ORK_ROTATE`: Hadamard rotation of K on both operands, with the budget of extra terms.
     pub rotate: bool,
+    /// `ORK_STREAM`: weights past the residency budget are streamed to the NPU for prefill.
+    pub stream: bool,
     /// `ORK_MEAN_CORRECT`: each row corrected along its weight's calibrated direction (with the
     /// rotation and a calibration file).
     pub mean_correct: bool,
@@ -271,9 +274,9 @@ impl Config {
             },
         };
         let is_flag = |v: &str| matches!(v.trim().to_ascii_lowercase().as_str(), "" | "0" | "1" | "true" | "false" | "yes" | "no" | "on" | "off");
-        for name in ["ORK_OFF", "ORK_NO_AFFINITY", "ORK_PROFILE", "ORK_ROTATE", "ORK_MEAN_CORRECT", "ORK_CALIBRATE", "ORK_MAP_WEIGHTS"] {
+        for name in ["ORK_OFF", "ORK_NO_AFFINITY", "ORK_PROFILE", "ORK_ROTATE", "ORK_MEAN_CORRECT", "ORK_CALIBRATE", "ORK_MAP_WEIGHTS", "ORK_STREAM"] {
             if let Some(v) = get(name).filter(|v| !is_flag(v)) {
-                let taken = if matches!(name, "ORK_ROTATE" | "ORK_MEAN_CORRECT" | "ORK_MAP_WEIGHTS") { 1 } else { 0 };
+                let taken = if matches!(name, "ORK_ROTATE" | "ORK_MEAN_CORRECT" | "ORK_MAP_WEIGHTS" | "ORK_STREAM") { 1 } else { 0 };
                 bad.push(format!("{name}={v:?} is not 0 or 1; taken as {taken}"));
             }
         }
@@ -282,6 +285,7 @@ impl Config {
         let rotate = on_unless_off("ORK_ROTATE");
         // ORK_MEAN_CORRECT likewise.
         let mean_correct = on_unless_off("ORK_MEAN_CORRECT");
+        let stream = on_unless_off("ORK_STREAM");
         let text = |name: &str| get(name).filter(|s| !s.trim().is_empty());
         let sim_board_timing = choice(&get, &mut bad, "ORK_SIM_TIMING", &[("compute", false), ("board", true)]);
         let cfg = Config {
@@ -295,6 +299,7 @@ impl Config {
             lock_dir: text("ORK_LOCK_DIR"),
             weight_terms,
             rotate,
+            stream,
             mean_correct,
             calibrate: flag(get("ORK_CALIBRATE").as_deref()),
             calibration: text("ORK_CALIBRATION"),

@@ -11,12 +11,11 @@
 //! their offsets (`init_tensor`), nothing is written, and each weight is packed at its first
 //! NPU MUL_MAT (`graph::compute`), once every weight of the model has been announced.
 
-use super::{Device, PackedWeight, WeightSource, WeightStore};
+use super::{Device, WeightSource, WeightStore};
 use crate::npu::NpuError;
 use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
 
 /// A tensor name: the bytes of ggml's fixed-size, NUL-padded `name` field.
 #[derive(Clone, Copy, Debug)]
@@ -90,11 +89,11 @@ pub fn holdable_weight_shape(dev: &Device, t: &Tensor<'_>) -> Option<(usize, usi
 /// The packed form of weight `t` in `store` (packing it now if needed). Only weights of buffers
 /// ggml marks as a model's weights (`model_weight`) use the `.orkpack` cache (test-backend-ops'
 /// random weights would fill it with entries that never hit).
-pub fn packed_weight(dev: &Device, store: &WeightStore, t: &Tensor<'_>, data: &WeightData<'_>, model_weight: bool) -> Result<Arc<PackedWeight>, NpuError> {
+pub fn packed_weight(dev: &Device, store: &WeightStore, t: &Tensor<'_>, data: &WeightData<'_>, model_weight: bool) -> Result<super::weights::Placed, NpuError> {
     let (k, n) = (t.ne[0] as usize, t.ne[1] as usize);
     let name = t.name.to_str();
     let src = data.source(t, &name).map_err(|why| NpuError::BadArg { op: "pack", m: 0, k, n, why })?;
-    store.get_or_pack(dev, t.addr, &src, n, k, model_weight)
+    store.get_or_place(dev, t.addr, &src, n, k, model_weight)
 }
 
 /// A model weight could not be made resident (its MUL_MATs stay on the CPU): one warning per

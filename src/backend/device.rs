@@ -59,7 +59,9 @@ impl Device {
         } else {
             None
         };
-        Ok(Device { npu, vk, cfg, stats: Default::default(), cache: crate::cache::PackCache::from_config(cfg), calib: crate::cache::calib::Store::from_config(cfg) })
+        let dev = Device { npu, vk, cfg, stats: Default::default(), cache: crate::cache::PackCache::from_config(cfg), calib: crate::cache::calib::Store::from_config(cfg) };
+        dev.stats.stream.enable(cfg.stream);
+        Ok(dev)
     }
 
     /// Free and total system RAM in bytes (the NPU shares it; resident weights come out of it).

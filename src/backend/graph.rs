@@ -10,6 +10,8 @@
 
 use super::buffer::{packed_weight, Tensor};
 use super::gpu::{self, GpuJob};
+use super::stream::StreamSrc;
+use super::weights::Placed;
 use super::{mul_mat_unsupported, Device, MatMulShape, PackedWeight, WeightStore};
 use crate::config::RoutePolicy;
 use crate::route::arbiter::Hold;
@@ -133,6 +135,13 @@ pub fn supports(dev: &Device, node: &Node<'_>) -> bool {
         log::trace!("MUL_MAT {}x{}x{} declined: weight not resident on the NPU", s.m, s.k, s.n);
         return false;
     }
+    // A streamed weight goes to the NPU only where its M makes streaming pay.
+    if let Some(ss) = mm.weight.and_then(|w| streamed_src(&w)) {
+        if !ss.pays(dev, s.m) {
+            log::trace!("MUL_MAT {}x{}x{} declined: streamed weight, the CPU is faster at this M", s.m, s.k, s.n);
+            return false;
+        }
+    }
     if let Some(why) = mul_mat_unsupported(dev, s) {
         log::trace!("MUL_MAT {}x{}x{} declined: {why}", s.m, s.k, s.n);
         return false;
@@ -144,6 +153,12 @@ pub fn supports(dev: &Device, node: &Node<'_>) -> bool {
             false
         }
     }
+}
+
+/// The streamed source of a weight past the residency budget, if it is one.
+fn streamed_src(w: &Weight<'_>) -> Option<Arc<StreamSrc>> {
+    let t = &w.tensor;
+    w.store?.streamed(t.addr, t.ne[1] as usize, t.ne[0] as usize, t.ggml_type)
 }
 
 /// Whether a node with sources `srcs` reads one of the outputs at `pending` (a source is one of
@@ -210,6 +225,8 @@ struct Walk<'d, 'g> {
     /// unlock per call, not per matmul) and let go before ggml-cpu runs and on return; taking
     /// and letting it go is arbiter time, as inside `run_mul_mat`.
     hold: Option<Hold<'static>>,
+    /// The graph has no streamed MUL_MAT from this node on (the prefetch scan stops there).
+    scanned_to: usize,
 }
 
 /// Runs one `graph_compute` call: ORK's MUL_MATs on the NPU or GPU, the rest on ggml's CPU
@@ -217,7 +234,7 @@ struct Walk<'d, 'g> {
 pub fn compute<'g>(dev: &Device, stream: &Stream, graph: &mut dyn Graph<'g>) -> Result<(), String> {
     // Wall time of the whole call and the counters around it, for the profile's host-time lines.
     let _record = Record { dev, before: dev.stats.graph_snap(), t0: Instant::now() };
-    let mut w = Walk { dev, stream, pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), last_act: Default::default(), hold: None };
+    let mut w = Walk { dev, stream, pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), last_act: Default::default(), hold: None, scanned_to: 0 };
     w.walk(graph)
 }
 
@@ -228,6 +245,10 @@ impl<'g> Walk<'_, 'g> {
         // does not run itself are collected into runs and handed to ggml's CPU backend.
         let npu_before = dev.stats.npu_matmuls.load(Relaxed);
         let n = graph.len();
+        // The first streamed weight's fill starts before the walk reaches it.
+        if dev.stats.stream.weights.load(Relaxed) > 0 {
+            self.prefetch_from(&*graph, 0);
+        }
         for i in 0..n {
             let mm = match graph.node(i) {
                 Node::View => continue,
@@ -243,7 +264,7 @@ impl<'g> Walk<'_, 'g> {
                     Engine::Cpu => Err(s.m),
                     // A weight that cannot be made resident (budget, IOMMU) runs on ggml's CPU
                     // backend, in place, like any op ORK does not accelerate.
-                    Engine::Npu => match self.npu_weight(&*graph, i, &mm) {
+                    Engine::Npu => match self.npu_weight(&*graph, i, &mm, s.m) {
                         Some(pw) => Ok((s, Some(pw))),
                         None => Err(s.m),
                     },
@@ -270,7 +291,16 @@ impl<'g> Walk<'_, 'g> {
             if npu_w.is_some() && self.hold.is_none() {
                 self.hold = Some(dev.arbiter().hold());
             }
-            match self.mul_mat(graph, i, &mm, &s, npu_w) {
+            // A streamed weight's calibrated direction, computed at its first corrected run, is
+            // kept with its source for the next fill.
+            let fix_to = npu_w.as_ref().filter(|w| w.resident.is_streamed()).and_then(|pw| Some((pw.clone(), mm.weight.and_then(|w| streamed_src(&w))?)));
+            let r = self.mul_mat(graph, i, &mm, &s, npu_w);
+            if let Some((pw, ss)) = fix_to {
+                if let Some(f) = pw.fix.get() {
+                    let _ = ss.fix.set(f.clone());
+                }
+            }
+            match r {
                 Ok(None) => {}
                 Ok(Some(job)) => {
                     self.pending.push(job);
@@ -296,13 +326,16 @@ impl<'g> Walk<'_, 'g> {
     /// when it cannot be (one warning per weight; the weight is remembered as not resident).
     /// The NPU arbiter is let go before a weight is packed (a model's weights over the file's
     /// mapping are packed at their first MUL_MAT): no other process waits on the packing.
-    fn npu_weight(&mut self, graph: &dyn Graph<'g>, i: usize, mm: &MulMatNode<'_>) -> Option<Arc<PackedWeight>> {
+    fn npu_weight(&mut self, graph: &dyn Graph<'g>, i: usize, mm: &MulMatNode<'_>, m: usize) -> Option<Arc<PackedWeight>> {
         let dev = self.dev;
         let w = mm.weight.as_ref()?;
         let store = w.store?;
         let t = &w.tensor;
         if let Some(pw) = store.packed(t.addr, t.ne[1] as usize, t.ne[0] as usize, t.ggml_type) {
             return Some(pw);
+        }
+        if let Some(ss) = streamed_src(w) {
+            return self.streamed_weight(graph, i, mm, m, ss);
         }
         if store.is_failed(t.addr) {
             return None;
@@ -313,7 +346,8 @@ impl<'g> Walk<'_, 'g> {
             None => Err(crate::npu::NpuError::NoDevice("no weight data".into())),
         };
         match packed {
-            Ok(pw) => Some(pw),
+            Ok(Placed::Resident(pw)) => Some(pw),
+            Ok(Placed::Streamed(ss)) => self.streamed_weight(graph, i, mm, m, ss),
             Err(e) => {
                 dev.stats.not_resident.fetch_add(1, Relaxed);
                 if w.model_weight {
@@ -326,6 +360,52 @@ impl<'g> Walk<'_, 'g> {
                 None
             }
         }
+    }
+
+    /// The weight of MUL_MAT node `i` (`m` rows) filled into stream ring slots: the fill that ran
+    /// ahead if it was for it, else a fill now; then the fill of the next streamed MUL_MAT (of
+    /// this graph, else the weight that followed this one last time) is handed to the worker. None (the MUL_MAT runs on the CPU): streaming does not pay at this
+    /// M, or the fill failed (counted).
+    fn streamed_weight(&mut self, graph: &dyn Graph<'g>, i: usize, mm: &MulMatNode<'_>, m: usize, ss: Arc<StreamSrc>) -> Option<Arc<PackedWeight>> {
+        let dev = self.dev;
+        let st = &dev.stats.stream;
+        if !ss.pays(dev, m) {
+            st.declined.fetch_add(1, Relaxed);
+            return None;
+        }
+        let addr = mm.weight.as_ref()?.tensor.addr;
+        let r = match graph.weight_data(i) {
+            Some(data) => {
+                let w = mm.weight.as_ref()?;
+                let name = w.tensor.name.to_str();
+                let src = data.source(&w.tensor, &name).ok();
+                st.take(dev, addr, &ss, src.as_ref())
+            }
+            None => st.take(dev, addr, &ss, None),
+        };
+        // The next streamed weight of this graph, else the one that came next last time.
+        self.prefetch_from(graph, i + 1);
+        st.prefetch_successor(dev, addr);
+        r.ok()
+    }
+
+    /// Hands the fill of the first streamed MUL_MAT at or after node `from` to the stream worker
+    /// (where it pays at its M), unless a fill runs ahead already.
+    fn prefetch_from(&mut self, graph: &dyn Graph<'g>, from: usize) {
+        let dev = self.dev;
+        if dev.stats.stream.has_pending() {
+            return;
+        }
+        for j in from.max(self.scanned_to)..graph.len() {
+            let Node::MulMat(mm) = graph.node(j) else { continue };
+            let (Some(s), Some(ss)) = (mm.shape, mm.weight.and_then(|w| streamed_src(&w))) else { continue };
+            if mul_mat_unsupported(dev, &s).is_some() || !ss.pays(dev, s.m) {
+                continue;
+            }
+            dev.stats.stream.prefetch(dev, mm.weight.map_or(0, |w| w.tensor.addr), ss);
+            return;
+        }
+        self.scanned_to = graph.len();
     }
 
     /// Runs one MUL_MAT on the NPU now (`npu_w`: its resident weight), or returns it as a GPU
@@ -769,11 +849,11 @@ mod tests {
         let w = Weight { tensor, store: Some(&store), model_weight: true };
         let g = Fake { nodes: vec![mul_mat(0x100, M_NPU, Some(w), &[])], weight: &wb, io: vec![None], cpu_runs: vec![], cpu_fails: false };
         let Node::MulMat(mm) = g.nodes[0] else { unreachable!() };
-        let mut walk = Walk { dev: &dev, stream: &stream, pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), last_act: Default::default(), hold: Some(dev.arbiter().hold()) };
-        assert!(walk.npu_weight(&g, 0, &mm).is_some(), "packed");
+        let mut walk = Walk { dev: &dev, stream: &stream, pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), last_act: Default::default(), hold: Some(dev.arbiter().hold()), scanned_to: 0 };
+        assert!(walk.npu_weight(&g, 0, &mm, M_NPU).is_some(), "packed");
         assert!(walk.hold.is_none(), "let go before packing");
         walk.hold = Some(dev.arbiter().hold());
-        assert!(walk.npu_weight(&g, 0, &mm).is_some(), "resident");
+        assert!(walk.npu_weight(&g, 0, &mm, M_NPU).is_some(), "resident");
         assert!(walk.hold.is_some(), "kept for a resident weight");
         walk.release();
     }

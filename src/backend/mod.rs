@@ -6,7 +6,9 @@
 //! **What kind of ggml device ORK is.** ORK registers as an ACCEL device beside the CPU (like
 //! ggml-blas), with its own *host* weight buffer type: weights keep their GGUF bytes in ordinary
 //! memory (so ggml-cpu can still read them in place for decode) and additionally get a packed,
-//! resident int8 copy on the NPU, keyed by the tensor's data address. The scheduler gives ORK the
+//! resident int8 copy on the NPU, keyed by the tensor's data address (past the residency budget
+//! a weight is streamed instead: its tiles copied into a ring of NPU buffers for each prefill
+//! MUL_MAT, `stream`). The scheduler gives ORK the
 //! MUL_MATs it accepts and the CPU everything else, with no copies (both sides read host
 //! memory). README "Design: ORK as an ACCEL device" gives the measured argument.
 //!
@@ -19,6 +21,7 @@ mod device;
 mod pool;
 pub mod gpu;
 pub mod graph;
+pub mod stream;
 pub mod weights;
 
 use crate::cache::PackCache;
@@ -146,6 +149,9 @@ pub struct Stats {
     pub reported: std::sync::Mutex<String>,
     /// Resident bytes by kind and their peak ([`Stats::memory`]).
     pub mem: Arc<MemLedger>,
+    /// Streamed prefill: the ring, the fill worker and their counters (`stream`; off until the
+    /// device enables it).
+    pub stream: stream::Streamer,
     /// ORK's `graph_compute` calls, by class: 0 = batches (some MUL_MAT with M > 1, or none run
     /// by ORK), 1 = single-row graphs (every MUL_MAT ORK ran had M = 1: decode).
     pub graph: [GraphStats; 2],
@@ -426,7 +432,7 @@ impl Stats {
                     "; {one} weights kept one int8 term for want of resident budget and {cpu} were not made resident (their MUL_MATs run on the CPU; \
                      budget: ORK_WCACHE_BUDGET_MB, default RAM - 1 GiB - ORK buffers)"
                 ),
-            },
+            } + &self.stream.line(),
             ms(&self.quant_ns),
             ms(&self.npu_ns),
             ms(&self.dequant_ns),
@@ -794,12 +800,14 @@ impl Device {
         log::debug!("resident weight budget {} MiB (RAM - 1 GiB - {} MiB of ORK buffers)", budget >> 20, now >> 20);
     }
 
-    /// Copies the NPU's scratch bytes and weight copies into the [`MemLedger`] and samples the
+    /// Copies the NPU's scratch bytes (with the stream ring's) and weight copies into the
+    /// [`MemLedger`] and samples the
     /// peak (after a weight placement, a buffer change, and before a report).
     pub fn note_memory(&self) {
         let (scratch, scratch_copies) = self.npu.scratch_bytes();
         let l = &self.stats.mem;
-        l.scratch.store(scratch, Relaxed);
+        // The stream ring's slots are NPU buffers beside the scratch (`stream`).
+        l.scratch.store(scratch + self.stats.stream.ring_bytes(), Relaxed);
         l.scratch_copies.store(scratch_copies, Relaxed);
         l.weight_copies.store(u64::from(self.npu.weight_copies()), Relaxed);
         self.stats.memory();

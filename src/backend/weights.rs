@@ -84,6 +84,10 @@ fn rotation(k: usize) -> Option<Arc<Rotation>> {
 /// parameter (K-split layout plus a full-K copy) and the ratio seen so far, and 1/32 for padding.
 fn second_term_fits(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, new_bytes: usize) -> bool {
     let s = &dev.stats;
+    if s.stream.active(dev) {
+        // The rest streams: a weight is resident whole or not at all (`pack_with`).
+        return dev.npu.resident_bytes() + new_bytes as u64 <= dev.npu.residency_budget();
+    }
     let expected = s.expected_term_bytes.load(Relaxed);
     let rest_resident = if expected > 0 {
         expected.saturating_sub(s.placed_term_bytes.load(Relaxed))
@@ -179,6 +183,108 @@ fn import_entry(dev: &Device, entry: cache::Unverified, src: &WeightSource<'_>, 
     Ok((hi, lo, f[..n].to_vec(), f[n..n + k].to_vec()))
 }
 
+/// What packing a weight decides before touching its bytes: its int8 terms (the precision
+/// plan), rotation, tile sets, cache identity (`with_cache`) and calibration key.
+struct Prep {
+    terms: usize,
+    act_terms: usize,
+    rot: Option<Arc<Rotation>>,
+    sets: crate::npu::layout::TileSets,
+    id: Option<cache::Identity>,
+    calib_key: Option<u64>,
+}
+
+fn prep(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, with_cache: bool) -> Prep {
+    let work = dev.stats.announced.each_ref().map(|c| c.load(Relaxed));
+    let plan = precision::terms_for(dev.cfg, Role::of(src.name), crate::quant::types::is_float(src.ggml_type), &work);
+    let rot = if dev.cfg.rotate { rotation(k) } else { None };
+    // The tile sets the plans of this device's M read (`npu::plan::tile_sets`); the cache key
+    // names them (an entry holds one layout).
+    let sets = dev.npu.tile_sets(n, k);
+    let id = with_cache.then(|| cache::Identity {
+        layout_fp: cache::layout_fingerprint_sets(dev.npu.soc(), sets),
+        ..cache::identity(dev.npu.soc(), src.ggml_type, src.bytes, src.row_bytes, src.name, n, k, plan.weight as u32, rot.as_deref())
+    });
+    // The calibration key reuses the cache identity's hash of the source bytes.
+    let calib_key = match (&dev.calib, &rot) {
+        (Some(_), Some(_)) => {
+            let h = id.as_ref().map(|i| i.src_hash).unwrap_or_else(|| cache::format::par_hash(src.bytes));
+            Some(cache::calib::key(src.name, src.ggml_type, n, k, h))
+        }
+        _ => None,
+    };
+    Prep { terms: plan.weight, act_terms: plan.act, rot, sets, id, calib_key }
+}
+
+/// Makes a weight that does not fit the residency budget a streamed one (`super::stream`): its
+/// scales in memory, its tiles in its `.orkpack` entry (written now if absent: packed once) or,
+/// without a cache, packed again at every use.
+pub fn stream_source(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_cache: bool, range: Range<usize>) -> Result<super::stream::StreamSrc, NpuError> {
+    use super::stream::{StreamSrc, Tiles};
+    dev.npu.check_shape(n, k)?;
+    let cache = if use_cache { dev.cache.as_ref() } else { None };
+    let t0 = Instant::now();
+    let Prep { terms, act_terms, rot, sets, id, calib_key } = prep(dev, src, n, k, cache.is_some());
+    let one = crate::npu::layout::WeightGeometry::with_sets(dev.npu.soc(), n, k, sets).total_bytes;
+    let split = |f: Vec<f32>| -> Option<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        (f.len() == n + k + (terms - 1) * n).then(|| (f[..n].to_vec(), f[n..n + k].to_vec(), f[n + k..].to_vec()))
+    };
+    let mut made = None;
+    if let (Some(c), Some(id)) = (cache, &id) {
+        match c.load(id) {
+            Ok(l) if l.tiles().len() == terms * one => {
+                if let Some(f) = split(l.scales()) {
+                    dev.stats.cache_hits.fetch_add(1, Relaxed);
+                    made = Some((Tiles::Cache(Box::new(l)), f));
+                }
+            }
+            Ok(_) => log::debug!("orkpack {}: entry sizes do not match; repacking", src.name),
+            Err(CacheError::Absent) => {}
+            Err(e) => log::debug!("orkpack {}: {e}; repacking", src.name),
+        }
+    }
+    let made = match made {
+        Some(m) => m,
+        None => {
+            let PackedSource { tiles, scales, col_scale, lo_scales } = pack_source_sets(dev.npu.soc(), src, n, k, sets, terms, rot.as_deref())?;
+            dev.stats.packed.fetch_add(1, Relaxed);
+            let mut tiles_of = Tiles::Gguf;
+            if let (Some(c), Some(id)) = (cache, &id) {
+                let blob: Vec<u8> = tiles.iter().flat_map(|t| t.bytes.iter().copied()).collect();
+                let f: Vec<f32> = scales.iter().chain(col_scale.iter()).chain(lo_scales.iter()).copied().collect();
+                match c.store(id, &blob, &f).and_then(|_| c.load(id)) {
+                    Ok(l) => {
+                        dev.stats.cache_writes.fetch_add(1, Relaxed);
+                        tiles_of = Tiles::Cache(Box::new(l));
+                    }
+                    Err(e) => log::debug!("orkpack {}: not cached ({e}); streamed from the GGUF bytes", src.name),
+                }
+            }
+            (tiles_of, (scales, col_scale, lo_scales))
+        }
+    };
+    dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+    dev.stats.stream.weights.fetch_add(1, Relaxed);
+    let (tiles, (scales, col_scale, lo_scales)) = made;
+    Ok(StreamSrc {
+        n,
+        k,
+        ggml_type: src.ggml_type,
+        range,
+        sets,
+        terms,
+        term_tile_bytes: one,
+        tiles,
+        scales,
+        col_scale,
+        lo_scales,
+        rot,
+        act_terms,
+        calib_key,
+        fix: Default::default(),
+    })
+}
+
 /// Cold-pack progress on stderr (large models only).
 static PROGRESS: cache::Progress = cache::Progress::new();
 
@@ -198,33 +304,18 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
     let term_bytes = dev.npu.term_bytes(n, k);
     dev.stats.placed_src_bytes.fetch_add(src.bytes.len() as u64, Relaxed);
     dev.stats.placed_term_bytes.fetch_add(term_bytes, Relaxed);
+    let Prep { terms, act_terms, rot, sets, id, calib_key } = prep(dev, src, n, k, cache.is_some());
+    let terms = terms as u32;
     // Not even one term fits the residency budget: the weight stays on the CPU, without
-    // opening its cache entry or packing it for nothing.
+    // opening its cache entry or packing it for nothing. With streaming on, a weight is
+    // resident whole (every term) or streamed (`super::stream`), so that both run the same
+    // arithmetic.
     let (resident, budget) = (dev.npu.resident_bytes(), dev.npu.residency_budget());
-    if resident + term_bytes > budget {
+    let need = if dev.stats.stream.active(dev) { term_bytes * u64::from(terms) } else { term_bytes };
+    if resident + need > budget {
         let why = format!("residency budget: {} of {} MiB in use", resident >> 20, budget >> 20);
-        return Err(NpuError::NoRoom { op: "pack", n, k, bytes: term_bytes, why });
+        return Err(NpuError::NoRoom { op: "pack", n, k, bytes: need, why });
     }
-    let work = dev.stats.announced.each_ref().map(|c| c.load(Relaxed));
-    let plan = precision::terms_for(dev.cfg, Role::of(src.name), crate::quant::types::is_float(src.ggml_type), &work);
-    let terms = plan.weight as u32;
-    let act_terms = plan.act;
-    let rot = if dev.cfg.rotate { rotation(k) } else { None };
-    // The tile sets the plans of this device's M read (`npu::plan::tile_sets`); the cache key
-    // names them (an entry holds one layout).
-    let sets = dev.npu.tile_sets(n, k);
-    let id = cache.map(|_| cache::Identity {
-        layout_fp: cache::layout_fingerprint_sets(dev.npu.soc(), sets),
-        ..cache::identity(dev.npu.soc(), src.ggml_type, src.bytes, src.row_bytes, src.name, n, k, terms, rot.as_deref())
-    });
-    // The calibration key reuses the cache identity's hash of the source bytes.
-    let calib_key = match (&dev.calib, &rot) {
-        (Some(_), Some(_)) => {
-            let h = id.as_ref().map(|i| i.src_hash).unwrap_or_else(|| cache::format::par_hash(src.bytes));
-            Some(cache::calib::key(src.name, src.ggml_type, n, k, h))
-        }
-        _ => None,
-    };
     let t_hashed = Instant::now();
     dev.stats.cache_hash_ns.fetch_add((t_hashed - t0).as_nanos() as u64, Relaxed);
     // Cache entry payload: tiles = hi tiles [++ lo tiles]; scales = row scales [N] ++ column
@@ -358,16 +449,46 @@ pub struct WeightStore {
     /// Weights that could not be made resident (address → byte range and why): ORK declines
     /// their MUL_MATs so ggml-cpu runs them in place, and does not retry packing every graph.
     failed: Mutex<HashMap<usize, (Range<usize>, String)>>,
+    /// Weights past the residency budget that stream to the NPU for prefill (`super::stream`).
+    streamed: Mutex<HashMap<usize, Arc<super::stream::StreamSrc>>>,
+}
+
+/// Where a weight the NPU runs lives.
+pub enum Placed {
+    Resident(Arc<PackedWeight>),
+    Streamed(Arc<super::stream::StreamSrc>),
 }
 
 impl WeightStore {
     /// The packed weight at `addr`, packing it first if needed (or if the shape/type changed).
     /// `use_cache`: whether the weight may come from / go to the `.orkpack` cache ([`pack_with`]).
     pub fn get_or_pack(&self, dev: &Device, addr: usize, src: &WeightSource<'_>, n: usize, k: usize, use_cache: bool) -> Result<Arc<PackedWeight>, NpuError> {
+        match self.get_or_place(dev, addr, src, n, k, use_cache)? {
+            Placed::Resident(w) => Ok(w),
+            Placed::Streamed(_) => Err(NpuError::NoDevice("streamed, not resident".into())),
+        }
+    }
+
+    /// [`get_or_pack`](Self::get_or_pack), where a weight past the residency budget becomes a
+    /// streamed one when the device streams (`super::stream`).
+    pub fn get_or_place(&self, dev: &Device, addr: usize, src: &WeightSource<'_>, n: usize, k: usize, use_cache: bool) -> Result<Placed, NpuError> {
         if let Some((_, why)) = self.failed.lock().unwrap_or_else(|p| p.into_inner()).get(&addr) {
             return Err(NpuError::NoDevice(format!("not resident: {why}")));
         }
-        let r = get_or_make(&self.map, addr, src, n, k, || pack_with(dev, src, n, k, use_cache));
+        if let Some(s) = self.streamed(addr, n, k, src.ggml_type) {
+            return Ok(Placed::Streamed(s));
+        }
+        let mut r = get_or_make(&self.map, addr, src, n, k, || pack_with(dev, src, n, k, use_cache)).map(Placed::Resident);
+        if let Err(NpuError::NoRoom { op: "pack", .. }) = &r {
+            if dev.stats.stream.active(dev) {
+                let range = addr..addr + src.bytes.len();
+                r = stream_source(dev, src, n, k, use_cache, range).map(|s| {
+                    let s = Arc::new(s);
+                    self.streamed.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, s.clone());
+                    Placed::Streamed(s)
+                });
+            }
+        }
         if let Err(e) = &r {
             let range = addr..addr + src.bytes.len();
             // Never in both maps: `packed` is then enough to tell a resident weight.
@@ -382,6 +503,12 @@ impl WeightStore {
     pub fn packed(&self, addr: usize, n: usize, k: usize, ggml_type: u32) -> Option<Arc<PackedWeight>> {
         let m = self.map.lock().unwrap_or_else(|p| p.into_inner());
         m.get(&addr).filter(|e| e.weight.made_from(n, k, ggml_type)).map(|e| e.weight.clone())
+    }
+
+    /// The streamed weight at `addr`, made from an `[N, K]` weight of `ggml_type`.
+    pub fn streamed(&self, addr: usize, n: usize, k: usize, ggml_type: u32) -> Option<Arc<super::stream::StreamSrc>> {
+        let m = self.streamed.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(&addr).filter(|s| (s.n, s.k, s.ggml_type) == (n, k, ggml_type)).cloned()
     }
 
     /// Whether the weight at `addr` failed to become resident (its MUL_MATs stay on the CPU).
@@ -409,12 +536,15 @@ impl WeightStore {
         g.retain(|_, e| e.range.end <= lo || e.range.start >= hi);
         let mut f = self.failed.lock().unwrap_or_else(|p| p.into_inner());
         f.retain(|_, (r, _)| r.end <= lo || r.start >= hi);
+        let mut st = self.streamed.lock().unwrap_or_else(|p| p.into_inner());
+        st.retain(|_, s| s.range.end <= lo || s.range.start >= hi);
     }
 
     pub fn clear(&self) {
         self.map.lock().unwrap_or_else(|p| p.into_inner()).clear();
         self.gpu.lock().unwrap_or_else(|p| p.into_inner()).clear();
         self.failed.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.streamed.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
     pub fn len(&self) -> usize {

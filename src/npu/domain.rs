@@ -101,6 +101,24 @@ impl DomainSet {
         }
     }
 
+    /// Reserves `bytes` of IOVA room for a buffer that is not a resident weight (a stream ring
+    /// slot, `npu::stream`): charged to a domain's window like a weight, not to the budget.
+    pub fn reserve_unbudgeted(&mut self, bytes: u64) -> Result<DomainId, PlaceError> {
+        let (resident, budget) = (self.resident, self.budget_bytes);
+        self.budget_bytes = u64::MAX;
+        // `reserve` charges `resident`; undo that part.
+        let r = self.reserve(bytes);
+        self.budget_bytes = budget;
+        self.resident = resident;
+        r
+    }
+
+    /// Undoes [`reserve_unbudgeted`](Self::reserve_unbudgeted).
+    pub fn release_unbudgeted(&mut self, d: DomainId, bytes: u64) {
+        let i = d.0 as usize;
+        self.used[i] = self.used[i].saturating_sub(bytes);
+    }
+
     /// The residency budget in bytes.
     pub fn budget_bytes(&self) -> u64 {
         self.budget_bytes

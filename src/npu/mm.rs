@@ -247,6 +247,8 @@ pub(crate) struct WeightInner {
     pub domain: DomainId,
     pub reserved_bytes: u64,
     pub shared: Arc<Shared>,
+    /// The stream ring whose slot this is (`super::stream`): the buffer goes back to it on drop.
+    pub ring: Option<Arc<crate::npu::stream::RingInner>>,
 }
 
 impl WeightInner {
@@ -258,6 +260,17 @@ impl WeightInner {
 
 impl Drop for WeightInner {
     fn drop(&mut self) {
+        if let Some(ring) = self.ring.take() {
+            let slot = crate::npu::stream::Slot { bo: self.bo.take().map(|bo| (bo, self.domain)) };
+            if let Some((bo, d)) = ring.give_back(slot).and_then(|s| s.bo) {
+                let size = bo.size_bytes as u64;
+                if let Err(e) = self.shared.kif.mem_destroy(bo) {
+                    log::warn!("freeing a stream slot: {e}");
+                }
+                self.shared.domains().release_unbudgeted(d, size);
+            }
+            return;
+        }
         let parts = std::mem::take(&mut self.parts).into_iter().flatten().map(|p| p.bo);
         for bo in self.bo.take().into_iter().chain(parts) {
             if let Err(e) = self.shared.kif.mem_destroy(bo) {

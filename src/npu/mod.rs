@@ -27,6 +27,7 @@ pub mod pool;
 pub mod regcmd;
 pub mod regs;
 pub mod soc;
+pub mod stream;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -202,6 +203,13 @@ impl ResidentWeight {
     /// The IOMMU domain it lives in.
     pub fn domain(&self) -> u32 {
         self.inner.domain.0
+    }
+    /// Whether it is a slot of a stream ring (`stream`), not a resident weight.
+    pub fn is_streamed(&self) -> bool {
+        self.inner.ring.is_some()
+    }
+    fn from_inner(inner: WeightInner) -> Arc<ResidentWeight> {
+        Arc::new(ResidentWeight { inner: Arc::new(inner) })
     }
 }
 
@@ -435,7 +443,7 @@ impl Npu {
             let made = mm::ensure_scratch(&self.shared, d, self.max_cores).and_then(|_| kif.mem_import_observed(bytes, d, observe));
             match made {
                 Ok(bo) => {
-                    let inner = WeightInner { n, k, geom, bo: Some(bo), parts: Vec::new(), domain: d, reserved_bytes: size, shared: self.shared.clone() };
+                    let inner = WeightInner { n, k, geom, bo: Some(bo), parts: Vec::new(), domain: d, reserved_bytes: size, shared: self.shared.clone(), ring: None };
                     return Ok(Arc::new(ResidentWeight { inner: Arc::new(inner) }));
                 }
                 Err(KifError::Fault { .. }) => {
@@ -511,7 +519,7 @@ impl Npu {
             for (i, piece) in bytes.chunks(kif::IMPORT_PIECE_BYTES).enumerate() {
                 observe(i * kif::IMPORT_PIECE_BYTES, piece);
             }
-            let inner = WeightInner { n, k, geom, bo: None, parts, domain: d, reserved_bytes: size, shared: self.shared.clone() };
+            let inner = WeightInner { n, k, geom, bo: None, parts, domain: d, reserved_bytes: size, shared: self.shared.clone(), ring: None };
             return Ok(Arc::new(ResidentWeight { inner: Arc::new(inner) }));
         }
     }

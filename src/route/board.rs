@@ -42,16 +42,15 @@ pub const OS_RESERVE_BYTES: u64 = 1 << 30;
 /// heap): an **estimate** (SmolLM2-135M's CPU-only peak RSS is 361 MB with 145 MB of GGUF).
 pub const PROCESS_BASE_BYTES: u64 = 200 << 20;
 /// The stream ring holds this many of the largest weight's tiles: the one the NPU runs and the
-/// one being filled. An **assumption** until the streaming path (backend/npu/cache, h-stream)
-/// names its own ring size.
+/// one being filled (the streaming path's ring, `backend::stream::RING_SLOTS`: four slots, two
+/// weights of up to two terms).
 pub const STREAM_RING_WEIGHTS: u64 = 2;
-/// Copy rate of packed tiles from a mapped, page-cached `.orkpack` file into an anonymous buffer
-/// on **this machine** (one thread, B/s), measured by
-/// `cargo run --release --example stream_copy_rate` (median of 5 passes over 256 MiB: 6.32 GB/s,
-/// min 6.30, load average 5.0 on the shared 2-core builder). Scaled to the board by
-/// [`super::A76_OVER_HERE`] (an assumption for this kind of work too). To be reconciled with
-/// the streaming path's own measured rate once it lands.
-pub const STREAM_COPY_BPS_HERE: f64 = 6.3e9;
+/// Copy rate of packed tiles from a mapped, page-cached `.orkpack` entry into a ring slot on
+/// **this machine** (B/s): the streaming path's measured rate ([`super::StreamCost::MEASURED`],
+/// `bench-scripts/stream_pp512.sh`: 5.9–6.4 GB/s; `cargo run --release --example
+/// stream_copy_rate`, a plain copy from a mapped file, gave 6.32 GB/s). Scaled to the board by
+/// [`super::A76_OVER_HERE`] (an assumption for this kind of work too).
+pub const STREAM_COPY_BPS_HERE: f64 = 1.0 / super::StreamCost::MEASURED.copy_s_per_byte;
 /// **Assumption**: sequential read rate of the board's disk where the `.orkpack` cache lives (an
 /// NVMe SSD on the RK3588's PCIe 3.0 ×4 M.2 slot; no measured figure in the shared sources).
 /// `ork-route --disk-mbps` replaces it (an eMMC module reads ~250 MB/s).

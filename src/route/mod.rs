@@ -189,6 +189,58 @@ const NPU_IO_S: f64 = 1.096e-9;
 /// arbiter 1 µs per token × 512 / 196 MUL_MATs (a private lock directory: no other process).
 const MATMUL_S: f64 = 2.6e-6;
 
+/// What it costs to bring a weight that is not resident to the NPU for one MUL_MAT (streamed
+/// prefill, `backend::stream`): its tiles copied from the `.orkpack` mapping into a ring slot,
+/// or, where the cache has no entry, packed from the GGUF bytes again. Rates measured on this
+/// machine, scaled to an A76 core by `a76`; the one place these figures live (`ork-route`'s
+/// board plan reads them too).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StreamCost {
+    /// Seconds per tile byte copied from the cache mapping into a slot (page cache warm).
+    pub copy_s_per_byte: f64,
+    /// Seconds per weight parameter packed from the GGUF bytes (dequantize, rotate, int8, tile).
+    pub pack_s_per_param: f64,
+    /// An A76 core's time for this work over this machine's.
+    pub a76: f64,
+}
+
+/// `bash bench-scripts/stream_pp512.sh` (synthetic Qwen3-1.7B Q8_0, budget 410 MiB): the streamed
+/// rows' exit line, 1796 MiB filled from the cache mappings in 292–318 ms of the fill worker's
+/// time (memcpy into the slots + their cache clean, page cache warm), 5.9–6.4 GB/s, load average
+/// 5–7 on 2 cores.
+const STREAM_COPY_S_PER_BYTE: f64 = 1.0 / 6.0e9;
+/// The same model packed cold, `ORK_CACHE_DIR=$(mktemp -d) ORK_NPU=sim ORK_SIM_TIMING=board
+/// llama-bench -m synth-qwen3-1.7b-Q8_0.gguf -p 512 -ub 512 -n 0 -t 2 -r 1` with this build: exit
+/// line "packing 2426 ms" for 193 weights, int8 tiles 1308 MiB (one term, one byte per
+/// parameter): 565 Mparam/s on ORK's host threads (rotation, int8 rows, tiles), load average 7–8.
+const STREAM_PACK_S_PER_PARAM: f64 = 1.0 / 565.0e6;
+
+impl StreamCost {
+    pub const MEASURED: StreamCost = StreamCost { copy_s_per_byte: STREAM_COPY_S_PER_BYTE, pack_s_per_param: STREAM_PACK_S_PER_PARAM, a76: A76_OVER_HERE };
+
+    /// Board seconds to fill a slot with one weight: `tile_bytes` from the cache, or the `params`
+    /// of its `[N, K]` packed again (no cache entry).
+    pub fn fill_s(&self, tile_bytes: u64, params: u64, from_cache: bool) -> f64 {
+        self.a76 * if from_cache { self.copy_s_per_byte * tile_bytes as f64 } else { self.pack_s_per_param * params as f64 }
+    }
+}
+
+/// Whether a MUL_MAT of a streamed weight (`fill_s` to fill its slots, [`StreamCost::fill_s`])
+/// runs on the NPU rather than the CPU. `overlapped`: the fill runs ahead on the fill worker
+/// while the NPU runs the weight before (prefetch: fills from the cache), so the NPU side costs
+/// the larger of the two; otherwise (packing from the GGUF bytes, done when the weight is
+/// reached) their sum.
+pub fn stream_pays(cfg: &Config, mm: &MatMul, terms: precision::Terms, fill_s: f64, overlapped: bool) -> bool {
+    if mm.m < cfg.min_m {
+        return false;
+    }
+    let model = cost_model_for(cfg);
+    let cores = cfg.max_cores.unwrap_or(model.soc.cores);
+    let t_npu = model.npu_host_s(mm.m, mm.k, mm.n, terms, cores);
+    let t = if overlapped { t_npu.max(fill_s) } else { t_npu + fill_s };
+    t < model.cpu_s(mm.m, mm.k, mm.n, mm.ggml_type)
+}
+
 /// Published-figure cost model for one SoC, with the host's measured work around each NPU run.
 /// Times in seconds.
 #[derive(Clone, Debug)]
@@ -557,6 +609,33 @@ mod tests {
     fn cfg(pairs: &[(&str, &str)]) -> Config {
         let m: std::collections::HashMap<_, _> = pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
         Config::from_lookup(|k| m.get(k).cloned()).0
+    }
+
+    /// Streaming a Qwen3-1.7B FFN weight (2048 × 6144, one term) pays at pp512 from the cache
+    /// (its ~5 ms fill hides under the ~9 ms NPU run) and packed again (sum ~65 ms against the
+    /// CPU's ~130 ms); not below ORK_MINM, and not where the fill outweighs the CPU (M = 32
+    /// packed again).
+    #[test]
+    fn streaming_pays_where_the_fill_beats_the_cpu() {
+        let c = cfg(&[]);
+        let (k, n) = (2048, 6144);
+        let terms = precision::Terms { weight: 1, act: 1 };
+        let s = StreamCost::MEASURED;
+        let cached = s.fill_s((k * n) as u64, (k * n) as u64, true);
+        let packed = s.fill_s((k * n) as u64, (k * n) as u64, false);
+        assert!((cached - 2.5 * 12_582_912.0 / 6.0e9).abs() < 1e-9, "{cached}");
+        assert!(packed > 10.0 * cached);
+        let mm = |m| MatMul { m, k, n, ggml_type: crate::quant::types::Q8_0 };
+        assert!(stream_pays(&c, &mm(512), terms, cached, true));
+        assert!(stream_pays(&c, &mm(512), terms, packed, false));
+        assert!(!stream_pays(&c, &mm(16), terms, cached, true), "decode: M < ORK_MINM");
+        assert!(!stream_pays(&c, &mm(32), terms, packed, false), "the pack costs more than the CPU's run");
+        // Overlap matters: the same fill, not run ahead, costs the sum.
+        let model = cost_model_for(&c);
+        let npu = model.npu_host_s(512, k, n, terms, 3);
+        let cpu = model.cpu_s(512, k, n, crate::quant::types::Q8_0);
+        let fill = cpu - npu / 2.0;
+        assert!(stream_pays(&c, &mm(512), terms, fill, true) && !stream_pays(&c, &mm(512), terms, fill, false));
     }
 
     #[test]
