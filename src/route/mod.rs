@@ -121,8 +121,8 @@ pub struct HostCost {
     pub act_quant_s: f64,
     /// The output pass (int32 → f32 with the scales, second term, correction) per output row × N.
     pub output_s: f64,
-    /// The host part of the NPU runs (activation blocks into each core's buffer, register
-    /// commands, syncs, output blocks into the result) per row × (K + N) of the NPU runs. It runs
+    /// The host part of the NPU runs (the activation packed into the run's image, register
+    /// commands, syncs, output blocks into each core's result) per row × (K + N) of the NPU runs. It runs
     /// between one core's submits, so it never overlaps that core's NPU time.
     pub npu_io_s: f64,
     /// Per MUL_MAT: the arbiter's lease and its release.
@@ -178,14 +178,15 @@ impl HostCost {
 pub const A76_OVER_HERE: f64 = 2.5;
 // Each: `P=512 UB=512 R=1 bash bench-scripts/prefill_host_table.sh $ORK_ENV/synth/synth-qwen3-1.7b-Q8_0.gguf`
 // (synthetic Qwen3-1.7B shape, timed NPU, OMP_WAIT_POLICY=passive, µs per prompt token, load
-// average under 1), divided by the work per token `ork-route` prints (`route::prefill_work`, M = 512).
-/// act-quant 655 µs per token / 516096 row·K per token (Σ K of a layer's 7 MUL_MATs × 28).
-const ACT_QUANT_S: f64 = 1.269e-9;
-/// dequant 465 µs per token / 573440 row·N per token (Σ N × 28).
-const OUTPUT_S: f64 = 0.811e-9;
-/// submit 1194 µs per token / (516096 + 573440) row·(K + N) per token. Includes 3 core threads
-/// sharing 2 CPUs with the host pool.
-const NPU_IO_S: f64 = 1.096e-9;
+// average 1.4–1.6), divided by the work per token `ork-route` prints (`route::prefill_work`, M = 512).
+/// act-quant 463 µs per token / 516096 row·K per token (Σ K of a layer's 7 MUL_MATs × 28).
+const ACT_QUANT_S: f64 = 0.897e-9;
+/// dequant 389 µs per token / 573440 row·N per token (Σ N × 28).
+const OUTPUT_S: f64 = 0.678e-9;
+/// submit 580 µs per token / (516096 + 573440) row·(K + N) per token: the activation packed once
+/// into the run's image, register commands, syncs, each core's output blocks into its result
+/// buffer. Includes 3 core threads sharing 2 CPUs with the host pool.
+const NPU_IO_S: f64 = 0.532e-9;
 /// arbiter 1 µs per token × 512 / 196 MUL_MATs (a private lock directory: no other process).
 const MATMUL_S: f64 = 2.6e-6;
 
