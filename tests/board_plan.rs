@@ -59,6 +59,11 @@ fn a_model_bigger_than_ram_does_not_fit() {
     let p = board::plan(&c, &model, &m, &Board::new(32.0));
     assert!(!p.fits && m.gguf_bytes() > 32 * GIB, "{p:?}");
     assert_eq!(p.resident_bytes, 0);
+}
+
+/// The same through the binary (a child process: skipped under qemu, `tests/cross/test.sh`).
+#[test]
+fn ork_route_says_a_model_bigger_than_ram_does_not_fit() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ork-route")).args(["--model", "Llama-3.1-70B", "--quant", "Q8_0", "--ram", "32"]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && text.contains("DOES NOT FIT"), "{text}");
