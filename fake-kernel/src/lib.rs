@@ -1790,4 +1790,31 @@ mod tests {
         assert_eq!(bo.evict_dirty(), 0);
         assert_eq!(view(bo.dev, 640, 128), vec![0x44; 128]);
     }
+
+    /// The RSS sampler counts a synced BO's device view, the kernel's own mapping of its memfd
+    /// and its line hashes as the emulator's (2.125× the BO), and the client's mapping of the
+    /// same pages as the process's.
+    #[test]
+    fn rss_sampler_tells_the_emulator_s_mappings_from_the_process_s() {
+        const MIB: u64 = 1 << 20;
+        let size = 16 * MIB;
+        let bo = KBo::new(size, 0, 0, 0).unwrap();
+        // SAFETY: a shared mapping of the BO's memfd (what the product's mmap gets), checked below.
+        let client = unsafe {
+            libc::mmap(std::ptr::null_mut(), size as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, bo.memfd.as_raw_fd(), 0)
+        };
+        assert_ne!(client, libc::MAP_FAILED);
+        let (t0, e0, _) = sample_rss(false).unwrap();
+        fill(client as usize, 0, size as usize, 0x5a);
+        assert_eq!(bo.sync(Dir::ToDevice, 0, size), size);
+        let (t1, e1, marked) = sample_rss(true).unwrap();
+        let kib = |b: u64| (b / 1024) as i64;
+        let emu = (e1 - e0) as i64;
+        let own = (t1 - e1) as i64 - (t0 - e0) as i64;
+        assert!((emu - kib(size * 17 / 8)).abs() < kib(MIB), "emulator's share grew by {emu} KiB, expected 2.125 x {} KiB", kib(size));
+        assert!((own - kib(size)).abs() < kib(2 * MIB), "the process's own share grew by {own} KiB, expected {} KiB", kib(size));
+        assert!(marked.contains("OrkFakeKernel: emulator"));
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(client, size as usize) };
+    }
 }
