@@ -55,7 +55,10 @@
 //! regcmd in the NPU, stale results, lost or resurrected sentinels on the CPU.
 //!
 //! At exit one line of counters goes to stderr and, with `ORK_FK_STATS=<path>`, `key=value`
-//! lines to that file (what the tests read).
+//! lines to that file (what the tests read). With `ORK_FK_RSS_MS=<ms>` a thread samples
+//! /proc/self/smaps and the counters add the process's peak RSS less the emulator's own mappings
+//! (device views, the kernel's mapping of each BO, line hashes, its code: [`EmuMaps`]), what a
+//! board's process would hold.
 //!
 //! Unsafe: this is a kernel for the process it lives in: it reads and writes ioctl arguments
 //! and user arrays through raw pointers the caller passed, and maps memfds. Each block says why
