@@ -55,7 +55,10 @@
 //! regcmd in the NPU, stale results, lost or resurrected sentinels on the CPU.
 //!
 //! At exit one line of counters goes to stderr and, with `ORK_FK_STATS=<path>`, `key=value`
-//! lines to that file (what the tests read).
+//! lines to that file (what the tests read). With `ORK_FK_RSS_MS=<ms>` a thread samples
+//! /proc/self/smaps and the counters add the process's peak RSS less the emulator's own mappings
+//! (device views, the kernel's mapping of each BO, line hashes, its code: [`EmuMaps`]), what a
+//! board's process would hold.
 //!
 //! Unsafe: this is a kernel for the process it lives in: it reads and writes ioctl arguments
 //! and user arrays through raw pointers the caller passed, and maps memfds. Each block says why
@@ -216,6 +219,13 @@ struct Stats {
     spaces_used: AtomicU64,
     live_bo_bytes: AtomicU64,
     peak_bo_bytes: AtomicU64,
+    /// `ORK_FK_RSS_MS`: samples of /proc/self/smaps taken, the largest process RSS seen (KiB),
+    /// the emulator's own share of it at that sample, and the largest RSS less the emulator's
+    /// share (see [`EmuMaps`]).
+    rss_samples: AtomicU64,
+    rss_peak_kib: AtomicU64,
+    rss_emu_at_peak_kib: AtomicU64,
+    rss_less_emu_peak_kib: AtomicU64,
 }
 
 fn add(c: &AtomicU64, n: u64) {
@@ -250,7 +260,7 @@ struct KBo {
     pending: AtomicU32,
     /// Per cache line, a hash of its CPU bytes as of its last sync (what memory held when the
     /// CPU's copy was last clean): a line whose CPU bytes hash otherwise is dirty.
-    clean: Mutex<Vec<u64>>,
+    clean: Mutex<LineHashes>,
 }
 
 impl Drop for KBo {
@@ -263,6 +273,153 @@ impl Drop for KBo {
         unsafe {
             libc::munmap(self.cpu as *mut c_void, self.size as usize);
             libc::munmap(self.dev as *mut c_void, self.size as usize);
+        }
+        emu_maps().forget(&[self.cpu, self.dev]);
+    }
+}
+
+/// The per-line hashes of a BO's CPU view in a mapping of their own (zero pages until written),
+/// so that their memory is the emulator's and [`EmuMaps`] can tell it apart from the process's.
+struct LineHashes {
+    ptr: *mut u64,
+    len: usize,
+}
+
+// SAFETY: a private mapping owned by this value; access goes through `&`/`&mut`.
+unsafe impl Send for LineHashes {}
+// SAFETY: as above.
+unsafe impl Sync for LineHashes {}
+
+impl LineHashes {
+    fn new(len: usize) -> Option<LineHashes> {
+        let bytes = (len * 8).max(1);
+        // SAFETY: a fresh private anonymous mapping; checked against MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        emu_maps().note(p as usize, bytes);
+        Some(LineHashes { ptr: p as *mut u64, len })
+    }
+}
+
+impl std::ops::Deref for LineHashes {
+    type Target = [u64];
+    fn deref(&self) -> &[u64] {
+        // SAFETY: `len` u64s mapped at `ptr` (zero-filled), alive as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl std::ops::DerefMut for LineHashes {
+    fn deref_mut(&mut self) -> &mut [u64] {
+        // SAFETY: as in `deref`; `&mut self` is the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for LineHashes {
+    fn drop(&mut self) {
+        emu_maps().forget(&[self.ptr as usize]);
+        // SAFETY: the mapping made in `new`, unmapped only here.
+        unsafe { libc::munmap(self.ptr as *mut c_void, (self.len * 8).max(1)) };
+    }
+}
+
+/// The emulator's own mappings, which a board does not have in the process: each BO's device
+/// view (a board's NPU reads DRAM, not a second copy), the kernel's own mapping of each BO's
+/// memfd (the same pages as the product's mapping, but RSS counts a page once per mapping that
+/// has it faulted in, so every page the kernel's CPU view touched counts twice) and the
+/// per-line hashes of the cache model. By start address → length.
+#[derive(Default)]
+struct EmuMaps(Mutex<BTreeMap<usize, usize>>);
+
+static EMU_MAPS: OnceLock<EmuMaps> = OnceLock::new();
+
+fn emu_maps() -> &'static EmuMaps {
+    EMU_MAPS.get_or_init(EmuMaps::default)
+}
+
+impl EmuMaps {
+    fn note(&self, at: usize, len: usize) {
+        self.0.lock().unwrap().insert(at, len);
+    }
+    fn forget(&self, at: &[usize]) {
+        let mut m = self.0.lock().unwrap();
+        for a in at {
+            m.remove(a);
+        }
+    }
+    /// Whether a mapping starting at `start` is (or begins with) one of the emulator's.
+    fn holds(&self, start: usize) -> bool {
+        let m = self.0.lock().unwrap();
+        m.range(..=start).next_back().is_some_and(|(&a, &len)| start < a + len)
+    }
+}
+
+/// One pass over /proc/self/smaps: (the process's RSS, the emulator's share), KiB, and with
+/// `keep` the smaps text with the emulator's mappings marked. A mapping counts as the emulator's
+/// when it starts inside one of [`EmuMaps`] (the kernel may merge adjacent anonymous device views
+/// into one mapping; they all carry MAP_NORESERVE, which the product's mappings do not), or is
+/// the fake kernel's own code (its library and the shim). Read line by line through a small
+/// buffer, so that the sampler itself adds little to what it measures.
+fn sample_rss(keep: bool) -> Option<(u64, u64, String)> {
+    use std::io::BufRead;
+    let mut r = std::io::BufReader::with_capacity(1 << 16, std::fs::File::open("/proc/self/smaps").ok()?);
+    let (mut total, mut emu, mut cur_emu) = (0u64, 0u64, false);
+    let m = emu_maps();
+    let mut marked = String::new();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if r.read_line(&mut line).ok()? == 0 {
+            break;
+        }
+        if keep {
+            marked.push_str(&line);
+        }
+        if let Some(rest) = line.strip_prefix("Rss:") {
+            let kib: u64 = rest.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
+            total += kib;
+            if cur_emu {
+                emu += kib;
+            }
+            continue;
+        }
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-') {
+            if let (Ok(a), Ok(_)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                let path = words.nth(4).unwrap_or("");
+                cur_emu = m.holds(a) || path.ends_with("/libork_fake_kernel.so") || path.ends_with("/libork_fake_kernel_shim.so");
+                if cur_emu && keep {
+                    marked.push_str("OrkFakeKernel: emulator\n");
+                }
+            }
+        }
+    }
+    Some((total, emu, marked))
+}
+
+impl Kernel {
+    /// Takes one RSS sample (`ORK_FK_RSS_MS`) into the counters.
+    fn rss_sample(&self) {
+        let Some((total, emu, marked)) = sample_rss(env("ORK_FK_RSS_SMAPS").is_some()) else { return };
+        let s = &self.stats;
+        add(&s.rss_samples, 1);
+        if total > s.rss_peak_kib.load(Ordering::Relaxed) {
+            s.rss_peak_kib.store(total, Ordering::Relaxed);
+            s.rss_emu_at_peak_kib.store(emu, Ordering::Relaxed);
+        }
+        let less = total.saturating_sub(emu);
+        if less > s.rss_less_emu_peak_kib.fetch_max(less, Ordering::Relaxed) {
+            // `ORK_FK_RSS_SMAPS=<file>`: the smaps of the sample with the most RSS less the
+            // emulator's, its mappings marked `OrkFakeKernel: emulator` (written at exit).
+            if env("ORK_FK_RSS_SMAPS").is_some() {
+                *self.rss_smaps.lock().unwrap() = marked;
+            }
         }
     }
 }
@@ -307,6 +464,16 @@ impl KBo {
             unsafe { libc::munmap(p, size as usize) };
             return Err(libc::ENOMEM);
         }
+        let Some(clean) = LineHashes::new((size / LINE) as usize) else {
+            // SAFETY: unmapping the two views mapped just above.
+            unsafe {
+                libc::munmap(p, size as usize);
+                libc::munmap(d, size as usize);
+            }
+            return Err(libc::ENOMEM);
+        };
+        emu_maps().note(p as usize, size as usize);
+        emu_maps().note(d as usize, size as usize);
         let id = NEXT_BO.fetch_add(1, Ordering::Relaxed);
         if let Some(k) = KERNEL.get() {
             let live = k.stats.live_bo_bytes.fetch_add(size, Ordering::Relaxed) + size;
@@ -323,9 +490,9 @@ impl KBo {
             // Looks like an arm64 kernel pointer, never like an IOVA.
             obj_addr: 0xffff_ff80_0000_0000 | (id << 12),
             warm: AtomicBool::new(false),
-            // All zeros: a zero line hashes to 0, so the vector is left to the allocator's
-            // untouched zero pages (a BO costs memory only where it is written).
-            clean: Mutex::new(vec![0; (size / LINE) as usize]),
+            // All zeros: a zero line hashes to 0, so the hashes are left to untouched zero
+            // pages (a BO costs memory only where it is written).
+            clean: Mutex::new(clean),
             pending: AtomicU32::new(0),
         })
     }
@@ -531,6 +698,8 @@ struct Kernel {
     /// PRIME: exported dma-bufs by (st_dev, st_ino) of their file (a dup of the BO's memfd).
     dmabufs: Mutex<HashMap<(u64, u64), std::sync::Weak<KBo>>>,
     redirects: Mutex<HashMap<String, &'static CStr>>,
+    /// `ORK_FK_RSS_SMAPS`: the marked smaps of the largest RSS less the emulator's.
+    rss_smaps: Mutex<String>,
 }
 
 static KERNEL: OnceLock<Kernel> = OnceLock::new();
@@ -591,8 +760,21 @@ impl Kernel {
             maps: Mutex::new(HashMap::new()),
             dmabufs: Mutex::new(HashMap::new()),
             redirects: Mutex::new(HashMap::new()),
+            rss_smaps: Mutex::new(String::new()),
         };
         k.make_tree();
+        if let Some(ms) = env("ORK_FK_RSS_MS") {
+            let ms = ms.parse::<u64>().ok().filter(|&m| m > 0).unwrap_or_else(|| die(&format!("ORK_FK_RSS_MS={ms}: a positive number of ms")));
+            std::thread::Builder::new()
+                .name("fk-rss".into())
+                .spawn(move || loop {
+                    std::thread::sleep(Duration::from_millis(ms));
+                    if let Some(k) = KERNEL.get() {
+                        k.rss_sample();
+                    }
+                })
+                .expect("spawn fake kernel RSS sampler");
+        }
         k
     }
 
@@ -1271,6 +1453,12 @@ impl Kernel {
         if s.opens.load(Ordering::Relaxed) == 0 {
             return;
         }
+        if env("ORK_FK_RSS_MS").is_some() {
+            self.rss_sample();
+            if let Some(p) = env("ORK_FK_RSS_SMAPS") {
+                let _ = std::fs::write(p, self.rss_smaps.lock().map(|t| t.clone()).unwrap_or_default());
+            }
+        }
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let live_maps = self.maps.lock().map(|m| m.len()).unwrap_or(0);
         let pairs: Vec<(&str, String)> = vec![
@@ -1303,6 +1491,15 @@ impl Kernel {
             ("peak_bo_bytes", g(&s.peak_bo_bytes).to_string()),
             ("live_client_maps", live_maps.to_string()),
         ];
+        let mut pairs = pairs;
+        if g(&s.rss_samples) > 0 {
+            pairs.extend([
+                ("rss_samples", g(&s.rss_samples).to_string()),
+                ("rss_peak_kib", g(&s.rss_peak_kib).to_string()),
+                ("rss_emu_at_peak_kib", g(&s.rss_emu_at_peak_kib).to_string()),
+                ("rss_less_emu_peak_kib", g(&s.rss_less_emu_peak_kib).to_string()),
+            ]);
+        }
         let line: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}={v}")).collect();
         eprintln!("ork-fake-kernel: {}", line.join(" "));
         if let Some(p) = env("ORK_FK_STATS") {
@@ -1595,5 +1792,32 @@ mod tests {
         fill(bo.dev, 640, 128, 0x44);
         assert_eq!(bo.evict_dirty(), 0);
         assert_eq!(view(bo.dev, 640, 128), vec![0x44; 128]);
+    }
+
+    /// The RSS sampler counts a synced BO's device view, the kernel's own mapping of its memfd
+    /// and its line hashes as the emulator's (2.125× the BO), and the client's mapping of the
+    /// same pages as the process's.
+    #[test]
+    fn rss_sampler_tells_the_emulator_s_mappings_from_the_process_s() {
+        const MIB: u64 = 1 << 20;
+        let size = 16 * MIB;
+        let bo = KBo::new(size, 0, 0, 0).unwrap();
+        // SAFETY: a shared mapping of the BO's memfd (what the product's mmap gets), checked below.
+        let client = unsafe {
+            libc::mmap(std::ptr::null_mut(), size as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, bo.memfd.as_raw_fd(), 0)
+        };
+        assert_ne!(client, libc::MAP_FAILED);
+        let (t0, e0, _) = sample_rss(false).unwrap();
+        fill(client as usize, 0, size as usize, 0x5a);
+        assert_eq!(bo.sync(Dir::ToDevice, 0, size), size);
+        let (t1, e1, marked) = sample_rss(true).unwrap();
+        let kib = |b: u64| (b / 1024) as i64;
+        let emu = (e1 - e0) as i64;
+        let own = (t1 - e1) as i64 - (t0 - e0) as i64;
+        assert!((emu - kib(size * 17 / 8)).abs() < kib(MIB), "emulator's share grew by {emu} KiB, expected 2.125 x {} KiB", kib(size));
+        assert!((own - kib(size)).abs() < kib(2 * MIB), "the process's own share grew by {own} KiB, expected {} KiB", kib(size));
+        assert!(marked.contains("OrkFakeKernel: emulator"));
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(client, size as usize) };
     }
 }
