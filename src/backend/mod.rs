@@ -1007,9 +1007,9 @@ impl Device {
                 hl = term(&mut r, lo, true, &a[..lt * mr * k], lt * mr, cl);
                 // The output pass walks the first term's segments: a dense first term (computed
                 // on the CPU) takes a dense second one.
-                if let (TermOut::Dense, TermOut::Shares(sh)) = (&hc, &hl) {
-                    sh.copy_to(cl);
+                if let (TermOut::Dense, TermOut::Shares(_)) = (&hc, &hl) {
                     if let TermOut::Shares(sh) = std::mem::replace(&mut hl, TermOut::Dense) {
+                        sh.copy_to(cl);
                         self.npu.give_back(sh);
                     }
                 }

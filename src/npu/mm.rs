@@ -441,7 +441,7 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize
         grow(kif, &mut set.regcmd, sub.programs.len() * regcmd::PROGRAM_BYTES, domain).map_err(sub_err)?;
         // Programs, chained, reading their activation blocks in the image (its copy in this
         // core's space), and their task descriptors.
-        let at = SubmitIovas { act: img.iova_of(core), weights: w_iova, out: out_bo.iova, regcmd: set.regcmd.iova };
+        let at = SubmitIovas { act: img.iova_in(domain), weights: w_iova, out: out_bo.iova, regcmd: set.regcmd.iova };
         let entries = sub.regcmd_at(&at, shared.soc.pc_data_amount_scale, |ab| img.layout.offset(ab))?;
         let nprogs = sub.programs.len();
         let bytes = regcmd::to_bytes(&entries);
@@ -572,16 +572,13 @@ impl ImageLayout {
 pub(crate) struct ImageAt {
     /// `(space, address)` of each copy.
     pub iovas: Vec<(u32, Iova)>,
-    /// The space of each core (by core index).
-    pub space_of_core: Vec<u32>,
     pub layout: ImageLayout,
 }
 
 impl ImageAt {
-    /// The image's address for `core`.
-    pub(crate) fn iova_of(&self, core: u32) -> Iova {
-        let space = self.space_of_core[core as usize];
-        self.iovas.iter().find(|(s, _)| *s == space).expect("an image in every core's space").1
+    /// The image's address in address space `space` (a core's, `KernelInterface::space_of`).
+    pub(crate) fn iova_in(&self, space: DomainId) -> Iova {
+        self.iovas.iter().find(|(s, _)| *s == space.0).expect("an image in every core's space").1
     }
 }
 
@@ -613,8 +610,7 @@ pub(crate) fn pack_image<'s>(
 ) -> Result<(ImageGuard<'s>, ImageAt, u64, u64), KifError> {
     let kif = &*shared.kif;
     let mut g = shared.images[slot as usize].lock().unwrap_or_else(|p| p.into_inner());
-    let space_of_core: Vec<u32> = (0..shared.cores.len() as u32).map(|c| kif.space_of(domain, c).0).collect();
-    let mut spaces: Vec<u32> = cores.iter().map(|&c| space_of_core[c as usize]).collect();
+    let mut spaces: Vec<u32> = cores.iter().map(|&c| kif.space_of(domain, c).0).collect();
     spaces.sort_unstable();
     spaces.dedup();
     let (mut synced, mut io, mut iovas) = (0u64, 0u64, Vec::with_capacity(spaces.len()));
@@ -630,7 +626,7 @@ pub(crate) fn pack_image<'s>(
         io += layout.bytes as u64;
         iovas.push((space, bo.iova));
     }
-    Ok((g, ImageAt { iovas, space_of_core, layout }, synced, io))
+    Ok((g, ImageAt { iovas, layout }, synced, io))
 }
 
 /// Syncs the byte spans `(offset, len)` of `bo` in one direction: each widened to whole cache

@@ -449,23 +449,21 @@ pub enum CRows<'a> {
     Parts(&'a [CPart<'a>]),
 }
 
-/// A column range of [`CRows`] located once: row `r` is `c[r·stride + at..][..nc]` (a dense
-/// matrix's stride is filled in by [`Located::row`]'s caller: `n`).
+/// A column range of [`CRows`] located once: row `r` is `c[r·stride + at..][..nc]`.
 #[derive(Clone, Copy)]
 pub struct Located<'a> {
     c: &'a [i32],
-    /// 0: dense (the row length is the caller's N).
+    /// Row length of `c` (a dense matrix's N, a part's `ncols`).
     stride: usize,
     at: usize,
     nc: usize,
 }
 
 impl<'a> Located<'a> {
-    /// The range's columns of row `r` of a matrix of `n` columns.
+    /// The range's columns of row `r`.
     #[inline]
-    pub fn row(&self, r: usize, n: usize) -> &'a [i32] {
-        let s = if self.stride == 0 { n } else { self.stride };
-        &self.c[r * s + self.at..r * s + self.at + self.nc]
+    pub fn row(&self, r: usize) -> &'a [i32] {
+        &self.c[r * self.stride + self.at..r * self.stride + self.at + self.nc]
     }
 }
 
@@ -491,10 +489,10 @@ impl<'a> CRows<'a> {
 
     /// Where each column range `(n0, nc)` of `segs` (each inside one segment) is held: a
     /// [`Located`] per range, so a row's range is one slice away ([`CRows::at`]).
-    pub fn locate(&self, segs: &[(usize, usize)]) -> Vec<Located<'a>> {
+    pub fn locate(&self, segs: &[(usize, usize)], n: usize) -> Vec<Located<'a>> {
         segs.iter()
             .map(|&(n0, nc)| match self {
-                CRows::Dense(c) => Located { c, stride: 0, at: n0, nc },
+                CRows::Dense(c) => Located { c, stride: n, at: n0, nc },
                 CRows::Parts(parts) => parts
                     .iter()
                     .find_map(|p| {
@@ -574,13 +572,13 @@ pub fn dequantize_fused(o: &Output<'_>, dst: &mut [f32]) {
     }
     // Every formula is per column, so a row is finished segment by segment (the same floats).
     let segs = o.c.segments(n);
-    let (cs, ls_at) = (o.c.locate(&segs), o.lo.map(|(cl, _)| cl.locate(&segs)));
+    let (cs, ls_at) = (o.c.locate(&segs, n), o.lo.map(|(cl, _)| cl.locate(&segs, n)));
     let body = |(i, drow): (usize, &mut [f32])| {
         for (j, &(n0, nc)) in segs.iter().enumerate() {
             let dr = &mut drow[n0..n0 + nc];
             let ws = &o.w_scale[n0..n0 + nc];
-            let row = |t: usize| cs[j].row(t * m + i, n);
-            let lrow = |t: usize| ls_at.as_ref().expect("a second term")[j].row(t * m + i, n);
+            let row = |t: usize| cs[j].row(t * m + i);
+            let lrow = |t: usize| ls_at.as_ref().expect("a second term")[j].row(t * m + i);
             let sa = |t: usize| o.a_scale[t * m + i];
             let corr = o.corr.and_then(|(coef, e)| coef[i].map(|c| (c, &e[n0..n0 + nc])));
             match (terms, o.lo, lt, corr) {
