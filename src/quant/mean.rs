@@ -82,9 +82,24 @@ pub fn dot16(a: &[f32], b: &[f32]) -> f32 {
 /// row alone waits on the add latency; `R` rows give the core `R` times as many independent
 /// chains.
 pub fn dot16_rows<const R: usize>(rows: [&[f32]; R], b: &[f32]) -> [f32; R] {
+    dot16_rows_copy(rows, b, &mut [])
+}
+
+/// [`dot16_rows`] that also copies the rows into `copy: [R·K]` (row `r` at `r·K`; empty for
+/// none) in the same pass over them.
+pub fn dot16_rows_copy<const R: usize>(rows: [&[f32]; R], b: &[f32], copy: &mut [f32]) -> [f32; R] {
     let k = b.len();
     assert!(rows.iter().all(|r| r.len() == k), "rows and b differ in length");
+    assert!(copy.is_empty() || copy.len() == R * k, "copy is not [R·K] (or empty)");
     let full = k / 16 * 16;
+    if let Some(acc) = super::simd::dot16_lanes(rows, b, copy) {
+        return finish16(acc, rows, b, full);
+    }
+    if !copy.is_empty() {
+        for (r, row) in rows.iter().enumerate() {
+            copy[r * k..(r + 1) * k].copy_from_slice(row);
+        }
+    }
     let mut acc = [[0f32; 16]; R];
     for j in (0..full).step_by(16) {
         let bb: &[f32; 16] = b[j..j + 16].try_into().expect("16 lanes");
@@ -95,6 +110,13 @@ pub fn dot16_rows<const R: usize>(rows: [&[f32]; R], b: &[f32]) -> [f32; R] {
             }
         }
     }
+    finish16(acc, rows, b, full)
+}
+
+/// A row's dot from its sixteen lane sums over `[0, full)`: the lanes added pairwise (8, 4, 2,
+/// 1 apart), then the tail's products.
+#[inline]
+fn finish16<const R: usize>(acc: [[f32; 16]; R], rows: [&[f32]; R], b: &[f32], full: usize) -> [f32; R] {
     let mut out = [0f32; R];
     for ((o, mut a), row) in out.iter_mut().zip(acc).zip(&rows) {
         let tail: f32 = row[full..].iter().zip(&b[full..]).map(|(&x, &y)| x * y).sum();

@@ -299,6 +299,12 @@ impl<'a> RowTerms<'a> {
     }
 }
 
+/// The longest activation row [`prepare_rows`] takes four at a time (with their dots); longer
+/// ones go two at a time. `ORK_BENCH_ONLY=mean cargo run --release --example bench_host` measured
+/// the dot's cost at K = 2048 about five times higher in groups of four (0.2 µs per token against
+/// 0.01–0.045 in pairs, one core): four 8 KiB rows, their copies and the direction overflow L1.
+const DOT_GROUP_MAX_K: usize = 1024;
+
 /// What makes an activation row the row the NPU's weight expects: the weight's rotation of K, or
 /// its per-input-channel column scales.
 #[derive(Clone, Copy)]
@@ -365,41 +371,58 @@ pub fn prepare_rows_hashed(x: &[f32], m: usize, k: usize, terms: usize, prep: Ro
     }
     let run = |b: Block<'_>| {
         let Block { x, mut q, mut s, dots, h } = b;
-        with_scratch(2 * k, |buf| {
-            let (row, resid) = buf.split_at_mut(k);
-            for (i, xr) in x.chunks_exact(k).enumerate() {
-                if let Some(h) = h.get_mut(i) {
-                    *h = row_hash(xr);
+        // Row buffers for a group of rows and the residual. The dots of a group are taken in
+        // the pass that brings its rows in (the copy for the rotation), the group's rows giving
+        // the core independent chains of adds (a row alone waits on the add latency); the group
+        // is then rotated and quantized row by row from the buffers. Short rows go four at a
+        // time, long rows two (four long rows and their copies would not stay in L1).
+        let group = if k <= DOT_GROUP_MAX_K { 4 } else { 2 };
+        with_scratch((group + 1) * k, |buf| {
+            let (rows4, resid) = buf.split_at_mut(group * k);
+            for (g, xg) in x.chunks(group * k).enumerate() {
+                let nr = xg.len() / k;
+                let r = |j: usize| &xg[j * k..(j + 1) * k];
+                let g0 = group * g;
+                match (prep, dir) {
+                    (RowPrep::Rotate(_), Some(d)) if nr == 4 => {
+                        dots[g0..g0 + 4].copy_from_slice(&mean::dot16_rows_copy([r(0), r(1), r(2), r(3)], d, &mut rows4[..4 * k]));
+                    }
+                    (RowPrep::Rotate(_), Some(d)) if nr == 2 => {
+                        dots[g0..g0 + 2].copy_from_slice(&mean::dot16_rows_copy([r(0), r(1)], d, &mut rows4[..2 * k]));
+                    }
+                    _ => {
+                        if let Some(d) = dir {
+                            for (j, o) in dots[g0..g0 + nr].iter_mut().enumerate() {
+                                *o = mean::dot16(r(j), d);
+                            }
+                        }
+                        for (j, row) in rows4.chunks_exact_mut(k).take(nr).enumerate() {
+                            match prep {
+                                RowPrep::Rotate(_) => row.copy_from_slice(r(j)),
+                                RowPrep::Columns(c) => {
+                                    for ((o, &v), &c) in row.iter_mut().zip(r(j)).zip(c) {
+                                        *o = v * c;
+                                    }
+                                }
+                            }
+                        }
+                    }
                 }
-                // The dots of four rows at a time (independent chains of adds), the rows then
-                // still in cache for their rotation.
-                if let (Some(d), 0) = (dir, i % 4) {
-                    if x.len() >= (i + 4) * k {
-                        let r = |j: usize| &x[(i + j) * k..(i + j + 1) * k];
-                        dots[i..i + 4].copy_from_slice(&mean::dot16_rows([r(0), r(1), r(2), r(3)], d));
+                for (j, row) in rows4.chunks_exact_mut(k).take(nr).enumerate() {
+                    let i = g0 + j;
+                    if let Some(h) = h.get_mut(i) {
+                        *h = row_hash(r(j));
+                    }
+                    if let RowPrep::Rotate(rot) = prep {
+                        rot.apply_row(row);
+                    }
+                    if terms == 1 {
+                        s[0][i] = quantize_row(row, &mut q[0][i * k..(i + 1) * k]);
                     } else {
-                        for (o, xr) in dots[i..].iter_mut().zip(x[i * k..].chunks_exact(k)) {
-                            *o = mean::dot16(xr, d);
+                        let mut rt = RowTerms::new(row, resid, terms);
+                        for t in 0..terms {
+                            s[t][i] = rt.next(&mut q[t][i * k..(i + 1) * k]);
                         }
-                    }
-                }
-                match prep {
-                    RowPrep::Rotate(r) => {
-                        row.copy_from_slice(xr);
-                        r.apply_row(row);
-                    }
-                    RowPrep::Columns(c) => {
-                        for ((o, &v), &c) in row.iter_mut().zip(xr).zip(c) {
-                            *o = v * c;
-                        }
-                    }
-                }
-                if terms == 1 {
-                    s[0][i] = quantize_row(row, &mut q[0][i * k..(i + 1) * k]);
-                } else {
-                    let mut rt = RowTerms::new(row, resid, terms);
-                    for t in 0..terms {
-                        s[t][i] = rt.next(&mut q[t][i * k..(i + 1) * k]);
                     }
                 }
             }
@@ -976,7 +999,7 @@ mod tests {
     #[test]
     fn the_activation_pass_is_the_passes_it_fuses_bit_for_bit() {
         let mut s = 11u64;
-        for &(m, k, terms) in &[(1, 576, 1), (3, 64, 2), (40, 576, 1), (100, 576, 2), (130, 1024, 1), (70, 576, 3)] {
+        for &(m, k, terms) in &[(1, 576, 1), (3, 64, 2), (40, 576, 1), (100, 576, 2), (130, 1024, 1), (70, 576, 3), (7, 2048, 1), (5, 1536, 2)] {
             let mut x: Vec<f32> = (0..m * k).map(|i| lcg(&mut s) * if i % k == 7 { 80.0 } else { 1.0 }).collect();
             if m > 2 {
                 x[k + 5] = f32::NAN;

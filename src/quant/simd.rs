@@ -93,6 +93,8 @@ pub fn dequantize_row(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) -> Option<(
     assert!(c.len() == d.len() && sw.len() == d.len());
     dispatch!(
         neon: dequantize_row_neon(c, sa, sw, d),
+        // SAFETY: AVX-512F detected by `dispatch!`; lengths are equal (asserted).
+        avx512: unsafe { dequantize_row_avx512(c, sa, sw, d) },
         // SAFETY: AVX2 detected by `dispatch!`; lengths are equal (asserted).
         avx2: unsafe { dequantize_row_avx2(c, sa, sw, d) },
     )
@@ -243,6 +245,8 @@ pub fn dequantize_row_corr(c: &[i32], sa: f32, sw: &[f32], cc: f32, e: &[f32], d
     assert!(c.len() == d.len() && sw.len() == d.len() && e.len() == d.len());
     dispatch!(
         neon: dequantize_row_corr_neon(c, sa, sw, cc, e, d),
+        // SAFETY: AVX-512F detected by `dispatch!`; lengths are equal (asserted).
+        avx512: unsafe { dequantize_row_corr_avx512(c, sa, sw, cc, e, d) },
         // SAFETY: AVX2 detected by `dispatch!`; lengths are equal (asserted).
         avx2: unsafe { dequantize_row_corr_avx2(c, sa, sw, cc, e, d) },
     )
@@ -983,4 +987,248 @@ pub(crate) fn finite_kernels_isa(isa: &str, x: &[f32], inv: f32, s: f32, resid: 
         }
     };
     Some((a, q, r, m))
+}
+
+/// The sixteen lane sums of `mean::dot16` for `R` rows against one `b` over their first
+/// `k / 16 * 16` elements: lane `l` of row `r` is `((0 + x[l]·b[l]) + x[16 + l]·b[16 + l]) + …`,
+/// each product rounded, then added (never fused), in order — the scalar loop's values bit for
+/// bit (`mean::dot16_rows` adds the lanes pairwise and the tail after it). `None` without SIMD.
+/// With a `copy: [R·K]` (else empty), the rows are also copied into it, row `r` at `r·K`, in the
+/// same pass: where they come from a slower cache, the dot costs no reads of its own.
+#[inline]
+pub fn dot16_lanes<const R: usize>(rows: [&[f32]; R], b: &[f32], copy: &mut [f32]) -> Option<[[f32; 16]; R]> {
+    assert!(rows.iter().all(|r| r.len() == b.len()), "rows and b differ in length");
+    assert!(copy.is_empty() || copy.len() == R * b.len(), "copy is not [R·K] (or empty)");
+    dispatch!(
+        neon: dot16_lanes_neon(rows, b, copy),
+        // SAFETY: AVX-512F detected by `dispatch!`; every row has b's length, copy R·K or 0
+        // (asserted).
+        avx512: unsafe { dot16_lanes_avx512(rows, b, copy) },
+        // SAFETY: AVX2 detected by `dispatch!`; every row has b's length, copy R·K or 0
+        // (asserted).
+        avx2: unsafe { dot16_lanes_avx2(rows, b, copy) },
+    )
+}
+
+/// The tail of a copying [`dot16_lanes`] kernel: each row's elements past the sixteen-element
+/// blocks copied (the blocks were copied with the dot).
+fn copy_tails<const R: usize>(rows: &[&[f32]; R], copy: &mut [f32], full: usize) {
+    if copy.is_empty() {
+        return;
+    }
+    let k = copy.len() / R;
+    for (r, row) in rows.iter().enumerate() {
+        copy[r * k + full..(r + 1) * k].copy_from_slice(&row[full..]);
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+fn dot16_lanes_neon<const R: usize>(rows: [&[f32]; R], b: &[f32], copy: &mut [f32]) -> [[f32; 16]; R] {
+    let (k, full) = (b.len(), b.len() / 16 * 16);
+    let mut out = [[0f32; 16]; R];
+    let cp = (!copy.is_empty()).then_some(copy.as_mut_ptr());
+    // SAFETY: NEON baseline; every load reads [j, j + 16) of a slice of length ≥ full ≥ j + 16
+    // (all rows have b's length), every copy store [r·k + j, r·k + j + 16) of copy (R·k long
+    // when not empty); the stores into `out` write a [f32; 16] in four quarters. mul then add.
+    unsafe {
+        let mut acc = [[vdupq_n_f32(0.0); 4]; R];
+        let mut j = 0;
+        while j < full {
+            let bp = b.as_ptr().add(j);
+            let bb = [vld1q_f32(bp), vld1q_f32(bp.add(4)), vld1q_f32(bp.add(8)), vld1q_f32(bp.add(12))];
+            // Every row's loads before any store (a store, then a load at the same address
+            // modulo a page, can stall the load).
+            let mut xs = [[vdupq_n_f32(0.0); 4]; R];
+            for (v, row) in xs.iter_mut().zip(&rows) {
+                for (q, v) in v.iter_mut().enumerate() {
+                    *v = vld1q_f32(row.as_ptr().add(j + 4 * q));
+                }
+            }
+            for (r, (a, x)) in acc.iter_mut().zip(&xs).enumerate() {
+                for q in 0..4 {
+                    if let Some(c) = cp {
+                        vst1q_f32(c.add(r * k + j + 4 * q), x[q]);
+                    }
+                    a[q] = vaddq_f32(a[q], vmulq_f32(x[q], bb[q]));
+                }
+            }
+            j += 16;
+        }
+        for (o, a) in out.iter_mut().zip(&acc) {
+            for q in 0..4 {
+                vst1q_f32(o.as_mut_ptr().add(4 * q), a[q]);
+            }
+        }
+    }
+    copy_tails(&rows, copy, full);
+    out
+}
+
+/// # Safety
+/// The CPU must support AVX2; every row has `b`'s length.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot16_lanes_avx2<const R: usize>(rows: [&[f32]; R], b: &[f32], copy: &mut [f32]) -> [[f32; 16]; R] {
+    let (k, full) = (b.len(), b.len() / 16 * 16);
+    let mut out = [[0f32; 16]; R];
+    let cp = (!copy.is_empty()).then_some(copy.as_mut_ptr());
+    // SAFETY: AVX2 enabled (caller's contract); every load reads [j, j + 16) of a slice of length
+    // ≥ full ≥ j + 16, every copy store [r·k + j, r·k + j + 16) of copy (R·k long when not
+    // empty); the stores into `out` write a [f32; 16] in two halves. mul then add, never fused.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        let mut j = 0;
+        while j < full {
+            let bp = b.as_ptr().add(j);
+            let (b0, b1) = (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)));
+            // Every row's loads before any store (see the AVX-512 kernel).
+            let mut xs = [(_mm256_setzero_ps(), _mm256_setzero_ps()); R];
+            for (v, row) in xs.iter_mut().zip(&rows) {
+                *v = (_mm256_loadu_ps(row.as_ptr().add(j)), _mm256_loadu_ps(row.as_ptr().add(j + 8)));
+            }
+            for (r, (a, &(x0, x1))) in acc.iter_mut().zip(&xs).enumerate() {
+                if let Some(c) = cp {
+                    _mm256_storeu_ps(c.add(r * k + j), x0);
+                    _mm256_storeu_ps(c.add(r * k + j + 8), x1);
+                }
+                a[0] = _mm256_add_ps(a[0], _mm256_mul_ps(x0, b0));
+                a[1] = _mm256_add_ps(a[1], _mm256_mul_ps(x1, b1));
+            }
+            j += 16;
+        }
+        for (o, a) in out.iter_mut().zip(&acc) {
+            _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
+            _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
+        }
+    }
+    copy_tails(&rows, copy, full);
+    out
+}
+
+/// # Safety
+/// The CPU must support AVX-512F; every row has `b`'s length.
+#[cfg(all(target_arch = "x86_64", ork_avx512))]
+#[allow(clippy::incompatible_msrv)]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot16_lanes_avx512<const R: usize>(rows: [&[f32]; R], b: &[f32], copy: &mut [f32]) -> [[f32; 16]; R] {
+    let (k, full) = (b.len(), b.len() / 16 * 16);
+    let mut out = [[0f32; 16]; R];
+    let cp = (!copy.is_empty()).then_some(copy.as_mut_ptr());
+    // SAFETY: AVX-512F enabled (caller's contract); every load reads [j, j + 16) of a slice of
+    // length ≥ full ≥ j + 16, every copy store [r·k + j, r·k + j + 16) of copy (R·k long when
+    // not empty); each store into `out` writes one [f32; 16]. mul then add, never fused.
+    unsafe {
+        let mut acc = [_mm512_setzero_ps(); R];
+        let mut j = 0;
+        while j < full {
+            let bb = _mm512_loadu_ps(b.as_ptr().add(j));
+            // Every row's load before any store: a store followed by a load 4 KiB away (rows
+            // of 1024 floats and their copies) would stall the load on the store.
+            // (Plain loops: a closure would not inherit the target features.)
+            let mut xs = [_mm512_setzero_ps(); R];
+            for (v, row) in xs.iter_mut().zip(&rows) {
+                *v = _mm512_loadu_ps(row.as_ptr().add(j));
+            }
+            for (r, (a, &x)) in acc.iter_mut().zip(&xs).enumerate() {
+                if let Some(c) = cp {
+                    _mm512_storeu_ps(c.add(r * k + j), x);
+                }
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(x, bb));
+            }
+            j += 16;
+        }
+        for (o, a) in out.iter_mut().zip(&acc) {
+            _mm512_storeu_ps(o.as_mut_ptr(), *a);
+        }
+    }
+    copy_tails(&rows, copy, full);
+    out
+}
+
+/// Test access to each x86 ISA's [`dot16_lanes`] kernel for four rows (the dispatcher picks
+/// only the widest): "avx2" or "avx512"; `None` when this CPU lacks that ISA.
+#[cfg(all(test, target_arch = "x86_64"))]
+pub(crate) fn dot16_lanes_isa(isa: &str, rows: [&[f32]; 4], b: &[f32], copy: &mut [f32]) -> Option<[[f32; 16]; 4]> {
+    assert!(rows.iter().all(|r| r.len() == b.len()));
+    assert!(copy.is_empty() || copy.len() == 4 * b.len());
+    // SAFETY: each kernel runs only when its ISA was detected; every row has b's length, copy is
+    // 4·K or empty.
+    unsafe {
+        match isa {
+            "avx2" if is_x86_feature_detected!("avx2") => Some(dot16_lanes_avx2(rows, b, copy)),
+            #[cfg(ork_avx512)]
+            "avx512" if has_avx512() => Some(dot16_lanes_avx512(rows, b, copy)),
+            _ => None,
+        }
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX-512F; `c`, `sw`, `d` have equal lengths.
+#[cfg(all(target_arch = "x86_64", ork_avx512))]
+#[allow(clippy::incompatible_msrv)]
+#[target_feature(enable = "avx512f")]
+unsafe fn dequantize_row_avx512(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) {
+    let n = d.len();
+    let mut i = 0;
+    // SAFETY: AVX-512F enabled (caller's contract); loads read c/sw[i..i+16], the store writes
+    // d[i..i+16], i+16 <= n and all slices have length n.
+    unsafe {
+        let vsa = _mm512_set1_ps(sa);
+        while i + 16 <= n {
+            let s = _mm512_mul_ps(vsa, _mm512_loadu_ps(sw.as_ptr().add(i)));
+            let v = _mm512_cvtepi32_ps(_mm512_loadu_si512(c.as_ptr().add(i) as *const __m512i));
+            _mm512_storeu_ps(d.as_mut_ptr().add(i), _mm512_mul_ps(v, s));
+            i += 16;
+        }
+    }
+    for j in i..n {
+        d[j] = c[j] as f32 * (sa * sw[j]);
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX-512F; `c`, `sw`, `e`, `d` have equal lengths.
+#[cfg(all(target_arch = "x86_64", ork_avx512))]
+#[allow(clippy::incompatible_msrv)]
+#[target_feature(enable = "avx512f")]
+unsafe fn dequantize_row_corr_avx512(c: &[i32], sa: f32, sw: &[f32], cc: f32, e: &[f32], d: &mut [f32]) {
+    let n = d.len();
+    let mut i = 0;
+    // SAFETY: AVX-512F enabled (caller's contract); loads read c/sw/e[i..i+16], the store writes
+    // d[i..i+16], i+16 <= n and all slices have length n. mul then add, never fused.
+    unsafe {
+        let (vsa, vc) = (_mm512_set1_ps(sa), _mm512_set1_ps(cc));
+        while i + 16 <= n {
+            let s = _mm512_mul_ps(vsa, _mm512_loadu_ps(sw.as_ptr().add(i)));
+            let v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(c.as_ptr().add(i) as *const __m512i)), s);
+            let k = _mm512_mul_ps(vc, _mm512_loadu_ps(e.as_ptr().add(i)));
+            _mm512_storeu_ps(d.as_mut_ptr().add(i), _mm512_add_ps(v, k));
+            i += 16;
+        }
+    }
+    for j in i..n {
+        d[j] = c[j] as f32 * (sa * sw[j]) + cc * e[j];
+    }
+}
+
+/// Test access to each x86 ISA's one-term output kernels (the dispatchers pick only the widest):
+/// `dequantize_row` into `d`, or with `corr = Some((cc, e))` `dequantize_row_corr`, for "avx2" or
+/// "avx512"; false when this CPU lacks that ISA.
+#[cfg(all(test, target_arch = "x86_64"))]
+pub(crate) fn dequantize_row_isa(isa: &str, c: &[i32], sa: f32, sw: &[f32], corr: Option<(f32, &[f32])>, d: &mut [f32]) -> bool {
+    assert!(c.len() == d.len() && sw.len() == d.len() && corr.is_none_or(|(_, e)| e.len() == d.len()));
+    // SAFETY: each kernel runs only when its ISA was detected; lengths are equal (asserted).
+    unsafe {
+        match (isa, corr) {
+            ("avx2", None) if is_x86_feature_detected!("avx2") => dequantize_row_avx2(c, sa, sw, d),
+            ("avx2", Some((cc, e))) if is_x86_feature_detected!("avx2") => dequantize_row_corr_avx2(c, sa, sw, cc, e, d),
+            #[cfg(ork_avx512)]
+            ("avx512", None) if has_avx512() => dequantize_row_avx512(c, sa, sw, d),
+            #[cfg(ork_avx512)]
+            ("avx512", Some((cc, e))) if has_avx512() => dequantize_row_corr_avx512(c, sa, sw, cc, e, d),
+            _ => return false,
+        }
+    }
+    true
 }

@@ -483,3 +483,113 @@ fn dequantize_row2_matches_zero_then_two_accumulates() {
     dequantize_row2(&[-1; 9], 0.0, &[0; 9], 1.0, &[1.0; 9], &mut d);
     assert!(d.iter().all(|v| v.to_bits() == 0));
 }
+
+/// The scalar lane sums `dot16_lanes` must reproduce: lane `l` adds `x[j]·b[j]` for `j ≡ l`
+/// (mod 16) in order, over the whole sixteen-element blocks.
+fn dot16_lanes_scalar(x: &[f32], b: &[f32]) -> [f32; 16] {
+    let mut acc = [0f32; 16];
+    for (xs, bs) in x.chunks_exact(16).zip(b.chunks_exact(16)) {
+        for l in 0..16 {
+            acc[l] += xs[l] * bs[l];
+        }
+    }
+    acc
+}
+
+#[test]
+fn dot16_lanes_match_the_scalar_lanes() {
+    let mut r = Rng(0xd016);
+    let mut ran = Vec::new();
+    for &n in LENS {
+        for kind in 0..5 {
+            let b: Vec<f32> = (0..n).map(|_| r.value(kind)).collect();
+            let rows: Vec<Vec<f32>> = (0..4).map(|_| (0..n).map(|_| r.value(kind)).collect()).collect();
+            let rr = [&rows[0][..], &rows[1], &rows[2], &rows[3]];
+            let want: Vec<[f32; 16]> = rows.iter().map(|x| dot16_lanes_scalar(x, &b)).collect();
+            let check = |got: [[f32; 16]; 4], what: &str| {
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    for l in 0..16 {
+                        assert!(same_f32(g[l], w[l]), "{what} n {n} kind {kind} row {i} lane {l}: {:e} vs {:e}", g[l], w[l]);
+                    }
+                }
+            };
+            let one = simd::dot16_lanes([&rows[1][..]], &b, &mut []);
+            assert_eq!(one.is_some(), simd::active().is_some(), "a SIMD path exists but dot16_lanes took none");
+            if let Some(g) = one {
+                assert!((0..16).all(|l| same_f32(g[0][l], want[1][l])), "one row n {n} kind {kind}");
+            }
+            // With a copy, the rows land in it whole (bits, NaN payloads included).
+            let copied = |c: &[f32], what: &str| {
+                for (i, row) in rows.iter().enumerate() {
+                    assert!(c[i * n..(i + 1) * n].iter().zip(row).all(|(a, b)| a.to_bits() == b.to_bits()), "{what} copy n {n} kind {kind} row {i}");
+                }
+            };
+            let mut copy = vec![9f32; 4 * n];
+            if let Some(g) = simd::dot16_lanes(rr, &b, &mut []) {
+                check(g, "dispatched");
+                check(simd::dot16_lanes(rr, &b, &mut copy).unwrap(), "dispatched, copying");
+                copied(&copy, "dispatched");
+            }
+            #[cfg(target_arch = "x86_64")]
+            for isa in ["avx2", "avx512"] {
+                if let Some(g) = simd::dot16_lanes_isa(isa, rr, &b, &mut []) {
+                    check(g, isa);
+                    copy.fill(9.0);
+                    check(simd::dot16_lanes_isa(isa, rr, &b, &mut copy).unwrap(), isa);
+                    copied(&copy, isa);
+                    if !ran.contains(&isa) {
+                        ran.push(isa);
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("dot16 lane kernels checked: {ran:?}");
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        assert!(ran.contains(&"avx2"));
+    }
+}
+
+#[test]
+fn one_term_output_kernels_of_each_isa_match_scalar() {
+    let mut r = Rng(0x0e17);
+    let mut ran = Vec::new();
+    for &n in LENS {
+        for rep in 0..8 {
+            let c = r.sums(n, [i32::MIN, i32::MAX, (1 << 24) + 1, -(1 << 25) - 3]);
+            let sw: Vec<f32> = (0..n).map(|_| if rep >= 6 && r.below(8) == 0 { r.special() } else { r.value(1).abs() }).collect();
+            let e: Vec<f32> = (0..n).map(|_| if rep >= 5 && r.below(8) == 0 { r.special() } else { r.value(1) }).collect();
+            let sa = if rep == 7 { r.special() } else { r.value(1).abs() };
+            let cc = if rep == 4 { r.special() } else { r.value(1) };
+            let mut want = vec![0f32; n];
+            dequantize_row_scalar(&c, sa, &sw, &mut want);
+            let mut want_corr = vec![0f32; n];
+            dequantize_row_corr_scalar(&c, sa, &sw, cc, &e, &mut want_corr);
+            let mut got = vec![7f32; n];
+            dequantize_row_corr(&c, sa, &sw, cc, &e, &mut got);
+            assert!((0..n).all(|j| same_f32(got[j], want_corr[j])), "dispatched corr n {n} rep {rep}");
+            #[cfg(target_arch = "x86_64")]
+            for isa in ["avx2", "avx512"] {
+                let mut d = vec![7f32; n];
+                if !simd::dequantize_row_isa(isa, &c, sa, &sw, None, &mut d) {
+                    continue;
+                }
+                assert!((0..n).all(|j| same_f32(d[j], want[j])), "{isa} n {n} rep {rep}");
+                d.fill(7.0);
+                assert!(simd::dequantize_row_isa(isa, &c, sa, &sw, Some((cc, &e)), &mut d));
+                if let Some(j) = (0..n).find(|&j| !same_f32(d[j], want_corr[j])) {
+                    panic!("{isa} corr n {n} rep {rep} j {j}: {:e} vs {:e}", d[j], want_corr[j]);
+                }
+                if !ran.contains(&isa) {
+                    ran.push(isa);
+                }
+            }
+        }
+    }
+    eprintln!("one-term output kernels checked: {ran:?}");
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        assert!(ran.contains(&"avx2"));
+    }
+}
