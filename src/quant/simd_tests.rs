@@ -499,7 +499,8 @@ fn dot16_lanes_scalar(x: &[f32], b: &[f32]) -> [f32; 16] {
 #[test]
 fn dot16_lanes_match_the_scalar_lanes() {
     let mut r = Rng(0xd016);
-    let mut ran = Vec::new();
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+    let mut ran: Vec<&str> = Vec::new();
     for &n in LENS {
         for kind in 0..5 {
             let b: Vec<f32> = (0..n).map(|_| r.value(kind)).collect();
@@ -554,7 +555,8 @@ fn dot16_lanes_match_the_scalar_lanes() {
 #[test]
 fn one_term_output_kernels_of_each_isa_match_scalar() {
     let mut r = Rng(0x0e17);
-    let mut ran = Vec::new();
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+    let mut ran: Vec<&str> = Vec::new();
     for &n in LENS {
         for rep in 0..8 {
             let c = r.sums(n, [i32::MIN, i32::MAX, (1 << 24) + 1, -(1 << 25) - 3]);
