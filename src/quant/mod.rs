@@ -299,10 +299,14 @@ impl<'a> RowTerms<'a> {
     }
 }
 
-/// The longest activation row [`prepare_rows`] takes four at a time (with their dots); longer
-/// ones go two at a time. `ORK_BENCH_ONLY=mean cargo run --release --example bench_host` measured
-/// the dot's cost at K = 2048 about five times higher in groups of four (0.2 µs per token against
-/// 0.01–0.045 in pairs, one core): four 8 KiB rows, their copies and the direction overflow L1.
+/// f32s in a 4 KiB page.
+const PAGE_FLOATS: usize = 1024;
+
+/// The longest activation row [`prepare_rows`] takes four at a time (with their dots); rows up to
+/// twice as long go two at a time, longer ones alone. `ORK_BENCH_ONLY=mean cargo run --release
+/// --example bench_host` (one core, µs per token of the dot): K = 2048 in fours 0.2, in pairs
+/// 0.00–0.06, alone 0.04–0.10; K = 6144 at M = 512 in pairs 0.62–0.74, alone 0.18–0.31 (the rows,
+/// their copies and the direction overflow L1).
 const DOT_GROUP_MAX_K: usize = 1024;
 
 /// What makes an activation row the row the NPU's weight expects: the weight's rotation of K, or
@@ -374,18 +378,29 @@ pub fn prepare_rows_hashed(x: &[f32], m: usize, k: usize, terms: usize, prep: Ro
         // Row buffers for a group of rows and the residual. The dots of a group are taken in
         // the pass that brings its rows in (the copy for the rotation), the group's rows giving
         // the core independent chains of adds (a row alone waits on the add latency); the group
-        // is then rotated and quantized row by row from the buffers. Short rows go four at a
-        // time, long rows two (four long rows and their copies would not stay in L1).
-        let group = if k <= DOT_GROUP_MAX_K { 4 } else { 2 };
-        with_scratch((group + 1) * k, |buf| {
-            let (rows4, resid) = buf.split_at_mut(group * k);
+        // is then rotated and quantized row by row from the buffers. Rows up to 1024 go four at
+        // a time, up to 2048 two, longer ones alone (more long rows and their copies do not stay
+        // in L1; the one row's reads, from further away, then hide most of its dot's latency).
+        let group = if k <= DOT_GROUP_MAX_K { 4 } else if k <= 2 * DOT_GROUP_MAX_K { 2 } else { 1 };
+        with_scratch(PAGE_FLOATS + (group + 1) * k, |buf| {
+            let (head, resid) = buf.split_at_mut(PAGE_FLOATS + group * k);
             for (g, xg) in x.chunks(group * k).enumerate() {
                 let nr = xg.len() / k;
+                // The copies sit 256 bytes below their rows modulo a page: a load whose address
+                // matches an in-flight store's in its low 12 bits waits for it (x86 "4K
+                // aliasing"), and the copying pass reads each row ahead of its copy's stores.
+                // Below the row, a copy only matches loads already done (bench_host, the dot of
+                // K = 2048 rows at M = 128: 0.06 µs per token placed so, 0.11–0.13 at offset 0).
+                let off = (xg.as_ptr() as usize).wrapping_sub(256).wrapping_sub(head.as_ptr() as usize) % 4096 / 4;
+                let rows4 = &mut head[off..off + group * k];
                 let r = |j: usize| &xg[j * k..(j + 1) * k];
                 let g0 = group * g;
                 match (prep, dir) {
                     (RowPrep::Rotate(_), Some(d)) if nr == 4 => {
                         dots[g0..g0 + 4].copy_from_slice(&mean::dot16_rows_copy([r(0), r(1), r(2), r(3)], d, &mut rows4[..4 * k]));
+                    }
+                    (RowPrep::Rotate(_), Some(d)) if group == 1 => {
+                        dots[g0] = mean::dot16_rows_copy([r(0)], d, &mut rows4[..k])[0];
                     }
                     (RowPrep::Rotate(_), Some(d)) if nr == 2 => {
                         dots[g0..g0 + 2].copy_from_slice(&mean::dot16_rows_copy([r(0), r(1)], d, &mut rows4[..2 * k]));
