@@ -386,12 +386,14 @@ pub fn prepare_rows_hashed(x: &[f32], m: usize, k: usize, terms: usize, prep: Ro
             let (head, resid) = buf.split_at_mut(PAGE_FLOATS + group * k);
             for (g, xg) in x.chunks(group * k).enumerate() {
                 let nr = xg.len() / k;
-                // The copies sit 256 bytes below their rows modulo a page: a load whose address
-                // matches an in-flight store's in its low 12 bits waits for it (x86 "4K
+                // Rows of whole pages get copies 256 bytes below them modulo a page: a load whose
+                // address matches an in-flight store's in its low 12 bits waits for it (x86 "4K
                 // aliasing"), and the copying pass reads each row ahead of its copy's stores.
                 // Below the row, a copy only matches loads already done (bench_host, the dot of
                 // K = 2048 rows at M = 128: 0.06 µs per token placed so, 0.11–0.13 at offset 0).
-                let off = (xg.as_ptr() as usize).wrapping_sub(256).wrapping_sub(head.as_ptr() as usize) % 4096 / 4;
+                // Rows of other lengths sit at every offset from each other's copies whatever
+                // the placement (K = 576 measured no better placed so: left where they fall).
+                let off = if k % PAGE_FLOATS == 0 { (xg.as_ptr() as usize).wrapping_sub(256).wrapping_sub(head.as_ptr() as usize) % 4096 / 4 } else { 0 };
                 let rows4 = &mut head[off..off + group * k];
                 let r = |j: usize| &xg[j * k..(j + 1) * k];
                 let g0 = group * g;
