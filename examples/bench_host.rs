@@ -247,6 +247,11 @@ impl Row {
         Row { name, value: r * 100.0, unit: "%", target: "≥ 70 %", ok: Some(r >= 0.70), detail }
     }
 
+    /// The calibrated correction's cost against the activation path's (target ≤ 5 %).
+    fn correction_share(name: String, cost: f64, act: f64, detail: String) -> Row {
+        Row { name, value: cost / act * 100.0, unit: "%", target: "≤ 5 %", ok: Some(cost <= 0.05 * act), detail }
+    }
+
     /// Ours against ggml-cpu's quantizer: `r` = ggml time / our time (target: at least as fast).
     /// A ratio reported without a target: `r` = first time / second time.
     fn info(name: String, r: f64, detail: String) -> Row {
@@ -491,13 +496,11 @@ fn main() {
             assert!(y3.iter().zip(&y4).all(|(a, b)| a.to_bits() == b.to_bits()), "the fused pass gives the two passes' bits");
             let per = |t: f64| t * 1e6 / m as f64;
             let cost = (tad - ta).max(0.0) + (tf - tp).max(0.0);
-            rows.push(Row {
-                name: format!("calibrated correction's host cost (N={n} K={k} M={m}) vs the activation path"),
-                value: cost / ta * 100.0,
-                unit: "%",
-                target: "≤ 5 %",
-                ok: Some(cost <= 0.05 * ta),
-                detail: format!(
+            rows.push(Row::correction_share(
+                format!("calibrated correction's host cost (N={n} K={k} M={m}) vs the activation path"),
+                cost,
+                ta,
+                format!(
                     "{:.3} µs per token (dot in the activation pass {:+.3}, c·e in the output pass {:+.3}); activation path {:.2} µs per token; output pass without it {:.2} (fastest of the rounds each)",
                     per(cost),
                     per(tad - ta),
@@ -505,7 +508,7 @@ fn main() {
                     per(ta),
                     per(tp)
                 ),
-            });
+            ));
             rows.push(Row::info(
                 format!("output pass with the correction (N={n} K={k} M={m}): two passes (dequantize, correct_along) vs one fused"),
                 r,
@@ -589,13 +592,11 @@ fn main() {
             });
             let per = |t: f64| t * 1e6 / m as f64;
             let cost = dot.max(0.0) + ce.max(0.0);
-            rows.push(Row {
-                name: format!("calibrated correction's host cost per prefill token, one {model} layer (M={m}) vs its activation path"),
-                value: cost / act * 100.0,
-                unit: "%",
-                target: "≤ 5 %",
-                ok: Some(cost <= 0.05 * act),
-                detail: format!(
+            rows.push(Row::correction_share(
+                format!("calibrated correction's host cost per prefill token, one {model} layer (M={m}) vs its activation path"),
+                cost,
+                act,
+                format!(
                     "{:.3} µs per token (dots {:+.3} over {} activations, each {}; c·e {:+.3} over 7 weights); activation path {:.2} µs per token (fastest of the rounds each)",
                     per(cost),
                     per(dot),
@@ -604,7 +605,7 @@ fn main() {
                     per(ce),
                     per(act)
                 ),
-            });
+            ));
         }
     }
 
