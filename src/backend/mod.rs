@@ -1041,23 +1041,25 @@ impl Device {
         };
         let (mut act_ns, mut dot_ns, mut out_ns) = (0u64, 0u64, 0u64);
         let mut runs = PieceRun::default();
-        let (key, reused, redot);
-        if bounds.len() == 1 {
-            // The reuse decision and the activation pass in one hand-off to the host pool.
+        let (mut key, mut reused, mut redot) = (None, false, false);
+        // The whole MUL_MAT — reuse decision, activation pass, NPU runs, output pass — in one
+        // hand-off to the host pool: its passes then run on the pool thread it landed on (and
+        // the pool's other threads) without a hand-off each. A hand-off is a wake-up of a
+        // sleeping pool thread and of the caller after it: about 0.1 ms each here under load, two
+        // per uncut MUL_MAT before, seven per MUL_MAT cut in four (`bash
+        // bench-scripts/prefill_host_table.sh`, the Qwen3-1.7B shape at -ub 128: dequant 516 →
+        // 336 ms, of which the pass itself 320–350 ms).
+        pool::on_host(no_aff, rows * k, || if bounds.len() == 1 {
             let th = Instant::now();
-            let mut decided = (None, false, false);
-            let mut d = 0;
-            pool::on_host(no_aff, rows * k, || {
-                decided = decide();
-                d = act((0, m), (decided.1, decided.2), a, a_scale, dots, coef, &mut hashes).1;
-            });
+            let decided = decide();
+            let d = act((0, m), (decided.1, decided.2), a, a_scale, dots, coef, &mut hashes).1;
             (key, reused, redot) = decided;
             (act_ns, dot_ns) = (th.elapsed().as_nanos() as u64, d);
             let (r, hc, hl) = npu(a, m, c, cl);
             runs.add(&r);
             out_ns += out((0, m), (c, hc), a_scale, (cl, hl), coef, dst);
         } else {
-            (key, reused, redot) = if candidate { pool::on_host(no_aff, m * k, decide) } else { decide() };
+            (key, reused, redot) = decide();
             // One int8 term: row r of every buffer is at r times its row length.
             let cut = |len: usize| bounds.iter().map(|&(r0, r1)| (r0 * len, r1 * len)).collect::<Vec<_>>();
             let (a_p, c_p, cl_p) = (pieces(a, &cut(k)), pieces(c, &cut(n)), pieces(cl, &cut(if w.lo.is_some() { n } else { 0 })));
@@ -1098,7 +1100,7 @@ impl Device {
                 finish(last, from_npu.recv().ok(), as_p[last], coef_p[last], dst_p[last]);
                 let _ = npu_thread.join();
             });
-        }
+        });
         // The key of an activation not hashed before its pass: from the row hashes it took.
         let key = if hashes.is_empty() { key } else { Some(this(rows_hash(&hashes))) };
         if reused {
