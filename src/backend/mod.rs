@@ -1042,14 +1042,16 @@ impl Device {
         let (mut act_ns, mut dot_ns, mut out_ns) = (0u64, 0u64, 0u64);
         let mut runs = PieceRun::default();
         let (mut key, mut reused, mut redot) = (None, false, false);
-        // The whole MUL_MAT — reuse decision, activation pass, NPU runs, output pass — in one
-        // hand-off to the host pool: its passes then run on the pool thread it landed on (and
+        // An uncut MUL_MAT — reuse decision, activation pass, NPU run, output pass — goes to the
+        // host pool in one hand-off: its passes then run on the pool thread it landed on (and
         // the pool's other threads) without a hand-off each. A hand-off is a wake-up of a
-        // sleeping pool thread and of the caller after it: about 0.1 ms each here under load, two
-        // per uncut MUL_MAT before, seven per MUL_MAT cut in four (`bash
-        // bench-scripts/prefill_host_table.sh`, the Qwen3-1.7B shape at -ub 128: dequant 516 →
-        // 336 ms, of which the pass itself 320–350 ms).
-        pool::on_host(no_aff, rows * k, || if bounds.len() == 1 {
+        // sleeping pool thread and of the caller after it, about 0.1 ms here (the Qwen3-1.7B
+        // shape at -ub 128, `bash bench-scripts/prefill_host_table.sh`: dequant 516 → 336 ms,
+        // the pass itself 320–350 ms). A cut MUL_MAT stays on the calling thread, its pieces'
+        // passes handed off each while the NPU runs: run from a pool thread, its pipeline gave
+        // 4–6 % fewer tokens per second at -ub 512 (three llama-bench runs each way).
+        let whole = bounds.len() == 1;
+        pool::on_host(no_aff, if whole { rows * k } else { 0 }, || if whole {
             let th = Instant::now();
             let decided = decide();
             let d = act((0, m), (decided.1, decided.2), a, a_scale, dots, coef, &mut hashes).1;
@@ -1059,7 +1061,7 @@ impl Device {
             runs.add(&r);
             out_ns += out((0, m), (c, hc), a_scale, (cl, hl), coef, dst);
         } else {
-            (key, reused, redot) = decide();
+            (key, reused, redot) = if candidate { pool::on_host(no_aff, m * k, decide) } else { decide() };
             // One int8 term: row r of every buffer is at r times its row length.
             let cut = |len: usize| bounds.iter().map(|&(r0, r1)| (r0 * len, r1 * len)).collect::<Vec<_>>();
             let (a_p, c_p, cl_p) = (pieces(a, &cut(k)), pieces(c, &cut(n)), pieces(cl, &cut(if w.lo.is_some() { n } else { 0 })));
