@@ -487,9 +487,10 @@ impl Stats {
             self.npu_retries.load(Relaxed),
         );
         out += &format!(
-            "\n  rotated activations quantized once for several weights: {} of {} NPU runs reused the previous run's int8 terms",
+            "\n  rotated activations quantized once for several weights: {} of {} NPU runs reused the previous run's int8 terms ({} vouched for by the graph walk, the rest by the activation's hash)",
             self.act_reused.load(Relaxed),
-            self.npu_matmuls.load(Relaxed) + self.npu_fallbacks.load(Relaxed) + self.busy_fallbacks()
+            self.npu_matmuls.load(Relaxed) + self.npu_fallbacks.load(Relaxed) + self.busy_fallbacks(),
+            self.act_vouched.load(Relaxed)
         );
         out += &format!(
             "\n  decode  MUL_MAT left to ggml-cpu at graph split: {} nodes; other ops run by ORK on ggml-cpu: {} ({:.1} ms)",
