@@ -98,7 +98,8 @@ fn a_gguf_header_and_its_description_agree() {
     let infos: Vec<board::TensorInfo<'_>> = tensors.iter().map(|t| (t.name.as_str(), t.dims.as_slice(), t.ggml_type)).collect();
     let lookup = |k: &str| kv.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
     let from_file = board::from_gguf("synth", &lookup, &infos);
-    let d = DenseDesc { vocab: 49152, ..*desc("Qwen3-1.7B") };
+    let base = desc("Qwen3-1.7B");
+    let d = DenseDesc { dims: board::Dims { vocab: 49152, ..base.dims }, ..*base };
     let from_desc = BoardModel::from_desc(&d, Quant::Q4KM);
     let key = |m: &BoardModel| {
         let mut v: Vec<_> = m.matmuls.iter().map(|w| (w.name.clone(), w.k, w.n, w.ggml_type)).collect();
@@ -106,7 +107,8 @@ fn a_gguf_header_and_its_description_agree() {
         v
     };
     assert_eq!(key(&from_file), key(&from_desc));
-    assert_eq!((from_file.layers, from_file.hidden, from_file.kv_heads, from_file.head_dim, from_file.ffn, from_file.vocab), (28, 2048, 8, 128, 6144, 49152));
+    let f = &from_file.dims;
+    assert_eq!((f.layers, f.hidden, f.kv_heads, f.head_dim, f.ffn, f.vocab), (28, 2048, 8, 128, 6144, 49152));
     assert!(from_file.head_tied && from_file.head.as_ref().map(|h| h.ggml_type) == from_desc.head.as_ref().map(|h| h.ggml_type));
     assert_eq!(from_file.gguf_bytes(), from_desc.gguf_bytes());
     let file = std::fs::metadata(&path).unwrap().len();

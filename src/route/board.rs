@@ -90,10 +90,10 @@ impl Weight {
     }
 }
 
-/// A dense model as the board plan sees it.
-#[derive(Clone, Debug)]
-pub struct BoardModel {
-    pub name: String,
+/// A dense decoder's dimensions: what a published `config.json` ([`DenseDesc`]) and a GGUF's
+/// metadata ([`from_gguf`]) both give.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dims {
     pub layers: usize,
     pub hidden: usize,
     pub heads: usize,
@@ -101,6 +101,13 @@ pub struct BoardModel {
     pub head_dim: usize,
     pub ffn: usize,
     pub vocab: usize,
+}
+
+/// A dense model as the board plan sees it.
+#[derive(Clone, Debug)]
+pub struct BoardModel {
+    pub name: String,
+    pub dims: Dims,
     /// The layers' MUL_MAT weights, which the NPU runs in prefill.
     pub matmuls: Vec<Weight>,
     /// The output head (ggml-cpu in generation: M = 1); with `head_tied` it is the token
@@ -120,12 +127,13 @@ impl BoardModel {
     /// Parameters (elements of every weight).
     pub fn params(&self) -> u64 {
         let mm: u64 = self.matmuls.iter().map(|w| (w.k * w.n) as u64).sum();
-        mm + self.head.as_ref().map_or(0, |w| (w.k * w.n) as u64) + if self.head_tied { 0 } else { (self.vocab * self.hidden) as u64 }
+        mm + self.head.as_ref().map_or(0, |w| (w.k * w.n) as u64) + if self.head_tied { 0 } else { (self.dims.vocab * self.dims.hidden) as u64 }
     }
 
     /// Bytes of the f16 KV cache for `ctx` tokens.
     pub fn kv_bytes(&self, ctx: usize) -> u64 {
-        2 * 2 * (self.layers * self.kv_heads * self.head_dim * ctx) as u64
+        let d = &self.dims;
+        2 * 2 * (d.layers * d.kv_heads * d.head_dim * ctx) as u64
     }
 
     /// The model's MUL_MAT work per precision role (Σ K·N; the head included: the precision
@@ -139,7 +147,8 @@ impl BoardModel {
     }
 
     /// The model from a dense description with `quant`'s type per tensor.
-    pub fn from_desc(d: &DenseDesc, quant: Quant) -> BoardModel {
+    pub fn from_desc(desc: &DenseDesc, quant: Quant) -> BoardModel {
+        let d = &desc.dims;
         let q = d.heads * d.head_dim;
         let kv = d.kv_heads * d.head_dim;
         let mut matmuls = Vec::with_capacity(7 * d.layers);
@@ -156,23 +165,17 @@ impl BoardModel {
                 matmuls.push(Weight { name: format!("blk.{l}.{name}.weight"), k, n, ggml_type: quant.layer_type(role, l, d.layers), role });
             }
         }
-        let embd = if d.tied { 0 } else { (d.vocab as f64 * d.hidden as f64 * bytes_per_weight(quant.embd_type())) as u64 };
+        let embd = if desc.tied { 0 } else { (d.vocab as f64 * d.hidden as f64 * bytes_per_weight(quant.embd_type())) as u64 };
         // Norms: attention and FFN norms per layer, q/k norms where the family has them, f32.
-        let norms = 4 * (d.layers * (2 * d.hidden + if d.qk_norm { 2 * d.head_dim } else { 0 }) + d.hidden) as u64;
-        let name = if d.tied { "token_embd.weight" } else { "output.weight" };
+        let norms = 4 * (d.layers * (2 * d.hidden + if desc.qk_norm { 2 * d.head_dim } else { 0 }) + d.hidden) as u64;
+        let name = if desc.tied { "token_embd.weight" } else { "output.weight" };
         let head = Some(Weight { name: name.into(), k: d.hidden, n: d.vocab, ggml_type: quant.head_type(), role: Role::Head });
         BoardModel {
-            name: format!("{} {}", d.name, quant.name()),
-            layers: d.layers,
-            hidden: d.hidden,
-            heads: d.heads,
-            kv_heads: d.kv_heads,
-            head_dim: d.head_dim,
-            ffn: d.ffn,
-            vocab: d.vocab,
+            name: format!("{} {}", desc.name, quant.name()),
+            dims: desc.dims,
             matmuls,
             head,
-            head_tied: d.tied,
+            head_tied: desc.tied,
             other_bytes: embd + norms,
         }
     }
@@ -235,13 +238,7 @@ impl Quant {
 pub struct DenseDesc {
     pub name: &'static str,
     pub source: &'static str,
-    pub layers: usize,
-    pub hidden: usize,
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    pub ffn: usize,
-    pub vocab: usize,
+    pub dims: Dims,
     pub tied: bool,
     /// Per-head q/k RMS norms (Qwen3, Gemma-3).
     pub qk_norm: bool,
@@ -249,7 +246,7 @@ pub struct DenseDesc {
 
 const fn desc(name: &'static str, source: &'static str, dims: [usize; 7], tied: bool, qk_norm: bool) -> DenseDesc {
     let [layers, hidden, heads, kv_heads, head_dim, ffn, vocab] = dims;
-    DenseDesc { name, source, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, tied, qk_norm }
+    DenseDesc { name, source, dims: Dims { layers, hidden, heads, kv_heads, head_dim, ffn, vocab }, tied, qk_norm }
 }
 
 /// Well-known dense shapes, smallest first: `[layers, hidden, heads, kv heads, head dim, FFN,
@@ -337,7 +334,8 @@ pub struct BoardPlan {
 /// the residual over the hidden width), flash attention (llama.cpp's `auto` picks it on the
 /// CPU: no M × ctx score matrix), and one row of logits.
 pub fn compute_bytes(m: &BoardModel, ubatch: usize) -> u64 {
-    4 * (ubatch * (3 * m.ffn + 6 * m.hidden.max(m.heads * m.head_dim)) + m.vocab) as u64
+    let d = &m.dims;
+    4 * (ubatch * (3 * d.ffn + 6 * d.hidden.max(d.heads * d.head_dim)) + d.vocab) as u64
 }
 
 /// ORK's bytes for one weight: every int8 term's tiles with the tile sets the plans read,
@@ -397,7 +395,7 @@ pub fn plan(cfg: &Config, model: &CostModel, m: &BoardModel, board: &Board) -> B
 
     // Rates.
     let ub = board.ubatch;
-    let attn = 2.0 * (ub * ub) as f64 * (m.heads * m.head_dim) as f64 * m.layers as f64 / model.cpu_ops;
+    let attn = 2.0 * (ub * ub) as f64 * (m.dims.heads * m.dims.head_dim) as f64 * m.dims.layers as f64 / model.cpu_ops;
     let head_s = |rows: usize| m.head.as_ref().map_or(0.0, |w| model.cpu_s(rows, w.k, w.n, w.ggml_type));
     let (mut npu_s, mut cpu_pre_s, mut cpu_dec_s) = (0.0, 0.0, 0.0);
     for (w, p) in m.matmuls.iter().zip(&place) {
@@ -495,13 +493,15 @@ pub fn from_gguf(name: &str, kv: &dyn Fn(&str) -> Option<String>, tensors: &[Ten
     let heads = num("attention.head_count").unwrap_or(1).max(1);
     BoardModel {
         name: name.to_string(),
-        layers: num("block_count").unwrap_or(0),
-        hidden,
-        heads,
-        kv_heads: num("attention.head_count_kv").unwrap_or(heads),
-        head_dim: num("attention.key_length").unwrap_or(hidden / heads),
-        ffn: num("feed_forward_length").unwrap_or(0),
-        vocab,
+        dims: Dims {
+            layers: num("block_count").unwrap_or(0),
+            hidden,
+            heads,
+            kv_heads: num("attention.head_count_kv").unwrap_or(heads),
+            head_dim: num("attention.key_length").unwrap_or(hidden / heads),
+            ffn: num("feed_forward_length").unwrap_or(0),
+            vocab,
+        },
         matmuls,
         head,
         head_tied,
