@@ -709,10 +709,19 @@ enum TermOut {
 }
 
 impl TermOut {
-    /// The cores' parts, for [`TermOut::rows`] (empty for a dense result).
+    /// The cores' column segments, for [`TermOut::rows`] (empty for a dense result).
     fn parts(&self) -> Vec<quant::CPart<'_>> {
         match self {
-            TermOut::Shares(sh) => sh.cores.iter().map(|s| quant::CPart { c: &s.local, ncols: s.ncols, segs: &s.segs }).collect(),
+            TermOut::Shares(sh) => sh
+                .cores
+                .iter()
+                .flat_map(|s| {
+                    s.segs.iter().enumerate().map(move |(j, &(n0, nc, _))| {
+                        let r = s.seg_rows(j, sh.m);
+                        quant::CPart { n0, nc, total: sh.m, rows: r.rows, stride: r.stride, at: r.at, blocks: r.blocks }
+                    })
+                })
+                .collect(),
             TermOut::Dense => Vec::new(),
         }
     }

@@ -4,9 +4,12 @@
 //! output; rknpu-facts §5: each core has its own) and the walk of one core's submits. Every run
 //! goes through the kernel interface: the activation blocks are packed into the activation BO,
 //! the programs are synthesised into the regcmd BO and PC-chained, the task descriptors written,
-//! the buffers synced, the job submitted on `core_mask = 1 << core` in the weight's domain, the
-//! output BO synced back and every program's int32 block copied (K-split: added) into the core's
-//! result, which the caller reads in place (its output pass takes the cores' column segments).
+//! the buffers synced, the job submitted on `core_mask = 1 << core` in the weight's domain and
+//! the output BO synced back. Without a K-split every output word is one program's, and each
+//! submit writes an output BO of its own that goes to the caller with the result: the caller
+//! reads the programs' blocks where the NPU wrote them (its output pass takes the cores' column
+//! segments, block by block) and hands the BOs back for later submits. A K-split share's
+//! partials are added into a host buffer of the core's, read in place the same way.
 //!
 //! Decisions:
 //! * One stable activation buffer per core and domain (rknpu-facts §2.6: the NPU caches feature
@@ -104,6 +107,8 @@ const OUT_SCRATCH_INITIAL_BYTES: usize = 1 << 20;
 pub(crate) struct ScratchSet {
     regcmd: Bo,
     task: Bo,
+    /// The output buffer of a K-split share's submits (its partials are added into a host
+    /// buffer after each); a share without one writes output buffers it hands to the caller.
     out: Bo,
     /// Where the interface syncs whole buffers only (`KernelInterface::syncs_whole_buffers`):
     /// output buffers by size class ([`out_class`]: whole pages, four classes per octave), each
@@ -132,40 +137,71 @@ impl CoreScratch {
     }
 }
 
-/// Host-side result buffers of one core's shares ([`CoreResult::local`]), handed back by the
-/// caller once it has read them (`Npu::give_back`), so later runs write into memory that is
-/// already mapped instead of faulting in fresh buffers. Locked apart from the core's scratch: a
-/// pipelined caller hands back one piece's results while the core runs the next.
+/// Result buffers of one core's shares, handed back when the caller has read them (a
+/// [`crate::npu::Shares`] dropped), so later runs reuse memory that is already mapped instead
+/// of faulting in fresh buffers: host-side `[M][ncols]` buffers ([`CoreResult::local`], a
+/// K-split share's sums), and output buffers a share's submits wrote and the caller read in
+/// place ([`CoreResult::outs`]). Locked apart from the core's scratch: a pipelined caller hands
+/// back one piece's results while the core runs the next.
 #[derive(Default)]
-pub(crate) struct Spares(Vec<Vec<i32>>);
+pub(crate) struct Spares {
+    locals: Vec<Vec<i32>>,
+    outs: Vec<Bo>,
+}
 
 /// Result buffers kept per core: a pipelined caller holds one piece's results while the next
 /// piece runs.
 const SPARE_LOCALS: usize = 3;
+/// Output buffers kept per core: one piece's submits (two weight terms) held while the next
+/// piece's run, whose buffers come from here, writes its own.
+const SPARE_OUTS: usize = 8;
 
 impl Spares {
     /// Bytes held.
     pub(crate) fn bytes(&self) -> u64 {
-        self.0.iter().map(|v| (v.capacity() * 4) as u64).sum()
+        self.locals.iter().map(|v| (v.capacity() * 4) as u64).sum::<u64>() + self.outs.iter().map(|b| b.size_bytes as u64).sum::<u64>()
     }
 
     /// A result buffer of `len` words (contents unspecified): the largest spare one.
     fn take(&mut self, len: usize) -> Vec<i32> {
-        let mut v = match self.0.iter().enumerate().max_by_key(|(_, v)| v.capacity()) {
-            Some((i, _)) => self.0.swap_remove(i),
+        let mut v = match self.locals.iter().enumerate().max_by_key(|(_, v)| v.capacity()) {
+            Some((i, _)) => self.locals.swap_remove(i),
             None => Vec::new(),
         };
         v.resize(len, 0);
         v
     }
 
-    /// Keeps `local` for a later run of this core (the smallest spare goes when full).
-    pub(crate) fn give_back(&mut self, local: Vec<i32>) {
-        self.0.push(local);
-        if self.0.len() > SPARE_LOCALS {
-            let (i, _) = self.0.iter().enumerate().min_by_key(|(_, v)| v.capacity()).expect("spares");
-            self.0.swap_remove(i);
+    /// The smallest spare output buffer of `domain` that holds `need` bytes (`exact`: of exactly
+    /// that size, an [`out_class`] where every sync is of the whole buffer).
+    fn take_out(&mut self, domain: DomainId, need: usize, exact: bool) -> Option<Bo> {
+        let fits = |b: &Bo| b.domain == domain && if exact { b.size_bytes == need } else { b.size_bytes >= need };
+        let (i, _) = self.outs.iter().enumerate().filter(|(_, b)| fits(b)).min_by_key(|(_, b)| b.size_bytes)?;
+        Some(self.outs.swap_remove(i))
+    }
+
+    /// Keeps a share's buffers for later runs of this core: the smallest go when more than
+    /// [`SPARE_LOCALS`] / [`SPARE_OUTS`] are held (output buffers destroyed through `kif`).
+    pub(crate) fn give_back(&mut self, kif: &dyn KernelInterface, local: Vec<i32>, outs: Vec<Bo>) {
+        if local.capacity() > 0 {
+            self.locals.push(local);
+            if self.locals.len() > SPARE_LOCALS {
+                let (i, _) = self.locals.iter().enumerate().min_by_key(|(_, v)| v.capacity()).expect("spares");
+                self.locals.swap_remove(i);
+            }
         }
+        self.outs.extend(outs);
+        while self.outs.len() > SPARE_OUTS {
+            let (i, _) = self.outs.iter().enumerate().min_by_key(|(_, b)| b.size_bytes).expect("spare outputs");
+            if let Err(e) = kif.mem_destroy(self.outs.swap_remove(i)) {
+                log::warn!("destroying a spare NPU output buffer: {e}");
+            }
+        }
+    }
+
+    /// The output buffers held, for their destruction.
+    pub(crate) fn take_outs(&mut self) -> Vec<Bo> {
+        std::mem::take(&mut self.outs)
     }
 }
 
@@ -203,6 +239,13 @@ impl Drop for Shared {
                     if let Err(e) = self.kif.mem_destroy(bo) {
                         log::warn!("destroying NPU scratch: {e}");
                     }
+                }
+            }
+        }
+        for sp in &self.spares {
+            for bo in sp.lock().unwrap_or_else(|p| p.into_inner()).take_outs() {
+                if let Err(e) = self.kif.mem_destroy(bo) {
+                    log::warn!("destroying a spare NPU output buffer: {e}");
                 }
             }
         }
@@ -282,9 +325,17 @@ impl Drop for WeightInner {
 }
 
 /// What one core's share produced.
+#[derive(Default)]
 pub(crate) struct CoreResult {
-    /// `[M][ncols]` row-major i32 over the core's column segments.
+    /// `[M][ncols]` row-major i32 over the core's column segments (a K-split share: the sums
+    /// of its K-slices' partials); empty when the output buffers are read in place (`outs`).
     pub local: Vec<i32>,
+    /// The output buffers the share's submits wrote, kept for the caller to read in place
+    /// (every share without a K-split on a little-endian host).
+    pub outs: Vec<Bo>,
+    /// With `outs`: each column segment's blocks, one per M-tile: `(buffer in outs, byte
+    /// offset, first row, rows)`, row stride the segment's width.
+    pub blocks: Vec<Vec<(usize, usize, usize, usize)>>,
     pub submits: u32,
     pub programs: u32,
     pub device_ns: u64,
@@ -367,6 +418,19 @@ pub(crate) fn ensure_scratch(shared: &Shared, domain: DomainId, cores: u32) -> R
 /// `img`: the run's activation image, packed and synced by the caller ([`pack_image`]). Returns
 /// the core's `[M][plan.ncols]` int32 result over its column segments.
 pub(crate) fn run_core(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize, plan: &CorePlan) -> Result<CoreResult, NpuError> {
+    let mut res = CoreResult::default();
+    match run_core_into(shared, w, img, m, plan, &mut res) {
+        Ok(()) => Ok(res),
+        Err(e) => {
+            // A failed share's buffers go back to the core's spares (nothing of it is read).
+            shared.spares[plan.core as usize].lock().unwrap_or_else(|p| p.into_inner()).give_back(&*shared.kif, std::mem::take(&mut res.local), std::mem::take(&mut res.outs));
+            Err(e)
+        }
+    }
+}
+
+/// [`run_core`] into `res`, which holds the buffers taken so far when it fails.
+fn run_core_into(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize, plan: &CorePlan, res: &mut CoreResult) -> Result<(), NpuError> {
     let kif = &*shared.kif;
     let (k, n) = (w.k, w.n);
     let core = plan.core;
@@ -380,21 +444,17 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize
     // Every output word of the share is written by a program; a K-split share adds its K-slices'
     // partials, so it starts from zeros, and every other share copies each block in.
     let ksplit = plan.submits.iter().flat_map(|s| &s.programs).any(|p| p.k0 != 0);
-    let mut local = shared.spares[core as usize].lock().unwrap_or_else(|p| p.into_inner()).take(m * plan.ncols);
+    // Without a K-split every output word is written by one program into its block, which the
+    // caller reads where the NPU wrote it (each submit into an output buffer of its own, handed
+    // to the caller with the result); a K-split's partials are added into a host buffer.
+    let in_place = !ksplit && cfg!(target_endian = "little");
+    let mut local = if in_place { Vec::new() } else { shared.spares[core as usize].lock().unwrap_or_else(|p| p.into_inner()).take(m * plan.ncols) };
     if ksplit {
         local.fill(0);
     }
     let set = guard.sets.get_mut(&w.domain.0).expect("scratch set");
-    let mut res = CoreResult {
-        local,
-        submits: 0,
-        programs: 0,
-        device_ns: 0,
-        never_ran: 0,
-        retries: 0,
-        synced_bytes: 0,
-        io_bytes: 0,
-    };
+    res.local = local;
+    res.blocks = if in_place { vec![Vec::new(); plan.segs.len()] } else { Vec::new() };
     // The weights' base: the blob's BO, or this core's part, with every program's weight offset
     // moved to where the part holds it.
     let part = if w.parts.is_empty() || plan.submits.is_empty() {
@@ -424,7 +484,17 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize
                 &moved
             }
         };
-        let out_bo = if kif.syncs_whole_buffers() {
+        let out_bo = if in_place {
+            let whole = kif.syncs_whole_buffers();
+            let need = out_class(sub.out_bytes);
+            let spare = shared.spares[core as usize].lock().unwrap_or_else(|p| p.into_inner()).take_out(domain, if whole { need } else { sub.out_bytes }, whole);
+            let bo = match spare {
+                Some(bo) => bo,
+                None => kif.mem_create(need, mem_flags::DATA, domain).map_err(sub_err)?,
+            };
+            res.outs.push(bo);
+            res.outs.last_mut().expect("just pushed")
+        } else if kif.syncs_whole_buffers() {
             let class = out_class(sub.out_bytes);
             let i = match set.out_classes.iter().position(|b| b.size_bytes == class) {
                 Some(i) => i,
@@ -508,17 +578,25 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize
             res.retries += 1;
             attempt += 1;
         }
-        let out = out_bo.bytes();
-        for p in &sub.programs {
-            let block = if ksplit { layout::add_c_block } else { layout::copy_c_block };
-            block(&out[p.out_offset..], p.mc, p.nc, p.nc, &mut res.local, plan.ncols, p.m0, p.col0);
+        if in_place {
+            let at = res.outs.len() - 1;
+            for p in &sub.programs {
+                let j = plan.segs.iter().position(|s| s.col0 == p.col0).expect("a program's column segment");
+                res.blocks[j].push((at, p.out_offset, p.m0, p.mc));
+            }
+        } else {
+            let out = out_bo.bytes();
+            for p in &sub.programs {
+                let block = if ksplit { layout::add_c_block } else { layout::copy_c_block };
+                block(&out[p.out_offset..], p.mc, p.nc, p.nc, &mut res.local, plan.ncols, p.m0, p.col0);
+            }
         }
         res.submits += 1;
         res.programs += nprogs as u32;
     }
     shared.synced.synced_bytes.fetch_add(res.synced_bytes, Relaxed);
     shared.synced.io_bytes.fetch_add(res.io_bytes, Relaxed);
-    Ok(res)
+    Ok(())
 }
 
 /// Where a run's activation blocks sit in its activation image: for every distinct K range

@@ -142,21 +142,57 @@ pub struct RunStats {
     pub io_bytes: u64,
 }
 
-/// One core's part of an NPU matmul's int32 result: `[M][ncols]` row-major over its column
-/// segments `(n0, nc, col0)`: global columns `n0..n0+nc` at local column `col0`.
+/// One core's part of an NPU matmul's int32 result, over its column segments `(n0, nc, col0)`
+/// (global columns `n0..n0+nc` at the share's column `col0`): in a host buffer `[M][ncols]`
+/// row-major, or (no K-split) in the output buffers the core's submits wrote, read in place:
+/// each segment a block per M-tile, rows of the segment's width.
 pub struct CoreShare {
     core: u32,
-    pub local: Vec<i32>,
+    local: Vec<i32>,
     pub ncols: usize,
     pub segs: Vec<(usize, usize, usize)>,
+    outs: Vec<kif::Bo>,
+    /// Per segment, its blocks `(buffer in outs, byte offset, first row, rows)` by first row.
+    blocks: Vec<Vec<(usize, usize, usize, usize)>>,
+}
+
+/// Where one column segment of a [`CoreShare`] is: row `r` of the segment is
+/// `blocks[r / rows][(r % rows)·stride + at..][..nc]`.
+pub struct SegRows<'a> {
+    pub rows: usize,
+    pub stride: usize,
+    pub at: usize,
+    pub blocks: Vec<&'a [i32]>,
+}
+
+impl CoreShare {
+    /// Segment `j` ([`CoreShare::segs`]) of the share's `m` rows.
+    pub fn seg_rows(&self, j: usize, m: usize) -> SegRows<'_> {
+        let (_, nc, col0) = self.segs[j];
+        if self.outs.is_empty() {
+            return SegRows { rows: m.max(1), stride: self.ncols, at: col0, blocks: vec![&self.local[..]] };
+        }
+        let bl = &self.blocks[j];
+        let rows = bl.first().map_or(1, |b| b.3).max(1);
+        let blocks = bl
+            .iter()
+            .map(|&(i, off, _, mc)| {
+                let bytes = &self.outs[i].bytes()[off..off + mc * nc * 4];
+                bytemuck::cast_slice::<u8, i32>(bytes)
+            })
+            .collect();
+        SegRows { rows, stride: nc, at: 0, blocks }
+    }
 }
 
 /// The int32 result `[M, N]` of an NPU matmul, left in the cores' buffers
-/// ([`Npu::mm_run_shares`]); every column is in exactly one segment of one core.
+/// ([`Npu::mm_run_shares`]); every column is in exactly one segment of one core. Dropped, its
+/// buffers go back to their cores for later runs.
 pub struct Shares {
     pub m: usize,
     pub n: usize,
     pub cores: Vec<CoreShare>,
+    home: Arc<Shared>,
 }
 
 impl Shares {
@@ -164,11 +200,22 @@ impl Shares {
     pub fn copy_to(&self, c: &mut [i32]) {
         assert_eq!(c.len(), self.m * self.n, "c is not [M, N]");
         for s in &self.cores {
-            for &(n0, nc, col0) in &s.segs {
+            for (j, &(n0, nc, _)) in s.segs.iter().enumerate() {
+                let sr = s.seg_rows(j, self.m);
                 for row in 0..self.m {
-                    c[row * self.n + n0..row * self.n + n0 + nc].copy_from_slice(&s.local[row * s.ncols + col0..row * s.ncols + col0 + nc]);
+                    let b = sr.blocks[row / sr.rows];
+                    let at = (row % sr.rows) * sr.stride + sr.at;
+                    c[row * self.n + n0..row * self.n + n0 + nc].copy_from_slice(&b[at..at + nc]);
                 }
             }
+        }
+    }
+}
+
+impl Drop for Shares {
+    fn drop(&mut self) {
+        for s in self.cores.drain(..) {
+            self.home.spares[s.core as usize].lock().unwrap_or_else(|p| p.into_inner()).give_back(&*self.home.kif, s.local, s.outs);
         }
     }
 }
@@ -604,7 +651,7 @@ impl Npu {
         }
         drop(image);
         let mut stats = RunStats { cores: plan.cores.len() as u32, synced_bytes: img_synced, io_bytes: img_io, ..RunStats::default() };
-        let mut shares = Shares { m, n, cores: Vec::with_capacity(results.len()) };
+        let mut shares = Shares { m, n, cores: Vec::with_capacity(results.len()), home: self.shared.clone() };
         let mut failed = None;
         for (cp, r) in plan.cores.iter().zip(results) {
             match r {
@@ -616,7 +663,18 @@ impl Npu {
                     stats.retries += r.retries;
                     stats.synced_bytes += r.synced_bytes;
                     stats.io_bytes += r.io_bytes;
-                    shares.cores.push(CoreShare { core: cp.core, local: r.local, ncols: cp.ncols, segs: cp.segs.iter().map(|s| (s.n0, s.nc, s.col0)).collect() });
+                    let mut blocks = r.blocks;
+                    for b in &mut blocks {
+                        b.sort_unstable_by_key(|x| x.2);
+                    }
+                    shares.cores.push(CoreShare {
+                        core: cp.core,
+                        local: r.local,
+                        ncols: cp.ncols,
+                        segs: cp.segs.iter().map(|s| (s.n0, s.nc, s.col0)).collect(),
+                        outs: r.outs,
+                        blocks,
+                    });
                 }
                 Err(e) => failed = failed.or(Some(e)),
             }
@@ -632,11 +690,9 @@ impl Npu {
         Ok((shares, stats))
     }
 
-    /// Keeps the result buffers of `shares` for later runs of their cores.
+    /// Keeps the result buffers of `shares` for later runs of their cores (as dropping them does).
     pub fn give_back(&self, shares: Shares) {
-        for s in shares.cores {
-            self.shared.spares[s.core as usize].lock().unwrap_or_else(|p| p.into_inner()).give_back(s.local);
-        }
+        drop(shares);
     }
 
     /// Rows per piece when the caller pipelines its host work around an `m`-row matmul of `w`

@@ -479,21 +479,22 @@ pub fn prepare_rows_hashed(x: &[f32], m: usize, k: usize, terms: usize, prep: Ro
 }
 
 /// Int32 results `[R, N]`: one row-major matrix, or column segments held apart (an NPU
-/// matmul's cores each keep their columns in a buffer of their own, `npu::Shares`).
+/// matmul's cores each keep their columns in buffers of their own, `npu::Shares`).
 #[derive(Clone, Copy)]
 pub enum CRows<'a> {
     /// `[R, N]` row-major.
     Dense(&'a [i32]),
-    /// Parts `(c: [R][ncols], ncols, segs)`, each segment `(n0, nc, col0)`: global columns
-    /// `n0..n0+nc` at the part's column `col0`. Every column is in exactly one segment.
+    /// Column segments; every column is in exactly one.
     Parts(&'a [CPart<'a>]),
 }
 
-/// A column range of [`CRows`] located once: row `r` is `c[r·stride + at..][..nc]`.
+/// A column range of [`CRows`] located once: row `r` is
+/// `blocks[r / rows][(r % rows)·stride + at..][..nc]` (`one` when there are no blocks).
 #[derive(Clone, Copy)]
 pub struct Located<'a> {
-    c: &'a [i32],
-    /// Row length of `c` (a dense matrix's N, a part's `ncols`).
+    one: &'a [i32],
+    blocks: &'a [&'a [i32]],
+    rows: usize,
     stride: usize,
     at: usize,
     nc: usize,
@@ -503,15 +504,34 @@ impl<'a> Located<'a> {
     /// The range's columns of row `r`.
     #[inline]
     pub fn row(&self, r: usize) -> &'a [i32] {
-        &self.c[r * self.stride + self.at..r * self.stride + self.at + self.nc]
+        let (c, r) = if self.blocks.is_empty() { (self.one, r) } else { (self.blocks[r / self.rows], r % self.rows) };
+        &c[r * self.stride + self.at..r * self.stride + self.at + self.nc]
     }
 }
 
-/// One part of [`CRows::Parts`].
+/// One column segment of [`CRows::Parts`]: global columns `n0..n0+nc` of `total` rows, in
+/// blocks of `rows` rows (the last may hold fewer): row `r` is
+/// `blocks[r / rows][(r % rows)·stride + at..][..nc]`.
 pub struct CPart<'a> {
-    pub c: &'a [i32],
-    pub ncols: usize,
-    pub segs: &'a [(usize, usize, usize)],
+    pub n0: usize,
+    pub nc: usize,
+    pub total: usize,
+    pub rows: usize,
+    pub stride: usize,
+    pub at: usize,
+    pub blocks: Vec<&'a [i32]>,
+}
+
+impl CPart<'_> {
+    /// Whether its blocks hold its `total` rows.
+    fn holds(&self) -> bool {
+        self.rows > 0
+            && self.blocks.len() == self.total.div_ceil(self.rows)
+            && self.blocks.iter().enumerate().all(|(t, b)| {
+                let rows = self.rows.min(self.total - t * self.rows);
+                self.at + self.nc <= self.stride && b.len() >= (rows - 1) * self.stride + self.at + self.nc
+            })
+    }
 }
 
 impl<'a> CRows<'a> {
@@ -520,7 +540,7 @@ impl<'a> CRows<'a> {
         match self {
             CRows::Dense(_) => vec![(0, n)],
             CRows::Parts(parts) => {
-                let mut v: Vec<(usize, usize)> = parts.iter().flat_map(|p| p.segs.iter().map(|&(n0, nc, _)| (n0, nc))).collect();
+                let mut v: Vec<(usize, usize)> = parts.iter().map(|p| (p.n0, p.nc)).collect();
                 v.sort_unstable();
                 v
             }
@@ -528,16 +548,15 @@ impl<'a> CRows<'a> {
     }
 
     /// Where each column range `(n0, nc)` of `segs` (each inside one segment) is held: a
-    /// [`Located`] per range, so a row's range is one slice away ([`CRows::at`]).
+    /// [`Located`] per range, so a row's range is one slice away ([`Located::row`]).
     pub fn locate(&self, segs: &[(usize, usize)], n: usize) -> Vec<Located<'a>> {
         segs.iter()
-            .map(|&(n0, nc)| match self {
-                CRows::Dense(c) => Located { c, stride: n, at: n0, nc },
+            .map(|&(n0, nc)| match *self {
+                CRows::Dense(c) => Located { one: c, blocks: &[], rows: 0, stride: n, at: n0, nc },
                 CRows::Parts(parts) => parts
                     .iter()
-                    .find_map(|p| {
-                        p.segs.iter().find(|&&(s0, snc, _)| n0 >= s0 && n0 + nc <= s0 + snc).map(|&(s0, _, col0)| Located { c: p.c, stride: p.ncols, at: col0 + (n0 - s0), nc })
-                    })
+                    .find(|p| n0 >= p.n0 && n0 + nc <= p.n0 + p.nc)
+                    .map(|p| Located { one: &[], blocks: &p.blocks, rows: p.rows, stride: p.stride, at: p.at + (n0 - p.n0), nc })
                     .unwrap_or_else(|| panic!("columns {n0}..{} are not inside one segment", n0 + nc)),
             })
             .collect()
@@ -547,7 +566,7 @@ impl<'a> CRows<'a> {
     fn rows(&self, n: usize) -> usize {
         match self {
             CRows::Dense(c) => c.len().checked_div(n).unwrap_or(0),
-            CRows::Parts(parts) => parts.first().map_or(0, |p| p.c.len().checked_div(p.ncols).unwrap_or(0)),
+            CRows::Parts(parts) => parts.first().map_or(0, |p| p.total),
         }
     }
 
@@ -556,7 +575,7 @@ impl<'a> CRows<'a> {
         match self {
             CRows::Dense(c) => c.len() == rows * n,
             CRows::Parts(parts) => {
-                parts.iter().all(|p| p.c.len() == rows * p.ncols && p.segs.iter().all(|&(_, nc, col0)| col0 + nc <= p.ncols))
+                parts.iter().all(|p| p.total == rows && (rows == 0 || p.holds()))
                     && self.segments(n).iter().try_fold(0, |at, &(n0, nc)| (n0 == at).then_some(n0 + nc)) == Some(n)
             }
         }
@@ -1146,12 +1165,37 @@ mod tests {
                     .collect()
             };
             let (cp, clp) = (split(&c), split(&cl));
-            fn parts<'a>(v: &'a [Vec<i32>], segs: &'a [Vec<(usize, usize, usize)>]) -> Vec<CPart<'a>> {
-                v.iter().zip(segs).map(|(c, ss)| CPart { c, ncols: ss.iter().map(|s| s.1).sum(), segs: ss }).collect()
+            fn parts<'a>(v: &'a [Vec<i32>], segs: &'a [Vec<(usize, usize, usize)>], rows: usize) -> Vec<CPart<'a>> {
+                v.iter()
+                    .zip(segs)
+                    .flat_map(|(c, ss)| {
+                        let ncols = ss.iter().map(|s| s.1).sum();
+                        ss.iter().map(move |&(n0, nc, col0)| CPart { n0, nc, total: rows, rows: rows.max(1), stride: ncols, at: col0, blocks: vec![&c[..]] })
+                    })
+                    .collect()
             }
-            let (pc, pcl) = (parts(&cp, &segs), parts(&clp, &segs));
+            let (pc, pcl) = (parts(&cp, &segs, terms * m), parts(&clp, &segs, if lo { m } else { 0 }));
             let out_parts = Output { c: CRows::Parts(&pc), lo: lo.then_some((CRows::Parts(&pcl), &lo_scale[..])), ..out };
-            for (how, out) in [("dense", &out), ("parts", &out_parts)] {
+            // And as the NPU's output buffers hold them: each segment in blocks of 5 rows (the
+            // last one shorter), rows of the segment's width.
+            const TILE: usize = 5;
+            let tiled = |full: &[i32]| -> Vec<Vec<Vec<i32>>> {
+                let rows = full.len() / n;
+                segs.iter()
+                    .flatten()
+                    .map(|&(n0, nc, _)| (0..rows.div_ceil(TILE)).map(|t| (t * TILE..rows.min((t + 1) * TILE)).flat_map(|r| full[r * n + n0..r * n + n0 + nc].to_vec()).collect()).collect())
+                    .collect()
+            };
+            let (tc, tcl) = (tiled(&c), tiled(&cl));
+            fn tparts<'a>(t: &'a [Vec<Vec<i32>>], segs: &[Vec<(usize, usize, usize)>], rows: usize) -> Vec<CPart<'a>> {
+                t.iter()
+                    .zip(segs.iter().flatten())
+                    .map(|(bl, &(n0, nc, _))| CPart { n0, nc, total: rows, rows: TILE, stride: nc, at: 0, blocks: bl.iter().map(|b| &b[..]).collect() })
+                    .collect()
+            }
+            let (tpc, tpcl) = (tparts(&tc, &segs, terms * m), tparts(&tcl, &segs, if lo { m } else { 0 }));
+            let out_tiled = Output { c: CRows::Parts(&tpc), lo: lo.then_some((CRows::Parts(&tpcl), &lo_scale[..])), ..out };
+            for (how, out) in [("dense", &out), ("parts", &out_parts), ("blocks", &out_tiled)] {
                 for threads in [1, 3] {
                     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
                     let mut got = vec![7f32; m * n];
