@@ -415,11 +415,12 @@ pub(crate) fn ensure_scratch(shared: &Shared, domain: DomainId, cores: u32) -> R
 
 /// Runs one core's share of a plan.
 ///
-/// `img`: the run's activation image, packed and synced by the caller ([`pack_image`]). Returns
-/// the core's `[M][plan.ncols]` int32 result over its column segments.
-pub(crate) fn run_core(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize, plan: &CorePlan) -> Result<CoreResult, NpuError> {
+/// `img`: the run's activation image, packed and synced by the caller ([`fill_image`]); with a
+/// `gate` it may still be being written, and the first submit waits for it. Returns the core's
+/// int32 result over its column segments (in its output buffers, or `[M][plan.ncols]`).
+pub(crate) fn run_core(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize, plan: &CorePlan, gate: Option<&Gate>) -> Result<CoreResult, NpuError> {
     let mut res = CoreResult::default();
-    match run_core_into(shared, w, img, m, plan, &mut res) {
+    match run_core_into(shared, w, img, m, plan, gate, &mut res) {
         Ok(()) => Ok(res),
         Err(e) => {
             // A failed share's buffers go back to the core's spares (nothing of it is read).
@@ -430,7 +431,7 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize
 }
 
 /// [`run_core`] into `res`, which holds the buffers taken so far when it fails.
-fn run_core_into(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize, plan: &CorePlan, res: &mut CoreResult) -> Result<(), NpuError> {
+fn run_core_into(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize, plan: &CorePlan, mut gate: Option<&Gate>, res: &mut CoreResult) -> Result<(), NpuError> {
     let kif = &*shared.kif;
     let (k, n) = (w.k, w.n);
     let core = plan.core;
@@ -546,6 +547,9 @@ fn run_core_into(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize, plan
             flags: job_flags::PC | job_flags::PINGPONG,
             timeout_ms: shared.timeout_ms,
         };
+        if gate.take().is_some_and(|g| !g.wait()) {
+            return Err(sub_err(KifError::Invalid("the activation image was not written".into())));
+        }
         let mut attempt = 0;
         loop {
             arm_sentinels(out_bo.bytes_mut(), &sub.programs);
@@ -672,26 +676,17 @@ fn image_initial_bytes(kif: &dyn KernelInterface) -> usize {
     }
 }
 
-/// Packs `a` into the activation image of lease slot `slot` in `domain`, in the address space
-/// of each of `cores` (grown to the layout's size, never shrunk), and syncs it to the device.
-/// Returns the guard holding the slot (the run keeps it until every core is done), the images,
-/// and the bytes synced and exchanged.
-#[allow(clippy::too_many_arguments)] // the run's slot, domain, cores, layout and activation
-pub(crate) fn pack_image<'s>(
-    shared: &'s Shared,
-    slot: u32,
-    domain: DomainId,
-    cores: &[u32],
-    layout: ImageLayout,
-    a: &[i8],
-    k: usize,
-) -> Result<(ImageGuard<'s>, ImageAt, u64, u64), KifError> {
+/// The activation image of a run in lease slot `slot`: its buffer in the address space of each
+/// of `cores` (grown to the layout's size, never shrunk), not yet written ([`fill_image`]).
+/// Returns the guard holding the slot (the run keeps it until every core is done) and where
+/// the images are: the cores can build their submits while the image is filled.
+pub(crate) fn image_for<'s>(shared: &'s Shared, slot: u32, domain: DomainId, cores: &[u32], layout: ImageLayout) -> Result<(ImageGuard<'s>, ImageAt), KifError> {
     let kif = &*shared.kif;
     let mut g = shared.images[slot as usize].lock().unwrap_or_else(|p| p.into_inner());
     let mut spaces: Vec<u32> = cores.iter().map(|&c| kif.space_of(domain, c).0).collect();
     spaces.sort_unstable();
     spaces.dedup();
-    let (mut synced, mut io, mut iovas) = (0u64, 0u64, Vec::with_capacity(spaces.len()));
+    let mut iovas = Vec::with_capacity(spaces.len());
     for space in spaces {
         let d = DomainId(space);
         let bo = match g.entry(space) {
@@ -699,12 +694,67 @@ pub(crate) fn pack_image<'s>(
             std::collections::hash_map::Entry::Vacant(e) => e.insert(kif.mem_create(image_initial_bytes(kif), mem_flags::DATA, d)?),
         };
         grow(kif, bo, layout.bytes, d)?;
-        layout.pack(a, k, &mut bo.bytes_mut()[..layout.bytes]);
-        synced += sync_spans(kif, bo, SyncDir::ToDevice, [(0, layout.bytes)].into_iter())?;
-        io += layout.bytes as u64;
         iovas.push((space, bo.iova));
     }
-    Ok((g, ImageAt { iovas, layout }, synced, io))
+    Ok((g, ImageAt { iovas, layout }))
+}
+
+/// Packs `a: [M, K]` into the images of [`image_for`] and syncs them to the device. Returns the
+/// bytes synced and exchanged.
+pub(crate) fn fill_image(shared: &Shared, g: &mut ImageGuard<'_>, at: &ImageAt, a: &[i8], k: usize) -> Result<(u64, u64), KifError> {
+    let (mut synced, mut io) = (0u64, 0u64);
+    for &(space, _) in &at.iovas {
+        let bo = g.get_mut(&space).expect("an image of image_for");
+        at.layout.pack(a, k, &mut bo.bytes_mut()[..at.layout.bytes]);
+        synced += sync_spans(&*shared.kif, bo, SyncDir::ToDevice, [(0, at.layout.bytes)].into_iter())?;
+        io += at.layout.bytes as u64;
+    }
+    Ok((synced, io))
+}
+
+/// When a run's activation image is written: the cores started before it wait here before
+/// their first submit. Opened once, by [`GateOpener`] (dropped unopened: as failed).
+#[derive(Default)]
+pub(crate) struct Gate {
+    state: Mutex<Option<bool>>,
+    cv: std::sync::Condvar,
+}
+
+impl Gate {
+    /// Whether the image was written (blocks until the gate opens).
+    pub(crate) fn wait(&self) -> bool {
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(ok) = *g {
+                return ok;
+            }
+            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn open(&self, ok: bool) {
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() {
+            *g = Some(ok);
+            self.cv.notify_all();
+        }
+    }
+}
+
+/// Opens its [`Gate`]: [`GateOpener::open`] with the image's outcome, or as failed when
+/// dropped first (a caller unwinding never leaves a core waiting).
+pub(crate) struct GateOpener(pub Arc<Gate>);
+
+impl GateOpener {
+    pub(crate) fn open(&self, ok: bool) {
+        self.0.open(ok);
+    }
+}
+
+impl Drop for GateOpener {
+    fn drop(&mut self) {
+        self.0.open(false);
+    }
 }
 
 /// Syncs the byte spans `(offset, len)` of `bo` in one direction: each widened to whole cache
@@ -743,8 +793,33 @@ fn unlanded(out: &[u8], programs: &[PlannedProgram]) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::out_class;
+    use super::{out_class, Gate, GateOpener};
+    use std::sync::Arc;
     const P: usize = crate::npu::kif::PAGE_BYTES;
+
+    /// A core waiting for the image goes on when it is written, and fails (never hangs) when
+    /// the run that was to write it gave up or unwound first.
+    #[test]
+    fn a_gate_opens_once_and_a_dropped_opener_fails_the_waiters() {
+        for written in [Some(true), Some(false), None] {
+            let opener = GateOpener(Arc::new(Gate::default()));
+            let waiters: Vec<_> = (0..2)
+                .map(|_| {
+                    let g = opener.0.clone();
+                    std::thread::spawn(move || g.wait())
+                })
+                .collect();
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            if let Some(ok) = written {
+                opener.open(ok);
+                opener.open(!ok); // the first outcome stands
+            }
+            drop(opener);
+            for w in waiters {
+                assert_eq!(w.join().unwrap(), written == Some(true), "{written:?}");
+            }
+        }
+    }
 
     #[test]
     fn output_classes_hold_the_need_within_a_quarter() {

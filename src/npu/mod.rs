@@ -627,17 +627,21 @@ impl Npu {
         // A packed once into the activation image of this lease, which every core reads; the
         // image stays locked until every core is done.
         let cores: Vec<u32> = plan.cores.iter().map(|c| c.core).collect();
-        let (image, img, img_synced, img_io) = mm::pack_image(&self.shared, first_core, w.inner.domain, &cores, mm::ImageLayout::of(&plan), a, k)
-            .map_err(|source| NpuError::Submit { op: "mm_run", m, k, n, core: first_core, source })?;
+        // The other cores start first and build their submits while this thread packs the
+        // image (a core thread's wake-up is about as long as the packing here); their first
+        // submit waits for it. This thread then runs the first core's share itself.
+        let sub_err = |source: KifError| NpuError::Submit { op: "mm_run", m, k, n, core: first_core, source };
+        let (mut image, img) = mm::image_for(&self.shared, first_core, w.inner.domain, &cores, mm::ImageLayout::of(&plan)).map_err(sub_err)?;
         let img = Arc::new(img);
+        let gate = mm::GateOpener(Arc::new(mm::Gate::default()));
         let mut receivers = Vec::new();
         for cp in plan.cores.iter().skip(1) {
             let (tx, rx) = std::sync::mpsc::channel();
-            let (shared, weight, img, cp) = (self.shared.clone(), w.inner.clone(), img.clone(), cp.clone());
+            let (shared, weight, img, cp, gate) = (self.shared.clone(), w.inner.clone(), img.clone(), cp.clone(), gate.0.clone());
             self.pool.run_on(
                 cp.core,
                 Box::new(move || {
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mm::run_core(&shared, &weight, &img, m, &cp)));
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mm::run_core(&shared, &weight, &img, m, &cp, Some(&gate))));
                     let _ = tx.send(r.unwrap_or_else(|_| {
                         Err(NpuError::Kif(KifError::Invalid(format!("NPU worker {} panicked", cp.core))))
                     }));
@@ -645,7 +649,19 @@ impl Npu {
             );
             receivers.push(rx);
         }
-        let mut results = vec![mm::run_core(&self.shared, &w.inner, &img, m, &plan.cores[0])];
+        let filled = mm::fill_image(&self.shared, &mut image, &img, a, k);
+        gate.open(filled.is_ok());
+        let mut results = Vec::with_capacity(plan.cores.len());
+        let (img_synced, img_io) = match filled {
+            Ok(v) => {
+                results.push(mm::run_core(&self.shared, &w.inner, &img, m, &plan.cores[0], None));
+                v
+            }
+            Err(source) => {
+                results.push(Err(sub_err(source)));
+                (0, 0)
+            }
+        };
         for rx in receivers {
             results.push(rx.recv().unwrap_or_else(|_| Err(NpuError::Kif(KifError::Invalid("NPU worker vanished".into())))));
         }
