@@ -718,7 +718,7 @@ impl TermOut {
                 .flat_map(|s| {
                     s.segs.iter().enumerate().map(move |(j, &(n0, nc, _))| {
                         let r = s.seg_rows(j, sh.m);
-                        quant::CPart { n0, nc, total: sh.m, rows: r.rows, stride: r.stride, at: r.at, blocks: r.blocks }
+                        quant::CPart { n0, nc, total: sh.m, rows: r.rows, parts: r.parts, stride: r.stride, at: r.at, blocks: r.blocks }
                     })
                 })
                 .collect(),

@@ -324,6 +324,17 @@ impl Drop for WeightInner {
     }
 }
 
+/// Where one program's int32 block is: output buffer `out` of its share, at byte `offset`,
+/// rows `m0..m0 + mc` (row stride its column segment's width), and the first K of its K-slice.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OutBlock {
+    pub out: usize,
+    pub offset: usize,
+    pub m0: usize,
+    pub mc: usize,
+    pub k0: usize,
+}
+
 /// What one core's share produced.
 #[derive(Default)]
 pub(crate) struct CoreResult {
@@ -333,9 +344,8 @@ pub(crate) struct CoreResult {
     /// The output buffers the share's submits wrote, kept for the caller to read in place
     /// (every share without a K-split on a little-endian host).
     pub outs: Vec<Bo>,
-    /// With `outs`: each column segment's blocks, one per M-tile: `(buffer in outs, byte
-    /// offset, first row, rows)`, row stride the segment's width.
-    pub blocks: Vec<Vec<(usize, usize, usize, usize)>>,
+    /// With `outs`: each column segment's blocks, one per M-tile and K-slice.
+    pub blocks: Vec<Vec<OutBlock>>,
     pub submits: u32,
     pub programs: u32,
     pub device_ns: u64,
@@ -445,10 +455,11 @@ fn run_core_into(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize, plan
     // Every output word of the share is written by a program; a K-split share adds its K-slices'
     // partials, so it starts from zeros, and every other share copies each block in.
     let ksplit = plan.submits.iter().flat_map(|s| &s.programs).any(|p| p.k0 != 0);
-    // Without a K-split every output word is written by one program into its block, which the
-    // caller reads where the NPU wrote it (each submit into an output buffer of its own, handed
-    // to the caller with the result); a K-split's partials are added into a host buffer.
-    let in_place = !ksplit && cfg!(target_endian = "little");
+    // Every program writes its int32 block (a K-split: its K-slice's partial), which the caller
+    // reads where the NPU wrote it (each submit into an output buffer of its own, handed to the
+    // caller with the result; the caller adds a K-split's partials). A big-endian host copies
+    // the blocks (K-split: adds them) into a host buffer instead.
+    let in_place = cfg!(target_endian = "little");
     let mut local = if in_place { Vec::new() } else { shared.spares[core as usize].lock().unwrap_or_else(|p| p.into_inner()).take(m * plan.ncols) };
     if ksplit {
         local.fill(0);
@@ -586,7 +597,7 @@ fn run_core_into(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize, plan
             let at = res.outs.len() - 1;
             for p in &sub.programs {
                 let j = plan.segs.iter().position(|s| s.col0 == p.col0).expect("a program's column segment");
-                res.blocks[j].push((at, p.out_offset, p.m0, p.mc));
+                res.blocks[j].push(OutBlock { out: at, offset: p.out_offset, m0: p.m0, mc: p.mc, k0: p.k0 });
             }
         } else {
             let out = out_bo.bytes();

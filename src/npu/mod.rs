@@ -143,23 +143,25 @@ pub struct RunStats {
 }
 
 /// One core's part of an NPU matmul's int32 result, over its column segments `(n0, nc, col0)`
-/// (global columns `n0..n0+nc` at the share's column `col0`): in a host buffer `[M][ncols]`
-/// row-major, or (no K-split) in the output buffers the core's submits wrote, read in place:
-/// each segment a block per M-tile, rows of the segment's width.
+/// (global columns `n0..n0+nc` at the share's column `col0`): in the output buffers the core's
+/// submits wrote, read in place (each segment a block per M-tile and K-slice, rows of the
+/// segment's width; a K-split's partials add up to the result), or, on a big-endian host, in a
+/// host buffer `[M][ncols]` row-major.
 pub struct CoreShare {
     core: u32,
     local: Vec<i32>,
     pub ncols: usize,
     pub segs: Vec<(usize, usize, usize)>,
     outs: Vec<kif::Bo>,
-    /// Per segment, its blocks `(buffer in outs, byte offset, first row, rows)` by first row.
-    blocks: Vec<Vec<(usize, usize, usize, usize)>>,
+    /// Per segment, its blocks by first row, then first K.
+    blocks: Vec<Vec<mm::OutBlock>>,
 }
 
-/// Where one column segment of a [`CoreShare`] is: row `r` of the segment is
-/// `blocks[r / rows][(r % rows)·stride + at..][..nc]`.
+/// Where one column segment of a [`CoreShare`] is: row `r` of the segment is the sum over `p`
+/// of `blocks[(r / rows)·parts + p][(r % rows)·stride + at..][..nc]`.
 pub struct SegRows<'a> {
     pub rows: usize,
+    pub parts: usize,
     pub stride: usize,
     pub at: usize,
     pub blocks: Vec<&'a [i32]>,
@@ -170,18 +172,17 @@ impl CoreShare {
     pub fn seg_rows(&self, j: usize, m: usize) -> SegRows<'_> {
         let (_, nc, col0) = self.segs[j];
         if self.outs.is_empty() {
-            return SegRows { rows: m.max(1), stride: self.ncols, at: col0, blocks: vec![&self.local[..]] };
+            return SegRows { rows: m.max(1), parts: 1, stride: self.ncols, at: col0, blocks: vec![&self.local[..]] };
         }
         let bl = &self.blocks[j];
-        let rows = bl.first().map_or(1, |b| b.3).max(1);
-        let blocks = bl
-            .iter()
-            .map(|&(i, off, _, mc)| {
-                let bytes = &self.outs[i].bytes()[off..off + mc * nc * 4];
-                bytemuck::cast_slice::<u8, i32>(bytes)
-            })
-            .collect();
-        SegRows { rows, stride: nc, at: 0, blocks }
+        let rows = bl.first().map_or(1, |b| b.mc).max(1);
+        let parts = bl.iter().take_while(|b| b.m0 == bl[0].m0).count().max(1);
+        debug_assert!(
+            bl.iter().enumerate().all(|(i, b)| b.m0 == (i / parts) * rows && (b.mc == rows || i / parts == m.div_ceil(rows) - 1)) && bl.len() == m.div_ceil(rows) * parts,
+            "a segment's blocks tile its rows evenly, each M-tile in as many K-slices"
+        );
+        let blocks = bl.iter().map(|b| bytemuck::cast_slice::<u8, i32>(&self.outs[b.out].bytes()[b.offset..b.offset + b.mc * nc * 4])).collect();
+        SegRows { rows, parts, stride: nc, at: 0, blocks }
     }
 }
 
@@ -203,9 +204,12 @@ impl Shares {
             for (j, &(n0, nc, _)) in s.segs.iter().enumerate() {
                 let sr = s.seg_rows(j, self.m);
                 for row in 0..self.m {
-                    let b = sr.blocks[row / sr.rows];
-                    let at = (row % sr.rows) * sr.stride + sr.at;
-                    c[row * self.n + n0..row * self.n + n0 + nc].copy_from_slice(&b[at..at + nc]);
+                    let (t, at) = (row / sr.rows, (row % sr.rows) * sr.stride + sr.at);
+                    let dst = &mut c[row * self.n + n0..row * self.n + n0 + nc];
+                    dst.copy_from_slice(&sr.blocks[t * sr.parts][at..at + nc]);
+                    for b in &sr.blocks[t * sr.parts + 1..(t + 1) * sr.parts] {
+                        dst.iter_mut().zip(&b[at..at + nc]).for_each(|(d, &v)| *d = d.wrapping_add(v));
+                    }
                 }
             }
         }
@@ -681,7 +685,7 @@ impl Npu {
                     stats.io_bytes += r.io_bytes;
                     let mut blocks = r.blocks;
                     for b in &mut blocks {
-                        b.sort_unstable_by_key(|x| x.2);
+                        b.sort_unstable_by_key(|x| (x.m0, x.k0));
                     }
                     shares.cores.push(CoreShare {
                         core: cp.core,

@@ -489,34 +489,56 @@ pub enum CRows<'a> {
 }
 
 /// A column range of [`CRows`] located once: row `r` is
-/// `blocks[r / rows][(r % rows)·stride + at..][..nc]` (`one` when there are no blocks).
+/// `blocks[r / rows][(r % rows)·stride + at..][..nc]` (`one` when there are no blocks), or, with
+/// `parts` > 1, the sum of `blocks[(r / rows)·parts + p]`'s for every `p` (a K-split's partials).
 #[derive(Clone, Copy)]
 pub struct Located<'a> {
     one: &'a [i32],
     blocks: &'a [&'a [i32]],
     rows: usize,
+    parts: usize,
     stride: usize,
     at: usize,
     nc: usize,
 }
 
 impl<'a> Located<'a> {
-    /// The range's columns of row `r`.
+    /// The range's columns of row `r` (one partial: [`Located::sum_row`] otherwise).
     #[inline]
     pub fn row(&self, r: usize) -> &'a [i32] {
+        debug_assert_eq!(self.parts, 1, "a row of partials is summed");
         let (c, r) = if self.blocks.is_empty() { (self.one, r) } else { (self.blocks[r / self.rows], r % self.rows) };
         &c[r * self.stride + self.at..r * self.stride + self.at + self.nc]
+    }
+
+    /// Row `r` into `out`: its partials added (wrapping, as the int32 sums they are; any order
+    /// gives the same bits).
+    pub fn sum_row(&self, r: usize, out: &mut Vec<i32>) {
+        out.clear();
+        if self.blocks.is_empty() {
+            out.extend_from_slice(&self.one[r * self.stride + self.at..][..self.nc]);
+            return;
+        }
+        let (t, r) = (r / self.rows, r % self.rows);
+        let at = r * self.stride + self.at;
+        let mut bs = self.blocks[t * self.parts..(t + 1) * self.parts].iter();
+        out.extend_from_slice(&bs.next().expect("a partial")[at..at + self.nc]);
+        for b in bs {
+            out.iter_mut().zip(&b[at..at + self.nc]).for_each(|(o, &v)| *o = o.wrapping_add(v));
+        }
     }
 }
 
 /// One column segment of [`CRows::Parts`]: global columns `n0..n0+nc` of `total` rows, in
-/// blocks of `rows` rows (the last may hold fewer): row `r` is
-/// `blocks[r / rows][(r % rows)·stride + at..][..nc]`.
+/// blocks of `rows` rows (the last may hold fewer), each block as `parts` partials to add (a
+/// K-split; 1 otherwise): row `r` is the sum over `p` of
+/// `blocks[(r / rows)·parts + p][(r % rows)·stride + at..][..nc]`.
 pub struct CPart<'a> {
     pub n0: usize,
     pub nc: usize,
     pub total: usize,
     pub rows: usize,
+    pub parts: usize,
     pub stride: usize,
     pub at: usize,
     pub blocks: Vec<&'a [i32]>,
@@ -526,10 +548,11 @@ impl CPart<'_> {
     /// Whether its blocks hold its `total` rows.
     fn holds(&self) -> bool {
         self.rows > 0
-            && self.blocks.len() == self.total.div_ceil(self.rows)
-            && self.blocks.iter().enumerate().all(|(t, b)| {
-                let rows = self.rows.min(self.total - t * self.rows);
-                self.at + self.nc <= self.stride && b.len() >= (rows - 1) * self.stride + self.at + self.nc
+            && self.parts > 0
+            && self.blocks.len() == self.total.div_ceil(self.rows) * self.parts
+            && self.blocks.iter().enumerate().all(|(b, c)| {
+                let rows = self.rows.min(self.total - (b / self.parts) * self.rows);
+                self.at + self.nc <= self.stride && c.len() >= (rows - 1) * self.stride + self.at + self.nc
             })
     }
 }
@@ -552,11 +575,11 @@ impl<'a> CRows<'a> {
     pub fn locate(&self, segs: &[(usize, usize)], n: usize) -> Vec<Located<'a>> {
         segs.iter()
             .map(|&(n0, nc)| match *self {
-                CRows::Dense(c) => Located { one: c, blocks: &[], rows: 0, stride: n, at: n0, nc },
+                CRows::Dense(c) => Located { one: c, blocks: &[], rows: 0, parts: 1, stride: n, at: n0, nc },
                 CRows::Parts(parts) => parts
                     .iter()
                     .find(|p| n0 >= p.n0 && n0 + nc <= p.n0 + p.nc)
-                    .map(|p| Located { one: &[], blocks: &p.blocks, rows: p.rows, stride: p.stride, at: p.at + (n0 - p.n0), nc })
+                    .map(|p| Located { one: &[], blocks: &p.blocks, rows: p.rows, parts: p.parts, stride: p.stride, at: p.at + (n0 - p.n0), nc })
                     .unwrap_or_else(|| panic!("columns {n0}..{} are not inside one segment", n0 + nc)),
             })
             .collect()
@@ -634,41 +657,67 @@ pub fn dequantize_fused(o: &Output<'_>, dst: &mut [f32]) {
     let (cs, ls_at) = (o.c.locate(&segs, n), o.lo.map(|(cl, _)| cl.locate(&segs, n)));
     let body = |(i, drow): (usize, &mut [f32])| {
         for (j, &(n0, nc)) in segs.iter().enumerate() {
+            let (cj, lj) = (&cs[j], ls_at.as_ref().map(|l| &l[j]));
             let dr = &mut drow[n0..n0 + nc];
-            let ws = &o.w_scale[n0..n0 + nc];
-            let row = |t: usize| cs[j].row(t * m + i);
-            let lrow = |t: usize| ls_at.as_ref().expect("a second term")[j].row(t * m + i);
-            let sa = |t: usize| o.a_scale[t * m + i];
-            let corr = o.corr.and_then(|(coef, e)| coef[i].map(|c| (c, &e[n0..n0 + nc])));
-            match (terms, o.lo, lt, corr) {
-                (1, None, _, None) => dequantize_row(row(0), sa(0), ws, dr),
-                (1, None, _, Some((cc, e))) => dequantize_row_corr(row(0), sa(0), ws, cc, e, dr),
-                (2, Some((_, ls)), 1, None) => dequantize_row2_lo(row(0), sa(0), row(1), sa(1), ws, lrow(0), sa(0), &ls[n0..n0 + nc], dr),
-                (2, Some((_, ls)), 1, Some((cc, e))) => {
-                    dequantize_row2_lo_corr(row(0), sa(0), row(1), sa(1), ws, lrow(0), sa(0), &ls[n0..n0 + nc], cc, e, dr)
-                }
-                _ => {
-                    if terms == 1 {
-                        dequantize_row(row(0), sa(0), ws, dr);
-                    } else {
-                        dequantize_row2(row(0), sa(0), row(1), sa(1), ws, dr);
-                        for t in 2..terms {
-                            dequantize_row_acc(row(t), sa(t), ws, dr);
-                        }
+            if cj.parts == 1 && lj.is_none_or(|l| l.parts == 1) {
+                fused_segment(o, i, m, n0, lt, |t| cj.row(t * m + i), |t| lj.expect("a second term").row(t * m + i), dr);
+            } else {
+                // A K-split's partials, added per row into buffers of this thread's (in cache).
+                PARTIAL_SUMS.with_borrow_mut(|bufs| {
+                    bufs.resize_with(terms + lt, Vec::new);
+                    let (bc, bl) = bufs.split_at_mut(terms);
+                    for (t, b) in bc.iter_mut().enumerate() {
+                        cj.sum_row(t * m + i, b);
                     }
-                    if let Some((_, ls)) = o.lo {
-                        for t in 0..lt {
-                            dequantize_row_acc(lrow(t), sa(t), &ls[n0..n0 + nc], dr);
-                        }
+                    for (t, b) in bl.iter_mut().enumerate() {
+                        lj.expect("a second term").sum_row(t * m + i, b);
                     }
-                    if let Some((cc, e)) = corr {
-                        add_scaled_row(cc, e, dr);
-                    }
-                }
+                    fused_segment(o, i, m, n0, lt, |t| &bc[t][..], |t| &bl[t][..], dr);
+                });
             }
         }
     };
     for_each_out_row(dst, n, body);
+}
+
+thread_local! {
+    /// Row buffers of [`dequantize_fused`] for results held as partials.
+    static PARTIAL_SUMS: std::cell::RefCell<Vec<Vec<i32>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Output row `i`'s columns `n0..n0 + dr.len()` of [`dequantize_fused`]: `row(t)` / `lrow(t)`
+/// are the columns of activation term `t` against the first / second weight term.
+#[allow(clippy::too_many_arguments)] // the output, the row, its columns and where its terms are
+#[inline]
+fn fused_segment<'r>(o: &Output<'_>, i: usize, m: usize, n0: usize, lt: usize, row: impl Fn(usize) -> &'r [i32], lrow: impl Fn(usize) -> &'r [i32], dr: &mut [f32]) {
+    let (terms, nc) = (o.terms, dr.len());
+    let ws = &o.w_scale[n0..n0 + nc];
+    let sa = |t: usize| o.a_scale[t * m + i];
+    let corr = o.corr.and_then(|(coef, e)| coef[i].map(|c| (c, &e[n0..n0 + nc])));
+    match (terms, o.lo, lt, corr) {
+        (1, None, _, None) => dequantize_row(row(0), sa(0), ws, dr),
+        (1, None, _, Some((cc, e))) => dequantize_row_corr(row(0), sa(0), ws, cc, e, dr),
+        (2, Some((_, ls)), 1, None) => dequantize_row2_lo(row(0), sa(0), row(1), sa(1), ws, lrow(0), sa(0), &ls[n0..n0 + nc], dr),
+        (2, Some((_, ls)), 1, Some((cc, e))) => dequantize_row2_lo_corr(row(0), sa(0), row(1), sa(1), ws, lrow(0), sa(0), &ls[n0..n0 + nc], cc, e, dr),
+        _ => {
+            if terms == 1 {
+                dequantize_row(row(0), sa(0), ws, dr);
+            } else {
+                dequantize_row2(row(0), sa(0), row(1), sa(1), ws, dr);
+                for t in 2..terms {
+                    dequantize_row_acc(row(t), sa(t), ws, dr);
+                }
+            }
+            if let Some((_, ls)) = o.lo {
+                for t in 0..lt {
+                    dequantize_row_acc(lrow(t), sa(t), &ls[n0..n0 + nc], dr);
+                }
+            }
+            if let Some((cc, e)) = corr {
+                add_scaled_row(cc, e, dr);
+            }
+        }
+    }
 }
 
 /// `d[j] += cc · e[j]` (multiply, then add: never fused), the correction's add on one row.
@@ -1170,7 +1219,7 @@ mod tests {
                     .zip(segs)
                     .flat_map(|(c, ss)| {
                         let ncols = ss.iter().map(|s| s.1).sum();
-                        ss.iter().map(move |&(n0, nc, col0)| CPart { n0, nc, total: rows, rows: rows.max(1), stride: ncols, at: col0, blocks: vec![&c[..]] })
+                        ss.iter().map(move |&(n0, nc, col0)| CPart { n0, nc, total: rows, rows: rows.max(1), parts: 1, stride: ncols, at: col0, blocks: vec![&c[..]] })
                     })
                     .collect()
             }
@@ -1187,15 +1236,36 @@ mod tests {
                     .collect()
             };
             let (tc, tcl) = (tiled(&c), tiled(&cl));
-            fn tparts<'a>(t: &'a [Vec<Vec<i32>>], segs: &[Vec<(usize, usize, usize)>], rows: usize) -> Vec<CPart<'a>> {
+            fn tparts<'a>(t: &'a [Vec<Vec<i32>>], segs: &[Vec<(usize, usize, usize)>], rows: usize, parts: usize) -> Vec<CPart<'a>> {
                 t.iter()
                     .zip(segs.iter().flatten())
-                    .map(|(bl, &(n0, nc, _))| CPart { n0, nc, total: rows, rows: TILE, stride: nc, at: 0, blocks: bl.iter().map(|b| &b[..]).collect() })
+                    .map(|(bl, &(n0, nc, _))| CPart { n0, nc, total: rows, rows: TILE, parts, stride: nc, at: 0, blocks: bl.iter().map(|b| &b[..]).collect() })
                     .collect()
             }
-            let (tpc, tpcl) = (tparts(&tc, &segs, terms * m), tparts(&tcl, &segs, if lo { m } else { 0 }));
+            let (tpc, tpcl) = (tparts(&tc, &segs, terms * m, 1), tparts(&tcl, &segs, if lo { m } else { 0 }, 1));
             let out_tiled = Output { c: CRows::Parts(&tpc), lo: lo.then_some((CRows::Parts(&tpcl), &lo_scale[..])), ..out };
-            for (how, out) in [("dense", &out), ("parts", &out_parts), ("blocks", &out_tiled)] {
+            // And as a K-split leaves them: each block as three partials whose int32 sum
+            // (wrapping) is the block, the first one extreme.
+            let mut noise = |len: usize| -> Vec<i32> { (0..len).map(|_| next() as i32).collect() };
+            let mut split3 = |t: &[Vec<Vec<i32>>]| -> Vec<Vec<Vec<i32>>> {
+                t.iter()
+                    .map(|bl| {
+                        bl.iter()
+                            .flat_map(|b| {
+                                let (p0, p1) = (noise(b.len()), noise(b.len()));
+                                let p2 = b.iter().zip(&p0).zip(&p1).map(|((&v, &a), &c)| v.wrapping_sub(a).wrapping_sub(c)).collect();
+                                [p0, p1, p2]
+                            })
+                            .collect()
+                    })
+                    .collect()
+            };
+            let (kc, kcl) = (split3(&tc), split3(&tcl));
+            let (kpc, kpcl) = (tparts(&kc, &segs, terms * m, 3), tparts(&kcl, &segs, if lo { m } else { 0 }, 3));
+            let out_ksplit = Output { c: CRows::Parts(&kpc), lo: lo.then_some((CRows::Parts(&kpcl), &lo_scale[..])), ..out };
+            // The first term in partials beside a dense second one (one side summed per row).
+            let out_mixed = Output { c: CRows::Parts(&kpc), ..out };
+            for (how, out) in [("dense", &out), ("parts", &out_parts), ("blocks", &out_tiled), ("k-split partials", &out_ksplit), ("mixed", &out_mixed)] {
                 for threads in [1, 3] {
                     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
                     let mut got = vec![7f32; m * n];
