@@ -235,6 +235,10 @@ pub struct Rotation {
     scale: f32,
     /// Channels negated before the Hadamard transform: the random ±1 diagonal D of R = D·H.
     flips: Vec<u32>,
+    /// D as a sign-bit mask per channel (`1 << 31` where negated), applied with an xor: a
+    /// negation is exactly a flip of the sign bit, and a mask pass vectorises where a walk of
+    /// the scattered channels does not.
+    signs: Vec<u32>,
 }
 
 impl Rotation {
@@ -261,11 +265,11 @@ impl Rotation {
             if let Some((construction, h)) = hadamard(b) {
                 let m = k / b;
                 let dense = (b > 1).then(|| Dense::new(&h, b));
-                return Some(Rotation { k, m, blocks: b, dense, construction: Some(construction), scale: (1.0 / (k as f64).sqrt()) as f32, flips: flips(k) });
+                return Some(Rotation { k, m, blocks: b, dense, construction: Some(construction), scale: (1.0 / (k as f64).sqrt()) as f32, flips: flips(k), signs: signs(k) });
             }
         }
         let m = 1usize << tz;
-        Some(Rotation { k, m, blocks: k / m, dense: None, construction: None, scale: (1.0 / (m as f64).sqrt()) as f32, flips: flips(k) })
+        Some(Rotation { k, m, blocks: k / m, dense: None, construction: None, scale: (1.0 / (m as f64).sqrt()) as f32, flips: flips(k), signs: signs(k) })
     }
 
     /// The width K.
@@ -338,11 +342,11 @@ impl Rotation {
 }
 
 impl Rotation {
-    /// `x ← x·D`: negates the channels [`flips`] chose (exact, so every path shares it).
+    /// `x ← x·D`: negates the channels [`flips`] chose (exact, so every path shares it), as
+    /// an xor of their sign bits.
     fn flip(&self, x: &mut [f32]) {
-        for &i in &self.flips {
-            let v = &mut x[i as usize];
-            *v = -*v;
+        for (v, &s) in x.iter_mut().zip(&self.signs) {
+            *v = f32::from_bits(v.to_bits() ^ s);
         }
     }
 
@@ -350,6 +354,15 @@ impl Rotation {
     pub fn flipped(&self) -> &[u32] {
         &self.flips
     }
+}
+
+/// [`flips`] as a per-channel sign-bit mask.
+fn signs(k: usize) -> Vec<u32> {
+    let mut m = vec![0u32; k];
+    for i in flips(k) {
+        m[i as usize] = 1 << 31;
+    }
+    m
 }
 
 /// The random ±1 diagonal D of width K: channel i is negated when bit 0 of the i-th output of
