@@ -50,6 +50,10 @@ impl Rig {
     }
 
     fn submit(&mut self, entries: &[RegCmd], tasks: usize) -> Result<(), KifError> {
+        self.submit_done(entries, tasks).map(|_| ())
+    }
+
+    fn submit_done(&mut self, entries: &[RegCmd], tasks: usize) -> Result<ggml_ork::npu::kif::SubmitDone, KifError> {
         let bytes = regcmd::to_bytes(entries);
         self.rc.bytes_mut()[..bytes.len()].copy_from_slice(&bytes);
         for i in 0..tasks {
@@ -72,7 +76,7 @@ impl Rig {
             flags: job_flags::PC | job_flags::PINGPONG,
             timeout_ms: 1000,
         };
-        self.sim.submit(&job).map(|_| ())
+        self.sim.submit(&job)
     }
 
     fn c_i32(&self, count: usize) -> Vec<i32> {
@@ -289,7 +293,8 @@ fn the_board_timing_completes_each_submit_at_its_modelled_time() {
     assert_eq!(tiny.device_ns, tiny.submits as u64 * t.submit_floor_ns, "a tiny matmul costs the floor per submit");
     assert!(wall.as_nanos() as u64 >= t.submit_floor_ns, "the submit took its modelled time: {wall:?}");
     let (m, k, n) = (512, 2048, 2048);
-    let (big, _, _) = run(m, k, n, &mut rng);
+    let (big, _, big_wall) = run(m, k, n, &mut rng);
+    assert!(big_wall.as_nanos() as u64 >= big.device_ns / u64::from(big.cores), "no core's submits ended before their modelled time: {big_wall:?}, {big:?}");
     let macs_ns = 2.0 * (m * k * n) as f64 / t.core_ops as f64 * 1e9;
     assert!(big.device_ns as f64 >= macs_ns && big.device_ns as f64 <= 1.5 * macs_ns + 1e6 * big.submits as f64, "{big:?} vs MAC time {macs_ns:.0} ns");
     let (again, _, _) = run(m, k, n, &mut rng);
@@ -301,6 +306,24 @@ fn the_board_timing_completes_each_submit_at_its_modelled_time() {
     let mut c = vec![0; 32 * 64];
     npu.mm_run(&rw, &a, 32, &mut c, Budget { max_cores: 3 }).unwrap();
     assert_eq!(c, ggml_ork::npu::reference_mm(&a, &w, 32, 64, 64), "computed again, bit-exact, once it is off");
+}
+
+/// A timed submit returns no earlier than its modelled hardware time (the simulator sleeps to
+/// shortly before it, then polls the clock; how late it ends is measured by
+/// `cargo run --release --example sleep_lateness`, not here).
+#[test]
+fn a_timed_submit_never_ends_before_its_modelled_time() {
+    let mut r = rig();
+    r.sim.set_board_timing(true);
+    let mut rng = Rng::new(8);
+    r.data(&mut rng, 32, 256, 128);
+    let e = r.prog(32, 256, 128, 128).program(None, 2).unwrap();
+    for _ in 0..20 {
+        let t = std::time::Instant::now();
+        let done = r.submit_done(&e, 1).unwrap();
+        let wall = t.elapsed().as_nanos() as u64;
+        assert!(wall >= done.hw_elapse_ns, "ended {} ns before its modelled {} ns", done.hw_elapse_ns - wall, done.hw_elapse_ns);
+    }
 }
 
 /// Matmuls computed by the simulator (its kernel runs on rayon) from two caller threads at once,

@@ -487,9 +487,12 @@ impl KernelInterface for SimKif {
             // Complete at the modelled time: the caller waits as long as a board's core would.
             drop(st);
             let hw = timing.submit_ns(modelled);
-            let left = std::time::Duration::from_nanos(hw).saturating_sub(t0.elapsed());
+            let end = t0 + std::time::Duration::from_nanos(hw);
             tight_timer();
-            std::thread::sleep(left);
+            std::thread::sleep(end.saturating_duration_since(Instant::now()).saturating_sub(POLL_BEFORE_END));
+            while Instant::now() < end {
+                std::thread::yield_now();
+            }
             return Ok(SubmitDone { hw_elapse_ns: hw, task_counter, synced_bytes: 0 });
         }
         Ok(SubmitDone { hw_elapse_ns: t0.elapsed().as_nanos() as u64, task_counter, synced_bytes: 0 })
@@ -1015,6 +1018,14 @@ fn has_avx2() -> bool {
         false
     }
 }
+
+/// How long before a timed submit's modelled end the simulator stops sleeping and polls the
+/// clock (yielding the CPU between looks): a sleeping thread on the 2-vCPU x86 builder wakes
+/// 30–45 µs late even with 1 µs timer slack, a lateness of this machine's timer, not a board's
+/// NPU interrupt; polled, the job ends within 1 µs of its modelled time (`cargo run --release
+/// --example sleep_lateness`, idle machine: 1600 µs sleeps 43 µs late at the median, polled
+/// 0.1 µs).
+const POLL_BEFORE_END: std::time::Duration = std::time::Duration::from_micros(60);
 
 /// Makes the calling thread's sleeps end on time: Linux lets a sleeping thread's timer fire up
 /// to its *timer slack* late (50 µs by default), which would add to every timed submit a wait no
