@@ -17,7 +17,8 @@
 # threads otherwise spin for a while after each CPU split, on the cores ORK's host passes need
 # (24 % of the process's CPU time in libgomp's wait loop in a pp512 run here, `perf record`).
 # ORK_BASE_LIB=/path/to/an/older/libggml-ork.so adds a "before" row per M, run right before the
-# current build's row (the same machine state, for a before/after table).
+# current build's row (the same machine state, for a before/after table); several paths
+# (space-separated) add a row each, tagged with the file's name.
 # The per-token figures divide the process's totals by the tokens it prefilled: (1 warm-up + R)
 # × P (llama-bench's warm-up runs the whole prompt). The device time is a model, not a board; the
 # host times are this machine's cores (under whatever else runs on them), not an A76's.
@@ -40,8 +41,9 @@ rate() { grep -E " pp$P " | tail -1 | awk -F'|' '{print $(NF-1)}' | sed -E 's/ /
 export OMP_WAIT_POLICY=${ORK_BENCH_OMP_WAIT:-passive}
 for ub in ${UB:-32 128 512}; do
  o=$(env GGML_BACKEND_PATH="$ORK_LIB" ORK_OFF=1 nice "$LLAMA_BIN/llama-bench" -m "$M" -p "$P" -ub "$ub" -n 0 -t "$T" -r "$R" 2>&1 | rate)
- for lib in ${ORK_BASE_LIB:+"$ORK_BASE_LIB"} "$ORK_LIB"; do
-  tag=$([ "$lib" = "$ORK_LIB" ] && echo "$ub" || echo "$ub, before")
+ nbase=$(echo ${ORK_BASE_LIB:-} | wc -w)
+ for lib in ${ORK_BASE_LIB:-} "$ORK_LIB"; do
+  tag=$([ "$lib" = "$ORK_LIB" ] && echo "$ub" || { [ "$nbase" -gt 1 ] && echo "$ub, $(basename "$lib" .so)" || echo "$ub, before"; })
   b=$(env GGML_BACKEND_PATH="$lib" ORK_NPU=sim ORK_SIM_TIMING=board ORK_PROFILE=1 \
         nice "$LLAMA_BIN/llama-bench" -m "$M" -p "$P" -ub "$ub" -n 0 -t "$T" -r "$R" 2>&1)
   pre=$(echo "$b" | grep -E "prefill MUL_MAT: npu" | tail -1)
@@ -57,6 +59,6 @@ for ub in ${UB:-32 128 512}; do
   pieces=$(echo "$pre" | grep -oE "[0-9]+ pieces" | grep -oE "[0-9]+" | awk -v r="${runs:-0}" '{ if (r > 0) printf "%.2f", $1 / r; else print "-" }') || pieces=
   ratio=$(awk -v h="${cr:-0}" -v d="${wt:-0}" 'BEGIN { if (d > 0) printf "%.2f×", h / d; else print "-" }')
   echo "| $tag | $(echo "$b" | rate) | $o | ${aq:--} | ${sb:--} | ${dq:--} | ${ar:--} | $host | ${cr:--} | ${pieces:--} | ${wt:--} | $ratio |"
-  if [ -n "${KEEP_LOG:-}" ]; then echo "$b" > "$KEEP_LOG.ub$ub$([ "$lib" = "$ORK_LIB" ] || echo .before).log"; fi
+  if [ -n "${KEEP_LOG:-}" ]; then echo "$b" > "$KEEP_LOG.ub$ub$([ "$lib" = "$ORK_LIB" ] || echo ".before.$(basename "$lib" .so)").log"; fi
  done
 done
