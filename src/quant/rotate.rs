@@ -70,8 +70,9 @@
 //! `k_table_matches_the_module_doc` checks this table.
 //!
 //! **Bit-exact SIMD.** Like [`super::simd`], the row kernel has a scalar definition
-//! ([`Rotation::apply_row_scalar`]) and AVX2 (x86-64, detected at run time) and NEON (aarch64)
-//! versions that give the same bits for every finite input. The scalar reference fixes every
+//! ([`Rotation::apply_row_scalar`]) and AVX2 (x86-64, detected at run time; the WHT also on
+//! AVX-512 where built and detected) and NEON (aarch64) versions that give the same bits for
+//! every finite input. The scalar reference fixes every
 //! element's sequence of operations: WHT stage h = 1, 2, 4, … with `(a, b) → (a + b, a - b)`; then,
 //! per column, each group's signed sums `((a ± b) ± c) ± d` (and their negations for a negative
 //! first sign), `acc = T₀`, `acc = acc + T_g` for g = 1, 2, … in order, and `acc · (1/√K)` (with no
@@ -401,6 +402,10 @@ pub fn simd_path() -> Option<&'static str> {
     if cfg!(target_arch = "aarch64") {
         return Some("neon");
     }
+    #[cfg(all(target_arch = "x86_64", ork_avx512))]
+    if has_avx512() {
+        return Some("avx512 (WHT), avx2");
+    }
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") {
         return Some("avx2");
@@ -479,6 +484,12 @@ fn scale_scalar(x: &mut [f32], s: f32) {
 /// SIMD paths); SIMD where there is a path and a block fills a vector.
 fn wht(x: &mut [f32], m: usize, scale: Option<f32>) {
     assert!(m.is_power_of_two() && x.len() % m == 0);
+    #[cfg(all(target_arch = "x86_64", ork_avx512))]
+    if m >= 16 && has_avx512() {
+        // SAFETY: AVX-512 F and DQ detected just above; m is a power of two ≥ 16 dividing
+        // x.len() (asserted).
+        return unsafe { wht_avx512(x, m, scale) };
+    }
     #[cfg(target_arch = "x86_64")]
     if m >= 8 && is_x86_feature_detected!("avx2") {
         // SAFETY: AVX2 detected just above; m is a power of two ≥ 8 dividing x.len() (asserted).
@@ -605,6 +616,125 @@ unsafe fn wht_avx2(x: &mut [f32], m: usize, scale: Option<f32>) {
                     }
                     _mm256_storeu_ps(pa, s);
                     _mm256_storeu_ps(pb, t);
+                }
+                base += 2 * h;
+            }
+        }
+    }
+}
+
+/// Whether the AVX-512 WHT kernel can run here.
+#[cfg(all(target_arch = "x86_64", ork_avx512))]
+fn has_avx512() -> bool {
+    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq")
+}
+
+/// Sign-bit masks for lanes whose index has bit h set (h = 1, 2, 4, 8).
+#[cfg(all(target_arch = "x86_64", ork_avx512))]
+const AVX512_SIGN: [[u32; 16]; 4] = {
+    let mut t = [[0u32; 16]; 4];
+    let mut i = 0;
+    while i < 4 {
+        let mut l = 0;
+        while l < 16 {
+            if l & (1 << i) != 0 {
+                t[i][l] = 0x8000_0000;
+            }
+            l += 1;
+        }
+        i += 1;
+    }
+    t
+};
+
+/// [`wht_avx2`] sixteen lanes at a time: the stages h = 1, 2, 4, 8 inside each vector, fused
+/// with the radix-4 pass h = 16, 32 (m ≥ 64) or the radix-2 pass h = 16 (m = 32); then radix-4
+/// passes, then a radix-2 pass when one stage is left; the scale multiplies the outputs of the
+/// last pass. Every element gets the scalar reference's butterflies in its order (a + b as
+/// b + a, a - b as a + (-b): the same IEEE results).
+///
+/// # Safety
+/// The CPU must support AVX-512 F and DQ; m is a power of two ≥ 16 dividing `x.len()`.
+#[cfg(all(target_arch = "x86_64", ork_avx512))]
+#[allow(clippy::incompatible_msrv)] // built only where cfg(ork_avx512): a compiler with these intrinsics
+#[target_feature(enable = "avx512f,avx512dq")]
+unsafe fn wht_avx512(x: &mut [f32], m: usize, scale: Option<f32>) {
+    let n = x.len();
+    let p = x.as_mut_ptr();
+    // SAFETY: AVX-512 F/DQ enabled (caller's contract). Every load and store touches
+    // p[j..j+16] with j a multiple of 16 and j + 16 <= n: each pass walks bases 0, S, 2S, … < n
+    // with S | m | n, and inside a base reaches at most base + S - 16 (radix-4 at h: S = 4h,
+    // offsets j + 3h with j < base + h; radix-2: S = 2h; the in-vector pass: S = 16).
+    unsafe {
+        let sg = |i: usize| _mm512_loadu_ps(AVX512_SIGN[i].as_ptr() as *const f32);
+        let (s1, s2, s4, s8) = (sg(0), sg(1), sg(2), sg(3));
+        let vs = _mm512_set1_ps(scale.unwrap_or(1.0));
+        // Lane l gets x[l^h] + (±x[l]): x[l^h] + x[l] where bit h of l is clear, x[l^h] - x[l]
+        // where it is set.
+        let inreg = |v: __m512| {
+            let v = _mm512_add_ps(_mm512_permute_ps::<0b10_11_00_01>(v), _mm512_xor_ps(v, s1));
+            let v = _mm512_add_ps(_mm512_permute_ps::<0b01_00_11_10>(v), _mm512_xor_ps(v, s2));
+            let v = _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_11_00_01>(v, v), _mm512_xor_ps(v, s4));
+            _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_11_10>(v, v), _mm512_xor_ps(v, s8))
+        };
+        let radix4 = |j: usize, h: usize, a: __m512, b: __m512, c: __m512, d: __m512, last: bool| {
+            let (s, t) = (_mm512_add_ps(a, b), _mm512_sub_ps(a, b));
+            let (u, w) = (_mm512_add_ps(c, d), _mm512_sub_ps(c, d));
+            let mut o = [_mm512_add_ps(s, u), _mm512_add_ps(t, w), _mm512_sub_ps(s, u), _mm512_sub_ps(t, w)];
+            if last && scale.is_some() {
+                o = o.map(|v| _mm512_mul_ps(v, vs));
+            }
+            for (i, v) in o.into_iter().enumerate() {
+                _mm512_storeu_ps(p.add(j + i * h), v);
+            }
+        };
+        let radix2 = |j: usize, h: usize, a: __m512, b: __m512, last: bool| {
+            let (mut s, mut t) = (_mm512_add_ps(a, b), _mm512_sub_ps(a, b));
+            if last && scale.is_some() {
+                (s, t) = (_mm512_mul_ps(s, vs), _mm512_mul_ps(t, vs));
+            }
+            _mm512_storeu_ps(p.add(j), s);
+            _mm512_storeu_ps(p.add(j + h), t);
+        };
+        let mut h;
+        let mut j = 0;
+        if m >= 64 {
+            while j < n {
+                let ld = |o: usize| inreg(_mm512_loadu_ps(p.add(j + o)));
+                radix4(j, 16, ld(0), ld(16), ld(32), ld(48), m == 64);
+                j += 64;
+            }
+            h = 64;
+        } else if m == 32 {
+            while j < n {
+                radix2(j, 16, inreg(_mm512_loadu_ps(p.add(j))), inreg(_mm512_loadu_ps(p.add(j + 16))), true);
+                j += 32;
+            }
+            h = 32;
+        } else {
+            while j < n {
+                let v = inreg(_mm512_loadu_ps(p.add(j)));
+                _mm512_storeu_ps(p.add(j), if scale.is_some() { _mm512_mul_ps(v, vs) } else { v });
+                j += 16;
+            }
+            h = 16;
+        }
+        while 4 * h <= m {
+            let mut base = 0;
+            while base < n {
+                for j in (base..base + h).step_by(16) {
+                    let ld = |o: usize| _mm512_loadu_ps(p.add(j + o));
+                    radix4(j, h, ld(0), ld(h), ld(2 * h), ld(3 * h), 4 * h == m);
+                }
+                base += 4 * h;
+            }
+            h *= 4;
+        }
+        if h < m {
+            let mut base = 0;
+            while base < n {
+                for j in (base..base + h).step_by(16) {
+                    radix2(j, h, _mm512_loadu_ps(p.add(j)), _mm512_loadu_ps(p.add(j + h)), true);
                 }
                 base += 2 * h;
             }

@@ -328,6 +328,11 @@ fn product_is_invariant_with_the_same_r_on_both_sides() {
 fn simd_path_is_active() {
     #[cfg(target_arch = "aarch64")]
     assert_eq!(simd_path(), Some("neon"));
+    #[cfg(all(target_arch = "x86_64", ork_avx512))]
+    if has_avx512() {
+        assert_eq!(simd_path(), Some("avx512 (WHT), avx2"));
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     assert_eq!(simd_path(), std::is_x86_feature_detected!("avx2").then_some("avx2"));
     eprintln!("rotation SIMD path: {:?}", simd_path());
@@ -376,9 +381,24 @@ fn wht_kernel_matches_scalar_for_every_block_length() {
                     if let Some(s) = scale {
                         scale_scalar(&mut want, s);
                     }
-                    let mut got = x;
+                    let mut got = x.clone();
                     wht(&mut got, m, scale);
                     assert_same(&got, &want, &format!("WHT m {m} blocks {blocks} kind {kind} scale {scale:?}"));
+                    // Every x86 kernel this CPU runs, not only the one the dispatcher picks.
+                    #[cfg(target_arch = "x86_64")]
+                    if m >= 8 && is_x86_feature_detected!("avx2") {
+                        let mut got = x.clone();
+                        // SAFETY: AVX2 detected just above; m is a power of two ≥ 8 dividing the row.
+                        unsafe { wht_avx2(&mut got, m, scale) };
+                        assert_same(&got, &want, &format!("AVX2 WHT m {m} blocks {blocks} kind {kind} scale {scale:?}"));
+                    }
+                    #[cfg(all(target_arch = "x86_64", ork_avx512))]
+                    if m >= 16 && has_avx512() {
+                        let mut got = x.clone();
+                        // SAFETY: AVX-512 F/DQ detected just above; m is a power of two ≥ 16 dividing the row.
+                        unsafe { wht_avx512(&mut got, m, scale) };
+                        assert_same(&got, &want, &format!("AVX-512 WHT m {m} blocks {blocks} kind {kind} scale {scale:?}"));
+                    }
                 }
             }
         }
