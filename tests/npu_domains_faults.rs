@@ -333,3 +333,65 @@ fn fault_spec_parses() {
     assert!(SimFaults::parse("bogus:1").is_err());
     assert!(SimFaults::parse("timeout_every").is_err());
 }
+
+/// A run of pieces (`Npu::mm_run_pieces`): every piece's result equals the reference, whatever
+/// the cut and the shape (full-K and K-split, several M-tiles, several submits per core); a
+/// piece whose submit fails gives an error on its own take and the later pieces still run; a
+/// run dropped before its last pieces are written returns without hanging, and the NPU runs the
+/// next matmul exactly.
+#[test]
+fn a_run_of_pieces_equals_the_reference_and_a_failed_piece_fails_alone() {
+    use ggml_ork::npu::layout::tile_weight;
+    for (faults, k, n, cuts) in [
+        (SimFaults::default(), 2048, 1024, vec![0, 163, 326, 512]),
+        (SimFaults::default(), 6144, 512, vec![0, 64, 200]),
+        (SimFaults::default(), 2080, 256, vec![0, 1, 2, 9, 40]),
+        (SimFaults { timeout_every: Some(4), ..SimFaults::default() }, 2080, 256, vec![0, 8, 16, 24, 32, 40, 48]),
+    ] {
+        let injecting = faults.timeout_every.is_some();
+        let (_sim, npu) = sim_npu(rk3588(), faults);
+        let mut rng = Rng::new(k as u64 + n as u64);
+        let w = rng.i8s(n * k);
+        let rw = npu.upload(&tile_weight(npu.soc(), &w, n, k).unwrap()).unwrap();
+        let m = *cuts.last().unwrap();
+        let a = rng.i8s(m * k);
+        let bounds: Vec<(usize, usize)> = cuts.windows(2).map(|c| (c[0], c[1])).collect();
+        let (mut ok, mut failed) = (0, 0);
+        {
+            // Every piece written before any is taken: each piece's rows have a place of their
+            // own while the cores run the ones before.
+            let mut run = npu.mm_run_pieces(&rw, &bounds, Budget { max_cores: 3 }, 0).unwrap();
+            for (i, &(r0, r1)) in bounds.iter().enumerate() {
+                run.fill(i, &a[r0 * k..r1 * k]).unwrap();
+            }
+            for (i, &(r0, r1)) in bounds.iter().enumerate() {
+                match run.take(i) {
+                    Ok((sh, st)) => {
+                        let mut c = vec![0i32; (r1 - r0) * n];
+                        sh.copy_to(&mut c);
+                        let want = reference_mm(&a[r0 * k..r1 * k], &w, r1 - r0, k, n);
+                        let wrong = c.iter().zip(&want).filter(|(g, w)| g != w).count();
+                        assert_eq!(wrong, 0, "K {k} N {n} piece {i} rows {r0}..{r1}: {wrong} of {} words differ", want.len());
+                        assert!(st.submits >= 3 && st.device_ns > 0 && st.host_ns > 0, "{st:?}");
+                        ok += 1;
+                    }
+                    Err(NpuError::Submit { source: KifError::Timeout { .. }, .. }) if injecting => failed += 1,
+                    Err(e) => panic!("K {k} N {n} piece {i}: {e}"),
+                }
+            }
+        }
+        assert!(ok > 0 && (failed > 0) == injecting, "K {k} N {n}: ok {ok} failed {failed}");
+        // Dropped after one of three pieces: returns, and the cores are free for the next run.
+        let run = {
+            let mut run = npu.mm_run_pieces(&rw, &[(0, 4), (4, 8), (8, 12)], Budget { max_cores: 3 }, 0).unwrap();
+            run.fill(0, &a[..4 * k]).unwrap();
+            run
+        };
+        drop(run);
+        if !injecting {
+            let mut c = vec![0i32; 5 * n];
+            npu.mm_run(&rw, &a[..5 * k], 5, &mut c, Budget { max_cores: 3 }).unwrap();
+            assert_eq!(c, reference_mm(&a[..5 * k], &w, 5, k, n));
+        }
+    }
+}

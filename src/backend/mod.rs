@@ -1074,11 +1074,51 @@ impl Device {
             (key, reused, redot) = if candidate { pool::on_host(no_aff, m * k, decide) } else { decide() };
             // One int8 term: row r of every buffer is at r times its row length.
             let cut = |len: usize| bounds.iter().map(|&(r0, r1)| (r0 * len, r1 * len)).collect::<Vec<_>>();
-            let (a_p, c_p, cl_p) = (pieces(a, &cut(k)), pieces(c, &cut(n)), pieces(cl, &cut(if w.lo.is_some() { n } else { 0 })));
+            let (mut a_p, c_p, cl_p) = (pieces(a, &cut(k)), pieces(c, &cut(n)), pieces(cl, &cut(if w.lo.is_some() { n } else { 0 })));
             let (mut as_p, mut dots_p, mut coef_p, mut dst_p) =
                 (pieces(a_scale, &cut(1)), pieces(dots, &cut(usize::from(dir.is_some()))), pieces(coef, &cut(usize::from(fix.is_some()))), pieces(dst, &cut(n)));
             let hashed = usize::from(!hashes.is_empty());
             let mut hashes_p = pieces(&mut hashes, &cut(hashed));
+            // One weight term: the cores run the pieces one after the other as their rows come
+            // (`Npu::mm_run_pieces`), each core without waiting for the others between pieces;
+            // this thread writes each piece's rows after its activation pass and finishes the
+            // piece before with its output pass meanwhile.
+            let mut run = if w.lo.is_none() && lease.is_ok() { self.npu.mm_run_pieces(&w.resident, &bounds, budget, first).ok() } else { None };
+            if let Some(run) = run.as_mut() {
+                let mut c_p = c_p;
+                let mut finish = |i: usize, run: &mut crate::npu::PieceRun<'_>, a: &[i8], c: &mut [i32], a_scale: &[f32], coef: &[Option<f32>], dst: &mut [f32]| {
+                    let (r0, r1) = bounds[i];
+                    let mut r = PieceRun::default();
+                    let mut hc = TermOut::Dense;
+                    let got = run.take(i).map(|(sh, rs)| {
+                        hc = TermOut::Shares(sh);
+                        rs
+                    });
+                    let host_ns = got.as_ref().map_or(0, |rs| rs.host_ns);
+                    r.book(got, r1 - r0, true, self, |r| {
+                        let tf = Instant::now();
+                        c.copy_from_slice(&crate::npu::reference_mm(a, &held().0, r1 - r0, k, n));
+                        r.cpu_ns += tf.elapsed().as_nanos() as u64;
+                    });
+                    // The NPU part of the piece: its longest core run (or the CPU's instead).
+                    r.wall_ns = host_ns + r.cpu_ns;
+                    runs.add(&r);
+                    out_ns += out(bounds[i], (c, hc), a_scale, (&[], TermOut::Dense), coef, dst);
+                };
+                for i in 0..bounds.len() {
+                    let (t, d) = act(bounds[i], (reused, redot), a_p[i], as_p[i], dots_p[i], coef_p[i], hashes_p[i]);
+                    act_ns += t;
+                    dot_ns += d;
+                    // A piece whose rows could not be written fails its take (booked there).
+                    let _ = run.fill(i, a_p[i]);
+                    if i > 0 {
+                        finish(i - 1, run, a_p[i - 1], c_p[i - 1], as_p[i - 1], coef_p[i - 1], dst_p[i - 1]);
+                    }
+                }
+                let last = bounds.len() - 1;
+                finish(last, run, a_p[last], c_p[last], as_p[last], coef_p[last], dst_p[last]);
+                return;
+            }
             std::thread::scope(|s| {
                 let (to_npu, npu_rx) = std::sync::mpsc::channel::<(usize, &[i8])>();
                 let (npu_tx, from_npu) = std::sync::mpsc::channel::<Landed<'_>>();

@@ -346,6 +346,8 @@ pub(crate) struct CoreResult {
     pub outs: Vec<Bo>,
     /// With `outs`: each column segment's blocks, one per M-tile and K-slice.
     pub blocks: Vec<Vec<OutBlock>>,
+    /// Wall time of the share's run on its core's thread.
+    pub busy_ns: u64,
     pub submits: u32,
     pub programs: u32,
     pub device_ns: u64,
@@ -430,8 +432,12 @@ pub(crate) fn ensure_scratch(shared: &Shared, domain: DomainId, cores: u32) -> R
 /// int32 result over its column segments (in its output buffers, or `[M][plan.ncols]`).
 pub(crate) fn run_core(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize, plan: &CorePlan, gate: Option<&Gate>) -> Result<CoreResult, NpuError> {
     let mut res = CoreResult::default();
+    let t0 = std::time::Instant::now();
     match run_core_into(shared, w, img, m, plan, gate, &mut res) {
-        Ok(()) => Ok(res),
+        Ok(()) => {
+            res.busy_ns = t0.elapsed().as_nanos() as u64;
+            Ok(res)
+        }
         Err(e) => {
             // A failed share's buffers go back to the core's spares (nothing of it is read).
             shared.spares[plan.core as usize].lock().unwrap_or_else(|p| p.into_inner()).give_back(&*shared.kif, std::mem::take(&mut res.local), std::mem::take(&mut res.outs));
@@ -663,15 +669,19 @@ impl ImageLayout {
 /// core's address space (one image read by every core where they share a space; a copy in each
 /// core's space where every core has its own, `rocket`).
 pub(crate) struct ImageAt {
-    /// `(space, address)` of each copy.
+    /// `(space, address)` of each copy's buffer.
     pub iovas: Vec<(u32, Iova)>,
     pub layout: ImageLayout,
+    /// Where in the buffers this image starts (a piece of a run of pieces, `Npu::mm_run_pieces`:
+    /// each piece's rows in a region of one stable buffer).
+    pub base: usize,
 }
 
 impl ImageAt {
     /// The image's address in address space `space` (a core's, `KernelInterface::space_of`).
     pub(crate) fn iova_in(&self, space: DomainId) -> Iova {
-        self.iovas.iter().find(|(s, _)| *s == space.0).expect("an image in every core's space").1
+        let at = self.iovas.iter().find(|(s, _)| *s == space.0).expect("an image in every core's space").1;
+        Iova(at.0 + self.base as u32)
     }
 }
 
@@ -692,6 +702,13 @@ fn image_initial_bytes(kif: &dyn KernelInterface) -> usize {
 /// Returns the guard holding the slot (the run keeps it until every core is done) and where
 /// the images are: the cores can build their submits while the image is filled.
 pub(crate) fn image_for<'s>(shared: &'s Shared, slot: u32, domain: DomainId, cores: &[u32], layout: ImageLayout) -> Result<(ImageGuard<'s>, ImageAt), KifError> {
+    let (g, iovas) = image_space(shared, slot, domain, cores, layout.bytes)?;
+    Ok((g, ImageAt { iovas, layout, base: 0 }))
+}
+
+/// The image buffers of lease slot `slot` for `cores` in `domain`, each of at least `bytes`
+/// (grown, never shrunk), locked: `(space, address)` of each.
+pub(crate) fn image_space<'s>(shared: &'s Shared, slot: u32, domain: DomainId, cores: &[u32], bytes: usize) -> Result<(ImageGuard<'s>, Vec<(u32, Iova)>), KifError> {
     let kif = &*shared.kif;
     let mut g = shared.images[slot as usize].lock().unwrap_or_else(|p| p.into_inner());
     let mut spaces: Vec<u32> = cores.iter().map(|&c| kif.space_of(domain, c).0).collect();
@@ -704,21 +721,22 @@ pub(crate) fn image_for<'s>(shared: &'s Shared, slot: u32, domain: DomainId, cor
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => e.insert(kif.mem_create(image_initial_bytes(kif), mem_flags::DATA, d)?),
         };
-        grow(kif, bo, layout.bytes, d)?;
+        grow(kif, bo, bytes, d)?;
         iovas.push((space, bo.iova));
     }
-    Ok((g, ImageAt { iovas, layout }))
+    Ok((g, iovas))
 }
 
-/// Packs `a: [M, K]` into the images of [`image_for`] and syncs them to the device. Returns the
-/// bytes synced and exchanged.
+/// Packs `a: [M, K]` into the images of [`image_for`] (at the image's `base`) and syncs those
+/// bytes to the device. Returns the bytes synced and exchanged.
 pub(crate) fn fill_image(shared: &Shared, g: &mut ImageGuard<'_>, at: &ImageAt, a: &[i8], k: usize) -> Result<(u64, u64), KifError> {
     let (mut synced, mut io) = (0u64, 0u64);
+    let (base, len) = (at.base, at.layout.bytes);
     for &(space, _) in &at.iovas {
         let bo = g.get_mut(&space).expect("an image of image_for");
-        at.layout.pack(a, k, &mut bo.bytes_mut()[..at.layout.bytes]);
-        synced += sync_spans(&*shared.kif, bo, SyncDir::ToDevice, [(0, at.layout.bytes)].into_iter())?;
-        io += at.layout.bytes as u64;
+        at.layout.pack(a, k, &mut bo.bytes_mut()[base..base + len]);
+        synced += sync_spans(&*shared.kif, bo, SyncDir::ToDevice, [(base, len)].into_iter())?;
+        io += len as u64;
     }
     Ok((synced, io))
 }

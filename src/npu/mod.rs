@@ -224,6 +224,88 @@ impl Drop for Shares {
     }
 }
 
+/// What a core's worker sends back in a run of pieces: each piece's result in order, then that
+/// it is done (it reads no image byte after).
+enum PieceMsg {
+    Piece(Result<mm::CoreResult, NpuError>),
+    Done,
+}
+
+/// A run of pieces ([`Npu::mm_run_pieces`]): fill the pieces in order, take their results in
+/// order. Dropped, it fails the pieces not filled and waits until no core reads its image.
+pub struct PieceRun<'a> {
+    npu: &'a Npu,
+    image: mm::ImageGuard<'a>,
+    k: usize,
+    cores: Vec<u32>,
+    pieces: Arc<Vec<(plan::Plan, mm::ImageAt, Arc<mm::Gate>)>>,
+    gates: Vec<mm::GateOpener>,
+    rx: Vec<std::sync::mpsc::Receiver<PieceMsg>>,
+    /// Per piece, the image bytes its fill synced and exchanged.
+    filled: Vec<(u64, u64)>,
+    taken: usize,
+}
+
+impl PieceRun<'_> {
+    /// Writes piece `i`'s int8 rows (`a`: its rows × K) into the image and lets the cores run
+    /// it. Err: the image could not be written; the piece's [`PieceRun::take`] fails.
+    pub fn fill(&mut self, i: usize, a: &[i8]) -> Result<(), NpuError> {
+        let (plan, img, _) = &self.pieces[i];
+        let (m, k, n) = (plan.m, self.k, plan.n);
+        if a.len() != m * k {
+            self.gates[i].open(false);
+            return Err(NpuError::BadArg { op: "mm_run_pieces", m, k, n, why: format!("piece {i} has {} elements, not rows·K", a.len()) });
+        }
+        let r = mm::fill_image(&self.npu.shared, &mut self.image, img, a, k);
+        self.gates[i].open(r.is_ok());
+        let (synced, io) = r.map_err(|source| NpuError::Submit { op: "mm_run_pieces", m, k, n, core: self.cores[0], source })?;
+        self.filled[i] = (synced, io);
+        Ok(())
+    }
+
+    /// Piece `i`'s result once every core has run it (pieces are taken in order). Its
+    /// `host_ns` is the longest of the cores' runs of it.
+    pub fn take(&mut self, i: usize) -> Result<(Shares, RunStats), NpuError> {
+        assert_eq!(i, self.taken, "pieces are taken in order");
+        self.taken += 1;
+        let vanished = || NpuError::Kif(KifError::Invalid("NPU worker vanished".into()));
+        let results: Vec<Result<mm::CoreResult, NpuError>> = self
+            .rx
+            .iter()
+            .map(|rx| match rx.recv() {
+                Ok(PieceMsg::Piece(r)) => r,
+                _ => Err(vanished()),
+            })
+            .collect();
+        let busy = results.iter().filter_map(|r| r.as_ref().ok()).map(|r| r.busy_ns).max().unwrap_or(0);
+        let (synced, io) = self.filled[i];
+        let (shares, mut stats) = self.npu.assemble(&self.pieces[i].0, results, synced, io)?;
+        stats.host_ns = busy;
+        Ok((shares, stats))
+    }
+}
+
+impl Drop for PieceRun<'_> {
+    fn drop(&mut self) {
+        // Pieces never filled fail; then every core's remaining results come back (their
+        // buffers to the spares) up to its `Done`, after which no core reads the image.
+        for g in &self.gates {
+            g.open(false);
+        }
+        for (rx, &core) in self.rx.iter().zip(&self.cores) {
+            while let Ok(m) = rx.recv() {
+                match m {
+                    PieceMsg::Done => break,
+                    PieceMsg::Piece(Ok(r)) => {
+                        self.npu.shared.spares[core as usize].lock().unwrap_or_else(|p| p.into_inner()).give_back(&*self.npu.shared.kif, r.local, r.outs)
+                    }
+                    PieceMsg::Piece(Err(_)) => {}
+                }
+            }
+        }
+    }
+}
+
 /// A deterministic, self-contained tiled weight blob (what a disk cache stores): the K-slice
 /// tiles then the optional full-K companion, layout of [`layout`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -670,8 +752,17 @@ impl Npu {
             results.push(rx.recv().unwrap_or_else(|_| Err(NpuError::Kif(KifError::Invalid("NPU worker vanished".into())))));
         }
         drop(image);
+        let (shares, mut stats) = self.assemble(&plan, results, img_synced, img_io)?;
+        stats.host_ns = t0.elapsed().as_nanos() as u64;
+        Ok((shares, stats))
+    }
+
+    /// The cores' results of `plan` (in its core order) as one result and its counters; the
+    /// first error if a core failed (the others' buffers go back). `img_synced` / `img_io`: the
+    /// activation image's bytes, counted with the run's (the cores counted their own).
+    fn assemble(&self, plan: &plan::Plan, results: Vec<Result<mm::CoreResult, NpuError>>, img_synced: u64, img_io: u64) -> Result<(Shares, RunStats), NpuError> {
         let mut stats = RunStats { cores: plan.cores.len() as u32, synced_bytes: img_synced, io_bytes: img_io, ..RunStats::default() };
-        let mut shares = Shares { m, n, cores: Vec::with_capacity(results.len()), home: self.shared.clone() };
+        let mut shares = Shares { m: plan.m, n: plan.n, cores: Vec::with_capacity(results.len()), home: self.shared.clone() };
         let mut failed = None;
         for (cp, r) in plan.cores.iter().zip(results) {
             match r {
@@ -703,11 +794,90 @@ impl Npu {
             self.give_back(shares);
             return Err(e);
         }
-        // The image's bytes count with the run's (the cores counted their own).
         self.shared.synced.synced_bytes.fetch_add(img_synced, std::sync::atomic::Ordering::Relaxed);
         self.shared.synced.io_bytes.fetch_add(img_io, std::sync::atomic::Ordering::Relaxed);
-        stats.host_ns = t0.elapsed().as_nanos() as u64;
         Ok((shares, stats))
+    }
+
+    /// [`Npu::mm_run_shares`] of an activation that comes in pieces, rows `bounds[i]` of
+    /// piece `i`, for a caller that computes each piece's rows while the NPU runs the ones
+    /// before. Every core runs the pieces one after the other on its worker thread, each as soon
+    /// as its rows are written ([`PieceRun::fill`]) and the core is done with the piece before,
+    /// without waiting for the other cores; [`PieceRun::take`] gives a piece's result once every
+    /// core has run it. The pieces' rows sit one after the other in the lease slot's activation
+    /// buffer, one stable buffer for the whole run (rknpu-facts §2.6: rotating activation
+    /// buffers corrupted results; row ranges of one buffer are what every multi-M-tile run reads).
+    pub fn mm_run_pieces(&self, w: &ResidentWeight, bounds: &[(usize, usize)], budget: Budget, first_core: u32) -> Result<PieceRun<'_>, NpuError> {
+        let first_core = first_core.min(self.max_cores - 1);
+        let budget = Budget { max_cores: budget.max_cores.min(self.max_cores - first_core) };
+        let (k, n) = (w.k(), w.n());
+        let m = bounds.last().map_or(0, |b| b.1);
+        let bad = |why: String| NpuError::BadArg { op: "mm_run_pieces", m, k, n, why };
+        if bounds.is_empty() || bounds.iter().any(|&(r0, r1)| r1 <= r0) || bounds.windows(2).any(|b| b[0].1 != b[1].0) {
+            return Err(bad(format!("pieces {bounds:?} are not consecutive non-empty row ranges")));
+        }
+        if !Arc::ptr_eq(&w.inner.shared, &self.shared) {
+            return Err(bad("weight was uploaded to another Npu".into()));
+        }
+        let plans: Vec<plan::Plan> = bounds
+            .iter()
+            .map(|&(r0, r1)| {
+                if w.inner.parts.is_empty() {
+                    plan::plan_at(&self.shared.soc, &w.inner.geom, r1 - r0, budget.max_cores.min(self.max_cores), first_core)
+                } else {
+                    plan::plan_at(&self.shared.soc, &w.inner.geom, r1 - r0, w.inner.parts.len() as u32, 0)
+                }
+            })
+            .collect();
+        let cores: Vec<u32> = plans[0].cores.iter().map(|c| c.core).collect();
+        if plans.iter().any(|p| p.cores.iter().map(|c| c.core).ne(cores.iter().copied())) {
+            return Err(bad("the pieces' plans use different cores".into()));
+        }
+        // Each piece's image at a 64-byte boundary after the one before (no cache line shared).
+        let layouts: Vec<mm::ImageLayout> = plans.iter().map(mm::ImageLayout::of).collect();
+        let mut bases = Vec::with_capacity(layouts.len());
+        let mut total = 0;
+        for l in &layouts {
+            bases.push(total);
+            total += l.bytes.div_ceil(64) * 64;
+        }
+        let sub_err = |source: KifError| NpuError::Submit { op: "mm_run_pieces", m, k, n, core: first_core, source };
+        let (image, iovas) = mm::image_space(&self.shared, first_core, w.inner.domain, &cores, total).map_err(sub_err)?;
+        let gates: Vec<mm::GateOpener> = bounds.iter().map(|_| mm::GateOpener(Arc::new(mm::Gate::default()))).collect();
+        let pieces: Arc<Vec<(plan::Plan, mm::ImageAt, Arc<mm::Gate>)>> = Arc::new(
+            plans
+                .into_iter()
+                .zip(layouts)
+                .zip(bases)
+                .zip(&gates)
+                .map(|(((plan, layout), base), g)| (plan, mm::ImageAt { iovas: iovas.clone(), layout, base }, g.0.clone()))
+                .collect(),
+        );
+        let mut rx = Vec::with_capacity(cores.len());
+        for (ci, &core) in cores.iter().enumerate() {
+            let (tx, r) = std::sync::mpsc::channel();
+            let (shared, weight, pieces) = (self.shared.clone(), w.inner.clone(), pieces.clone());
+            self.pool.run_on(
+                core,
+                Box::new(move || {
+                    for (plan, img, gate) in pieces.iter() {
+                        let r = if gate.wait() {
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mm::run_core(&shared, &weight, img, plan.m, &plan.cores[ci], None)))
+                                .unwrap_or_else(|_| Err(NpuError::Kif(KifError::Invalid(format!("NPU worker {core} panicked")))))
+                        } else {
+                            Err(NpuError::Kif(KifError::Invalid("the piece's activation rows were not written".into())))
+                        };
+                        if let Err(std::sync::mpsc::SendError(PieceMsg::Piece(Ok(r)))) = tx.send(PieceMsg::Piece(r)) {
+                            shared.spares[core as usize].lock().unwrap_or_else(|p| p.into_inner()).give_back(&*shared.kif, r.local, r.outs);
+                        }
+                    }
+                    let _ = tx.send(PieceMsg::Done);
+                }),
+            );
+            rx.push(r);
+        }
+        let filled = vec![(0, 0); bounds.len()];
+        Ok(PieceRun { npu: self, image, k, cores, pieces, gates, rx, filled, taken: 0 })
     }
 
     /// Keeps the result buffers of `shares` for later runs of their cores (as dropping them does).

@@ -1,7 +1,8 @@
-//! The worker pool: one host thread per NPU core beyond core 0.
+//! The worker pool: one host thread per NPU core.
 //!
-//! ork runs one host thread per NPU core, each submitting single-core jobs concurrently; core 0's
-//! share runs on the calling thread (rknpu-facts §5). Workers are spawned once and fed boxed
+//! ork runs one host thread per NPU core, each submitting single-core jobs concurrently
+//! (rknpu-facts §5); a run of one piece runs core 0's share on the calling thread, a run of
+//! pieces (`Npu::mm_run_pieces`) every core's on its worker. Workers are spawned once and fed boxed
 //! jobs over a channel. Each worker is pinned to a CPU from the list the pool is built with
 //! (big cores: seed 001 measured 2× slower workers on little cores); the big-core detection
 //! itself lives elsewhere (`hostcpu`), so the list is a plain parameter (empty = no pinning;
@@ -17,19 +18,19 @@ struct Worker {
     handle: Option<JoinHandle<()>>,
 }
 
-/// Persistent workers for NPU cores 1..n.
+/// Persistent workers for NPU cores 0..n.
 pub struct Pool {
     workers: Vec<Worker>,
 }
 
 impl Pool {
-    /// Spawns workers for NPU cores `1..cores`; worker for core i is pinned to
-    /// `pin_cpus[(i - 1) % len]` unless the list is empty.
+    /// Spawns workers for NPU cores `0..cores`; worker for core i is pinned to
+    /// `pin_cpus[i % len]` unless the list is empty.
     pub fn new(cores: u32, pin_cpus: &[usize]) -> Pool {
         let mut workers = Vec::new();
-        for core in 1..cores as usize {
+        for core in 0..cores as usize {
             let (tx, rx) = mpsc::channel::<Job>();
-            let cpu = (!pin_cpus.is_empty()).then(|| pin_cpus[(core - 1) % pin_cpus.len()]);
+            let cpu = (!pin_cpus.is_empty()).then(|| pin_cpus[core % pin_cpus.len()]);
             let handle = std::thread::Builder::new()
                 .name(format!("ork-npu{core}"))
                 .spawn(move || {
@@ -48,9 +49,9 @@ impl Pool {
         Pool { workers }
     }
 
-    /// Runs `job` on the worker of NPU core `core` (≥ 1).
+    /// Runs `job` on the worker of NPU core `core`.
     pub fn run_on(&self, core: u32, job: Job) {
-        let w = &self.workers[core as usize - 1];
+        let w = &self.workers[core as usize];
         w.tx.as_ref().expect("pool alive").send(job).expect("NPU worker alive");
     }
 
