@@ -12,7 +12,9 @@
 //! 4. **Bit-exact suite** through the NPU core's public API (`Npu::open`, `npu::layout::tile_weight`,
 //!    `upload`, `mm_run`) against `reference_mm`, over shapes that exercise each planner path:
 //!    the minimal 4×32×32 recipe, M = 1 full-K decode up to the 10752 ceiling and just past it,
-//!    odd M, K-split prefill, N beyond the 8192-per-program limit, and worst-case magnitudes.
+//!    odd M, K-split prefill, N beyond the 8192-per-program limit, a prefill run as three
+//!    pieces (`mm_run_pieces`: the cores run one piece while the next ones' rows are written),
+//!    and worst-case magnitudes.
 //!
 //! Exit codes: 0 all passed · 1 a check failed · 2 no NPU device (the reason is printed as
 //! "no NPU device found: <reason>").
@@ -92,12 +94,15 @@ struct Case {
     what: &'static str,
     /// Fill A and W with -128 everywhere (largest accumulator magnitude).
     extreme: bool,
+    /// Run M as this many pieces (`Npu::mm_run_pieces`, every piece's rows written before any
+    /// result is read: the cores run one piece while the next ones' rows land); 1 = one run.
+    pieces: usize,
 }
 
 fn cases(soc: &SocDesc) -> Vec<Case> {
     let ceil = soc.fullk_ceiling as usize;
     let nmax = soc.n_max_per_program as usize;
-    let c = |m, k, n, what| Case { m, k, n, what, extreme: false };
+    let c = |m, k, n, what| Case { m, k, n, what, extreme: false, pieces: 1 };
     vec![
         c(4, 32, 32, "minimal recipe"),
         c(1, 32, 32, "M=1 minimal"),
@@ -109,7 +114,8 @@ fn cases(soc: &SocDesc) -> Vec<Case> {
         c(130, 3072, 256, "prefill, K-split"),
         c(2, 512, nmax + 1024, "N beyond one program"),
         c(256, 2048, 1024, "larger prefill, multi-core"),
-        Case { m: 1, k: ceil, n: 32, what: "worst-case magnitude", extreme: true },
+        Case { m: 384, k: 2048, n: 1024, what: "prefill in three pieces", extreme: false, pieces: 3 },
+        Case { m: 1, k: ceil, n: 32, what: "worst-case magnitude", extreme: true, pieces: 1 },
     ]
 }
 
@@ -144,7 +150,19 @@ fn run_bit_exact_suite(config: &Config, kind: NpuKind, soc: Option<SocId>) -> Re
             let tw = ggml_ork::npu::layout::tile_weight(&desc, &w, n, k).map_err(|e| format!("tile_weight: {e}"))?;
             let rw = npu.upload(&tw).map_err(|e| format!("upload: {e}"))?;
             let mut c = vec![0i32; m * n];
-            npu.mm_run(&rw, &a, m, &mut c, Budget::default()).map_err(|e| format!("mm_run: {e}"))?;
+            if cs.pieces <= 1 {
+                npu.mm_run(&rw, &a, m, &mut c, Budget::default()).map_err(|e| format!("mm_run: {e}"))?;
+                return Ok(c);
+            }
+            let bounds: Vec<(usize, usize)> = (0..cs.pieces).map(|p| (p * m / cs.pieces, (p + 1) * m / cs.pieces)).collect();
+            let mut pr = npu.mm_run_pieces(&rw, &bounds, Budget::default(), 0).map_err(|e| format!("mm_run_pieces: {e}"))?;
+            for (i, &(r0, r1)) in bounds.iter().enumerate() {
+                pr.fill(i, &a[r0 * k..r1 * k]).map_err(|e| format!("piece {i}: {e}"))?;
+            }
+            for (i, &(r0, r1)) in bounds.iter().enumerate() {
+                let (sh, _) = pr.take(i).map_err(|e| format!("piece {i}: {e}"))?;
+                sh.copy_to(&mut c[r0 * n..r1 * n]);
+            }
             Ok(c)
         };
         let label = format!("M={m} K={k} N={n} ({})", cs.what);
