@@ -381,10 +381,14 @@ fn a_run_of_pieces_equals_the_reference_and_a_failed_piece_fails_alone() {
             }
         }
         assert!(ok > 0 && (failed > 0) == injecting, "K {k} N {n}: ok {ok} failed {failed}");
-        // Dropped after one of three pieces: returns, and the cores are free for the next run.
+        // Out of order: an error, never a hang. Dropped after one of three pieces: returns, and
+        // the cores are free for the next run.
         let run = {
             let mut run = npu.mm_run_pieces(&rw, &[(0, 4), (4, 8), (8, 12)], Budget { max_cores: 3 }, 0).unwrap();
+            assert!(run.take(0).is_err(), "a piece taken before its fill fails");
+            assert!(run.fill(1, &a[4 * k..8 * k]).is_err(), "piece 1 cannot be filled before piece 0");
             run.fill(0, &a[..4 * k]).unwrap();
+            assert!(run.fill(0, &a[..4 * k]).is_err(), "a piece is filled once");
             run
         };
         drop(run);

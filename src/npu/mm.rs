@@ -177,11 +177,13 @@ impl Spares {
     fn take_out(&mut self, domain: DomainId, need: usize, exact: bool) -> Option<Bo> {
         let fits = |b: &Bo| b.domain == domain && if exact { b.size_bytes == need } else { b.size_bytes >= need };
         let (i, _) = self.outs.iter().enumerate().filter(|(_, b)| fits(b)).min_by_key(|(_, b)| b.size_bytes)?;
-        Some(self.outs.swap_remove(i))
+        Some(self.outs.remove(i))
     }
 
-    /// Keeps a share's buffers for later runs of this core: the smallest go when more than
-    /// [`SPARE_LOCALS`] / [`SPARE_OUTS`] are held (output buffers destroyed through `kif`).
+    /// Keeps a share's buffers for later runs of this core: past [`SPARE_LOCALS`] host buffers
+    /// the smallest goes; past [`SPARE_OUTS`] output buffers the one given back longest ago is
+    /// destroyed through `kif` (the smallest would be the one a decode run just returned: each
+    /// new output buffer costs a warm-up job on hardware, rknpu-facts §2.6).
     pub(crate) fn give_back(&mut self, kif: &dyn KernelInterface, local: Vec<i32>, outs: Vec<Bo>) {
         if local.capacity() > 0 {
             self.locals.push(local);
@@ -192,8 +194,7 @@ impl Spares {
         }
         self.outs.extend(outs);
         while self.outs.len() > SPARE_OUTS {
-            let (i, _) = self.outs.iter().enumerate().min_by_key(|(_, b)| b.size_bytes).expect("spare outputs");
-            if let Err(e) = kif.mem_destroy(self.outs.swap_remove(i)) {
+            if let Err(e) = kif.mem_destroy(self.outs.remove(0)) {
                 log::warn!("destroying a spare NPU output buffer: {e}");
             }
         }
@@ -433,7 +434,11 @@ pub(crate) fn ensure_scratch(shared: &Shared, domain: DomainId, cores: u32) -> R
 pub(crate) fn run_core(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize, plan: &CorePlan, gate: Option<&Gate>) -> Result<CoreResult, NpuError> {
     let mut res = CoreResult::default();
     let t0 = std::time::Instant::now();
-    match run_core_into(shared, w, img, m, plan, gate, &mut res) {
+    // A panic fails the share like an error (its buffers back to the spares), so no caller
+    // unwinds while other cores still read the activation image it holds.
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_core_into(shared, w, img, m, plan, gate, &mut res)));
+    let run = run.unwrap_or_else(|_| Err(NpuError::Kif(KifError::Invalid(format!("NPU core {} share panicked", plan.core)))));
+    match run {
         Ok(()) => {
             res.busy_ns = t0.elapsed().as_nanos() as u64;
             Ok(res)

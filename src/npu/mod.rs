@@ -177,10 +177,7 @@ impl CoreShare {
         let bl = &self.blocks[j];
         let rows = bl.first().map_or(1, |b| b.mc).max(1);
         let parts = bl.iter().take_while(|b| b.m0 == bl[0].m0).count().max(1);
-        debug_assert!(
-            bl.iter().enumerate().all(|(i, b)| b.m0 == (i / parts) * rows && (b.mc == rows || i / parts == m.div_ceil(rows) - 1)) && bl.len() == m.div_ceil(rows) * parts,
-            "a segment's blocks tile its rows evenly, each M-tile in as many K-slices"
-        );
+        debug_assert!(tiles_evenly(bl, m), "checked when the result was assembled");
         let blocks = bl.iter().map(|b| bytemuck::cast_slice::<u8, i32>(&self.outs[b.out].bytes()[b.offset..b.offset + b.mc * nc * 4])).collect();
         SegRows { rows, parts, stride: nc, at: 0, blocks }
     }
@@ -224,61 +221,89 @@ impl Drop for Shares {
     }
 }
 
-/// What a core's worker sends back in a run of pieces: each piece's result in order, then that
-/// it is done (it reads no image byte after).
-enum PieceMsg {
-    Piece(Result<mm::CoreResult, NpuError>),
-    Done,
+/// Whether one segment's output blocks, sorted by (first row, first K), tile `m` rows in equal
+/// M-tiles (the last one may be shorter), each in the same number of K-slices.
+fn tiles_evenly(bl: &[mm::OutBlock], m: usize) -> bool {
+    let Some(first) = bl.first() else { return m == 0 };
+    let (rows, parts) = (first.mc.max(1), bl.iter().take_while(|b| b.m0 == first.m0).count());
+    let tiles = m.div_ceil(rows);
+    bl.len() == tiles * parts && bl.iter().enumerate().all(|(i, b)| b.m0 == (i / parts) * rows && b.mc == rows.min(m - b.m0))
 }
 
 /// A run of pieces ([`Npu::mm_run_pieces`]): fill the pieces in order, take their results in
-/// order. Dropped, it fails the pieces not filled and waits until no core reads its image.
+/// order. Each fill queues the piece on every core's worker (behind whatever that core runs
+/// already: no worker ever waits for this thread). Dropped, it waits until every queued piece
+/// has run (after which no core reads its image) and gives their buffers back.
 pub struct PieceRun<'a> {
     npu: &'a Npu,
     image: mm::ImageGuard<'a>,
+    weight: Arc<mm::WeightInner>,
     k: usize,
     cores: Vec<u32>,
-    pieces: Arc<Vec<(plan::Plan, mm::ImageAt, Arc<mm::Gate>)>>,
-    gates: Vec<mm::GateOpener>,
-    rx: Vec<std::sync::mpsc::Receiver<PieceMsg>>,
-    /// Per piece, the image bytes its fill synced and exchanged.
-    filled: Vec<(u64, u64)>,
+    pieces: Arc<Vec<(plan::Plan, mm::ImageAt)>>,
+    tx: Vec<std::sync::mpsc::Sender<Result<mm::CoreResult, NpuError>>>,
+    rx: Vec<std::sync::mpsc::Receiver<Result<mm::CoreResult, NpuError>>>,
+    /// Per piece filled so far: its fill's outcome (the image bytes synced and exchanged, or
+    /// why its rows could not be written; then no core runs it).
+    filled: Vec<Result<(u64, u64), Option<NpuError>>>,
     taken: usize,
 }
 
 impl PieceRun<'_> {
-    /// Writes piece `i`'s int8 rows (`a`: its rows × K) into the image and lets the cores run
-    /// it. Err: the image could not be written; the piece's [`PieceRun::take`] fails.
+    /// Writes piece `i`'s int8 rows (`a`: its rows × K) into the image and queues the piece on
+    /// every core. Pieces are filled in order. Err: the rows could not be written (the piece's
+    /// [`PieceRun::take`] fails too) or `i` is not the next piece.
     pub fn fill(&mut self, i: usize, a: &[i8]) -> Result<(), NpuError> {
-        let (plan, img, _) = &self.pieces[i];
+        let (plan, img) = &self.pieces[i.min(self.pieces.len() - 1)];
         let (m, k, n) = (plan.m, self.k, plan.n);
-        if a.len() != m * k {
-            self.gates[i].open(false);
-            return Err(NpuError::BadArg { op: "mm_run_pieces", m, k, n, why: format!("piece {i} has {} elements, not rows·K", a.len()) });
+        let bad = |why: String| NpuError::BadArg { op: "mm_run_pieces", m, k, n, why };
+        if i != self.filled.len() {
+            return Err(bad(format!("piece {i} filled out of order (next: {})", self.filled.len())));
         }
-        let r = mm::fill_image(&self.npu.shared, &mut self.image, img, a, k);
-        self.gates[i].open(r.is_ok());
-        let (synced, io) = r.map_err(|source| NpuError::Submit { op: "mm_run_pieces", m, k, n, core: self.cores[0], source })?;
-        self.filled[i] = (synced, io);
+        if a.len() != m * k {
+            self.filled.push(Err(None));
+            return Err(bad(format!("piece {i} has {} elements, not rows·K", a.len())));
+        }
+        match mm::fill_image(&self.npu.shared, &mut self.image, img, a, k) {
+            Ok(bytes) => self.filled.push(Ok(bytes)),
+            Err(source) => {
+                self.filled.push(Err(None));
+                return Err(NpuError::Submit { op: "mm_run_pieces", m, k, n, core: self.cores[0], source });
+            }
+        }
+        for (ci, (&core, tx)) in self.cores.iter().zip(&self.tx).enumerate() {
+            let (shared, weight, pieces, tx) = (self.npu.shared.clone(), self.weight.clone(), self.pieces.clone(), tx.clone());
+            self.npu.pool.run_on(
+                core,
+                Box::new(move || {
+                    let (plan, img) = &pieces[i];
+                    if let Err(std::sync::mpsc::SendError(Ok(r))) = tx.send(mm::run_core(&shared, &weight, img, plan.m, &plan.cores[ci], None)) {
+                        shared.spares[core as usize].lock().unwrap_or_else(|p| p.into_inner()).give_back(&*shared.kif, r.local, r.outs);
+                    }
+                }),
+            );
+        }
         Ok(())
     }
 
-    /// Piece `i`'s result once every core has run it (pieces are taken in order). Its
-    /// `host_ns` is the longest of the cores' runs of it.
+    /// Piece `i`'s result once every core has run it. Pieces are taken in order, each after its
+    /// fill. Its `host_ns` is the longest of the cores' runs of it.
     pub fn take(&mut self, i: usize) -> Result<(Shares, RunStats), NpuError> {
-        assert_eq!(i, self.taken, "pieces are taken in order");
+        let (plan, _) = &self.pieces[i.min(self.pieces.len() - 1)];
+        let (m, k, n) = (plan.m, self.k, plan.n);
+        if i != self.taken || i >= self.filled.len() {
+            return Err(NpuError::BadArg { op: "mm_run_pieces", m, k, n, why: format!("piece {i} taken out of order or before its fill") });
+        }
         self.taken += 1;
+        let (synced, io) = match &mut self.filled[i] {
+            Ok(bytes) => *bytes,
+            Err(e) => {
+                return Err(e.take().unwrap_or_else(|| NpuError::BadArg { op: "mm_run_pieces", m, k, n, why: format!("piece {i}'s rows were not written") }))
+            }
+        };
         let vanished = || NpuError::Kif(KifError::Invalid("NPU worker vanished".into()));
-        let results: Vec<Result<mm::CoreResult, NpuError>> = self
-            .rx
-            .iter()
-            .map(|rx| match rx.recv() {
-                Ok(PieceMsg::Piece(r)) => r,
-                _ => Err(vanished()),
-            })
-            .collect();
+        let results: Vec<Result<mm::CoreResult, NpuError>> = self.rx.iter().map(|rx| rx.recv().unwrap_or_else(|_| Err(vanished()))).collect();
         let busy = results.iter().filter_map(|r| r.as_ref().ok()).map(|r| r.busy_ns).max().unwrap_or(0);
-        let (synced, io) = self.filled[i];
         let (shares, mut stats) = self.npu.assemble(&self.pieces[i].0, results, synced, io)?;
         stats.host_ns = busy;
         Ok((shares, stats))
@@ -287,19 +312,13 @@ impl PieceRun<'_> {
 
 impl Drop for PieceRun<'_> {
     fn drop(&mut self) {
-        // Pieces never filled fail; then every core's remaining results come back (their
-        // buffers to the spares) up to its `Done`, after which no core reads the image.
-        for g in &self.gates {
-            g.open(false);
-        }
+        // The pieces queued and not taken: every core's result of each comes back (its buffers
+        // to the spares) before the image is let go.
+        let queued = self.filled.iter().skip(self.taken).filter(|f| f.is_ok()).count();
         for (rx, &core) in self.rx.iter().zip(&self.cores) {
-            while let Ok(m) = rx.recv() {
-                match m {
-                    PieceMsg::Done => break,
-                    PieceMsg::Piece(Ok(r)) => {
-                        self.npu.shared.spares[core as usize].lock().unwrap_or_else(|p| p.into_inner()).give_back(&*self.npu.shared.kif, r.local, r.outs)
-                    }
-                    PieceMsg::Piece(Err(_)) => {}
+            for _ in 0..queued {
+                if let Ok(Ok(r)) = rx.recv() {
+                    self.npu.shared.spares[core as usize].lock().unwrap_or_else(|p| p.into_inner()).give_back(&*self.npu.shared.kif, r.local, r.outs);
                 }
             }
         }
@@ -727,10 +746,10 @@ impl Npu {
             self.pool.run_on(
                 cp.core,
                 Box::new(move || {
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mm::run_core(&shared, &weight, &img, m, &cp, Some(&gate))));
-                    let _ = tx.send(r.unwrap_or_else(|_| {
-                        Err(NpuError::Kif(KifError::Invalid(format!("NPU worker {} panicked", cp.core))))
-                    }));
+                    // A result nobody receives (the caller is gone) gives its buffers back.
+                    if let Err(std::sync::mpsc::SendError(Ok(r))) = tx.send(mm::run_core(&shared, &weight, &img, m, &cp, Some(&gate))) {
+                        shared.spares[cp.core as usize].lock().unwrap_or_else(|p| p.into_inner()).give_back(&*shared.kif, r.local, r.outs);
+                    }
                 }),
             );
             receivers.push(rx);
@@ -778,6 +797,14 @@ impl Npu {
                     for b in &mut blocks {
                         b.sort_unstable_by_key(|x| (x.m0, x.k0));
                     }
+                    // The output pass finds a row's block by arithmetic: every segment's blocks
+                    // must tile its rows in equal M-tiles (the last one shorter), each M-tile in
+                    // as many K-slices. A plan that breaks this fails the run, never a wrong row.
+                    if !r.outs.is_empty() && !blocks.iter().all(|b| tiles_evenly(b, plan.m)) {
+                        shares.cores.push(CoreShare { core: cp.core, local: r.local, ncols: cp.ncols, segs: Vec::new(), outs: r.outs, blocks: Vec::new() });
+                        failed = failed.or(Some(NpuError::Kif(KifError::Invalid(format!("core {}'s output blocks do not tile M = {} evenly", cp.core, plan.m)))));
+                        continue;
+                    }
                     shares.cores.push(CoreShare {
                         core: cp.core,
                         local: r.local,
@@ -802,9 +829,9 @@ impl Npu {
     /// [`Npu::mm_run_shares`] of an activation that comes in pieces, rows `bounds[i]` of
     /// piece `i`, for a caller that computes each piece's rows while the NPU runs the ones
     /// before. Every core runs the pieces one after the other on its worker thread, each as soon
-    /// as its rows are written ([`PieceRun::fill`]) and the core is done with the piece before,
-    /// without waiting for the other cores; [`PieceRun::take`] gives a piece's result once every
-    /// core has run it. The pieces' rows sit one after the other in the lease slot's activation
+    /// as its rows are written ([`PieceRun::fill`] queues it) and the core is done with the piece
+    /// before, without waiting for the other cores; [`PieceRun::take`] gives a piece's result
+    /// once every core has run it. The pieces' rows sit one after the other in the lease slot's activation
     /// buffer, one stable buffer for the whole run (rknpu-facts §2.6: rotating activation
     /// buffers corrupted results; row ranges of one buffer are what every multi-M-tile run reads).
     pub fn mm_run_pieces(&self, w: &ResidentWeight, bounds: &[(usize, usize)], budget: Budget, first_core: u32) -> Result<PieceRun<'_>, NpuError> {
@@ -843,41 +870,10 @@ impl Npu {
         }
         let sub_err = |source: KifError| NpuError::Submit { op: "mm_run_pieces", m, k, n, core: first_core, source };
         let (image, iovas) = mm::image_space(&self.shared, first_core, w.inner.domain, &cores, total).map_err(sub_err)?;
-        let gates: Vec<mm::GateOpener> = bounds.iter().map(|_| mm::GateOpener(Arc::new(mm::Gate::default()))).collect();
-        let pieces: Arc<Vec<(plan::Plan, mm::ImageAt, Arc<mm::Gate>)>> = Arc::new(
-            plans
-                .into_iter()
-                .zip(layouts)
-                .zip(bases)
-                .zip(&gates)
-                .map(|(((plan, layout), base), g)| (plan, mm::ImageAt { iovas: iovas.clone(), layout, base }, g.0.clone()))
-                .collect(),
-        );
-        let mut rx = Vec::with_capacity(cores.len());
-        for (ci, &core) in cores.iter().enumerate() {
-            let (tx, r) = std::sync::mpsc::channel();
-            let (shared, weight, pieces) = (self.shared.clone(), w.inner.clone(), pieces.clone());
-            self.pool.run_on(
-                core,
-                Box::new(move || {
-                    for (plan, img, gate) in pieces.iter() {
-                        let r = if gate.wait() {
-                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mm::run_core(&shared, &weight, img, plan.m, &plan.cores[ci], None)))
-                                .unwrap_or_else(|_| Err(NpuError::Kif(KifError::Invalid(format!("NPU worker {core} panicked")))))
-                        } else {
-                            Err(NpuError::Kif(KifError::Invalid("the piece's activation rows were not written".into())))
-                        };
-                        if let Err(std::sync::mpsc::SendError(PieceMsg::Piece(Ok(r)))) = tx.send(PieceMsg::Piece(r)) {
-                            shared.spares[core as usize].lock().unwrap_or_else(|p| p.into_inner()).give_back(&*shared.kif, r.local, r.outs);
-                        }
-                    }
-                    let _ = tx.send(PieceMsg::Done);
-                }),
-            );
-            rx.push(r);
-        }
-        let filled = vec![(0, 0); bounds.len()];
-        Ok(PieceRun { npu: self, image, k, cores, pieces, gates, rx, filled, taken: 0 })
+        let pieces: Arc<Vec<(plan::Plan, mm::ImageAt)>> =
+            Arc::new(plans.into_iter().zip(layouts).zip(bases).map(|((plan, layout), base)| (plan, mm::ImageAt { iovas: iovas.clone(), layout, base })).collect());
+        let (tx, rx) = cores.iter().map(|_| std::sync::mpsc::channel()).unzip();
+        Ok(PieceRun { npu: self, image, weight: w.inner.clone(), k, cores, pieces, tx, rx, filled: Vec::with_capacity(bounds.len()), taken: 0 })
     }
 
     /// Keeps the result buffers of `shares` for later runs of their cores (as dropping them does).
