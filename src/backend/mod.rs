@@ -712,16 +712,7 @@ impl TermOut {
     /// The cores' column segments, for [`TermOut::rows`] (empty for a dense result).
     fn parts(&self) -> Vec<quant::CPart<'_>> {
         match self {
-            TermOut::Shares(sh) => sh
-                .cores
-                .iter()
-                .flat_map(|s| {
-                    s.segs.iter().enumerate().map(move |(j, &(n0, nc, _))| {
-                        let r = s.seg_rows(j, sh.m);
-                        quant::CPart { n0, nc, total: sh.m, rows: r.rows, parts: r.parts, stride: r.stride, at: r.at, blocks: r.blocks }
-                    })
-                })
-                .collect(),
+            TermOut::Shares(sh) => sh.parts(),
             TermOut::Dense => Vec::new(),
         }
     }

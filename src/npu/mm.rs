@@ -5,11 +5,11 @@
 //! goes through the kernel interface: the activation blocks are packed into the activation BO,
 //! the programs are synthesised into the regcmd BO and PC-chained, the task descriptors written,
 //! the buffers synced, the job submitted on `core_mask = 1 << core` in the weight's domain and
-//! the output BO synced back. Without a K-split every output word is one program's, and each
-//! submit writes an output BO of its own that goes to the caller with the result: the caller
-//! reads the programs' blocks where the NPU wrote them (its output pass takes the cores' column
-//! segments, block by block) and hands the BOs back for later submits. A K-split share's
-//! partials are added into a host buffer of the core's, read in place the same way.
+//! the output BO synced back. Each submit writes an output BO of its own that goes to the caller
+//! with the result: the caller reads the programs' blocks where the NPU wrote them (its output
+//! pass takes the cores' column segments, block by block, a K-split's partials added per row)
+//! and hands the BOs back for later submits. A big-endian host copies the blocks (K-split: adds
+//! them) into a host buffer of the core's instead.
 //!
 //! Decisions:
 //! * One stable activation buffer per core and domain (rknpu-facts §2.6: the NPU caches feature
@@ -107,8 +107,9 @@ const OUT_SCRATCH_INITIAL_BYTES: usize = 1 << 20;
 pub(crate) struct ScratchSet {
     regcmd: Bo,
     task: Bo,
-    /// The output buffer of a K-split share's submits (its partials are added into a host
-    /// buffer after each); a share without one writes output buffers it hands to the caller.
+    /// The output buffer of a big-endian host's submits (their blocks are copied, K-split:
+    /// added, into a host buffer after each); elsewhere each submit writes an output buffer it
+    /// hands to the caller.
     out: Bo,
     /// Where the interface syncs whole buffers only (`KernelInterface::syncs_whole_buffers`):
     /// output buffers by size class ([`out_class`]: whole pages, four classes per octave), each
@@ -223,6 +224,19 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Keeps a share's buffers for later runs of `core` ([`Spares::give_back`]).
+    pub(crate) fn give_back(&self, core: u32, local: Vec<i32>, outs: Vec<Bo>) {
+        self.spares[core as usize].lock().unwrap_or_else(|p| p.into_inner()).give_back(&*self.kif, local, outs);
+    }
+
+    /// Sends `core`'s result of a run to the run's caller; one nobody receives (the caller is
+    /// gone) gives its buffers back.
+    pub(crate) fn send_result(&self, core: u32, tx: &std::sync::mpsc::Sender<Result<CoreResult, NpuError>>, r: Result<CoreResult, NpuError>) {
+        if let Err(std::sync::mpsc::SendError(Ok(r))) = tx.send(r) {
+            self.give_back(core, r.local, r.outs);
+        }
+    }
+
     /// The domain set, also after a panic while it was locked. `DomainSet`'s methods do their
     /// checks (indexing, sums) before they change anything, so a panic under the lock leaves the
     /// set consistent, and later uploads go on instead of failing on a poisoned mutex.
@@ -445,7 +459,7 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize
         }
         Err(e) => {
             // A failed share's buffers go back to the core's spares (nothing of it is read).
-            shared.spares[plan.core as usize].lock().unwrap_or_else(|p| p.into_inner()).give_back(&*shared.kif, std::mem::take(&mut res.local), std::mem::take(&mut res.outs));
+            shared.give_back(plan.core, std::mem::take(&mut res.local), std::mem::take(&mut res.outs));
             Err(e)
         }
     }
@@ -463,8 +477,8 @@ fn run_core_into(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize, plan
     if let std::collections::hash_map::Entry::Vacant(e) = guard.sets.entry(w.domain.0) {
         e.insert(new_set(kif, domain).map_err(sub_err)?);
     }
-    // Every output word of the share is written by a program; a K-split share adds its K-slices'
-    // partials, so it starts from zeros, and every other share copies each block in.
+    // On the host-buffer path a K-split share adds its K-slices' partials, so it starts from
+    // zeros, and every other share copies each block in.
     let ksplit = plan.submits.iter().flat_map(|s| &s.programs).any(|p| p.k0 != 0);
     // Every program writes its int32 block (a K-split: its K-slice's partial), which the caller
     // reads where the NPU wrote it (each submit into an output buffer of its own, handed to the

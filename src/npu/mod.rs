@@ -157,29 +157,19 @@ pub struct CoreShare {
     blocks: Vec<Vec<mm::OutBlock>>,
 }
 
-/// Where one column segment of a [`CoreShare`] is: row `r` of the segment is the sum over `p`
-/// of `blocks[(r / rows)·parts + p][(r % rows)·stride + at..][..nc]`.
-pub struct SegRows<'a> {
-    pub rows: usize,
-    pub parts: usize,
-    pub stride: usize,
-    pub at: usize,
-    pub blocks: Vec<&'a [i32]>,
-}
-
 impl CoreShare {
-    /// Segment `j` ([`CoreShare::segs`]) of the share's `m` rows.
-    pub fn seg_rows(&self, j: usize, m: usize) -> SegRows<'_> {
-        let (_, nc, col0) = self.segs[j];
+    /// Segment `j` ([`CoreShare::segs`]) of the share's `m` rows, as the output pass reads it.
+    fn seg_part(&self, j: usize, m: usize) -> crate::quant::CPart<'_> {
+        let (n0, nc, col0) = self.segs[j];
         if self.outs.is_empty() {
-            return SegRows { rows: m.max(1), parts: 1, stride: self.ncols, at: col0, blocks: vec![&self.local[..]] };
+            return crate::quant::CPart { n0, nc, total: m, rows: m.max(1), parts: 1, stride: self.ncols, at: col0, blocks: vec![&self.local[..]] };
         }
         let bl = &self.blocks[j];
         let rows = bl.first().map_or(1, |b| b.mc).max(1);
         let parts = bl.iter().take_while(|b| b.m0 == bl[0].m0).count().max(1);
         debug_assert!(tiles_evenly(bl, m), "checked when the result was assembled");
         let blocks = bl.iter().map(|b| bytemuck::cast_slice::<u8, i32>(&self.outs[b.out].bytes()[b.offset..b.offset + b.mc * nc * 4])).collect();
-        SegRows { rows, parts, stride: nc, at: 0, blocks }
+        crate::quant::CPart { n0, nc, total: m, rows, parts, stride: nc, at: 0, blocks }
     }
 }
 
@@ -194,20 +184,22 @@ pub struct Shares {
 }
 
 impl Shares {
+    /// Every core's column segments, as the output pass reads them (`quant::CRows::Parts`).
+    pub fn parts(&self) -> Vec<crate::quant::CPart<'_>> {
+        self.cores.iter().flat_map(|s| (0..s.segs.len()).map(move |j| s.seg_part(j, self.m))).collect()
+    }
+
     /// Assembles the result into `c: [M, N]` row-major.
     pub fn copy_to(&self, c: &mut [i32]) {
         assert_eq!(c.len(), self.m * self.n, "c is not [M, N]");
-        for s in &self.cores {
-            for (j, &(n0, nc, _)) in s.segs.iter().enumerate() {
-                let sr = s.seg_rows(j, self.m);
-                for row in 0..self.m {
-                    let (t, at) = (row / sr.rows, (row % sr.rows) * sr.stride + sr.at);
-                    let dst = &mut c[row * self.n + n0..row * self.n + n0 + nc];
-                    dst.copy_from_slice(&sr.blocks[t * sr.parts][at..at + nc]);
-                    for b in &sr.blocks[t * sr.parts + 1..(t + 1) * sr.parts] {
-                        dst.iter_mut().zip(&b[at..at + nc]).for_each(|(d, &v)| *d = d.wrapping_add(v));
-                    }
-                }
+        let parts = self.parts();
+        let rows = crate::quant::CRows::Parts(&parts);
+        let segs = rows.segments(self.n);
+        let mut buf = Vec::new();
+        for ((n0, nc), at) in segs.iter().zip(rows.locate(&segs, self.n)) {
+            for row in 0..self.m {
+                at.sum_row(row, &mut buf);
+                c[row * self.n + n0..row * self.n + n0 + nc].copy_from_slice(&buf);
             }
         }
     }
@@ -216,7 +208,7 @@ impl Shares {
 impl Drop for Shares {
     fn drop(&mut self) {
         for s in self.cores.drain(..) {
-            self.home.spares[s.core as usize].lock().unwrap_or_else(|p| p.into_inner()).give_back(&*self.home.kif, s.local, s.outs);
+            self.home.give_back(s.core, s.local, s.outs);
         }
     }
 }
@@ -277,9 +269,7 @@ impl PieceRun<'_> {
                 core,
                 Box::new(move || {
                     let (plan, img) = &pieces[i];
-                    if let Err(std::sync::mpsc::SendError(Ok(r))) = tx.send(mm::run_core(&shared, &weight, img, plan.m, &plan.cores[ci], None)) {
-                        shared.spares[core as usize].lock().unwrap_or_else(|p| p.into_inner()).give_back(&*shared.kif, r.local, r.outs);
-                    }
+                    shared.send_result(core, &tx, mm::run_core(&shared, &weight, img, plan.m, &plan.cores[ci], None));
                 }),
             );
         }
@@ -318,7 +308,7 @@ impl Drop for PieceRun<'_> {
         for (rx, &core) in self.rx.iter().zip(&self.cores) {
             for _ in 0..queued {
                 if let Ok(Ok(r)) = rx.recv() {
-                    self.npu.shared.spares[core as usize].lock().unwrap_or_else(|p| p.into_inner()).give_back(&*self.npu.shared.kif, r.local, r.outs);
+                    self.npu.shared.give_back(core, r.local, r.outs);
                 }
             }
         }
@@ -715,13 +705,7 @@ impl Npu {
         if !Arc::ptr_eq(&w.inner.shared, &self.shared) {
             return Err(bad("weight was uploaded to another Npu".into()));
         }
-        // A weight split into per-core parts runs on the cores that hold them, whatever the
-        // lease (the per-core locks still serialise matmuls that meet on a core).
-        let plan = if w.inner.parts.is_empty() {
-            plan::plan_at(&self.shared.soc, &w.inner.geom, m, budget.max_cores.min(self.max_cores), first_core)
-        } else {
-            plan::plan_at(&self.shared.soc, &w.inner.geom, m, w.inner.parts.len() as u32, 0)
-        };
+        let plan = self.plan_for(w, m, budget, first_core);
         log::debug!(
             "mm_run M={m} K={k} N={n}: {:?}, {} cores, {} submits, {} programs",
             plan.path,
@@ -746,10 +730,7 @@ impl Npu {
             self.pool.run_on(
                 cp.core,
                 Box::new(move || {
-                    // A result nobody receives (the caller is gone) gives its buffers back.
-                    if let Err(std::sync::mpsc::SendError(Ok(r))) = tx.send(mm::run_core(&shared, &weight, &img, m, &cp, Some(&gate))) {
-                        shared.spares[cp.core as usize].lock().unwrap_or_else(|p| p.into_inner()).give_back(&*shared.kif, r.local, r.outs);
-                    }
+                    shared.send_result(cp.core, &tx, mm::run_core(&shared, &weight, &img, m, &cp, Some(&gate)));
                 }),
             );
             receivers.push(rx);
@@ -846,16 +827,7 @@ impl Npu {
         if !Arc::ptr_eq(&w.inner.shared, &self.shared) {
             return Err(bad("weight was uploaded to another Npu".into()));
         }
-        let plans: Vec<plan::Plan> = bounds
-            .iter()
-            .map(|&(r0, r1)| {
-                if w.inner.parts.is_empty() {
-                    plan::plan_at(&self.shared.soc, &w.inner.geom, r1 - r0, budget.max_cores.min(self.max_cores), first_core)
-                } else {
-                    plan::plan_at(&self.shared.soc, &w.inner.geom, r1 - r0, w.inner.parts.len() as u32, 0)
-                }
-            })
-            .collect();
+        let plans: Vec<plan::Plan> = bounds.iter().map(|&(r0, r1)| self.plan_for(w, r1 - r0, budget, first_core)).collect();
         let cores: Vec<u32> = plans[0].cores.iter().map(|c| c.core).collect();
         if plans.iter().any(|p| p.cores.iter().map(|c| c.core).ne(cores.iter().copied())) {
             return Err(bad("the pieces' plans use different cores".into()));
@@ -874,6 +846,17 @@ impl Npu {
             Arc::new(plans.into_iter().zip(layouts).zip(bases).map(|((plan, layout), base)| (plan, mm::ImageAt { iovas: iovas.clone(), layout, base })).collect());
         let (tx, rx) = cores.iter().map(|_| std::sync::mpsc::channel()).unzip();
         Ok(PieceRun { npu: self, image, weight: w.inner.clone(), k, cores, pieces, tx, rx, filled: Vec::with_capacity(bounds.len()), taken: 0 })
+    }
+
+    /// The plan of an `m`-row run of `w` on the lease's cores. A weight split into per-core
+    /// parts runs on the cores that hold them, whatever the lease (the per-core locks still
+    /// serialise matmuls that meet on a core).
+    fn plan_for(&self, w: &ResidentWeight, m: usize, budget: Budget, first_core: u32) -> plan::Plan {
+        if w.inner.parts.is_empty() {
+            plan::plan_at(&self.shared.soc, &w.inner.geom, m, budget.max_cores.min(self.max_cores), first_core)
+        } else {
+            plan::plan_at(&self.shared.soc, &w.inner.geom, m, w.inner.parts.len() as u32, 0)
+        }
     }
 
     /// Keeps the result buffers of `shares` for later runs of their cores (as dropping them does).
