@@ -503,28 +503,27 @@ pub struct Located<'a> {
 }
 
 impl<'a> Located<'a> {
+    /// Partial `p` of row `r`'s columns.
+    #[inline]
+    fn partial(&self, r: usize, p: usize) -> &'a [i32] {
+        let (c, r) = if self.blocks.is_empty() { (self.one, r) } else { (self.blocks[(r / self.rows) * self.parts + p], r % self.rows) };
+        &c[r * self.stride + self.at..r * self.stride + self.at + self.nc]
+    }
+
     /// The range's columns of row `r` (one partial: [`Located::sum_row`] otherwise).
     #[inline]
     pub fn row(&self, r: usize) -> &'a [i32] {
         debug_assert_eq!(self.parts, 1, "a row of partials is summed");
-        let (c, r) = if self.blocks.is_empty() { (self.one, r) } else { (self.blocks[r / self.rows], r % self.rows) };
-        &c[r * self.stride + self.at..r * self.stride + self.at + self.nc]
+        self.partial(r, 0)
     }
 
     /// Row `r` into `out`: its partials added (wrapping, as the int32 sums they are; any order
     /// gives the same bits).
     pub fn sum_row(&self, r: usize, out: &mut Vec<i32>) {
         out.clear();
-        if self.blocks.is_empty() {
-            out.extend_from_slice(&self.one[r * self.stride + self.at..][..self.nc]);
-            return;
-        }
-        let (t, r) = (r / self.rows, r % self.rows);
-        let at = r * self.stride + self.at;
-        let mut bs = self.blocks[t * self.parts..(t + 1) * self.parts].iter();
-        out.extend_from_slice(&bs.next().expect("a partial")[at..at + self.nc]);
-        for b in bs {
-            out.iter_mut().zip(&b[at..at + self.nc]).for_each(|(o, &v)| *o = o.wrapping_add(v));
+        out.extend_from_slice(self.partial(r, 0));
+        for p in 1..self.parts {
+            out.iter_mut().zip(self.partial(r, p)).for_each(|(o, &v)| *o = o.wrapping_add(v));
         }
     }
 }

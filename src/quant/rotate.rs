@@ -234,11 +234,10 @@ pub struct Rotation {
     construction: Option<Construction>,
     /// 1/√K, or 1/√m when block-diagonal.
     scale: f32,
-    /// Channels negated before the Hadamard transform: the random ±1 diagonal D of R = D·H.
-    flips: Vec<u32>,
-    /// D as a sign-bit mask per channel (`1 << 31` where negated), applied with an xor: a
-    /// negation is exactly a flip of the sign bit, and a mask pass vectorises where a walk of
-    /// the scattered channels does not.
+    /// The random ±1 diagonal D of R = D·H (the channels [`flips`] negates before the Hadamard
+    /// transform) as a sign-bit mask per channel (`1 << 31` where negated), applied with an
+    /// xor: a negation is exactly a flip of the sign bit, and a mask pass vectorises where a
+    /// walk of the scattered channels does not.
     signs: Vec<u32>,
 }
 
@@ -266,11 +265,11 @@ impl Rotation {
             if let Some((construction, h)) = hadamard(b) {
                 let m = k / b;
                 let dense = (b > 1).then(|| Dense::new(&h, b));
-                return Some(Rotation { k, m, blocks: b, dense, construction: Some(construction), scale: (1.0 / (k as f64).sqrt()) as f32, flips: flips(k), signs: signs(k) });
+                return Some(Rotation { k, m, blocks: b, dense, construction: Some(construction), scale: (1.0 / (k as f64).sqrt()) as f32, signs: signs(k) });
             }
         }
         let m = 1usize << tz;
-        Some(Rotation { k, m, blocks: k / m, dense: None, construction: None, scale: (1.0 / (m as f64).sqrt()) as f32, flips: flips(k), signs: signs(k) })
+        Some(Rotation { k, m, blocks: k / m, dense: None, construction: None, scale: (1.0 / (m as f64).sqrt()) as f32, signs: signs(k) })
     }
 
     /// The width K.
@@ -352,8 +351,8 @@ impl Rotation {
     }
 
     /// The channels D negates, ascending (a fixed pseudo-random half of 0..K per K).
-    pub fn flipped(&self) -> &[u32] {
-        &self.flips
+    pub fn flipped(&self) -> Vec<u32> {
+        (0..self.signs.len() as u32).filter(|&i| self.signs[i as usize] != 0).collect()
     }
 }
 

@@ -93,7 +93,7 @@ fn apply_by_definition(r: &Rotation, x: &[f32]) -> Vec<f64> {
     let (m, b) = (r.block_len(), r.blocks());
     // x·D: the random sign diagonal first.
     let mut x = x.to_vec();
-    for &i in r.flipped() {
+    for i in r.flipped() {
         x[i as usize] = -x[i as usize];
     }
     // z[i₁][j₂] = Σ_{j₁} x[i₁][j₁]·H_m[j₁][j₂]
