@@ -299,7 +299,7 @@ pub struct PhaseStats {
     /// aside): the host's time on the critical path. With the pieces pipelined, the activation
     /// and output passes of the inner pieces overlap the NPU and are not in it.
     pub critical_ns: AtomicU64,
-    /// Pieces the NPU MUL_MATs were cut into (`Npu::pipeline_rows`; one per uncut MUL_MAT).
+    /// Pieces the NPU MUL_MATs were cut into (`Npu::pipeline_bounds`; one per uncut MUL_MAT).
     pub pieces: AtomicU64,
     pub dequant_ns: AtomicU64,
     /// Time spent waiting for the arbiter (cores held by another context, or another process).
@@ -878,8 +878,9 @@ impl Device {
     /// (dequantization of every term, the second weight term, `fix`'s correction), each row from
     /// its own values only.
     ///
-    /// Pipelined where the NPU says a cut pays (`Npu::pipeline_rows`: whole M-tiles, each piece
-    /// long enough on the NPU) and the activation has one int8 term: the rows are cut into
+    /// Pipelined where the NPU says a cut pays (`Npu::pipeline_bounds`: whole M-tiles, each piece
+    /// long enough on the NPU, the first and last pieces short) and the activation has one int8
+    /// term: the rows are cut into
     /// pieces, and while the NPU runs piece i (on a thread of its own) this thread prepares
     /// piece i + 1 and finishes piece i − 1. Every row goes through the same arithmetic as
     /// uncut (rows are independent, the NPU's int32 results exact), so the bits do not depend on
@@ -926,8 +927,10 @@ impl Device {
             Ok(l) => (Budget { max_cores: l.count }, l.first),
             Err(_) => (Budget { max_cores: want }, 0),
         };
-        let piece = if terms == 1 && lease.is_ok() { self.npu.pipeline_rows(&w.resident, m, budget).max(1) } else { m };
-        let bounds: Vec<(usize, usize)> = (0..m).step_by(piece).map(|r0| (r0, (r0 + piece).min(m))).collect();
+        // The first piece is cut short only where its activation pass has work to do (an
+        // activation that may be the held one is likely reused: no pass to hide).
+        let ends = crate::npu::plan::Ends { first: !candidate, last: true };
+        let bounds = if terms == 1 && lease.is_ok() { self.npu.pipeline_bounds(&w.resident, m, budget, ends) } else { vec![(0, m)] };
         let (a, a_scale, dots, coef, c, cl) = sc.split(rows * k, rows, if dir.is_some() { m } else { 0 }, if fix.is_some() { m } else { 0 }, rows * n, if w.lo.is_some() { lt * m * n } else { 0 });
         let prep = match &w.rot {
             // Rotated weights have no column equalisation: the activation rows are rotated by

@@ -330,7 +330,7 @@ fn main() {
         h.npu_io_s * 1e9,
         h.matmul_s * 1e6,
         if h.pipelined {
-            "the activation and output passes of MUL_MATs cut into pieces overlapping the NPU (npu::plan::pipeline_rows), the NPU runs' host part after each submit"
+            "the activation and output passes of MUL_MATs cut into pieces overlapping the NPU (npu::plan::pipeline_bounds: short first and last pieces, each one more weight feed), the NPU runs' host part after each submit"
         } else {
             "after one another with the NPU runs (nothing pipelined)"
         },

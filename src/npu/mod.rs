@@ -864,11 +864,12 @@ impl Npu {
         drop(shares);
     }
 
-    /// Rows per piece when the caller pipelines its host work around an `m`-row matmul of `w`
-    /// on at most `budget.max_cores` cores ([`plan::pipeline_rows`]: whole M-tiles, each piece
-    /// long enough on the NPU not to run at its submit floor); `m` when it should not be cut.
-    pub fn pipeline_rows(&self, w: &ResidentWeight, m: usize, budget: Budget) -> usize {
-        plan::pipeline_rows(&self.shared.soc, &w.inner.geom, m, budget.max_cores.min(self.max_cores))
+    /// The row ranges a caller that pipelines its host work around an `m`-row matmul of `w` on
+    /// at most `budget.max_cores` cores cuts it into ([`plan::pipeline_bounds`]: whole M-tiles,
+    /// each piece long enough on the NPU not to run at its submit floor, the `ends` cut short);
+    /// one range when it should not be cut.
+    pub fn pipeline_bounds(&self, w: &ResidentWeight, m: usize, budget: Budget, ends: plan::Ends) -> Vec<(usize, usize)> {
+        plan::pipeline_bounds(&self.shared.soc, &w.inner.geom, m, budget.max_cores.min(self.max_cores), ends)
     }
 
     /// Number of NPU cores of the SoC.

@@ -274,6 +274,67 @@ pub const PIECE_FLOORS: f64 = 4.0;
 /// submit held one M-tile's programs), at most [`MAX_PIECES`] pieces, and only where each core's
 /// share of a piece is modelled at ≥ [`PIECE_FLOORS`] submit floors (`SocDesc::timing`).
 /// Returns `m` (one piece) otherwise. The int32 results are the same however M is cut.
+/// A piece at an end of a cut M ([`pipeline_bounds`]) has the fewest rows, a multiple of
+/// [`END_ALIGN`], whose program on each core is modelled at ≥ `END_FLOORS` submit floors: the
+/// first piece's activation pass and the last piece's output pass are the host work no NPU run
+/// covers, so they are cut short; under the floor the piece would cost the NPU the floor.
+pub const END_FLOORS: f64 = 1.0;
+/// Rows an end piece is a multiple of.
+pub const END_ALIGN: usize = 16;
+
+/// Which ends of a cut M [`pipeline_bounds`] cuts short.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ends {
+    /// The first piece (the caller's activation pass for it runs before any NPU work).
+    pub first: bool,
+    /// The last piece (its output pass runs after all NPU work).
+    pub last: bool,
+}
+
+impl Ends {
+    pub const BOTH: Ends = Ends { first: true, last: true };
+}
+
+/// The row ranges a pipelining caller cuts an `m`-row matmul into: the pieces of
+/// [`pipeline_rows`], with the first and last cut short as `ends` asks (an end piece of the
+/// fewest rows whose program runs ≥ [`END_FLOORS`] floors, the rest of that piece after or
+/// before it). A short end costs the NPU one more program (its M-tile's weight fed again); the
+/// int32 results are the same however M is cut. One range `(0, m)` when it should not be cut.
+pub fn pipeline_bounds(soc: &SocDesc, geom: &WeightGeometry, m: usize, max_cores: u32, ends: Ends) -> Vec<(usize, usize)> {
+    let rows = pipeline_rows(soc, geom, m, max_cores).max(1);
+    let mut b: Vec<(usize, usize)> = (0..m).step_by(rows).map(|r0| (r0, (r0 + rows).min(m))).collect();
+    if b.len() < 2 {
+        return b;
+    }
+    let cores = core_count(soc, geom.n, max_cores.min(soc.cores));
+    let n_core = geom.n.div_ceil(cores as usize) as u64;
+    let floor = END_FLOORS * soc.timing.submit_floor_ns as f64;
+    let end = (1..).map(|i| i * END_ALIGN).find(|&r| r >= rows || soc.timing.program_ns(r as u64, geom.k as u64, n_core, cores) >= floor).unwrap_or(rows);
+    if ends.first && b[0].1 - b[0].0 > end {
+        let r1 = b[0].1;
+        b[0].1 = end;
+        b.insert(1, (end, r1));
+    }
+    let last = b.len() - 1;
+    if ends.last && b[last].1 - b[last].0 > end {
+        let r0 = b[last].0;
+        b[last].0 = m - end;
+        b.insert(last, (r0, m - end));
+    }
+    b
+}
+
+/// Programs per N-slice and K-slice that `bounds` (consecutive row ranges of one matmul) run
+/// beyond the uncut M's: each is one more feed of the weight.
+pub fn extra_m_tiles(soc: &SocDesc, geom: &WeightGeometry, bounds: &[(usize, usize)]) -> usize {
+    let tiles = |m: usize| {
+        let path = path_for(geom, m);
+        m.div_ceil(m_tile(soc, &ktiles(geom, 0, path), path, m).0)
+    };
+    let m = bounds.last().map_or(0, |b| b.1);
+    bounds.iter().map(|&(r0, r1)| tiles(r1 - r0)).sum::<usize>().saturating_sub(tiles(m))
+}
+
 pub fn pipeline_rows(soc: &SocDesc, geom: &WeightGeometry, m: usize, max_cores: u32) -> usize {
     let (k, n) = (geom.k, geom.n);
     if m < 2 {
@@ -453,6 +514,48 @@ pub fn synth_text(soc: &SocDesc, m: usize, k: usize, n: usize, max_cores: u32) -
 mod tests {
     use super::*;
     use crate::npu::soc::SocId;
+
+    /// A cut M: consecutive ranges covering it; without short ends the pieces of
+    /// `pipeline_rows` (whole M-tiles, no program beyond the uncut M's); short ends of the fewest
+    /// aligned rows whose program runs ≥ `END_FLOORS` floors, each one more program.
+    #[test]
+    fn pipeline_bounds_cut_whole_m_tiles_and_short_ends() {
+        let soc = SocDesc::get(SocId::Rk3588);
+        let none = Ends { first: false, last: false };
+        for (n, k, m) in [(2048, 2048, 512), (1024, 2048, 512), (6144, 2048, 512), (2048, 6144, 512), (2048, 2048, 300), (576, 576, 512), (2048, 2048, 1)] {
+            let geom = WeightGeometry::new(&soc, n, k);
+            let rows = pipeline_rows(&soc, &geom, m, 3);
+            let plain = pipeline_bounds(&soc, &geom, m, 3, none);
+            let want: Vec<(usize, usize)> = (0..m).step_by(rows.max(1)).map(|r0| (r0, (r0 + rows).min(m))).collect();
+            assert_eq!(plain, want, "{n}x{k} M={m}");
+            assert_eq!(extra_m_tiles(&soc, &geom, &plain), 0, "{n}x{k} M={m}: whole M-tiles");
+            for ends in [Ends::BOTH, Ends { first: false, last: true }, Ends { first: true, last: false }] {
+                let b = pipeline_bounds(&soc, &geom, m, 3, ends);
+                assert_eq!((b[0].0, b[b.len() - 1].1), (0, m), "{n}x{k} M={m} {ends:?}: {b:?}");
+                assert!(b.windows(2).all(|w| w[0].1 == w[1].0 && w[0].0 < w[0].1), "{b:?}");
+                if plain.len() < 2 {
+                    assert_eq!(b, plain, "uncut stays uncut");
+                    continue;
+                }
+                let cut = usize::from(ends.first) + usize::from(ends.last);
+                assert_eq!(b.len(), plain.len() + cut, "{n}x{k} M={m} {ends:?}: {b:?}");
+                assert_eq!(extra_m_tiles(&soc, &geom, &b), cut, "{n}x{k} M={m} {ends:?}: {b:?}");
+                let cores = core_count(&soc, n, 3);
+                let short = |r: usize| {
+                    assert_eq!(r % END_ALIGN, 0, "{r}");
+                    let t = |r: usize| soc.timing.program_ns(r as u64, k as u64, n.div_ceil(cores as usize) as u64, cores);
+                    let floor = END_FLOORS * soc.timing.submit_floor_ns as f64;
+                    assert!(t(r) >= floor && (r == END_ALIGN || t(r - END_ALIGN) < floor), "{n}x{k}: an end of {r} rows is not the shortest at the floor");
+                };
+                if ends.first {
+                    short(b[0].1);
+                }
+                if ends.last {
+                    short(m - b[b.len() - 1].0);
+                }
+            }
+        }
+    }
 
     /// Every program a core runs reads inside that core's part, the parts are disjoint, and
     /// together they hold every tile's payload once (no padding): a weight split this way is

@@ -130,9 +130,10 @@ pub struct HostCost {
     /// An A76 core's time for this work over this machine's.
     pub a76: f64,
     /// Whether the activation and output passes of a MUL_MAT cut into pieces
-    /// (`npu::plan::pipeline_rows`) overlap the NPU's run of the neighbouring pieces, as the
-    /// backend does (`Device::run_mul_mat`): then only the first piece's activation pass and the
-    /// last one's output pass, and whatever of the rest the NPU's time does not cover, add to it.
+    /// (`npu::plan::pipeline_bounds`, short ends included: each one more feed of the weight)
+    /// overlap the NPU's run of the neighbouring pieces, as the backend does
+    /// (`Device::run_mul_mat`): then only the first piece's activation pass and the last one's
+    /// output pass, and whatever of the rest the NPU's time does not cover, add to it.
     pub pipelined: bool,
 }
 
@@ -153,21 +154,24 @@ impl HostCost {
     /// Host seconds on the board for one MUL_MAT of `m` rows, `k`, `n`, with `terms`: the part
     /// that always adds to the NPU's time (the NPU runs' host part, the arbiter) and the
     /// activation and output passes.
-    pub fn host_parts(&self, m: usize, k: usize, n: usize, terms: precision::Terms) -> (f64, f64) {
+    pub fn host_parts(&self, m: usize, k: usize, n: usize, terms: precision::Terms) -> (f64, (f64, f64)) {
         let serial = self.npu_io_s * (terms.rows() * m * (k + n)) as f64 + self.matmul_s;
-        let passes = self.act_quant_s * (terms.act * m * k) as f64 + self.output_s * (terms.rows() * m * n) as f64;
-        (self.a76 * serial, self.a76 * passes)
+        let act = self.act_quant_s * (terms.act * m * k) as f64;
+        let out = self.output_s * (terms.rows() * m * n) as f64;
+        (self.a76 * serial, (self.a76 * act, self.a76 * out))
     }
 
-    /// The MUL_MAT's time from the NPU's (`npu_s`), the host's serial part and its passes cut
-    /// into `pieces`: one after the other, or, pipelined, the first and last pieces' passes plus
-    /// whatever of the others' the NPU's time does not cover.
-    pub fn combine(&self, npu_s: f64, serial_s: f64, passes_s: f64, pieces: usize) -> f64 {
+    /// The MUL_MAT's time from the NPU's (`npu_s`), the host's serial part and its passes
+    /// (activation, output), cut into pieces: one after the other, or, pipelined, the first
+    /// piece's activation pass (`first`: its share of the rows) and the last piece's output pass
+    /// (`last`) plus whatever of the others' the NPU's time does not cover.
+    pub fn combine(&self, npu_s: f64, serial_s: f64, passes_s: (f64, f64), pieces: usize, first: f64, last: f64) -> f64 {
+        let (act, out) = passes_s;
         if self.pipelined && pieces > 1 {
-            let ends = passes_s / pieces as f64;
-            npu_s + serial_s + ends + (passes_s - ends - npu_s).max(0.0)
+            let ends = act * first + out * last;
+            npu_s + serial_s + ends + (act + out - ends - npu_s).max(0.0)
         } else {
-            npu_s + serial_s + passes_s
+            npu_s + serial_s + act + out
         }
     }
 }
@@ -301,7 +305,8 @@ impl CostModel {
 
     /// One NPU MUL_MAT with the host's work around it ([`HostCost::combine`] of [`Self::npu_s`]
     /// and [`HostCost::host_parts`], in the pieces the backend cuts it into: one activation term
-    /// and `npu::plan::pipeline_rows`); the calibrated correction is not in it (`mean_correct_s`).
+    /// and `npu::plan::pipeline_bounds`, short ends included); the calibrated correction is not
+    /// in it (`mean_correct_s`).
     pub fn npu_host_s(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32) -> f64 {
         let npu = self.npu_s(m, k, n, terms, cores);
         if !npu.is_finite() || self.host == HostCost::NONE {
@@ -309,9 +314,12 @@ impl CostModel {
         }
         let (serial, passes) = self.host.host_parts(m, k, n, terms);
         let geom = crate::npu::layout::WeightGeometry::new(&self.soc, n, k);
-        let rows = crate::npu::plan::pipeline_rows(&self.soc, &geom, m, cores).max(1);
-        let pieces = if terms.act == 1 { m.div_ceil(rows) } else { 1 };
-        self.host.combine(npu, serial, passes, pieces)
+        let plan = crate::npu::plan::Ends::BOTH;
+        let bounds = if terms.act == 1 && self.host.pipelined { crate::npu::plan::pipeline_bounds(&self.soc, &geom, m, cores, plan) } else { vec![(0, m)] };
+        // A piece that splits an M-tile runs one more program: its weight fed once more.
+        let refeed = crate::npu::plan::extra_m_tiles(&self.soc, &geom, &bounds) as f64 * (k * n) as f64 / self.npu_feed_bps;
+        let share = |b: (usize, usize)| (b.1 - b.0) as f64 / m as f64;
+        self.host.combine(npu + refeed, serial, passes, bounds.len(), share(bounds[0]), share(bounds[bounds.len() - 1]))
     }
 
     /// Submits on the busiest core for `[M,K]×[N,K]ᵀ` on `cores` cores (the real planner).
@@ -744,10 +752,12 @@ mod tests {
         let p = predict(&c, &host, &q, 512);
         assert!(p.prefill_tok_s > b.prefill_tok_s && p.prefill_tok_s < a.prefill_tok_s, "pipelined {:.0}", p.prefill_tok_s);
         // One MUL_MAT, by hand: cut into 4 pieces, passes 4 ms against 10 ms of NPU: the ends.
-        assert!((h.combine(10e-3, 1e-3, 4e-3, 4) - 12e-3).abs() < 1e-12);
+        assert!((h.combine(10e-3, 1e-3, (2e-3, 2e-3), 4, 0.25, 0.25) - 12e-3).abs() < 1e-12);
+        // Short ends: only their rows' passes add.
+        assert!((h.combine(10e-3, 1e-3, (2e-3, 2e-3), 6, 1.0 / 32.0, 1.0 / 16.0) - (11e-3 + 2e-3 * 3.0 / 32.0)).abs() < 1e-12);
         // Passes longer than the NPU: what it does not cover adds.
-        assert!((h.combine(2e-3, 1e-3, 8e-3, 4) - (2e-3 + 1e-3 + 2e-3 + 4e-3)).abs() < 1e-12);
-        assert!((h.combine(2e-3, 1e-3, 8e-3, 1) - 11e-3).abs() < 1e-12, "uncut: all of it");
+        assert!((h.combine(2e-3, 1e-3, (4e-3, 4e-3), 4, 0.25, 0.25) - (2e-3 + 1e-3 + 2e-3 + 4e-3)).abs() < 1e-12);
+        assert!((h.combine(2e-3, 1e-3, (4e-3, 4e-3), 1, 1.0, 1.0) - 11e-3).abs() < 1e-12, "uncut: all of it");
     }
 
     #[test]
