@@ -1,0 +1,612 @@
+//! The NPU matmul pipeline: one MUL_MAT of a packed weight, from the f32 activation to the f32
+//! result. Everything the host does around the NPU runs lives here: the activation pass
+//! (rotation, int8 terms, the reuse of an activation several weights read, the correction's
+//! dots), the cut into pieces that overlap the NPU (`Npu::pipeline_bounds`, `Npu::mm_run_pieces`),
+//! the output pass (every term's dequantization, the second weight term, the correction), the
+//! one CPU fallback of a failed NPU run, and the run's booking into the device's counters.
+//!
+//! The precision of each weight (its int8 terms, rotation, calibrated direction) was decided when
+//! it was packed and travels with it (`PackedWeight`); nothing here decides it again.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+use super::pool;
+use super::{Device, PackedWeight, WeightSource};
+use crate::npu::{Budget, NpuError};
+use crate::quant;
+use crate::route::precision::LO_ACT_TERMS;
+
+/// Per-thread buffers of [`Device::run_mul_mat`], reused from one matmul to the next so a decode
+/// matmul allocates nothing: int8 activation terms and their scales, the rows' dots with the
+/// calibrated direction and their coefficients, the int32 results of both weight terms.
+#[derive(Default)]
+struct Scratch {
+    a: Vec<i8>,
+    a_scale: Vec<f32>,
+    dots: Vec<f32>,
+    coef: Vec<Option<f32>>,
+    c: Vec<i32>,
+    cl: Vec<i32>,
+    /// What `a` / `a_scale` hold: the rotated activation they were quantized from.
+    act: Option<ActKey>,
+    /// The direction `dots` were taken with (of the activation `act`); empty: none.
+    dot_dir: Vec<f32>,
+}
+
+/// A rotated activation's identity: its address and length, its rows, the int8 terms it was
+/// quantized to, and a hash of its values (ggml reuses tensor memory within a graph, so the
+/// address alone does not say the values are the same; a hash of a sample of the values would
+/// not either: a row that changed only where the sample does not look would reuse stale terms).
+/// Rotated weights of one K share one rotation and have no per-weight column scales, so the int8
+/// terms of an activation read by several weights in a row (Q/K/V, gate/up) are the same for
+/// all of them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct ActKey {
+    addr: usize,
+    len: usize,
+    rows: usize,
+    terms: usize,
+    hash: u64,
+}
+
+/// The hash of [`ActKey`]: XXH3-64 of the rows' [`quant::row_hash`]es (`x: [M, K]`, rows on
+/// the current pool). The activation pass takes the same row hashes while it reads the rows
+/// ([`quant::prepare_rows_hashed`], combined by [`rows_hash`]), so only an activation that may be
+/// the previous one (same address and size) is read for its hash alone.
+fn act_hash(x: &[f32], k: usize) -> u64 {
+    use rayon::prelude::*;
+    let rows: Vec<u64> = if x.len() >= quant::PAR_MIN_ELEMS { x.par_chunks(k).map(quant::row_hash).collect() } else { x.chunks(k).map(quant::row_hash).collect() };
+    rows_hash(&rows)
+}
+
+/// [`act_hash`] from its rows' hashes.
+fn rows_hash(rows: &[u64]) -> u64 {
+    twox_hash::XxHash3_64::oneshot(bytemuck::cast_slice(rows))
+}
+
+/// Buffers above this size are not kept between calls (a ubatch of thousands of rows would
+/// otherwise pin hundreds of MB per thread). A prefill ubatch's buffers stay below it (M = 512:
+/// the int32 results of N = 12288 are 24 MiB) and are reused from one MUL_MAT to the next:
+/// freed and allocated again, every large MUL_MAT faulted in fresh zeroed pages (the kernel's
+/// page clearing was 4 % of the process's CPU time in `llama-bench -p 512` on the Qwen3-1.7B
+/// shape with the timed NPU, `perf record`).
+const SCRATCH_KEEP_BYTES: usize = 32 << 20;
+
+impl Scratch {
+    /// The first elements of each buffer, grown to hold them: int8 terms, their scales, dots,
+    /// coefficients, and the int32 results of the two weight terms.
+    #[allow(clippy::type_complexity)] // six disjoint views, named at the one caller
+    fn split(&mut self, a: usize, s: usize, d: usize, co: usize, c: usize, cl: usize) -> (&mut [i8], &mut [f32], &mut [f32], &mut [Option<f32>], &mut [i32], &mut [i32]) {
+        (scratch(&mut self.a, a), scratch(&mut self.a_scale, s), scratch(&mut self.dots, d), scratch(&mut self.coef, co), scratch(&mut self.c, c), scratch(&mut self.cl, cl))
+    }
+
+    fn kept(mut self) -> Scratch {
+        fn cap<T>(v: &mut Vec<T>) {
+            if v.capacity() * std::mem::size_of::<T>() > SCRATCH_KEEP_BYTES {
+                *v = Vec::new();
+            }
+        }
+        cap(&mut self.a);
+        cap(&mut self.a_scale);
+        cap(&mut self.dots);
+        if self.a.is_empty() || self.a_scale.is_empty() {
+            self.act = None;
+        }
+        if self.dots.is_empty() {
+            self.dot_dir.clear();
+        }
+        cap(&mut self.coef);
+        cap(&mut self.c);
+        cap(&mut self.cl);
+        self
+    }
+}
+
+thread_local! {
+    static SCRATCH: std::cell::Cell<Scratch> = std::cell::Cell::new(Scratch::default());
+}
+
+/// The first `len` elements of `v`, grown (never shrunk) to hold them; old contents stay.
+fn scratch<T: Copy + Default>(v: &mut Vec<T>, len: usize) -> &mut [T] {
+    if v.len() < len {
+        v.resize(len, T::default());
+    }
+    &mut v[..len]
+}
+
+/// `buf` cut at the consecutive ranges `cuts` (`(start, end)`, ascending, non-overlapping).
+fn pieces<'a, T>(mut buf: &'a mut [T], cuts: &[(usize, usize)]) -> Vec<&'a mut [T]> {
+    let mut out = Vec::with_capacity(cuts.len());
+    let mut at = 0;
+    for &(s, e) in cuts {
+        let (_, rest) = std::mem::take(&mut buf).split_at_mut(s - at);
+        let (p, rest) = rest.split_at_mut(e - s);
+        out.push(p);
+        buf = rest;
+        at = e;
+    }
+    out
+}
+
+/// What the NPU runs of one piece of a MUL_MAT did (or the CPU instead, after an error).
+/// A pipelined piece back from the NPU thread: its dense buffers (filled where a term fell back
+/// to the CPU), its booking, and where each weight term's result is.
+type Landed<'a> = (&'a [i32], &'a [i32], PieceRun, TermOut, TermOut);
+
+/// Where one weight term's int32 result of an NPU MUL_MAT is: in the NPU cores' buffers, or
+/// (computed on the CPU after an NPU error) in the caller's dense buffer.
+enum TermOut {
+    Shares(crate::npu::Shares),
+    Dense,
+}
+
+impl TermOut {
+    /// The cores' column segments, for [`TermOut::rows`] (empty for a dense result).
+    fn parts(&self) -> Vec<quant::CPart<'_>> {
+        match self {
+            TermOut::Shares(sh) => sh.parts(),
+            TermOut::Dense => Vec::new(),
+        }
+    }
+
+    /// The result as the output pass reads it: `parts` ([`TermOut::parts`]) or `dense`.
+    fn rows<'a>(&self, dense: &'a [i32], parts: &'a [quant::CPart<'a>]) -> quant::CRows<'a> {
+        match self {
+            TermOut::Shares(_) => quant::CRows::Parts(parts),
+            TermOut::Dense => quant::CRows::Dense(dense),
+        }
+    }
+}
+
+#[derive(Default)]
+struct PieceRun {
+    submits: u64,
+    /// Rows sent to the NPU by the runs that succeeded.
+    sent: u64,
+    device_ns: u64,
+    cores: u64,
+    /// NPU runs that failed (computed on the CPU instead, `cpu_ns`).
+    failed: u64,
+    cpu_ns: u64,
+    /// Wall time of the piece's NPU runs, the CPU's instead included.
+    wall_ns: u64,
+    synced_bytes: u64,
+    io_bytes: u64,
+}
+
+impl PieceRun {
+    /// Books one NPU run of `rows` rows; on an error (`leased`: the NPU was held, so the error is
+    /// the NPU's, counted and logged) `cpu` computes the same result on the CPU.
+    fn book(&mut self, run: Result<crate::npu::RunStats, NpuError>, rows: usize, leased: bool, dev: &Device, cpu: impl FnOnce(&mut PieceRun)) {
+        match run {
+            Ok(rs) => {
+                self.synced_bytes += rs.synced_bytes;
+                self.io_bytes += rs.io_bytes;
+                self.submits += u64::from(rs.submits);
+                self.sent += rows as u64;
+                self.device_ns += rs.device_ns;
+                self.cores = self.cores.max(u64::from(rs.cores));
+            }
+            Err(e) => {
+                if leased {
+                    dev.note_npu_error(&e);
+                    self.failed += 1;
+                }
+                cpu(self);
+            }
+        }
+    }
+
+    fn add(&mut self, o: &PieceRun) {
+        self.submits += o.submits;
+        self.sent += o.sent;
+        self.device_ns += o.device_ns;
+        self.cores = self.cores.max(o.cores);
+        self.failed += o.failed;
+        self.cpu_ns += o.cpu_ns;
+        self.wall_ns += o.wall_ns;
+        self.synced_bytes += o.synced_bytes;
+        self.io_bytes += o.io_bytes;
+    }
+}
+
+/// The one CPU fallback of a MUL_MAT's NPU runs: the int8 arithmetic the NPU does, exact (the
+/// same int32 results, so a row's bits do not depend on which engine computed it), against the
+/// weight's int8 terms quantized again from its source — once per MUL_MAT, and only when a run
+/// failed (the NPU's copy lives in device memory, tiled; the host keeps none).
+struct CpuFallback<'a> {
+    w: &'a PackedWeight,
+    src: &'a WeightSource<'a>,
+    /// The weight's int8 terms (the second when it has one), made at the first failure.
+    terms: std::sync::OnceLock<(Vec<i8>, Option<Vec<i8>>)>,
+}
+
+impl CpuFallback<'_> {
+    /// `out = a · Wᵀ` in int32 for `rows` rows of int8 activation terms `a` against the first
+    /// weight term (`second`: the second), its time booked into `r`.
+    fn run(&self, r: &mut PieceRun, a: &[i8], rows: usize, second: bool, out: &mut [i32]) {
+        let t = Instant::now();
+        let (w, src, (n, k)) = (self.w, self.src, (self.w.n, self.w.k));
+        let (hi, lo) = self.terms.get_or_init(|| {
+            let rot = w.rot.as_deref();
+            let (q, s, col) = crate::pack::quantize_source(src, n, k, rot);
+            let ql = w.lo.as_ref().map(|_| crate::pack::quantize_residual(src, n, k, rot, &col, &q, &s).0);
+            (q, ql)
+        });
+        let q = if second { lo.as_deref().expect("a second run has a second term") } else { hi.as_slice() };
+        out.copy_from_slice(&crate::npu::reference_mm(a, q, rows, k, n));
+        r.cpu_ns += t.elapsed().as_nanos() as u64;
+    }
+}
+
+impl Device {
+    /// Runs `dst = x · Wᵀ` for `x: [M, K] f32` and `dst: [M, N] f32` with a packed weight.
+    /// On an NPU error the same int8 arithmetic runs on the CPU (exact same result) and the error
+    /// is logged once per kind. With the rotation and `ORK_MEAN_CORRECT` (the default), each row
+    /// is corrected along its weight's calibrated direction from its own values (`quant::mean`:
+    /// the dot in the activation pass, `c_m·e` in the output pass), so a row's result does not
+    /// depend on the other rows of the ubatch; with `ORK_CALIBRATE=1` the rows are recorded into
+    /// the calibration file instead.
+    pub fn run_mul_mat(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32]) {
+        self.run_mul_mat_after(w, src, x, m, dst, false)
+    }
+
+    /// [`Device::run_mul_mat`] where the caller knows whether `x` is the activation of this
+    /// thread's previous MUL_MAT, unchanged since (`same`: the same tensor, and nothing ran in
+    /// between that could write it — within one graph call, between two of ORK's own MUL_MATs).
+    /// Then the int8 terms that MUL_MAT left are reused without hashing `x` to prove it.
+    pub fn run_mul_mat_after(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32], same: bool) {
+        if m == 0 {
+            return;
+        }
+        // A key exists only for a rotated weight on a device with a calibration store, and the
+        // store only with the rotation and ORK_MEAN_CORRECT on (`Store::from_config`).
+        let fix = match (&self.calib, w.calib_key) {
+            (Some(store), Some(key)) if store.recording() => {
+                self.run_mul_mat_npu(w, src, x, m, dst, None, same);
+                return store.record(key, x, m, w.k);
+            }
+            (Some(store), Some(key)) => w.fix.get_or_init(|| self.fixed_direction(w, src, store, key)).as_ref(),
+            _ => None,
+        };
+        self.run_mul_mat_npu(w, src, x, m, dst, fix, same);
+        if fix.is_some() {
+            self.stats.mean_corrected.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Weight `w`'s calibrated direction `d` and the NPU's error on it, `e = d·Wᵀ − d·Q(W)ᵀ`:
+    /// the exact product from the GGUF weight minus the product with the int8 terms the NPU
+    /// holds, without rounding `d` (rounding it as an activation would add its own error to
+    /// every row). Once per weight and process; the time counts as weight preparation.
+    fn fixed_direction(&self, w: &PackedWeight, src: &WeightSource<'_>, store: &crate::cache::calib::Store, key: u64) -> Option<quant::mean::Direction> {
+        let t = Instant::now();
+        let dir = store.direction(key, w.k)?;
+        let exact: Vec<f64> = crate::pack::source_matvec(src, w.n, w.k, &dir).into_iter().map(f64::from).collect();
+        let held = crate::pack::held_matvec(src, w.n, w.k, w.rot.as_deref(), w.lo.is_some(), &dir);
+        let d = quant::mean::Direction::new(dir, &exact, &held);
+        if let Some(d) = &d {
+            w.held.add_scales(4 * (d.dir.len() + d.err.len()) as u64);
+            log::debug!("{}: calibrated direction, NPU relative error on it {:.2e}", src.name, d.relative_error(&exact));
+        }
+        self.stats.pack_ns.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+        d
+    }
+
+    /// [`Device::run_mul_mat`]'s NPU runs of the plan's terms, with the host's two passes around
+    /// them on the host pool (`pool`), rows in parallel: the activation pass (rotation, int8
+    /// terms, and with a calibrated direction `fix` each row's dot with it) and the output pass
+    /// (dequantization of every term, the second weight term, `fix`'s correction), each row from
+    /// its own values only.
+    ///
+    /// Pipelined where the NPU says a cut pays (`Npu::pipeline_bounds`: whole M-tiles, each piece
+    /// long enough on the NPU, the first and last pieces short) and the activation has one int8
+    /// term: the rows are cut into
+    /// pieces, and while the NPU runs piece i (on a thread of its own) this thread prepares
+    /// piece i + 1 and finishes piece i − 1. Every row goes through the same arithmetic as
+    /// uncut (rows are independent, the NPU's int32 results exact), so the bits do not depend on
+    /// the cut.
+    #[allow(clippy::too_many_arguments)] // the MUL_MAT's operands, its correction, and the reuse hint
+    fn run_mul_mat_npu(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32], fix: Option<&quant::mean::Direction>, same: bool) {
+        let (k, n) = (w.k, w.n);
+        assert_eq!(x.len(), m * k, "x is not [M, K]");
+        assert_eq!(dst.len(), m * n, "dst is not [M, N]");
+        let t0 = Instant::now();
+        // The per-thread buffers of the last call (taken out, so a re-entered call on this thread
+        // simply allocates its own); none of them needs zeroing: each is fully written below.
+        let mut sc = SCRATCH.with(|c| c.take());
+        let terms = w.act_terms;
+        let rows = terms * m;
+        let lt = LO_ACT_TERMS.min(terms);
+        let no_aff = self.cfg.no_affinity;
+        let dir = fix.map(|d| d.dir.as_slice());
+        let phase = crate::route::Phase::of(self.cfg, m);
+        let ps = &self.stats.phase[(phase == crate::route::Phase::Decode) as usize];
+        let want = self.cfg.max_cores.unwrap_or(self.npu.soc().cores);
+        // The activation's identity and whether its int8 terms are still in `sc.a`: the caller
+        // vouches for an unchanged activation (`same`), else its hash says so (taken in the same
+        // hand-off to the host pool as the activation pass where the MUL_MAT is not cut).
+        let (held_act, held_dir) = (sc.act, std::mem::take(&mut sc.dot_dir));
+        let vouched = held_act.filter(|a| same && (a.addr, a.len, a.rows, a.terms) == (x.as_ptr() as usize, x.len(), m, terms));
+        // (key, reused, redot): the dots are taken again when the int8 terms are reused but
+        // this weight's direction is not the one they were taken with (Q/K/V and gate/up share it).
+        // An activation that cannot be the held one (another address or size) is not hashed
+        // here: its activation pass takes the row hashes (`hashes`), and its key after it.
+        let this = |hash: u64| ActKey { addr: x.as_ptr() as usize, len: x.len(), rows: m, terms, hash };
+        let candidate = held_act.is_some_and(|a| (a.addr, a.len, a.rows, a.terms) == (x.as_ptr() as usize, x.len(), m, terms));
+        let decide = || {
+            let key = w.rot.as_ref().and_then(|_| vouched.or_else(|| candidate.then(|| this(act_hash(x, k)))));
+            let reused = key.is_some() && key == held_act;
+            (key, reused, reused && dir.is_some_and(|d| d != held_dir.as_slice()))
+        };
+        let mut hashes = vec![0u64; if w.rot.is_some() && vouched.is_none() && !candidate { m } else { 0 }];
+        let t1 = Instant::now();
+        let lease = self.arbiter().acquire(phase, want);
+        let ta = Instant::now();
+        ps.arb_ns.fetch_add((ta - t1).as_nanos() as u64, Relaxed);
+        let (budget, first) = match &lease {
+            Ok(l) => (Budget { max_cores: l.count }, l.first),
+            Err(_) => (Budget { max_cores: want }, 0),
+        };
+        // The first piece is cut short only where its activation pass has work to do (an
+        // activation that may be the held one is likely reused: no pass to hide).
+        let ends = crate::npu::plan::Ends { first: !candidate, last: true };
+        let bounds = if terms == 1 && lease.is_ok() { self.npu.pipeline_bounds(&w.resident, m, budget, ends) } else { vec![(0, m)] };
+        let (a, a_scale, dots, coef, c, cl) = sc.split(rows * k, rows, if dir.is_some() { m } else { 0 }, if fix.is_some() { m } else { 0 }, rows * n, if w.lo.is_some() { lt * m * n } else { 0 });
+        let prep = match &w.rot {
+            // Rotated weights have no column equalisation: the activation rows are rotated by
+            // the same R instead.
+            Some(rot) => quant::RowPrep::Rotate(rot),
+            None => quant::RowPrep::Columns(&w.col_scale),
+        };
+        // The activation pass of rows [r0, r1) (all of M when uncut: then the slices hold every
+        // term, term-major). Returns its time and the time of dots taken again.
+        let act = |(r0, r1): (usize, usize), reuse: (bool, bool), a: &mut [i8], a_scale: &mut [f32], dots: &mut [f32], coef: &mut [Option<f32>], hashes: &mut [u64]| -> (u64, u64) {
+            let t = Instant::now();
+            let mut dot_ns = 0;
+            let xr = &x[r0 * k..r1 * k];
+            let (reused, redot) = reuse;
+            pool::on_host(no_aff, terms * (r1 - r0) * k, || {
+                if !reused {
+                    quant::prepare_rows_hashed(xr, r1 - r0, k, terms, prep, dir, a, a_scale, dots, hashes);
+                } else if let Some(d) = dir.filter(|_| redot) {
+                    use rayon::prelude::*;
+                    let td = Instant::now();
+                    if xr.len() >= quant::PAR_MIN_ELEMS {
+                        xr.par_chunks_exact(k).zip(dots.par_iter_mut()).for_each(|(r, o)| *o = quant::mean::dot16(r, d));
+                    } else {
+                        xr.chunks_exact(k).zip(dots.iter_mut()).for_each(|(r, o)| *o = quant::mean::dot16(r, d));
+                    }
+                    dot_ns = td.elapsed().as_nanos() as u64;
+                }
+            });
+            if let Some(d) = fix {
+                for (c, &dot) in coef.iter_mut().zip(dots.iter()) {
+                    *c = d.coefficient(dot);
+                }
+            }
+            (t.elapsed().as_nanos() as u64, dot_ns)
+        };
+        // The NPU runs of rows [r0, r1) (`a`: their int8 terms, term-major), each term's result
+        // into `c` / `cl`; an NPU error computes the same int8 arithmetic on the CPU (`cpu`).
+        let cpu = CpuFallback { w, src, terms: std::sync::OnceLock::new() };
+        // One weight term's NPU run of `rows` activation rows, booked into `r`: its result left
+        // in the NPU cores' buffers (`TermOut::Shares`), or on an error the same int8 arithmetic on
+        // the CPU into `out` (`second`: the second weight term).
+        let term = |r: &mut PieceRun, rw: &crate::npu::ResidentWeight, second: bool, a: &[i8], rows: usize, out: &mut [i32]| -> TermOut {
+            let mut held_by = TermOut::Dense;
+            let run = match &lease {
+                Ok(_) => self.npu.mm_run_shares(rw, a, rows, budget, first).map(|(sh, rs)| {
+                    held_by = TermOut::Shares(sh);
+                    rs
+                }),
+                Err(e) => Err(NpuError::NoDevice(e.to_string())),
+            };
+            r.book(run, rows, lease.is_ok(), self, |r| cpu.run(r, a, rows, second, out));
+            held_by
+        };
+        let npu = |a: &[i8], mr: usize, c: &mut [i32], cl: &mut [i32]| -> (PieceRun, TermOut, TermOut) {
+            let mut r = PieceRun::default();
+            let t = Instant::now();
+            let hc = term(&mut r, &w.resident, false, a, terms * mr, c);
+            // The second weight term against the first activation term only: the cross terms
+            // with later activation terms sit below both terms' resolution (SmolLM2: NMSE ≤ 3e-8
+            // with them, ≤ 1.2e-6 without, against 1e-4 for one weight term) and would cost T·M
+            // more NPU rows.
+            let mut hl = TermOut::Dense;
+            if let Some((lo, _)) = &w.lo {
+                hl = term(&mut r, lo, true, &a[..lt * mr * k], lt * mr, cl);
+                // The output pass walks the first term's segments: a dense first term (computed
+                // on the CPU) takes a dense second one.
+                if let (TermOut::Dense, TermOut::Shares(_)) = (&hc, &hl) {
+                    if let TermOut::Shares(sh) = std::mem::replace(&mut hl, TermOut::Dense) {
+                        sh.copy_to(cl);
+                        self.npu.give_back(sh);
+                    }
+                }
+            }
+            r.wall_ns = t.elapsed().as_nanos() as u64;
+            (r, hc, hl)
+        };
+        // The output pass of rows [r0, r1): every term, the second weight term, the correction,
+        // reading the NPU cores' buffers in place; then hands them back to the NPU.
+        let out = |(r0, r1): (usize, usize), c: (&[i32], TermOut), a_scale: &[f32], cl: (&[i32], TermOut), coef: &[Option<f32>], dst: &mut [f32]| -> u64 {
+            let t = Instant::now();
+            let (pc, pcl) = (c.1.parts(), cl.1.parts());
+            let o = quant::Output {
+                c: c.1.rows(c.0, &pc),
+                a_scale,
+                terms,
+                w_scale: &w.scales,
+                lo: w.lo.as_ref().map(|(_, ls)| (cl.1.rows(cl.0, &pcl), ls.as_slice())),
+                corr: fix.map(|d| (coef, d.err.as_slice())),
+            };
+            pool::on_host(no_aff, (terms + lt + 1) * (r1 - r0) * n, || quant::dequantize_fused(&o, dst));
+            drop((pc, pcl));
+            for h in [c.1, cl.1] {
+                if let TermOut::Shares(sh) = h {
+                    self.npu.give_back(sh);
+                }
+            }
+            t.elapsed().as_nanos() as u64
+        };
+        let (mut act_ns, mut dot_ns, mut out_ns) = (0u64, 0u64, 0u64);
+        let mut runs = PieceRun::default();
+        let (mut key, mut reused, mut redot) = (None, false, false);
+        // An uncut MUL_MAT — reuse decision, activation pass, NPU run, output pass — goes to the
+        // host pool in one hand-off: its passes then run on the pool thread it landed on (and
+        // the pool's other threads) without a hand-off each. A hand-off is a wake-up of a
+        // sleeping pool thread and of the caller after it, about 0.1 ms here (the Qwen3-1.7B
+        // shape at -ub 128, `bash bench-scripts/prefill_host_table.sh`: dequant 516 → 336 ms,
+        // the pass itself 320–350 ms). A cut MUL_MAT stays on the calling thread, its pieces'
+        // passes handed off each while the NPU runs: run from a pool thread, its pipeline gave
+        // 4–6 % fewer tokens per second at -ub 512 (three llama-bench runs each way).
+        let whole = bounds.len() == 1;
+        pool::on_host(no_aff, if whole { rows * k } else { 0 }, || if whole {
+            let th = Instant::now();
+            let decided = decide();
+            let d = act((0, m), (decided.1, decided.2), a, a_scale, dots, coef, &mut hashes).1;
+            (key, reused, redot) = decided;
+            (act_ns, dot_ns) = (th.elapsed().as_nanos() as u64, d);
+            let (r, hc, hl) = npu(a, m, c, cl);
+            runs.add(&r);
+            out_ns += out((0, m), (c, hc), a_scale, (cl, hl), coef, dst);
+        } else {
+            (key, reused, redot) = if candidate { pool::on_host(no_aff, m * k, decide) } else { decide() };
+            // One int8 term: row r of every buffer is at r times its row length.
+            let cut = |len: usize| bounds.iter().map(|&(r0, r1)| (r0 * len, r1 * len)).collect::<Vec<_>>();
+            let (mut a_p, c_p, cl_p) = (pieces(a, &cut(k)), pieces(c, &cut(n)), pieces(cl, &cut(if w.lo.is_some() { n } else { 0 })));
+            let (mut as_p, mut dots_p, mut coef_p, mut dst_p) =
+                (pieces(a_scale, &cut(1)), pieces(dots, &cut(usize::from(dir.is_some()))), pieces(coef, &cut(usize::from(fix.is_some()))), pieces(dst, &cut(n)));
+            let hashed = usize::from(!hashes.is_empty());
+            let mut hashes_p = pieces(&mut hashes, &cut(hashed));
+            // One weight term: the cores run the pieces one after the other as their rows come
+            // (`Npu::mm_run_pieces`), each core without waiting for the others between pieces;
+            // this thread writes each piece's rows after its activation pass and finishes the
+            // piece before with its output pass meanwhile.
+            let mut run = if w.lo.is_none() && lease.is_ok() { self.npu.mm_run_pieces(&w.resident, &bounds, budget, first).ok() } else { None };
+            if let Some(run) = run.as_mut() {
+                let mut c_p = c_p;
+                let mut finish = |i: usize, run: &mut crate::npu::PieceRun<'_>, a: &[i8], c: &mut [i32], a_scale: &[f32], coef: &[Option<f32>], dst: &mut [f32]| {
+                    let (r0, r1) = bounds[i];
+                    let mut r = PieceRun::default();
+                    let mut hc = TermOut::Dense;
+                    let got = run.take(i).map(|(sh, rs)| {
+                        hc = TermOut::Shares(sh);
+                        rs
+                    });
+                    let host_ns = got.as_ref().map_or(0, |rs| rs.host_ns);
+                    r.book(got, r1 - r0, true, self, |r| cpu.run(r, a, r1 - r0, false, c));
+                    // The NPU part of the piece: its longest core run (or the CPU's instead).
+                    r.wall_ns = host_ns + r.cpu_ns;
+                    runs.add(&r);
+                    out_ns += out(bounds[i], (c, hc), a_scale, (&[], TermOut::Dense), coef, dst);
+                };
+                for i in 0..bounds.len() {
+                    let (t, d) = act(bounds[i], (reused, redot), a_p[i], as_p[i], dots_p[i], coef_p[i], hashes_p[i]);
+                    act_ns += t;
+                    dot_ns += d;
+                    // A piece whose rows could not be written fails its take (booked there).
+                    let _ = run.fill(i, a_p[i]);
+                    if i > 0 {
+                        finish(i - 1, run, a_p[i - 1], c_p[i - 1], as_p[i - 1], coef_p[i - 1], dst_p[i - 1]);
+                    }
+                }
+                let last = bounds.len() - 1;
+                finish(last, run, a_p[last], c_p[last], as_p[last], coef_p[last], dst_p[last]);
+                return;
+            }
+            std::thread::scope(|s| {
+                let (to_npu, npu_rx) = std::sync::mpsc::channel::<(usize, &[i8])>();
+                let (npu_tx, from_npu) = std::sync::mpsc::channel::<Landed<'_>>();
+                let bounds = &bounds;
+                let npu = &npu;
+                let npu_thread = s.spawn(move || {
+                    for ((c, cl), (i, a)) in c_p.into_iter().zip(cl_p).zip(npu_rx) {
+                        let (r0, r1) = bounds[i];
+                        let (r, hc, hl) = npu(a, r1 - r0, c, cl);
+                        if npu_tx.send((&*c, &*cl, r, hc, hl)).is_err() {
+                            return;
+                        }
+                    }
+                });
+                let mut finish = |i: usize, got: Option<Landed<'_>>, a_scale: &[f32], coef: &[Option<f32>], dst: &mut [f32]| {
+                    let (c, cl, r, hc, hl) = got.expect("the NPU thread ran every piece");
+                    runs.add(&r);
+                    out_ns += out(bounds[i], (c, hc), a_scale, (cl, hl), coef, dst);
+                };
+                for (i, a) in a_p.into_iter().enumerate() {
+                    let (t, d) = act(bounds[i], (reused, redot), a, as_p[i], dots_p[i], coef_p[i], hashes_p[i]);
+                    act_ns += t;
+                    dot_ns += d;
+                    let _ = to_npu.send((i, &*a));
+                    if i > 0 {
+                        finish(i - 1, from_npu.recv().ok(), as_p[i - 1], coef_p[i - 1], dst_p[i - 1]);
+                    }
+                }
+                drop(to_npu);
+                let last = bounds.len() - 1;
+                finish(last, from_npu.recv().ok(), as_p[last], coef_p[last], dst_p[last]);
+                let _ = npu_thread.join();
+            });
+        });
+        // The key of an activation not hashed before its pass: from the row hashes it took.
+        let key = if hashes.is_empty() { key } else { Some(this(rows_hash(&hashes))) };
+        if reused {
+            self.stats.act_reused.fetch_add(1, Relaxed);
+            if vouched.is_some() {
+                self.stats.act_vouched.fetch_add(1, Relaxed);
+            }
+        }
+        sc.dot_dir = held_dir;
+        if !reused || redot {
+            sc.act = key;
+            sc.dot_dir.clear();
+            sc.dot_dir.extend_from_slice(dir.unwrap_or_default());
+        }
+        let t3 = Instant::now();
+        // Releasing the lease (and, for the last one, the cross-process flock) is arbiter time.
+        let busy = lease.is_err();
+        drop(lease);
+        let arb_ns = (ta - t1).as_nanos() as u64 + t3.elapsed().as_nanos() as u64;
+        self.stats.arb_ns.fetch_add(arb_ns, Relaxed);
+        // Time the NPU path took, without what was computed on the CPU instead; the NPU's busy
+        // time per core; and what of the MUL_MAT's wall time the NPU did not cover.
+        let npu_ns = runs.wall_ns.saturating_sub(runs.cpu_ns);
+        let wait = (runs.device_ns / runs.cores.max(1)).min(npu_ns);
+        let wall = (t3 - t0).as_nanos() as u64;
+        if busy {
+            ps.fallback.fetch_add(1, Relaxed);
+        } else if runs.failed > 0 {
+            ps.npu_failed.fetch_add(1, Relaxed);
+            self.stats.npu_fallbacks.fetch_add(1, Relaxed);
+            self.stats.npu_errors.fetch_add(runs.failed, Relaxed);
+        } else {
+            ps.runs.fetch_add(1, Relaxed);
+            ps.rows.fetch_add(m as u64, Relaxed);
+            ps.rows_sent.fetch_add(runs.sent, Relaxed);
+            ps.critical_ns.fetch_add(wall.saturating_sub(wait + (ta - t1).as_nanos() as u64), Relaxed);
+            ps.pieces.fetch_add(bounds.len() as u64, Relaxed);
+            self.stats.npu_matmuls.fetch_add(1, Relaxed);
+            self.stats.npu_rows.fetch_add(m as u64, Relaxed);
+            self.stats.npu_rows_sent.fetch_add(runs.sent, Relaxed);
+            self.stats.submits.fetch_add(runs.submits, Relaxed);
+        }
+        ps.synced_bytes.fetch_add(runs.synced_bytes, Relaxed);
+        ps.io_bytes.fetch_add(runs.io_bytes, Relaxed);
+        self.stats.fallback_ns.fetch_add(runs.cpu_ns, Relaxed);
+        let quant_ns = (t1 - t0).as_nanos() as u64 + act_ns;
+        ps.quant_ns.fetch_add(quant_ns, Relaxed);
+        self.stats.mean_ns.fetch_add(dot_ns, Relaxed);
+        ps.submit_ns.fetch_add(npu_ns - wait, Relaxed);
+        ps.wait_ns.fetch_add(wait, Relaxed);
+        ps.dequant_ns.fetch_add(out_ns, Relaxed);
+        self.stats.quant_ns.fetch_add(quant_ns, Relaxed);
+        self.stats.npu_ns.fetch_add(npu_ns, Relaxed);
+        self.stats.dequant_ns.fetch_add(out_ns, Relaxed);
+        self.stats.npu_run_ns.fetch_add(runs.wall_ns, Relaxed);
+        SCRATCH.with(|cell| cell.set(sc.kept()));
+    }
+
+}
