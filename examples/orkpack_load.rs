@@ -87,7 +87,7 @@ fn main() {
     }
 
     let (cfg, _) = ggml_ork::config::Config::from_lookup(|k| (k == "ORK_ROTATE").then(|| "0".into()));
-    let dev = Device { npu: npu.clone(), vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: Some(PackCache::new(&dir, u64::MAX)), calib: None };
+    let dev = Device { npu: npu.clone(), vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), placement: Default::default(), stream: Default::default(), cache: Some(PackCache::new(&dir, u64::MAX)), calib: None };
     let names: Vec<String> = weights.iter().map(|w| w.id.name.clone()).collect();
 
     let touch = || {

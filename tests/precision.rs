@@ -18,7 +18,7 @@ fn device(pairs: &[(&str, &str)]) -> Device {
     let (cfg, bad) = Config::from_lookup(|k| pairs.iter().find(|(a, _)| *a == k).map(|(_, b)| b.to_string()));
     assert!(bad.is_empty(), "{bad:?}");
     let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), ..NpuConfig::default() }).expect("simulator opens");
-    Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: None, calib: None }
+    Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), placement: Default::default(), stream: Default::default(), cache: None, calib: None }
 }
 
 fn lcg(seed: u64) -> impl FnMut() -> f32 {
@@ -103,7 +103,7 @@ fn the_plan_sends_its_terms_and_the_counters_count_them() {
             Role::Other => 0,
             _ => 30,
         };
-        dev.stats.announced[role.index()].store(count * (N * K) as u64, Relaxed);
+        dev.placement.announced[role.index()].store(count * (N * K) as u64, Relaxed);
     }
     const Q8_0: u32 = 8;
     let other = nmse_typed(&dev, "blk.3.ffn_up.weight", Q8_0);
@@ -116,7 +116,7 @@ fn the_plan_sends_its_terms_and_the_counters_count_them() {
     assert_eq!(dev.stats.npu_rows_sent.load(Relaxed), 7 * M as u64, "the head: two activation terms and a second weight term");
     assert_eq!(dev.stats.npu_rows.load(Relaxed), 4 * M as u64);
     assert!(v < other && head < v, "extra terms lower the error: {other:e} {v:e} {head:e}");
-    assert!(dev.stats.summary().contains(&format!("({} rows sent = 1.75x plain W8A8, ", 7 * M)), "{}", dev.stats.summary());
+    assert!(dev.summary().contains(&format!("({} rows sent = 1.75x plain W8A8, ", 7 * M)), "{}", dev.summary());
     // A float weight gets two weight and two activation terms whatever its role.
     nmse(&dev, "blk.3.ffn_up.weight");
     assert_eq!(dev.stats.npu_rows_sent.load(Relaxed), 10 * M as u64, "F32: two weight terms, two activation terms");
@@ -213,7 +213,7 @@ fn the_calibrated_correction_removes_the_common_error_row_by_row() {
         assert_eq!(d.stats.npu_fallbacks.load(Relaxed), 0, "nothing fell back to the CPU");
         assert_eq!(d.stats.mean_corrected.load(Relaxed), corrected);
     }
-    assert!(on.stats.summary().contains("correction") && on.stats.summary().contains("for 1 MUL_MAT"), "{}", on.stats.summary());
+    assert!(on.summary().contains("correction") && on.summary().contains("for 1 MUL_MAT"), "{}", on.summary());
     // Batch invariance: each row's output is the same bits alone, behind 35 other rows, beside
     // rows unlike it (another seed, scaled) and at M = 1.
     let all = run_rows(&on, &x);
@@ -320,7 +320,7 @@ fn a_pipelined_matmul_gives_every_row_the_bits_of_the_uncut_runs() {
     let (cfg, bad) = Config::from_lookup(|_| None);
     assert!(bad.is_empty());
     let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), sim_fault: Some("timeout_every:3".into()), ..NpuConfig::default() }).expect("simulator opens");
-    let mut faulty = Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: None, calib: None };
+    let mut faulty = Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), placement: Default::default(), stream: Default::default(), cache: None, calib: None };
     faulty.calib = Some(ggml_ork::cache::calib::Store::open(&cal, false));
     assert!(run(&faulty, &x) == want, "a piece computed on the CPU after an NPU error has the NPU's bits");
     assert!(faulty.stats.npu_errors.load(Relaxed) >= 1, "the failed NPU runs are counted");

@@ -40,7 +40,7 @@ fn ork_buffers_lower_the_default_budget() {
     let second = pack(&dev, &source("blk.0.attn_k.weight", &w2, K), N, K);
     assert!(matches!(second, Err(NpuError::NoRoom { .. })), "{:?}", second.err());
     assert_eq!(dev.stats.one_term_for_budget.load(Relaxed), 1);
-    assert!(dev.stats.summary().contains("1 weights kept one int8 term"), "{}", dev.stats.summary());
+    assert!(dev.summary().contains("1 weights kept one int8 term"), "{}", dev.summary());
 
     // The buffers freed: the budget is back, and a weight gets both terms.
     dev.host_buffers_changed(-(buffers as i64));
@@ -66,7 +66,7 @@ fn an_explicit_budget_is_kept() {
         ..NpuConfig::default()
     })
     .expect("simulator opens");
-    let dev = Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: None, calib: None };
+    let dev = Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), placement: Default::default(), stream: Default::default(), cache: None, calib: None };
     dev.host_buffers_changed(1 << 40);
     assert_eq!(dev.npu.residency_budget(), 64 << 20, "ORK_WCACHE_BUDGET_MB wins");
     dev.host_buffers_changed(-(1 << 40));
@@ -86,7 +86,7 @@ fn device_with_budget(budget: u64, dir: &std::path::Path) -> Device {
     let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), max_cores: None, pin_cpus: vec![], wcache_budget_bytes: Some(budget), ..NpuConfig::default() })
         .expect("simulator opens");
     let cache = Some(ggml_ork::cache::PackCache::new(dir, u64::MAX));
-    Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache, calib: None }
+    Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), placement: Default::default(), stream: Default::default(), cache, calib: None }
 }
 
 #[test]
@@ -130,7 +130,7 @@ fn a_model_too_large_for_two_terms_keeps_one_term_everywhere() {
     let tmp2 = tempfile::tempdir().unwrap();
     let dev = device_with_budget(4 * term, tmp2.path());
     dev.host_buffers_changed(src_total as i64);
-    dev.stats.expected_term_bytes.store(3 * term, Relaxed);
+    dev.placement.expected_term_bytes.store(3 * term, Relaxed);
     let pws: Vec<_> = model.iter().map(|(name, bytes)| pack(&dev, &source(name, bytes, BK), BN, BK).unwrap()).collect();
     assert_eq!(pws.iter().map(|pw| pw.lo.is_some()).collect::<Vec<_>>(), [true, false, false], "exact rest: first weight");
     drop(pws);
@@ -165,7 +165,7 @@ fn memory_is_counted_by_kind() {
     let pw = pack(dev, &source("blk.0.ffn_down.weight", &w, MK), MN, MK).expect("resident");
     assert!(pw.lo.is_some(), "two terms");
     dev.note_memory();
-    let m = dev.stats.memory();
+    let m = dev.memory();
     // Scratch: regcmd and task array (one page each until a chain needs more) and 1 MiB outputs
     // on each of three cores, and the one 256 KiB activation image of lease slot 0.
     let regcmd = page_round(1) as u64;
@@ -187,15 +187,15 @@ fn memory_is_counted_by_kind() {
     };
     assert_eq!(m, want);
     assert_eq!(dev.npu.resident_bytes(), 2 * 401_408, "what the budget bounds: both terms, one copy");
-    let line = dev.stats.summary();
+    let line = dev.summary();
     assert!(line.contains(&want.line()), "{line}");
     assert!(line.contains("GGUF copy 11.8, compute buffers 1.0, int8 tiles 0.4 + 0.4 (terms 1 + 2)"), "{line}");
-    assert!(dev.stats.profile(None).contains(&want.line()));
+    assert!(dev.profile().contains(&want.line()));
     // Dropped: the tiles, scales and buffers go, the peak stays.
     drop(pw);
     drop(weights);
     drop(compute);
-    let after = dev.stats.memory();
+    let after = dev.memory();
     assert_eq!((after.gguf, after.buffers, after.tiles, after.scales, after.peak), (0, 0, [0, 0], 0, want.peak));
     assert_eq!(dev.npu.resident_bytes(), 0);
 }
@@ -257,13 +257,13 @@ fn per_core_copies_count_against_the_budget() {
     .unwrap();
     assert_eq!(one.weight_copies(), 1);
     // The report: (copies − 1) × tiles, plus the scratch mirrors of cores 1 and 2.
-    let dev = Device { npu: npu.clone(), vk: None, cfg: Box::leak(Box::new(Config::from_lookup(|_| None).0)), stats: Default::default(), cache: None, calib: None };
+    let dev = Device { npu: npu.clone(), vk: None, cfg: Box::leak(Box::new(Config::from_lookup(|_| None).0)), stats: Default::default(), placement: Default::default(), stream: Default::default(), cache: None, calib: None };
     let held = ggml_ork::backend::Held::new(&dev.stats.mem, [r.resident_bytes(), 0], 0);
     dev.note_memory();
     let (scratch, mirrored) = npu.scratch_bytes();
     let image = 256u64 << 10;
     assert_eq!(mirrored, (scratch - image) * 2 / 3 + 2 * image, "cores 1 and 2 of three equal scratch sets, and the activation image twice");
-    assert_eq!(dev.stats.memory().copies, 2 * term + mirrored);
+    assert_eq!(dev.memory().copies, 2 * term + mirrored);
     drop(held);
     drop(r);
     assert_eq!(npu.resident_bytes(), 0);
@@ -274,7 +274,7 @@ fn per_core_copies_count_against_the_budget() {
 fn device_for_m(smallest_m: usize, dir: &std::path::Path) -> Device {
     let (cfg, _) = Config::from_lookup(|k| (k == "ORK_ROTATE").then(|| "0".into()));
     let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), smallest_m, ..NpuConfig::default() }).expect("simulator opens");
-    Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: Some(ggml_ork::cache::PackCache::new(dir, u64::MAX)), calib: None }
+    Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), placement: Default::default(), stream: Default::default(), cache: Some(ggml_ork::cache::PackCache::new(dir, u64::MAX)), calib: None }
 }
 
 /// Prefill-only devices keep one tile set (K = 2080: the K-slice tiles, 200704 bytes a term
@@ -293,7 +293,7 @@ fn prefill_only_weights_keep_one_tile_set() {
     assert_eq!((both.npu.term_bytes(MN, MK), one.npu.term_bytes(MN, MK)), (401_408, 200_704));
     let pw_one = pack(&one, &src, MN, MK).unwrap();
     assert_eq!((counts(&both), counts(&one)), ((0, 1, 1), (0, 1, 1)), "one layout per cache key: the prefill-only device repacks");
-    assert_eq!(one.stats.memory().tiles, [200_704, 200_704]);
+    assert_eq!(one.memory().tiles, [200_704, 200_704]);
     assert_eq!(one.npu.resident_bytes(), 2 * 200_704);
     assert_eq!(observe(&one, &pw_one, &src), observe(&both, &pw_both, &src), "same int32 results, same floats");
     // A warm start of each layout hits its own entry.
@@ -316,31 +316,31 @@ fn a_mapped_weight_buffer_is_file_backed_not_a_copy() {
     let dev: &'static Device = Box::leak(Box::new(uncached()));
     let base = domain::default_budget_bytes();
     dev.note_memory();
-    let before = dev.stats.memory();
+    let before = dev.memory();
     let mapped = Buffer::mapped(Some(dev), 50_000_000);
     assert!(mapped.is_mapped());
     assert_eq!(dev.npu.residency_budget(), base - 50_000_000, "the mapped bytes lower the default budget");
-    let m = dev.stats.memory();
+    let m = dev.memory();
     assert_eq!((m.gguf, m.buffers, m.gguf_mapped), (0, 0, 50_000_000), "file-backed, not a copy");
     assert_eq!((m.total, m.peak), (before.total, before.peak), "not ORK's memory");
-    let line = dev.stats.summary();
+    let line = dev.summary();
     assert!(line.contains("(GGUF copy 0.0, compute buffers 0.0,"), "{line}");
     assert!(line.contains("; GGUF file-backed 47.7 MiB (read in place from llama.cpp's mapping of the model file, not in the total)"), "{line}");
     mapped.mark_weights();
-    assert_eq!(dev.stats.memory().gguf, 0, "marking a mapped buffer's weights makes no copy");
+    assert_eq!(dev.memory().gguf, 0, "marking a mapped buffer's weights makes no copy");
     // A copy beside it (--no-mmap, ORK_MAP_WEIGHTS=0) is ORK's memory.
     let copy = Buffer::new(Some(dev), 1_000_000);
     copy.mark_weights();
-    let m = dev.stats.memory();
+    let m = dev.memory();
     assert_eq!((m.gguf, m.buffers, m.gguf_mapped, m.total), (1_000_000, 0, 50_000_000, before.total + 1_000_000));
     // Announced at init, not packed.
     let t = Tensor { addr: 0x1000, ggml_type: ggml_ork::quant::types::Q8_0, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"blk.0.attn_q.weight") };
     mapped.init_tensor(&t);
-    assert_eq!(dev.stats.expected_term_bytes.load(Relaxed), dev.npu.term_bytes(N, K));
+    assert_eq!(dev.placement.expected_term_bytes.load(Relaxed), dev.npu.term_bytes(N, K));
     assert_eq!((dev.stats.packed.load(Relaxed), mapped.weights.len()), (0, 0));
     drop(copy);
     drop(mapped);
-    let m = dev.stats.memory();
-    assert_eq!((m.gguf, m.gguf_mapped, m.total, dev.stats.expected_term_bytes.load(Relaxed)), (0, 0, before.total, 0));
+    let m = dev.memory();
+    assert_eq!((m.gguf, m.gguf_mapped, m.total, dev.placement.expected_term_bytes.load(Relaxed)), (0, 0, before.total, 0));
     assert_eq!(dev.npu.residency_budget(), base);
 }

@@ -17,8 +17,8 @@ use std::sync::atomic::Ordering::Relaxed;
 fn device(budget: Option<u64>, dir: Option<&std::path::Path>) -> Device {
     let (cfg, _) = Config::from_lookup(|_| None);
     let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), wcache_budget_bytes: budget, ..NpuConfig::default() }).expect("simulator opens");
-    let dev = Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: dir.map(|d| ggml_ork::cache::PackCache::new(d, u64::MAX)), calib: None };
-    dev.stats.stream.enable(true);
+    let dev = Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), placement: Default::default(), stream: Default::default(), cache: dir.map(|d| ggml_ork::cache::PackCache::new(d, u64::MAX)), calib: None };
+    dev.stream.enable(true);
     dev
 }
 
@@ -37,7 +37,7 @@ fn run(dev: &Device, name: &str, w: &[u8], n: usize, k: usize, x: &[f32]) -> (Ve
             (y, false)
         }
         Placed::Streamed(ss) => {
-            let pw = dev.stats.stream.fill_now(dev, &ss, Some(&src)).expect("filled");
+            let pw = dev.stream.fill_now(dev, &ss, Some(&src)).expect("filled");
             assert!(pw.resident.is_streamed());
             dev.run_mul_mat(&pw, &src, x, m, &mut y);
             (y, true)
@@ -64,7 +64,7 @@ fn a_streamed_weight_computes_the_resident_bits() {
             let (y, streamed) = run(&dev, name, &w, n, k, &x);
             assert!(streamed, "{name}: past the budget it streams");
             assert_eq!(y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), resident.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{name} cache {}: same bits", cache.is_some());
-            let s = &dev.stats.stream;
+            let s = &dev.stream;
             assert_eq!((s.weights.load(Relaxed), s.failed.load(Relaxed)), (1, 0));
             assert!(s.bytes.load(Relaxed) > 0 && s.fills.load(Relaxed) >= 1);
             assert_eq!(dev.npu.resident_bytes(), 0, "nothing resident");
@@ -85,13 +85,13 @@ fn a_weight_is_resident_whole_or_streamed() {
     let cfg: &'static Config = Box::leak(Box::new(cfg));
     let open = |budget| {
         let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), wcache_budget_bytes: budget, ..NpuConfig::default() }).unwrap();
-        Device { npu, vk: None, cfg, stats: Default::default(), cache: None, calib: None }
+        Device { npu, vk: None, cfg, stats: Default::default(), placement: Default::default(), stream: Default::default(), cache: None, calib: None }
     };
     let full = open(None);
     let (resident, _) = run(&full, "blk.0.attn_q.weight", &w, n, k, &x);
     let term = full.npu.term_bytes(n, k);
     let dev = open(Some(term * 3 / 2));
-    dev.stats.stream.enable(true);
+    dev.stream.enable(true);
     let (y, streamed) = run(&dev, "blk.0.attn_q.weight", &w, n, k, &x);
     assert!(streamed, "one term's room: streamed whole");
     assert_eq!(y, resident);
@@ -109,8 +109,8 @@ fn a_failed_streamed_run_falls_back_counted() {
     let (cfg, _) = Config::from_lookup(|_| None);
     let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), wcache_budget_bytes: Some(0), sim_fault: Some("timeout_every:1".into()), ..NpuConfig::default() })
         .expect("simulator opens");
-    let dev = Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: None, calib: None };
-    dev.stats.stream.enable(true);
+    let dev = Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), placement: Default::default(), stream: Default::default(), cache: None, calib: None };
+    dev.stream.enable(true);
     let (y, streamed) = run(&dev, "blk.0.ffn_up.weight", &w, n, k, &x);
     assert!(streamed);
     let s = &dev.stats;
@@ -136,7 +136,7 @@ fn fills_run_ahead_in_the_learned_order() {
     };
     let (sa, sb) = (place("blk.0.ffn_up.weight", &wa), place("blk.0.ffn_gate.weight", &wb));
     let (aa, ab) = (wa.as_ptr() as usize, wb.as_ptr() as usize);
-    let st = &dev.stats.stream;
+    let st = &dev.stream;
     let y = |pw: &ggml_ork::backend::PackedWeight, w: &Vec<u8>| {
         let mut y = vec![0f32; M_PREFILL * n];
         dev.run_mul_mat(pw, &source("", w, k), &x, M_PREFILL, &mut y);

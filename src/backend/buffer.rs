@@ -113,9 +113,9 @@ pub struct Buffer {
     dev: Option<&'static Device>,
     host_bytes: usize,
     pub weights: WeightStore,
-    /// This buffer's share of `Stats::expected_term_bytes`.
+    /// This buffer's share of `Placement::expected_term_bytes`.
     expected_term_bytes: AtomicU64,
-    /// This buffer's share of `Stats::announced` (weights per precision role).
+    /// This buffer's share of `Placement::announced` (weights per precision role).
     announced: [AtomicU64; crate::route::precision::ROLES],
     /// ggml wrote model weights into it (`GGML_BACKEND_BUFFER_USAGE_WEIGHTS`): its bytes count
     /// in `Stats::weight_buffer_bytes`, the GGUF copy.
@@ -134,7 +134,7 @@ impl Buffer {
         if let Some(dev) = dev {
             // The file-backed share first: the peak sampled by the next call must not count it.
             if mapped {
-                dev.stats.mapped_buffer_bytes.fetch_add(host_bytes as u64, Relaxed);
+                dev.placement.mapped_buffer_bytes.fetch_add(host_bytes as u64, Relaxed);
             }
             dev.host_buffers_changed(host_bytes as i64);
         }
@@ -173,7 +173,7 @@ impl Buffer {
         }
         if let Some(dev) = self.dev {
             if !self.holds_weights.swap(true, Relaxed) {
-                dev.stats.weight_buffer_bytes.fetch_add(self.host_bytes as u64, Relaxed);
+                dev.placement.weight_buffer_bytes.fetch_add(self.host_bytes as u64, Relaxed);
             }
         }
     }
@@ -192,11 +192,11 @@ impl Buffer {
         if let Some((n, k)) = holdable_weight_shape(dev, t) {
             let bytes = dev.npu.term_bytes(n, k);
             self.expected_term_bytes.fetch_add(bytes, Relaxed);
-            dev.stats.expected_term_bytes.fetch_add(bytes, Relaxed);
+            dev.placement.expected_term_bytes.fetch_add(bytes, Relaxed);
             let role = crate::route::precision::Role::of(&t.name.to_str()).index();
             let work = (n * k) as u64;
             self.announced[role].fetch_add(work, Relaxed);
-            dev.stats.announced[role].fetch_add(work, Relaxed);
+            dev.placement.announced[role].fetch_add(work, Relaxed);
         }
     }
 
@@ -241,14 +241,14 @@ impl Drop for Buffer {
         self.weights.clear();
         if let Some(dev) = self.dev {
             if self.holds_weights.load(Relaxed) {
-                dev.stats.weight_buffer_bytes.fetch_sub(self.host_bytes as u64, Relaxed);
+                dev.placement.weight_buffer_bytes.fetch_sub(self.host_bytes as u64, Relaxed);
             }
             dev.host_buffers_changed(-(self.host_bytes as i64));
             if self.mapped {
-                dev.stats.mapped_buffer_bytes.fetch_sub(self.host_bytes as u64, Relaxed);
+                dev.placement.mapped_buffer_bytes.fetch_sub(self.host_bytes as u64, Relaxed);
             }
-            dev.stats.expected_term_bytes.fetch_sub(self.expected_term_bytes.load(Relaxed), Relaxed);
-            for (d, mine) in dev.stats.announced.iter().zip(&self.announced) {
+            dev.placement.expected_term_bytes.fetch_sub(self.expected_term_bytes.load(Relaxed), Relaxed);
+            for (d, mine) in dev.placement.announced.iter().zip(&self.announced) {
                 d.fetch_sub(mine.load(Relaxed), Relaxed);
             }
         }

@@ -59,8 +59,8 @@ impl Device {
         } else {
             None
         };
-        let dev = Device { npu, vk, cfg, stats: Default::default(), cache: crate::cache::PackCache::from_config(cfg), calib: crate::cache::calib::Store::from_config(cfg) };
-        dev.stats.stream.enable(cfg.stream);
+        let dev = Device { npu, vk, cfg, stats: Default::default(), placement: Default::default(), stream: Default::default(), cache: crate::cache::PackCache::from_config(cfg), calib: crate::cache::calib::Store::from_config(cfg) };
+        dev.stream.enable(cfg.stream);
         Ok(dev)
     }
 

@@ -246,7 +246,7 @@ impl<'g> Walk<'_, 'g> {
         let npu_before = dev.stats.npu_matmuls.load(Relaxed);
         let n = graph.len();
         // The first streamed weight's fill starts before the walk reaches it.
-        if dev.stats.stream.weights.load(Relaxed) > 0 {
+        if dev.stream.weights.load(Relaxed) > 0 {
             self.prefetch_from(&*graph, 0);
         }
         for i in 0..n {
@@ -368,7 +368,7 @@ impl<'g> Walk<'_, 'g> {
     /// M, or the fill failed (counted).
     fn streamed_weight(&mut self, graph: &dyn Graph<'g>, i: usize, mm: &MulMatNode<'_>, m: usize, ss: Arc<StreamSrc>) -> Option<Arc<PackedWeight>> {
         let dev = self.dev;
-        let st = &dev.stats.stream;
+        let st = &dev.stream;
         if !ss.pays(dev, m) {
             st.declined.fetch_add(1, Relaxed);
             return None;
@@ -393,7 +393,7 @@ impl<'g> Walk<'_, 'g> {
     /// (where it pays at its M), unless a fill runs ahead already.
     fn prefetch_from(&mut self, graph: &dyn Graph<'g>, from: usize) {
         let dev = self.dev;
-        if dev.stats.stream.has_pending() {
+        if dev.stream.has_pending() {
             return;
         }
         for j in from.max(self.scanned_to)..graph.len() {
@@ -402,7 +402,7 @@ impl<'g> Walk<'_, 'g> {
             if mul_mat_unsupported(dev, &s).is_some() || !ss.pays(dev, s.m) {
                 continue;
             }
-            dev.stats.stream.prefetch(dev, mm.weight.map_or(0, |w| w.tensor.addr), ss);
+            dev.stream.prefetch(dev, mm.weight.map_or(0, |w| w.tensor.addr), ss);
             return;
         }
         self.scanned_to = graph.len();
@@ -493,7 +493,7 @@ pub fn finish(dev: &Device) {
     s.absorb_health(dev.npu.health());
     dev.note_memory();
     let fell = s.npu_fallbacks.load(Relaxed) + s.busy_fallbacks() + s.npu_never_ran.load(Relaxed);
-    let line = dev.stats.summary();
+    let line = dev.summary();
     let mut last = s.reported.lock().unwrap_or_else(|p| p.into_inner());
     let new = *last != line;
     if new && (s.npu_matmuls.load(Relaxed) > 0 || fell > 0 || dev.cfg.profile || weights > 0) {
@@ -504,7 +504,7 @@ pub fn finish(dev: &Device) {
         }
     }
     if dev.cfg.profile && new {
-        log::info!("{}", dev.stats.profile(Some(dev.arbiter())));
+        log::info!("{}", dev.profile());
     }
     drop(last);
     if let Some(c) = &dev.calib {
@@ -555,7 +555,7 @@ mod tests {
             ..NpuConfig::default()
         })
             .expect("simulator opens");
-        Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: None, calib: None }
+        Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), placement: Default::default(), stream: Default::default(), cache: None, calib: None }
     }
 
     fn f32_row(row: &[u8], out: &mut [f32]) {
@@ -710,7 +710,7 @@ mod tests {
                     });
                     assert!(bad.is_empty(), "{bad:?}");
                     let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), pin_cpus: vec![], ..NpuConfig::default() }).expect("simulator opens");
-                    let dev = Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: None, calib: None };
+                    let dev = Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), placement: Default::default(), stream: Default::default(), cache: None, calib: None };
                     let store = WeightStore::default();
                     let wb: Vec<u8> = weight_f32().iter().flat_map(|v| v.to_le_bytes()).collect();
                     let tensor = Tensor { addr: wb.as_ptr() as usize, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"blk.0.ffn_up.weight") };
@@ -760,10 +760,10 @@ mod tests {
         assert_eq!(s.phase[0].runs.load(Relaxed), 0);
         assert_eq!(s.phase[0].npu_failed.load(Relaxed), 1);
         assert_eq!(s.submits.load(Relaxed), 0);
-        let line = s.summary();
+        let line = dead.summary();
         assert!(line.starts_with("ORK ran 0 MUL_MAT on the NPU (0 rows sent = 0.00x plain W8A8, 0 submits)"), "{line}");
         assert!(line.contains("; 1 MUL_MAT fell back to the CPU after NPU errors (2 failed NPU runs, "), "{line}");
-        assert!(s.profile(None).contains("prefill MUL_MAT: npu 0 runs"), "{}", s.profile(None));
+        assert!(dead.profile().contains("prefill MUL_MAT: npu 0 runs"), "{}", dead.profile());
 
         // The second submit reports done without running: detected, resubmitted, exact, and the
         // MUL_MAT counts as an NPU run with one never-ran job and one resubmit.
@@ -773,7 +773,7 @@ mod tests {
         s.absorb_health(flaky.npu.health());
         assert_eq!((s.npu_matmuls.load(Relaxed), s.npu_fallbacks.load(Relaxed)), (1, 0));
         assert_eq!((s.npu_never_ran.load(Relaxed), s.npu_retries.load(Relaxed)), (1, 1));
-        assert!(s.summary().contains("NPU jobs that reported done but never ran: 1 detected, 1 resubmitted;"), "{}", s.summary());
+        assert!(flaky.summary().contains("NPU jobs that reported done but never ran: 1 detected, 1 resubmitted;"), "{}", flaky.summary());
         assert_eq!(flaky.npu.fault_report().as_deref().map(|l| l.contains(": 1 submits never ran,")), Some(true));
 
         // Every submit reports done without running: after the resubmit the run gives up and
@@ -834,7 +834,7 @@ mod tests {
             assert!(!supports(&dev, &mul_mat(0x100, M_NPU, Some(w), &[])), "declined once known not resident");
         }
         assert_eq!(dev.stats.not_resident.load(Relaxed), 2);
-        assert!(dev.stats.summary().contains("; 0 weights kept one int8 term for want of resident budget and 1 were not made resident"), "{}", dev.stats.summary());
+        assert!(dev.summary().contains("; 0 weights kept one int8 term for want of resident budget and 1 were not made resident"), "{}", dev.summary());
     }
 
     /// Packing a weight at its first MUL_MAT lets the NPU arbiter's hold go first (no other

@@ -35,7 +35,8 @@ pub use crate::pack::WeightSource;
 pub use weights::{PackedWeight, WeightStore};
 
 
-/// Counters for the profile / summary line.
+/// Counters for the profile / summary line: telemetry only (what the precision plan and the
+/// residency rule read is in [`Placement`], the stream ring and worker in `Device::stream`).
 ///
 /// A MUL_MAT ORK takes counts in exactly one of: `npu_matmuls` (every NPU run of it succeeded),
 /// `npu_fallbacks` (an NPU run failed: computed on the CPU, the failed runs in `npu_errors`),
@@ -52,10 +53,6 @@ pub struct Stats {
     pub npu_rows: AtomicU64,
     /// Rows sent to the NPU: every int8 activation term of every weight term's run.
     pub npu_rows_sent: AtomicU64,
-    /// Work per precision role (`route::precision::RoleWork`: Σ K·N of its weights) in ORK's
-    /// live buffers, counted as ggml initialises their tensors: the precision plan's view of the
-    /// model.
-    pub announced: [AtomicU64; crate::route::precision::ROLES],
     /// MUL_MATs computed on the CPU because an NPU run of theirs failed.
     pub npu_fallbacks: AtomicU64,
     /// NPU runs that failed (a MUL_MAT with two weight terms runs twice).
@@ -114,26 +111,9 @@ pub struct Stats {
     pub cpu_mm: [AtomicU64; 2],
     pub cpu_ops: AtomicU64,
     pub cpu_ns: AtomicU64,
-    /// Host bytes of ORK's live buffers (the GGUF weights the CPU also reads live there); the
-    /// default residency budget is lowered by them (see [`Device::host_buffers_changed`]).
-    pub host_buffer_bytes: AtomicU64,
-    /// The part of `host_buffer_bytes` in buffers ggml wrote model weights into (the GGUF copy;
-    /// the rest are ORK's compute buffers).
-    pub weight_buffer_bytes: AtomicU64,
-    /// The part of `host_buffer_bytes` in buffers over llama.cpp's mapping of the model file
-    /// (`buffer_from_host_ptr`): file-backed GGUF bytes read in place, not ORK's memory.
-    pub mapped_buffer_bytes: AtomicU64,
     /// Weights kept to one int8 term, and weights left on the CPU, for want of resident budget.
     pub one_term_for_budget: AtomicU64,
     pub not_resident_weights: AtomicU64,
-    /// Source bytes of the weights `weights::pack` was called for: with `host_buffer_bytes`,
-    /// an estimate of what is still to be placed (see `weights::second_term_fits`).
-    pub placed_src_bytes: AtomicU64,
-    /// One int8 term's resident bytes of those weights (their tiled size).
-    pub placed_term_bytes: AtomicU64,
-    /// One int8 term's resident bytes of every weight in ORK's live buffers, summed as ggml
-    /// initialises their tensors (before any is loaded); 0 when unknown.
-    pub expected_term_bytes: AtomicU64,
     /// GPU decode runs per phase.
     pub gpu_phase: [AtomicU64; 2],
     /// Wall time of the NPU runs inside `run_mul_mat` (arbiter, submit, device; both weight
@@ -148,12 +128,37 @@ pub struct Stats {
     pub reported: std::sync::Mutex<String>,
     /// Resident bytes by kind and their peak ([`Stats::memory`]).
     pub mem: Arc<MemLedger>,
-    /// Streamed prefill: the ring, the fill worker and their counters (`stream`; off until the
-    /// device enables it).
-    pub stream: stream::Streamer,
     /// ORK's `graph_compute` calls, by class: 0 = batches (some MUL_MAT with M > 1, or none run
     /// by ORK), 1 = single-row graphs (every MUL_MAT ORK ran had M = 1: decode).
     pub graph: [GraphStats; 2],
+}
+
+/// What the precision plan and the residency rule read, apart from the counters ([`Stats`],
+/// telemetry only): the work ORK's live buffers announced per precision role, their host bytes,
+/// and the weights placed so far.
+#[derive(Default)]
+pub struct Placement {
+    /// Work per precision role (`route::precision::RoleWork`: Σ K·N of its weights) in ORK's
+    /// live buffers, counted as ggml initialises their tensors: the precision plan's view of the
+    /// model.
+    pub announced: [AtomicU64; crate::route::precision::ROLES],
+    /// Host bytes of ORK's live buffers (the GGUF weights the CPU also reads live there); the
+    /// default residency budget is lowered by them (see [`Device::host_buffers_changed`]).
+    pub host_buffer_bytes: AtomicU64,
+    /// The part of `host_buffer_bytes` in buffers ggml wrote model weights into (the GGUF copy;
+    /// the rest are ORK's compute buffers).
+    pub weight_buffer_bytes: AtomicU64,
+    /// The part of `host_buffer_bytes` in buffers over llama.cpp's mapping of the model file
+    /// (`buffer_from_host_ptr`): file-backed GGUF bytes read in place, not ORK's memory.
+    pub mapped_buffer_bytes: AtomicU64,
+    /// Source bytes of the weights `weights::pack` was called for: with `host_buffer_bytes`,
+    /// an estimate of what is still to be placed (see `weights::second_term_fits`).
+    pub placed_src_bytes: AtomicU64,
+    /// One int8 term's resident bytes of those weights (their tiled size).
+    pub placed_term_bytes: AtomicU64,
+    /// One int8 term's resident bytes of every weight in ORK's live buffers, summed as ggml
+    /// initialises their tensors (before any is loaded); 0 when unknown.
+    pub expected_term_bytes: AtomicU64,
 }
 
 /// What ORK holds in memory besides the process's own: the packed weights' int8 tiles per term
@@ -354,13 +359,13 @@ impl Stats {
     }
 
     /// Resident bytes by kind now, and the peak so far (this reading included).
-    pub fn memory(&self) -> Memory {
+    pub fn memory(&self, p: &Placement) -> Memory {
         let l = &self.mem;
         let tiles = [l.tiles[0].load(Relaxed), l.tiles[1].load(Relaxed)];
         let copies = l.weight_copies.load(Relaxed).max(1);
-        let mapped = self.mapped_buffer_bytes.load(Relaxed);
-        let host = self.host_buffer_bytes.load(Relaxed).saturating_sub(mapped);
-        let gguf = self.weight_buffer_bytes.load(Relaxed).min(host);
+        let mapped = p.mapped_buffer_bytes.load(Relaxed);
+        let host = p.host_buffer_bytes.load(Relaxed).saturating_sub(mapped);
+        let gguf = p.weight_buffer_bytes.load(Relaxed).min(host);
         let mut m = Memory {
             gguf,
             gguf_mapped: mapped,
@@ -389,7 +394,7 @@ impl Stats {
 
     /// The exit line. "ORK ran N MUL_MAT on the NPU" counts only MUL_MATs whose results came
     /// from the NPU; the ones computed on the CPU instead are counted after it, by cause.
-    pub fn summary(&self) -> String {
+    pub fn summary(&self, p: &Placement, stream: &stream::Streamer) -> String {
         let ms = |a: &AtomicU64| a.load(Relaxed) as f64 / 1e6;
         format!(
             "ORK ran {} MUL_MAT on the NPU ({} rows sent = {:.2}x plain W8A8, {} submits) and {} on the GPU ({} submits, {:.1} ms); {} MUL_MAT graph nodes were left to the CPU \
@@ -431,7 +436,7 @@ impl Stats {
                     "; {one} weights kept one int8 term for want of resident budget and {cpu} were not made resident (their MUL_MATs run on the CPU; \
                      budget: ORK_WCACHE_BUDGET_MB, default RAM - 1 GiB - ORK buffers)"
                 ),
-            } + &self.stream.line(),
+            } + &stream.line(),
             ms(&self.quant_ns),
             ms(&self.npu_ns),
             ms(&self.dequant_ns),
@@ -447,15 +452,15 @@ impl Stats {
             self.phase[0].pieces.load(Relaxed),
             self.phase[0].synced_words(),
             self.phase[1].synced_words(),
-            self.memory().line(),
+            self.memory(p).line(),
         )
     }
 
     /// The `ORK_PROFILE=1` table: per op kind (prefill / decode MUL_MAT), which engine ran it, how
     /// many times, and the time split.
-    pub fn profile(&self, arb: Option<&crate::route::arbiter::Arbiter>) -> String {
+    pub fn profile(&self, p: &Placement, arb: Option<&crate::route::arbiter::Arbiter>) -> String {
         let ms = |a: &AtomicU64| a.load(Relaxed) as f64 / 1e6;
-        let mut out = format!("ORK profile (per op kind; {}):", self.memory().line());
+        let mut out = format!("ORK profile (per op kind; {}):", self.memory(p).line());
         for (i, name) in ["prefill", "decode"].iter().enumerate() {
             let p = &self.phase[i];
             out += &format!(
@@ -521,7 +526,13 @@ pub struct Device {
     /// The GPU decode engine, opened when `ORK_DECODE=gpu` and a suitable device exists.
     pub vk: Option<Arc<crate::vk::VkEngine>>,
     pub cfg: &'static Config,
+    /// Counters: what ran where, what it cost (telemetry only).
     pub stats: Stats,
+    /// The precision plan's and the residency rule's inputs.
+    pub placement: Placement,
+    /// Streamed prefill: the ring, the fill worker and their counters (`stream`; off until the
+    /// device enables it).
+    pub stream: stream::Streamer,
     /// The `.orkpack` cache (None when `ORK_CACHE=0` or no directory resolves).
     pub cache: Option<PackCache>,
     /// The calibration file the correction reads or `ORK_CALIBRATE` records into
@@ -592,10 +603,10 @@ impl Device {
     /// budget keep one term or stay on the CPU (one warning each kind).
     pub fn host_buffers_changed(&self, delta: i64) {
         let now = if delta >= 0 {
-            self.stats.host_buffer_bytes.fetch_add(delta as u64, Relaxed) + delta as u64
+            self.placement.host_buffer_bytes.fetch_add(delta as u64, Relaxed) + delta as u64
         } else {
             let d = delta.unsigned_abs();
-            self.stats.host_buffer_bytes.fetch_sub(d, Relaxed).saturating_sub(d)
+            self.placement.host_buffer_bytes.fetch_sub(d, Relaxed).saturating_sub(d)
         };
         self.note_memory();
         if self.cfg.wcache_budget_mb.is_some() {
@@ -613,10 +624,25 @@ impl Device {
         let (scratch, scratch_copies) = self.npu.scratch_bytes();
         let l = &self.stats.mem;
         // The stream ring's slots are NPU buffers beside the scratch (`stream`).
-        l.scratch.store(scratch + self.stats.stream.ring_bytes(), Relaxed);
+        l.scratch.store(scratch + self.stream.ring_bytes(), Relaxed);
         l.scratch_copies.store(scratch_copies, Relaxed);
         l.weight_copies.store(u64::from(self.npu.weight_copies()), Relaxed);
-        self.stats.memory();
+        self.memory();
+    }
+
+    /// Resident bytes by kind now, and the peak so far ([`Stats::memory`]).
+    pub fn memory(&self) -> Memory {
+        self.stats.memory(&self.placement)
+    }
+
+    /// The exit line ([`Stats::summary`]).
+    pub fn summary(&self) -> String {
+        self.stats.summary(&self.placement, &self.stream)
+    }
+
+    /// The `ORK_PROFILE=1` table ([`Stats::profile`]).
+    pub fn profile(&self) -> String {
+        self.stats.profile(&self.placement, Some(self.arbiter()))
     }
 
     /// Whether decode matmuls can go to the GPU.
@@ -673,7 +699,7 @@ mod stats_tests {
         add(&s.npu_rows, 5);
         add(&s.npu_run_ns, ms(8));
         s.record_graph(b, ms(10));
-        let p = s.profile(None);
+        let p = s.profile(&Placement::default(), None);
         let line = |k: &str| p.lines().find(|l| l.contains(k)).expect(k).trim().to_string();
         assert_eq!(
             line("graph_compute single-row:"),

@@ -78,13 +78,13 @@ fn rotation(k: usize) -> Option<Arc<Rotation>> {
 /// leave room for one term of every weight not placed yet, so that a model too large for two
 /// terms everywhere keeps one term everywhere (second terms where room is left) instead of two
 /// terms on its first layers and none on its last. That rest is known exactly when ORK's
-/// buffers announced their weights (`Stats::expected_term_bytes`, from ggml's tensor
+/// buffers announced their weights (`Placement::expected_term_bytes`, from ggml's tensor
 /// initialisation); otherwise it is estimated from the ORK buffer bytes not packed yet, on the
 /// safe side: this weight's parameters per source byte, the larger of two resident bytes per
 /// parameter (K-split layout plus a full-K copy) and the ratio seen so far, and 1/32 for padding.
 fn second_term_fits(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, new_bytes: usize) -> bool {
-    let s = &dev.stats;
-    if s.stream.active(dev) {
+    let s = &dev.placement;
+    if dev.stream.active(dev) {
         // The rest streams: a weight is resident whole or not at all (`pack_with`).
         return dev.npu.resident_bytes() + new_bytes as u64 <= dev.npu.residency_budget();
     }
@@ -195,7 +195,7 @@ struct Prep {
 }
 
 fn prep(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, with_cache: bool) -> Prep {
-    let work = dev.stats.announced.each_ref().map(|c| c.load(Relaxed));
+    let work = dev.placement.announced.each_ref().map(|c| c.load(Relaxed));
     let plan = precision::terms_for(dev.cfg, Role::of(src.name), crate::quant::types::is_float(src.ggml_type), &work);
     let rot = if dev.cfg.rotate { rotation(k) } else { None };
     // The tile sets the plans of this device's M read (`npu::plan::tile_sets`); the cache key
@@ -264,7 +264,7 @@ pub fn stream_source(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, u
         }
     };
     dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
-    dev.stats.stream.weights.fetch_add(1, Relaxed);
+    dev.stream.weights.fetch_add(1, Relaxed);
     let (tiles, (scales, col_scale, lo_scales)) = made;
     Ok(StreamSrc {
         n,
@@ -302,8 +302,8 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
     let cache = if use_cache { dev.cache.as_ref() } else { None };
     let t0 = Instant::now();
     let term_bytes = dev.npu.term_bytes(n, k);
-    dev.stats.placed_src_bytes.fetch_add(src.bytes.len() as u64, Relaxed);
-    dev.stats.placed_term_bytes.fetch_add(term_bytes, Relaxed);
+    dev.placement.placed_src_bytes.fetch_add(src.bytes.len() as u64, Relaxed);
+    dev.placement.placed_term_bytes.fetch_add(term_bytes, Relaxed);
     let Prep { terms, act_terms, rot, sets, id, calib_key } = prep(dev, src, n, k, cache.is_some());
     let terms = terms as u32;
     // Not even one term fits the residency budget: the weight stays on the CPU, without
@@ -311,7 +311,7 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
     // resident whole (every term) or streamed (`super::stream`), so that both run the same
     // arithmetic.
     let (resident, budget) = (dev.npu.resident_bytes(), dev.npu.residency_budget());
-    let need = if dev.stats.stream.active(dev) { term_bytes * u64::from(terms) } else { term_bytes };
+    let need = if dev.stream.active(dev) { term_bytes * u64::from(terms) } else { term_bytes };
     if resident + need > budget {
         let why = format!("residency budget: {} of {} MiB in use", resident >> 20, budget >> 20);
         return Err(NpuError::NoRoom { op: "pack", n, k, bytes: need, why });
@@ -480,7 +480,7 @@ impl WeightStore {
         }
         let mut r = get_or_make(&self.map, addr, src, n, k, || pack_with(dev, src, n, k, use_cache)).map(Placed::Resident);
         if let Err(NpuError::NoRoom { op: "pack", .. }) = &r {
-            if dev.stats.stream.active(dev) {
+            if dev.stream.active(dev) {
                 let range = addr..addr + src.bytes.len();
                 r = stream_source(dev, src, n, k, use_cache, range).map(|s| {
                     let s = Arc::new(s);

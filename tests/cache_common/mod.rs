@@ -19,7 +19,7 @@ pub fn device(dir: Option<&Path>, soc: SocId, max_bytes: u64) -> Device {
     let (cfg, _) = Config::from_lookup(|k| (k == "ORK_ROTATE").then(|| "0".into()));
     let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(soc), max_cores: None, pin_cpus: vec![], wcache_budget_bytes: None, ..NpuConfig::default() })
         .expect("simulator opens");
-    Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), cache: dir.map(|d| PackCache::new(d, max_bytes)), calib: None }
+    Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), placement: Default::default(), stream: Default::default(), cache: dir.map(|d| PackCache::new(d, max_bytes)), calib: None }
 }
 
 pub fn cached(dir: &Path) -> Device {
