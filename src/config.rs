@@ -329,17 +329,11 @@ impl Config {
         (cfg, bad)
     }
 
-    /// Int8 terms per weight of the GPU decode copy (`ORK_WEIGHT_TERMS`): auto gives every type two. GGUF weights carry
-    /// a scale per block of 32 or 256 (or 11+ mantissa bits), which one per-channel int8 scale
-    /// cannot follow: measured on SmolLM2 prefill, one term leaves a per-matmul NMSE of
-    /// 4·10⁻⁵–4·10⁻⁴ against exact arithmetic (Q8_0; perplexity +0.7 %, Q4_K_M +3.4 %), enough to
-    /// flip greedy near-ties; two terms leave ≈10⁻⁶. A second term that does not fit the resident
-    /// budget is dropped where it is placed, not here.
-    pub fn weight_terms(&self) -> usize {
-        match self.weight_terms {
-            0 => 2,
-            t => t as usize,
-        }
+    /// Whether rows may be corrected along their weights' calibrated directions (`ORK_MEAN_CORRECT`;
+    /// the correction needs the rotation, `ORK_ROTATE`): the calibration store is opened only
+    /// then, and each weight's precision (`route::precision::decide`) corrects only then.
+    pub fn corrects_rows(&self) -> bool {
+        self.rotate && self.mean_correct
     }
 
     /// The process-wide configuration, read from the environment on first use.

@@ -2,9 +2,10 @@
 //! of independent MUL_MATs (one submit and one wait).
 //!
 //! Weights of type Q4_0 and Q4_K are uploaded as the GGUF's own blocks and read natively by the
-//! shaders (f32 activations, no requantization). Every other type goes through the same
-//! column-equalised per-channel int8 as the NPU path, and the activations through the same
-//! two-term int8 split (`x ≈ s_hi·q_hi + r`): the GPU runs `[s_hi·q_hi ; r]` as 2M rows (its
+//! shaders (f32 activations, no requantization). Every other type goes through the weight's own
+//! precision, the one its NPU copy has (`route::precision::Precision`: per-channel int8 over the
+//! rotation of K, or the column equalisation where it is unrotated, one or two weight terms), and
+//! the activations — rotated, or scaled by the columns — through the two-term int8 split (`x ≈ s_hi·q_hi + r`): the GPU runs `[s_hi·q_hi ; r]` as 2M rows (its
 //! kernel requantizes each row exactly to `q_hi` and to the residual's int8) and the two halves
 //! are added; a weight with a second int8 term adds `W_lo · (s_hi·q_hi)` from one more GEMV in
 //! the same submit.
@@ -12,8 +13,17 @@
 use crate::pack::{quantize_residual, quantize_source, WeightSource};
 use super::Device;
 use crate::quant;
+use crate::quant::rotate::Rotation;
+use crate::route::precision::Precision;
 use crate::vk::{VkError, VkWeight, VkWeightData};
 use std::sync::Arc;
+
+/// What an int8 GPU weight's activations go through before the split: the weight's rotation
+/// of K, or its column equalisation.
+pub enum XPrep {
+    Rotate(Arc<Rotation>),
+    Columns(Vec<f32>),
+}
 
 /// A weight's GPU copy.
 pub struct GpuWeight {
@@ -21,32 +31,44 @@ pub struct GpuWeight {
     pub k: usize,
     pub ggml_type: u32,
     pub vk: Arc<VkWeight>,
-    /// `Some(col_scale)` for the int8 path; `None` for native 4-bit blocks.
-    pub col_scale: Option<Vec<f32>>,
-    /// Second int8 weight term (int8 path, types that get two terms on the NPU too).
+    /// `Some` for the int8 path (what the activations go through); `None` for native 4-bit
+    /// blocks.
+    pub prep: Option<XPrep>,
+    /// Second int8 weight term (int8 path, where the weight's precision has two).
     pub lo: Option<Arc<VkWeight>>,
+    /// Its calibrated direction and its int8 terms' error on it, where its precision corrects
+    /// rows and the calibration file has the weight (int8 path): each row corrected as on the
+    /// NPU (`quant::mean::correct_along`).
+    pub fix: Option<quant::mean::Direction>,
 }
 
-/// Uploads a weight `[N, K]` to the GPU.
-pub fn upload(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<GpuWeight, VkError> {
+/// Uploads a weight `[N, K]` of precision `p` to the GPU.
+pub fn upload(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, p: Precision) -> Result<GpuWeight, VkError> {
     let vk = dev.vk.as_ref().ok_or(VkError::Shape { op: "gpu upload", detail: "no GPU engine".into() })?;
-    let (data_w, col, lo) = match src.ggml_type {
-        quant::types::Q4_0 => (vk.upload(VkWeightData::Q4_0(src.bytes), n, k)?, None, None),
-        quant::types::Q4_K => (vk.upload(VkWeightData::Q4K(src.bytes), n, k)?, None, None),
+    let (data_w, col, lo, fix) = match src.ggml_type {
+        quant::types::Q4_0 => (vk.upload(VkWeightData::Q4_0(src.bytes), n, k)?, None, None, None),
+        quant::types::Q4_K => (vk.upload(VkWeightData::Q4K(src.bytes), n, k)?, None, None, None),
         _ => {
-            let (q, rs, col) = quantize_source(src, n, k, None);
+            let rot = if p.rotated { super::weights::rotation(k) } else { None };
+            let (q, rs, col) = quantize_source(src, n, k, rot.as_deref());
             let hi = vk.upload(VkWeightData::I8 { w: &q, scale: &rs }, n, k)?;
-            let two = dev.cfg.weight_terms() == 2;
-            let lo = if two {
-                let (ql, sl) = quantize_residual(src, n, k, None, &col, &q, &rs);
+            let lo = if p.terms.weight > 1 {
+                let (ql, sl) = quantize_residual(src, n, k, rot.as_deref(), &col, &q, &rs);
                 Some(vk.upload(VkWeightData::I8 { w: &ql, scale: &sl }, n, k)?)
             } else {
                 None
             };
-            (hi, Some(col), lo)
+            let fix = match &dev.calib {
+                Some(store) if p.mean_correct && !store.recording() => {
+                    let key = crate::cache::calib::key(src.name, src.ggml_type, n, k, crate::cache::format::par_hash(src.bytes));
+                    dev.calibrated_direction(src, n, k, rot.as_deref(), lo.is_some(), store, key)
+                }
+                _ => None,
+            };
+            (hi, Some(rot.map_or(XPrep::Columns(col), XPrep::Rotate)), lo, fix)
         }
     };
-    Ok(GpuWeight { n, k, ggml_type: src.ggml_type, vk: data_w, col_scale: col, lo })
+    Ok(GpuWeight { n, k, ggml_type: src.ggml_type, vk: data_w, prep: col, lo, fix })
 }
 
 /// One decode MUL_MAT for the GPU: `dst: [M, N] = x: [M, K] · Wᵀ`.
@@ -68,13 +90,20 @@ pub fn run_batch(dev: &Device, jobs: &mut [GpuJob<'_>]) -> Result<(), VkError> {
     let mut lo_x: Vec<(usize, Vec<f32>)> = Vec::new();
     for (ji, j) in jobs.iter().enumerate() {
         let (k, n, m) = (j.w.k, j.w.n, j.m);
-        match &j.w.col_scale {
+        match &j.w.prep {
             None => {
                 xs.push(j.x.to_vec());
                 rows.push(m);
             }
-            Some(col) => {
-                let x = quant::scale_columns(j.x, col);
+            Some(prep) => {
+                let x = match prep {
+                    XPrep::Columns(col) => quant::scale_columns(j.x, col),
+                    XPrep::Rotate(rot) => {
+                        let mut x = j.x.to_vec();
+                        x.chunks_exact_mut(k).for_each(|r| rot.apply_row(r));
+                        x
+                    }
+                };
                 let mut q = vec![0i8; m * k];
                 let mut s = vec![0f32; m];
                 quant::quantize_rows(&x, m, k, &mut q, &mut s);
@@ -126,6 +155,13 @@ pub fn run_batch(dev: &Device, jobs: &mut [GpuJob<'_>]) -> Result<(), VkError> {
     for ((ji, _), y) in lo_x.iter().zip(lo_y.iter()) {
         for (d, &v) in jobs[*ji].dst.iter_mut().zip(y) {
             *d += v;
+        }
+    }
+    // Each row along its weight's calibrated direction, from its own values (as on the NPU).
+    for j in jobs.iter_mut() {
+        if let Some(d) = &j.w.fix {
+            quant::mean::correct_along(j.dst, j.x, j.m, j.w.k, j.w.n, d);
+            dev.stats.mean_corrected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
     Ok(())

@@ -281,14 +281,35 @@ impl Device {
     /// holds, without rounding `d` (rounding it as an activation would add its own error to
     /// every row). Once per weight and process; the time counts as weight preparation.
     fn fixed_direction(&self, w: &PackedWeight, src: &WeightSource<'_>, store: &crate::cache::calib::Store, key: u64) -> Option<quant::mean::Direction> {
-        let t = Instant::now();
-        let dir = store.direction(key, w.k)?;
-        let exact: Vec<f64> = crate::pack::source_matvec(src, w.n, w.k, &dir).into_iter().map(f64::from).collect();
-        let held = crate::pack::held_matvec(src, w.n, w.k, w.rot.as_deref(), w.lo.is_some(), &dir);
-        let d = quant::mean::Direction::new(dir, &exact, &held);
+        let d = self.calibrated_direction(src, w.n, w.k, w.rot.as_deref(), w.lo.is_some(), store, key);
         if let Some(d) = &d {
             w.held.add_scales(4 * (d.dir.len() + d.err.len()) as u64);
-            log::debug!("{}: calibrated direction, NPU relative error on it {:.2e}", src.name, d.relative_error(&exact));
+        }
+        d
+    }
+
+    /// The calibrated direction of the `[N, K]` weight `src` under key `key` in `store`, and the
+    /// error on it of its int8 terms (rotated by `rot`, a second term where `two_terms`): what
+    /// [`Device::fixed_direction`] computes, for any copy of the weight in those terms (the
+    /// NPU's, the GPU's). Time counts as weight preparation.
+    #[allow(clippy::too_many_arguments)] // the weight, its terms, and where its direction is
+    pub(super) fn calibrated_direction(
+        &self,
+        src: &WeightSource<'_>,
+        n: usize,
+        k: usize,
+        rot: Option<&quant::rotate::Rotation>,
+        two_terms: bool,
+        store: &crate::cache::calib::Store,
+        key: u64,
+    ) -> Option<quant::mean::Direction> {
+        let t = Instant::now();
+        let dir = store.direction(key, k)?;
+        let exact: Vec<f64> = crate::pack::source_matvec(src, n, k, &dir).into_iter().map(f64::from).collect();
+        let held = crate::pack::held_matvec(src, n, k, rot, two_terms, &dir);
+        let d = quant::mean::Direction::new(dir, &exact, &held);
+        if let Some(d) = &d {
+            log::debug!("{}: calibrated direction, int8 terms' relative error on it {:.2e}", src.name, d.relative_error(&exact));
         }
         self.stats.pack_ns.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
         d
@@ -316,7 +337,7 @@ impl Device {
         // The per-thread buffers of the last call (taken out, so a re-entered call on this thread
         // simply allocates its own); none of them needs zeroing: each is fully written below.
         let mut sc = SCRATCH.with(|c| c.take());
-        let terms = w.act_terms;
+        let terms = w.precision.terms.act;
         let rows = terms * m;
         let lt = LO_ACT_TERMS.min(terms);
         let no_aff = self.cfg.no_affinity;

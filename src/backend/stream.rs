@@ -51,15 +51,15 @@ pub struct StreamSrc {
     /// Its source bytes' range in the buffer (invalidation).
     pub range: Range<usize>,
     pub sets: TileSets,
-    /// Int8 weight terms (1 or 2) and each term's tiled bytes.
-    pub terms: usize,
+    /// Each int8 weight term's tiled bytes (`precision.terms.weight` terms, 1 or 2).
     pub term_tile_bytes: usize,
     pub tiles: Tiles,
     pub scales: Vec<f32>,
     pub col_scale: Vec<f32>,
     pub lo_scales: Vec<f32>,
     pub rot: Option<Arc<Rotation>>,
-    pub act_terms: usize,
+    /// Its precision (`route::precision::decide`, when it became a streamed weight).
+    pub precision: crate::route::precision::Precision,
     pub calib_key: Option<u64>,
     pub fix: OnceLock<Option<crate::quant::mean::Direction>>,
 }
@@ -67,7 +67,7 @@ pub struct StreamSrc {
 impl StreamSrc {
     /// Tile bytes one fill copies (every term).
     pub fn fill_bytes(&self) -> u64 {
-        (self.terms * self.term_tile_bytes) as u64
+        (self.precision.terms.weight * self.term_tile_bytes) as u64
     }
 
     /// Whether a MUL_MAT of `m` rows of this weight runs on the NPU (the cost model).
@@ -75,7 +75,7 @@ impl StreamSrc {
         let cached = matches!(self.tiles, Tiles::Cache(_));
         let fill = crate::route::StreamCost::MEASURED.fill_s(self.fill_bytes(), (self.n * self.k) as u64, cached);
         let mm = crate::route::MatMul { m, k: self.k, n: self.n, ggml_type: self.ggml_type };
-        let terms = crate::route::precision::Terms { weight: self.terms, act: self.act_terms };
+        let terms = self.precision.terms;
         // Only fills from the cache run ahead (`Streamer::start`).
         crate::route::stream_pays(dev.cfg, &mm, terms, fill, cached)
     }
@@ -294,14 +294,14 @@ fn fill(ring: &StreamRing, ledger: &Arc<MemLedger>, src: &StreamSrc, gguf: Optio
     let one = src.term_tile_bytes;
     let packed;
     let tiles: Vec<&[u8]> = match (&src.tiles, gguf) {
-        (Tiles::Cache(l), _) => (0..src.terms).map(|t| &l.tiles()[t * one..(t + 1) * one]).collect(),
+        (Tiles::Cache(l), _) => (0..src.precision.terms.weight).map(|t| &l.tiles()[t * one..(t + 1) * one]).collect(),
         (Tiles::Gguf, Some(g)) => {
-            packed = crate::pack::pack_source_sets(ring.soc(), g, src.n, src.k, src.sets, src.terms, src.rot.as_deref())?;
+            packed = crate::pack::pack_source_sets(ring.soc(), g, src.n, src.k, src.sets, src.precision.terms.weight, src.rot.as_deref())?;
             packed.tiles.iter().map(|t| &t.bytes[..]).collect()
         }
         (Tiles::Gguf, None) => return Err(NpuError::NoDevice("streamed weight without its source bytes".into())),
     };
-    let mut slots: Vec<Arc<ResidentWeight>> = Vec::with_capacity(src.terms);
+    let mut slots: Vec<Arc<ResidentWeight>> = Vec::with_capacity(src.precision.terms.weight);
     for t in &tiles {
         slots.push(ring.fill(src.n, src.k, src.sets, &mut |dst| {
             if dst.len() != t.len() {
@@ -327,7 +327,7 @@ fn fill(ring: &StreamRing, ledger: &Arc<MemLedger>, src: &StreamSrc, gguf: Optio
         col_scale: src.col_scale.clone(),
         lo,
         rot: src.rot.clone(),
-        act_terms: src.act_terms,
+        precision: src.precision,
         calib_key: src.calib_key,
         fix,
         held: super::Held::new(ledger, [0, 0], 0),

@@ -40,10 +40,12 @@ pub struct PackedWeight {
     /// The rotation of K both operands go through (`quant::rotate`); None: unrotated, with the
     /// column equalisation `col_scale`.
     pub rot: Option<Arc<Rotation>>,
-    /// Int8 terms per activation row run against the first weight term (the precision plan).
-    pub act_terms: usize,
+    /// Its precision (`route::precision::decide`, once, when it was packed): int8 terms
+    /// (`terms.weight` as resident: 1 where the budget left no room for the second), rotation
+    /// (`rot` is that rotation), correction. The NPU run and the GPU copy read it.
+    pub precision: precision::Precision,
     /// The weight's key in the calibration file (`cache::calib::key`), where the device has one
-    /// and the weight is rotated.
+    /// and the weight's precision corrects its rows.
     pub calib_key: Option<u64>,
     /// Its calibrated direction and the NPU's error on it, computed at the first corrected
     /// MUL_MAT (`Device::run_mul_mat`); None inside: the file has no entry for it.
@@ -62,7 +64,7 @@ fn held(dev: &Device, resident: &ResidentWeight, lo: Option<&(Arc<ResidentWeight
 }
 
 /// The shared rotation of width `k` (one per K in the process), or None where K has none.
-fn rotation(k: usize) -> Option<Arc<Rotation>> {
+pub(super) fn rotation(k: usize) -> Option<Arc<Rotation>> {
     static ROTS: Mutex<Vec<(usize, Option<Arc<Rotation>>)>> = Mutex::new(Vec::new());
     let mut rots = ROTS.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, r)) = rots.iter().find(|(rk, _)| *rk == k) {
@@ -183,37 +185,43 @@ fn import_entry(dev: &Device, entry: cache::Unverified, src: &WeightSource<'_>, 
     Ok((hi, lo, f[..n].to_vec(), f[n..n + k].to_vec()))
 }
 
-/// What packing a weight decides before touching its bytes: its int8 terms (the precision
-/// plan), rotation, tile sets, cache identity (`with_cache`) and calibration key.
+/// What packing a weight decides before touching its bytes: its precision (int8 terms,
+/// rotation, correction: [`precision_of`]), the rotation itself, tile sets, cache identity
+/// (`with_cache`) and calibration key.
 struct Prep {
-    terms: usize,
-    act_terms: usize,
+    precision: precision::Precision,
     rot: Option<Arc<Rotation>>,
     sets: crate::npu::layout::TileSets,
     id: Option<cache::Identity>,
     calib_key: Option<u64>,
 }
 
-fn prep(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, with_cache: bool) -> Prep {
+/// The precision of weight `src` (`[N, K]`) on this device: the one decision
+/// (`precision::decide`) for its role, source type and K, under the work ORK's buffers announced.
+pub fn precision_of(dev: &Device, src: &WeightSource<'_>, k: usize) -> precision::Precision {
     let work = dev.placement.announced.each_ref().map(|c| c.load(Relaxed));
-    let plan = precision::terms_for(dev.cfg, Role::of(src.name), crate::quant::types::is_float(src.ggml_type), &work);
-    let rot = if dev.cfg.rotate { rotation(k) } else { None };
+    precision::decide(dev.cfg, Role::of(src.name), crate::quant::types::is_float(src.ggml_type), &work, k)
+}
+
+fn prep(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, with_cache: bool) -> Prep {
+    let plan = precision_of(dev, src, k);
+    let rot = if plan.rotated { rotation(k) } else { None };
     // The tile sets the plans of this device's M read (`npu::plan::tile_sets`); the cache key
     // names them (an entry holds one layout).
     let sets = dev.npu.tile_sets(n, k);
     let id = with_cache.then(|| cache::Identity {
         layout_fp: cache::layout_fingerprint_sets(dev.npu.soc(), sets),
-        ..cache::identity(dev.npu.soc(), src.ggml_type, src.bytes, src.row_bytes, src.name, n, k, plan.weight as u32, rot.as_deref())
+        ..cache::identity(dev.npu.soc(), src.ggml_type, src.bytes, src.row_bytes, src.name, n, k, plan.terms.weight as u32, rot.as_deref())
     });
     // The calibration key reuses the cache identity's hash of the source bytes.
-    let calib_key = match (&dev.calib, &rot) {
-        (Some(_), Some(_)) => {
+    let calib_key = match (&dev.calib, plan.mean_correct) {
+        (Some(_), true) => {
             let h = id.as_ref().map(|i| i.src_hash).unwrap_or_else(|| cache::format::par_hash(src.bytes));
             Some(cache::calib::key(src.name, src.ggml_type, n, k, h))
         }
         _ => None,
     };
-    Prep { terms: plan.weight, act_terms: plan.act, rot, sets, id, calib_key }
+    Prep { precision: plan, rot, sets, id, calib_key }
 }
 
 /// Makes a weight that does not fit the residency budget a streamed one (`super::stream`): its
@@ -224,7 +232,8 @@ pub fn stream_source(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, u
     dev.npu.check_shape(n, k)?;
     let cache = if use_cache { dev.cache.as_ref() } else { None };
     let t0 = Instant::now();
-    let Prep { terms, act_terms, rot, sets, id, calib_key } = prep(dev, src, n, k, cache.is_some());
+    let Prep { precision, rot, sets, id, calib_key } = prep(dev, src, n, k, cache.is_some());
+    let terms = precision.terms.weight;
     let one = crate::npu::layout::WeightGeometry::with_sets(dev.npu.soc(), n, k, sets).total_bytes;
     let split = |f: Vec<f32>| -> Option<(Vec<f32>, Vec<f32>, Vec<f32>)> {
         (f.len() == n + k + (terms - 1) * n).then(|| (f[..n].to_vec(), f[n..n + k].to_vec(), f[n + k..].to_vec()))
@@ -272,14 +281,13 @@ pub fn stream_source(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, u
         ggml_type: src.ggml_type,
         range,
         sets,
-        terms,
         term_tile_bytes: one,
         tiles,
         scales,
         col_scale,
         lo_scales,
         rot,
-        act_terms,
+        precision,
         calib_key,
         fix: Default::default(),
     })
@@ -304,8 +312,10 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
     let term_bytes = dev.npu.term_bytes(n, k);
     dev.placement.placed_src_bytes.fetch_add(src.bytes.len() as u64, Relaxed);
     dev.placement.placed_term_bytes.fetch_add(term_bytes, Relaxed);
-    let Prep { terms, act_terms, rot, sets, id, calib_key } = prep(dev, src, n, k, cache.is_some());
-    let terms = terms as u32;
+    let Prep { precision, rot, sets, id, calib_key } = prep(dev, src, n, k, cache.is_some());
+    let terms = precision.terms.weight as u32;
+    // The precision as resident: the second term only where it was placed.
+    let resident_as = |lo: bool| precision::Precision { terms: precision::Terms { weight: 1 + usize::from(lo), ..precision.terms }, ..precision };
     // Not even one term fits the residency budget: the weight stays on the CPU, without
     // opening its cache entry or packing it for nothing. With streaming on, a weight is
     // resident whole (every term) or streamed (`super::stream`), so that both run the same
@@ -333,7 +343,7 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
                         dev.stats.cache_hits.fetch_add(1, Relaxed);
                         dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
                         let held = held(dev, &resident, lo.as_ref(), scales.len(), col_scale.len());
-                        return Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, lo, rot, act_terms, calib_key, fix: Default::default(), held });
+                        return Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, precision: resident_as(lo.is_some()), lo, rot, calib_key, fix: Default::default(), held });
                     }
                     Err(why) => log::debug!("orkpack {}: {why}; repacking", src.name),
                 }
@@ -392,7 +402,7 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
     dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
     PROGRESS.packed(src.bytes.len() as u64, cached);
     let held = held(dev, &resident, lo.as_ref(), scales.len(), col_scale.len());
-    Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, lo, rot, act_terms, calib_key, fix: Default::default(), held })
+    Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, precision: resident_as(lo.is_some()), lo, rot, calib_key, fix: Default::default(), held })
 }
 
 /// One resident copy (NPU or GPU) and the source bytes it was made from.
@@ -525,7 +535,9 @@ impl WeightStore {
         n: usize,
         k: usize,
     ) -> Result<Arc<super::gpu::GpuWeight>, crate::vk::VkError> {
-        get_or_make(&self.gpu, addr, src, n, k, || super::gpu::upload(dev, src, n, k))
+        // The weight's one precision: its NPU copy's where it has one, else decided now.
+        let p = self.packed(addr, n, k, src.ggml_type).map_or_else(|| precision_of(dev, src, k), |pw| pw.precision);
+        get_or_make(&self.gpu, addr, src, n, k, || super::gpu::upload(dev, src, n, k, p))
     }
 
     /// Drops every packed weight whose bytes overlap `lo..hi` (a write or memset happened there).

@@ -303,7 +303,9 @@ fn main() {
         })
         .0;
         let (counts, work) = (q.role_counts(), q.role_work());
-        let terms = route::precision::Role::ALL.map(|r| route::precision::terms_for(&c, r, false, &work));
+        // Each role's K in this model (a role it lacks has no work: its terms count for nothing).
+        let k_of = |r: route::precision::Role| q.per_layer.iter().find(|e| e.3 == r).map(|e| e.0).or(q.head.map(|h| h.0)).unwrap_or(0);
+        let terms = route::precision::Role::ALL.map(|r| route::precision::decide(&c, r, false, &work, k_of(r)).terms);
         let b = route::predict(&c, &CostModel::for_soc(ggml_ork::npu::soc::SocId::Rk3588), &q, 256);
         println!(
             "#   predicted, {what} inside llama.cpp, with host: prefill {:.0}, decode {:.1} (the layers' NPU work {:.2}x plain W8A8; rows {:.2}x with the head)",

@@ -142,7 +142,7 @@ impl Store {
     /// The store `cfg` asks for: None when the rotation or the correction is off, no path
     /// resolves, or there is neither a file to read nor recording to do.
     pub fn from_config(cfg: &Config) -> Option<Store> {
-        if !(cfg.rotate && cfg.mean_correct) {
+        if !cfg.corrects_rows() {
             return None;
         }
         let path = path_of(cfg)?;

@@ -242,6 +242,11 @@ pub struct Rotation {
 }
 
 impl Rotation {
+    /// Whether width K has a rotation ([`Rotation::new`] gives one exactly then).
+    pub fn exists(k: usize) -> bool {
+        k != 0 && k % K_MULTIPLE == 0
+    }
+
     /// The rotation for width K with the default dense-order cap, [`DEFAULT_MAX_ORDER`]; `None`
     /// when K is 0 or not a multiple of [`K_MULTIPLE`].
     pub fn new(k: usize) -> Option<Self> {

@@ -8,7 +8,7 @@
 //!   the file's tensor bytes are counted resident (file-backed pages, clean, shared);
 //! * the int8 tiles ORK keeps resident: per weight, its tiled layout with the tile sets the
 //!   plans read (`npu::plan::tile_sets` at the smallest M the NPU runs), page-rounded, times its
-//!   int8 weight terms (`precision::terms_for`), plus the f32 row scales, column scales and the
+//!   int8 weight terms (`precision::decide`), plus the f32 row scales, column scales and the
 //!   second term's row scales ([`npu_bytes`]);
 //! * the KV cache (f16 K and V of every layer for `ctx` tokens), llama.cpp's compute buffer
 //!   ([`compute_bytes`], an estimate), ORK's per-core scratch and the stream ring
@@ -346,7 +346,7 @@ pub fn npu_bytes(cfg: &Config, model: &CostModel, w: &Weight, work: &precision::
     let smallest_m = if cfg.decode == DecodeSelect::Npu { 1 } else { cfg.min_m.max(1) };
     let sets = crate::npu::plan::tile_sets(soc, w.n, w.k, smallest_m);
     let tiles = crate::npu::kif::page_round(WeightGeometry::with_sets(soc, w.n, w.k, sets).total_bytes) as u64;
-    let t = precision::terms_for(cfg, w.role, types::is_float(w.ggml_type), work);
+    let t = precision::decide(cfg, w.role, types::is_float(w.ggml_type), work, w.k).terms;
     let scales = 4 * (w.n + w.k + if t.weight > 1 { w.n } else { 0 }) as u64;
     tiles * t.weight as u64 + scales
 }
@@ -399,15 +399,15 @@ pub fn plan(cfg: &Config, model: &CostModel, m: &BoardModel, board: &Board) -> B
     let head_s = |rows: usize| m.head.as_ref().map_or(0.0, |w| model.cpu_s(rows, w.k, w.n, w.ggml_type));
     let (mut npu_s, mut cpu_pre_s, mut cpu_dec_s) = (0.0, 0.0, 0.0);
     for (w, p) in m.matmuls.iter().zip(&place) {
-        let t = precision::terms_for(cfg, w.role, types::is_float(w.ggml_type), &work);
+        let prec = precision::decide(cfg, w.role, types::is_float(w.ggml_type), &work, w.k);
         let cpu = model.cpu_s(ub, w.k, w.n, w.ggml_type);
         cpu_pre_s += cpu;
         cpu_dec_s += model.cpu_s(1, w.k, w.n, w.ggml_type);
         npu_s += match p {
             Place::Cpu => cpu,
             _ => {
-                let host = if cfg.rotate && cfg.mean_correct && model.host != HostCost::NONE { model.mean_correct_s(ub, w.k, w.n) } else { 0.0 };
-                model.npu_host_s(ub, w.k, w.n, t, cores) + host
+                let host = if prec.mean_correct && model.host != HostCost::NONE { model.mean_correct_s(ub, w.k, w.n) } else { 0.0 };
+                model.npu_host_s(ub, w.k, w.n, prec.terms, cores) + host
             }
         };
     }

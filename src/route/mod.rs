@@ -435,17 +435,18 @@ pub fn decide(cfg: &Config, mm: &MatMul, av: Availability) -> Decision {
 /// [`decide`] with an explicit cost model (tests, `ork-route`), for a weight of the common role
 /// (`precision::Role::Other`).
 pub fn decide_with(cfg: &Config, model: &CostModel, mm: &MatMul, av: Availability) -> Decision {
-    let t = precision::terms_for(cfg, precision::Role::Other, crate::quant::types::is_float(mm.ggml_type), &precision::one_of(precision::Role::Other, (mm.k * mm.n) as u64));
-    decide_terms(cfg, model, mm, t, av)
+    let p = precision::decide(cfg, precision::Role::Other, crate::quant::types::is_float(mm.ggml_type), &precision::one_of(precision::Role::Other, (mm.k * mm.n) as u64), mm.k);
+    decide_precision(cfg, model, mm, p, av)
 }
 
-/// [`decide_with`] for a weight with int8 terms `terms`.
-pub fn decide_terms(cfg: &Config, model: &CostModel, mm: &MatMul, terms: precision::Terms, av: Availability) -> Decision {
+/// [`decide_with`] for a weight of precision `p` (`precision::decide`).
+pub fn decide_precision(cfg: &Config, model: &CostModel, mm: &MatMul, p: precision::Precision, av: Availability) -> Decision {
+    let terms = p.terms;
     let phase = Phase::of(cfg, mm.m);
     let cores = cfg.max_cores.unwrap_or(model.soc.cores);
     let split = |s: f64| s + if phase == Phase::Decode { model.split_s } else { 0.0 };
     // The calibrated correction's host work follows the NPU run (none in the NPU-only figure).
-    let host = if cfg.rotate && cfg.mean_correct && model.host != HostCost::NONE { model.mean_correct_s(mm.m, mm.k, mm.n) } else { 0.0 };
+    let host = if p.mean_correct && model.host != HostCost::NONE { model.mean_correct_s(mm.m, mm.k, mm.n) } else { 0.0 };
     let t_npu = split(model.npu_host_s(mm.m, mm.k, mm.n, terms, cores) + host);
     let t_cpu = model.cpu_s(mm.m, mm.k, mm.n, mm.ggml_type);
     let t_gpu = split(model.gpu_s(mm.m, mm.k, mm.n, mm.ggml_type));
@@ -568,8 +569,8 @@ impl ModelShape {
 pub fn predict(cfg: &Config, model: &CostModel, shape: &ModelShape, m: usize) -> ModelRates {
     let work = shape.role_work();
     let t = |rows: usize, k: usize, n: usize, ty: u32, role: precision::Role| {
-        let terms = precision::terms_for(cfg, role, crate::quant::types::is_float(ty), &work);
-        let d = decide_terms(cfg, model, &MatMul { m: rows, k, n, ggml_type: ty }, terms, Availability::default());
+        let p = precision::decide(cfg, role, crate::quant::types::is_float(ty), &work, k);
+        let d = decide_precision(cfg, model, &MatMul { m: rows, k, n, ggml_type: ty }, p, Availability::default());
         match d.engine {
             Engine::Npu => d.predicted.0,
             Engine::Cpu => d.predicted.1,
@@ -600,7 +601,7 @@ pub fn prefill_work(cfg: &Config, model: &CostModel, shape: &ModelShape, m: usiz
     let cores = cfg.max_cores.unwrap_or(model.soc.cores);
     let (mut submits, mut rk, mut rn) = (0.0, 0.0, 0.0);
     for &(k, n, ty, role) in &shape.per_layer {
-        let terms = precision::terms_for(cfg, role, crate::quant::types::is_float(ty), &work);
+        let terms = precision::decide(cfg, role, crate::quant::types::is_float(ty), &work, k).terms;
         let s = model.npu_submits_terms(m, k, n, terms, cores);
         if s != usize::MAX {
             submits += s as f64 / m as f64;

@@ -191,11 +191,35 @@ pub fn rows_ratio(terms: &[Terms; ROLES], counts: &[u64; ROLES]) -> f64 {
     rows as f64 / total.max(1) as f64
 }
 
-/// The terms one weight gets: the budget plan for its role with the rotation (`work`: the
-/// model's announced work per role), the unrotated multi-term scheme without; explicit
+/// One weight's precision, decided once ([`decide`]) and carried with the weight: its int8
+/// terms, whether K goes through the rotation, and whether its rows are corrected along its
+/// calibrated direction. The NPU run, the GPU copy, the cost model and the `.orkpack` key read
+/// this; none of them looks at the configuration for it again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Precision {
+    pub terms: Terms,
+    /// Both operands go through the rotation of K (`quant::rotate`); else the weight's column
+    /// equalisation.
+    pub rotated: bool,
+    /// Each row is corrected along the weight's calibrated direction where the calibration file
+    /// has one (`quant::mean`; needs the rotation).
+    pub mean_correct: bool,
+}
+
+/// The precision of one `[N, K]` weight of `role` (`float_source`: an F16/BF16/F32 source;
+/// `work`: the model's announced work per role): rotated where `ORK_ROTATE` asks and K has a
+/// rotation, its terms from [`terms_for`] under that, corrected where it is rotated and
+/// [`Config::corrects_rows`].
+pub fn decide(cfg: &Config, role: Role, float_source: bool, work: &RoleWork, k: usize) -> Precision {
+    let rotated = cfg.rotate && crate::quant::rotate::Rotation::exists(k);
+    Precision { terms: terms_for(cfg, rotated, role, float_source, work), rotated, mean_correct: rotated && cfg.corrects_rows() }
+}
+
+/// The terms one weight gets: the budget plan for its role when `rotated` (`work`: the model's
+/// announced work per role), the unrotated multi-term scheme otherwise; explicit
 /// `ORK_WEIGHT_TERMS` / `ORK_ACT_TERMS` override either.
-pub fn terms_for(cfg: &Config, role: Role, float_source: bool, work: &RoleWork) -> Terms {
-    let mut t = if cfg.rotate {
+pub fn terms_for(cfg: &Config, rotated: bool, role: Role, float_source: bool, work: &RoleWork) -> Terms {
+    let mut t = if rotated {
         let mut t = plan(cfg.npu_work, work)[role.index()];
         if float_source {
             // 11+ mantissa bits that one int8 weight term does not carry: measured on SmolLM2
@@ -320,21 +344,39 @@ mod tests {
         let smol = smollm2();
         let rot = cfg(&[]);
         assert!(rot.rotate, "rotation is the default");
-        assert_eq!(terms_for(&rot, Role::AttnQ, false, &smol), Terms::PLAIN);
-        assert_eq!(terms_for(&rot, Role::AttnV, false, &smol), Terms::PLAIN, "the default budget: one term in every layer");
-        assert_eq!(terms_for(&rot, Role::Head, false, &smol), HEAD_TERMS, "the head outside it");
-        assert_eq!(terms_for(&cfg(&[("ORK_NPU_WORK", "1.05")]), Role::AttnV, false, &smol), Terms { weight: 2, act: 1 });
-        assert_eq!(terms_for(&rot, Role::FfnDown, false, &smol), Terms::PLAIN);
-        assert_eq!(terms_for(&rot, Role::AttnOut, false, &smol), Terms::PLAIN);
-        assert_eq!(terms_for(&rot, Role::FfnUp, false, &smol), Terms::PLAIN);
-        assert_eq!(terms_for(&rot, Role::Other, true, &smol), Terms { weight: 2, act: 2 }, "float weights: two and two");
-        assert_eq!(terms_for(&rot, Role::Head, true, &smol), Terms { weight: 2, act: 2 });
+        assert_eq!(terms_for(&rot, true, Role::AttnQ, false, &smol), Terms::PLAIN);
+        assert_eq!(terms_for(&rot, true, Role::AttnV, false, &smol), Terms::PLAIN, "the default budget: one term in every layer");
+        assert_eq!(terms_for(&rot, true, Role::Head, false, &smol), HEAD_TERMS, "the head outside it");
+        assert_eq!(terms_for(&cfg(&[("ORK_NPU_WORK", "1.05")]), true, Role::AttnV, false, &smol), Terms { weight: 2, act: 1 });
+        assert_eq!(terms_for(&rot, true, Role::FfnDown, false, &smol), Terms::PLAIN);
+        assert_eq!(terms_for(&rot, true, Role::AttnOut, false, &smol), Terms::PLAIN);
+        assert_eq!(terms_for(&rot, true, Role::FfnUp, false, &smol), Terms::PLAIN);
+        assert_eq!(terms_for(&rot, true, Role::Other, true, &smol), Terms { weight: 2, act: 2 }, "float weights: two and two");
+        assert_eq!(terms_for(&rot, true, Role::Head, true, &smol), Terms { weight: 2, act: 2 });
         let legacy = cfg(&[("ORK_ROTATE", "0")]);
-        assert_eq!(terms_for(&legacy, Role::Other, false, &smol), Terms { weight: 2, act: 2 });
-        assert_eq!(terms_for(&legacy, Role::Other, true, &smol), Terms { weight: 2, act: 3 });
+        assert_eq!(terms_for(&legacy, false, Role::Other, false, &smol), Terms { weight: 2, act: 2 });
+        assert_eq!(terms_for(&legacy, false, Role::Other, true, &smol), Terms { weight: 2, act: 3 });
         let blanket = cfg(&[("ORK_ACT_TERMS", "1"), ("ORK_WEIGHT_TERMS", "1")]);
-        assert_eq!(terms_for(&blanket, Role::Head, false, &smol), Terms::PLAIN);
+        assert_eq!(terms_for(&blanket, true, Role::Head, false, &smol), Terms::PLAIN);
         assert_eq!(Terms { weight: 2, act: 2 }.rows(), 3);
         assert_eq!(Terms { weight: 2, act: 3 }.rows(), 4);
+    }
+
+    /// One decision per weight: rotated where asked and K has a rotation, its terms the plan
+    /// under that (a K without a rotation gets the unrotated scheme, not the rotated plan's one
+    /// term), corrected only where rotated and the correction is on.
+    #[test]
+    fn a_weight_is_rotated_corrected_and_termed_once() {
+        let smol = smollm2();
+        let on = cfg(&[]);
+        let d = decide(&on, Role::AttnQ, false, &smol, 576);
+        assert_eq!(d, Precision { terms: Terms::PLAIN, rotated: true, mean_correct: true });
+        assert!(!crate::quant::rotate::Rotation::exists(40));
+        let d = decide(&on, Role::AttnQ, false, &smol, 40);
+        assert_eq!(d, Precision { terms: Terms { weight: 2, act: 2 }, rotated: false, mean_correct: false }, "no rotation for K = 40");
+        let d = decide(&cfg(&[("ORK_ROTATE", "0")]), Role::AttnQ, false, &smol, 576);
+        assert_eq!(d, Precision { terms: Terms { weight: 2, act: 2 }, rotated: false, mean_correct: false });
+        let d = decide(&cfg(&[("ORK_MEAN_CORRECT", "0")]), Role::AttnQ, true, &smol, 576);
+        assert_eq!(d, Precision { terms: Terms { weight: 2, act: 2 }, rotated: true, mean_correct: false });
     }
 }
