@@ -90,11 +90,12 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_CALIBRATE", default: "0", meaning: "1 = record: every NPU matmul adds its activation rows to its weight's entry in the calibration file, written when the backend is freed (run a calibration text, e.g. llama-perplexity over a few chunks; tests/common.sh calibrate_models)" },
     VarDoc { name: "ORK_CALIBRATION", default: "<cache dir>/calibration.orkcal", meaning: "the calibration file (src/cache/calib.rs); without it, or for a weight it has no entry for, rows keep the NPU's result uncorrected" },
     VarDoc { name: "ORK_ACT_TERMS", default: "auto", meaning: "int8 terms per activation row (x ≈ Σ s_t·q_t, T·M NPU rows) for every weight, overriding the plan: auto (ORK_NPU_WORK's plan; without rotation 3 for F32/F16/BF16 weights, else 2), 1, 2, 3" },
-    VarDoc { name: "ORK_WEIGHT_TERMS", default: "auto", meaning: "int8 terms per weight for every weight, overriding the plan: auto (ORK_NPU_WORK's plan; without rotation 2), 1, or 2; a second term that does not fit the resident budget is dropped" },
+    VarDoc { name: "ORK_WEIGHT_TERMS", default: "auto", meaning: "int8 terms per weight for every weight (its NPU and GPU copies alike), overriding the plan: auto (ORK_NPU_WORK's plan; without rotation 2), 1, or 2; a second term that does not fit the resident budget is dropped" },
     VarDoc { name: "ORK_SOC", default: "(device tree)", meaning: "force the SoC description: rk3588 or rk3576" },
     VarDoc { name: "ORK_NPU_CARD", default: "(scan /dev/dri/card*)", meaning: "the vendor rknpu DRM node to use, e.g. /dev/dri/card1, instead of the first /dev/dri/card* whose driver is rknpu" },
     VarDoc { name: "ORK_NPU_MC", default: "(all cores)", meaning: "cap on NPU cores per matmul (the core budget); the planner picks within it" },
     VarDoc { name: "ORK_MM_TIMEOUT", default: "60000", meaning: "NPU submit timeout in ms; a submit past it fails (the NPU is soft-reset) and the matmul runs on the CPU" },
+    VarDoc { name: "ORK_HOST_THREADS", default: "(big cores)", meaning: "threads of the host pool that runs the passes around an NPU matmul (rotation and int8 terms of the activations, the output's dequantization): one per big core the process may use by default (4 on RK3588); fewer leaves cores to other work" },
     VarDoc { name: "ORK_NO_AFFINITY", default: "0", meaning: "1 (or true, yes, on) = do not pin NPU worker threads and the host pool (the passes around an NPU matmul, one thread per big core) to the big CPU cores" },
     VarDoc { name: "ORK_DOMAIN_CAP_MB", default: "3072", meaning: "weight bytes placed in one IOMMU domain before the next is opened (MiB; on `rocket`, per core's address space: a domain there is one file descriptor per core, each holding that core's part of every weight); lower it below the kernel's per-domain window (the fake kernel's ORK_FK_DOMAIN_MB) so weights span several domains" },
     VarDoc { name: "ORK_WCACHE_BUDGET_MB", default: "RAM - 1024 - ORK buffers", meaning: "resident weight budget (MiB); weights past it are streamed to the NPU for prefill (ORK_STREAM), else keep one int8 term, then stay on the CPU" },
@@ -145,6 +146,8 @@ pub struct Config {
     /// `ORK_MM_TIMEOUT`: NPU submit timeout in ms (None = the NPU core's default).
     pub mm_timeout_ms: Option<u32>,
     pub no_affinity: bool,
+    /// `ORK_HOST_THREADS`: the host pool's threads (None = one per big core).
+    pub host_threads: Option<usize>,
     pub wcache_budget_mb: Option<u64>,
     /// `ORK_DOMAIN_CAP_MB`: weight bytes per IOMMU domain in MiB (None = the SoC's default).
     pub domain_cap_mb: Option<u64>,
@@ -236,6 +239,7 @@ impl Config {
         let mc = num("ORK_NPU_MC");
         let max_cores = mc.map(|n| n.min(u32::MAX as u64) as u32).filter(|&n| n >= 1);
         let wcache_budget_mb = num("ORK_WCACHE_BUDGET_MB");
+        let host_threads = num("ORK_HOST_THREADS").filter(|&n| n >= 1).map(|n| n.min(256) as usize);
         let domain_cap_mb = num("ORK_DOMAIN_CAP_MB").filter(|&n| n >= 1);
         let mm_timeout_ms = num("ORK_MM_TIMEOUT").map(|n| n.min(u32::MAX as u64) as u32);
         let cache_max_mb = num("ORK_CACHE_MAX_MB").unwrap_or(DEFAULT_CACHE_MAX_MB);
@@ -310,6 +314,7 @@ impl Config {
             max_cores,
             mm_timeout_ms,
             no_affinity: flag(get("ORK_NO_AFFINITY").as_deref()),
+            host_threads,
             wcache_budget_mb,
             domain_cap_mb,
             map_weights: on_unless_off("ORK_MAP_WEIGHTS"),
@@ -433,6 +438,9 @@ mod tests {
         let (c, bad) = parse(&[("ORK_ACT_TERMS", "7"), ("ORK_WEIGHT_TERMS", "0"), ("ORK_NPU_MC", "0"), ("ORK_OFF", "2")]);
         assert_eq!((c.act_terms, c.weight_terms, c.max_cores, c.off), (0, 0, None, false));
         assert_eq!(bad.len(), 4, "{bad:?}");
+        let host = |v: &str| parse(&[("ORK_HOST_THREADS", v)]);
+        assert_eq!((host("3").0.host_threads, host("0").0.host_threads, host("").0.host_threads), (Some(3), None, None));
+        assert_eq!((host("many").0.host_threads, host("many").1.len()), (None, 1), "not a number: one line, the default");
     }
 
     #[test]

@@ -340,7 +340,6 @@ impl Device {
         let terms = w.precision.terms.act;
         let rows = terms * m;
         let lt = LO_ACT_TERMS.min(terms);
-        let no_aff = self.cfg.no_affinity;
         let dir = fix.map(|d| d.dir.as_slice());
         let phase = crate::route::Phase::of(self.cfg, m);
         let ps = &self.stats.phase[(phase == crate::route::Phase::Decode) as usize];
@@ -388,7 +387,7 @@ impl Device {
             let mut dot_ns = 0;
             let xr = &x[r0 * k..r1 * k];
             let (reused, redot) = reuse;
-            pool::on_host(no_aff, terms * (r1 - r0) * k, || {
+            pool::on_host(self.cfg, terms * (r1 - r0) * k, || {
                 if !reused {
                     quant::prepare_rows_hashed(xr, r1 - r0, k, terms, prep, dir, a, a_scale, dots, hashes);
                 } else if let Some(d) = dir.filter(|_| redot) {
@@ -463,7 +462,7 @@ impl Device {
                 lo: w.lo.as_ref().map(|(_, ls)| (cl.1.rows(cl.0, &pcl), ls.as_slice())),
                 corr: fix.map(|d| (coef, d.err.as_slice())),
             };
-            pool::on_host(no_aff, (terms + lt + 1) * (r1 - r0) * n, || quant::dequantize_fused(&o, dst));
+            pool::on_host(self.cfg, (terms + lt + 1) * (r1 - r0) * n, || quant::dequantize_fused(&o, dst));
             drop((pc, pcl));
             for h in [c.1, cl.1] {
                 if let TermOut::Shares(sh) = h {
@@ -484,7 +483,7 @@ impl Device {
         // passes handed off each while the NPU runs: run from a pool thread, its pipeline gave
         // 4–6 % fewer tokens per second at -ub 512 (three llama-bench runs each way).
         let whole = bounds.len() == 1;
-        pool::on_host(no_aff, if whole { rows * k } else { 0 }, || if whole {
+        pool::on_host(self.cfg, if whole { rows * k } else { 0 }, || if whole {
             let th = Instant::now();
             let decided = decide();
             let d = act((0, m), (decided.1, decided.2), a, a_scale, dots, coef, &mut hashes).1;
@@ -494,7 +493,7 @@ impl Device {
             runs.add(&r);
             out_ns += out((0, m), (c, hc), a_scale, (cl, hl), coef, dst);
         } else {
-            (key, reused, redot) = if candidate { pool::on_host(no_aff, m * k, decide) } else { decide() };
+            (key, reused, redot) = if candidate { pool::on_host(self.cfg, m * k, decide) } else { decide() };
             // One int8 term: row r of every buffer is at r times its row length.
             let cut = |len: usize| bounds.iter().map(|&(r0, r1)| (r0 * len, r1 * len)).collect::<Vec<_>>();
             let (mut a_p, c_p, cl_p) = (pieces(a, &cut(k)), pieces(c, &cut(n)), pieces(cl, &cut(if w.lo.is_some() { n } else { 0 })));

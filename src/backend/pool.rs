@@ -21,6 +21,7 @@
 
 use std::sync::OnceLock;
 
+use crate::config::Config;
 use crate::npu::hostcpu;
 
 /// The CPUs the pool's workers run on and may be pinned to: the big cluster, restricted to the
@@ -33,12 +34,15 @@ fn big_allowed() -> Vec<usize> {
     }
 }
 
-/// The pool (built on first use). `no_affinity`: `ORK_NO_AFFINITY`, the workers are not pinned.
-pub(crate) fn host_pool(no_affinity: bool) -> &'static rayon::ThreadPool {
+/// The pool (built on first use, one per process): `cfg.host_threads` threads (`ORK_HOST_THREADS`),
+/// else one per big core; pinned to the big cores unless `cfg.no_affinity`.
+pub(crate) fn host_pool(cfg: &Config) -> &'static rayon::ThreadPool {
     static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
     POOL.get_or_init(|| {
         let big = big_allowed();
-        let threads = if big.is_empty() { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { big.len() };
+        let per_core = if big.is_empty() { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { big.len() };
+        let threads = cfg.host_threads.unwrap_or(per_core);
+        let no_affinity = cfg.no_affinity;
         let pin = if no_affinity { Vec::new() } else { big };
         log::debug!("host pool: {threads} threads, pinned to {pin:?}");
         let b = rayon::ThreadPoolBuilder::new().num_threads(threads).thread_name(|i| format!("ork-host-{i}"));
@@ -59,11 +63,11 @@ pub(crate) fn host_pool(no_affinity: bool) -> &'static rayon::ThreadPool {
 /// Runs `f` on the host pool when `elems` (the elements the pass touches) make it worth the
 /// hand-off (`quant::PAR_MIN_ELEMS`, the size at which the quant passes split rows), else on the
 /// calling thread, where the passes stay serial below that size.
-pub(crate) fn on_host<R: Send>(no_affinity: bool, elems: usize, f: impl FnOnce() -> R + Send) -> R {
+pub(crate) fn on_host<R: Send>(cfg: &Config, elems: usize, f: impl FnOnce() -> R + Send) -> R {
     if elems < crate::quant::PAR_MIN_ELEMS {
         return f();
     }
-    let pool = host_pool(no_affinity);
+    let pool = host_pool(cfg);
     if pool.current_thread_index().is_some() {
         return f();
     }
@@ -76,14 +80,15 @@ mod tests {
 
     #[test]
     fn the_pool_is_sized_to_the_big_cores_and_runs_large_passes() {
-        let p = host_pool(true);
+        let cfg = Config::from_lookup(|k| (k == "ORK_NO_AFFINITY").then(|| "1".to_string())).0;
+        let p = host_pool(&cfg);
         let big = big_allowed();
         if !big.is_empty() {
             assert_eq!(p.current_num_threads(), big.len());
         }
         // Large work runs on the pool's threads, small work on the caller's.
-        assert_eq!(on_host(true, crate::quant::PAR_MIN_ELEMS, rayon::current_num_threads), p.current_num_threads());
-        assert!(on_host(true, crate::quant::PAR_MIN_ELEMS, || p.current_thread_index().is_some()));
-        assert!(on_host(true, 1, || p.current_thread_index().is_none()));
+        assert_eq!(on_host(&cfg, crate::quant::PAR_MIN_ELEMS, rayon::current_num_threads), p.current_num_threads());
+        assert!(on_host(&cfg, crate::quant::PAR_MIN_ELEMS, || p.current_thread_index().is_some()));
+        assert!(on_host(&cfg, 1, || p.current_thread_index().is_none()));
     }
 }
