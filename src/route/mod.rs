@@ -182,16 +182,16 @@ impl HostCost {
 pub const A76_OVER_HERE: f64 = 2.5;
 // Each: `P=512 UB=512 R=1 bash bench-scripts/prefill_host_table.sh $ORK_ENV/synth/synth-qwen3-1.7b-Q8_0.gguf`
 // (synthetic Qwen3-1.7B shape, timed NPU, OMP_WAIT_POLICY=passive, µs per prompt token, load
-// average 1.3–1.9, tree 38dabea's code), divided by the work per token `ork-route` prints
+// average 1.6–2.2, tree 58f6558's code: short end pieces), divided by the work per token `ork-route` prints
 // (`route::prefill_work`, M = 512).
-/// act-quant 365 µs per token / 516096 row·K per token (Σ K of a layer's 7 MUL_MATs × 28).
-const ACT_QUANT_S: f64 = 0.707e-9;
-/// dequant 517 µs per token / 573440 row·N per token (Σ N × 28).
-const OUTPUT_S: f64 = 0.902e-9;
-/// submit 66 µs per token / (516096 + 573440) row·(K + N) per token: each core's host part of
+/// act-quant 364 µs per token / 516096 row·K per token (Σ K of a layer's 7 MUL_MATs × 28).
+const ACT_QUANT_S: f64 = 0.705e-9;
+/// dequant 542 µs per token / 573440 row·N per token (Σ N × 28).
+const OUTPUT_S: f64 = 0.945e-9;
+/// submit 157 µs per token / (516096 + 573440) row·(K + N) per token: each core's host part of
 /// its runs (register commands, syncs, the submit's wake-up), the pieces' activation rows
 /// written into the image. Includes 3 core threads sharing 2 CPUs with the host pool.
-const NPU_IO_S: f64 = 0.061e-9;
+const NPU_IO_S: f64 = 0.144e-9;
 /// arbiter 1 µs per token × 512 / 196 MUL_MATs (a private lock directory: no other process).
 const MATMUL_S: f64 = 2.6e-6;
 
