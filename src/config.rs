@@ -239,7 +239,8 @@ impl Config {
         let mc = num("ORK_NPU_MC");
         let max_cores = mc.map(|n| n.min(u32::MAX as u64) as u32).filter(|&n| n >= 1);
         let wcache_budget_mb = num("ORK_WCACHE_BUDGET_MB");
-        let host_threads = num("ORK_HOST_THREADS").filter(|&n| n >= 1).map(|n| n.min(256) as usize);
+        let ht = num("ORK_HOST_THREADS");
+        let host_threads = ht.filter(|&n| n >= 1).map(|n| n.min(256) as usize);
         let domain_cap_mb = num("ORK_DOMAIN_CAP_MB").filter(|&n| n >= 1);
         let mm_timeout_ms = num("ORK_MM_TIMEOUT").map(|n| n.min(u32::MAX as u64) as u32);
         let cache_max_mb = num("ORK_CACHE_MAX_MB").unwrap_or(DEFAULT_CACHE_MAX_MB);
@@ -252,6 +253,9 @@ impl Config {
         };
         if mc == Some(0) {
             bad.push("ORK_NPU_MC=0 is not a core count; using all cores".into());
+        }
+        if ht == Some(0) {
+            bad.push("ORK_HOST_THREADS=0 is not a thread count; using one per big core".into());
         }
         let mut terms = |name: &str, max: u8| -> u8 {
             match get(name).as_deref().map(str::trim) {
@@ -439,7 +443,7 @@ mod tests {
         assert_eq!((c.act_terms, c.weight_terms, c.max_cores, c.off), (0, 0, None, false));
         assert_eq!(bad.len(), 4, "{bad:?}");
         let host = |v: &str| parse(&[("ORK_HOST_THREADS", v)]);
-        assert_eq!((host("3").0.host_threads, host("0").0.host_threads, host("").0.host_threads), (Some(3), None, None));
+        assert_eq!((host("3").0.host_threads, host("0").0.host_threads, host("0").1.len()), (Some(3), None, 1));
         assert_eq!((host("many").0.host_threads, host("many").1.len()), (None, 1), "not a number: one line, the default");
     }
 

@@ -535,8 +535,13 @@ impl WeightStore {
         n: usize,
         k: usize,
     ) -> Result<Arc<super::gpu::GpuWeight>, crate::vk::VkError> {
-        // The weight's one precision: its NPU copy's where it has one, else decided now.
-        let p = self.packed(addr, n, k, src.ggml_type).map_or_else(|| precision_of(dev, src, k), |pw| pw.precision);
+        // The weight's one precision: its NPU copy's (resident or streamed) where it has one,
+        // else decided now.
+        let p = match (self.packed(addr, n, k, src.ggml_type), self.streamed(addr, n, k, src.ggml_type)) {
+            (Some(pw), _) => pw.precision,
+            (None, Some(ss)) => ss.precision,
+            (None, None) => precision_of(dev, src, k),
+        };
         get_or_make(&self.gpu, addr, src, n, k, || super::gpu::upload(dev, src, n, k, p))
     }
 

@@ -304,7 +304,7 @@ pub fn pipeline_bounds(soc: &SocDesc, geom: &WeightGeometry, m: usize, max_cores
     let rows = pipeline_rows(soc, geom, m, max_cores).max(1);
     let mut b: Vec<(usize, usize)> = (0..m).step_by(rows).map(|r0| (r0, (r0 + rows).min(m))).collect();
     if b.len() < 2 {
-        return b;
+        return vec![(0, m)];
     }
     let cores = core_count(soc, geom.n, max_cores.min(soc.cores));
     let n_core = geom.n.div_ceil(cores as usize) as u64;
@@ -325,7 +325,8 @@ pub fn pipeline_bounds(soc: &SocDesc, geom: &WeightGeometry, m: usize, max_cores
 }
 
 /// Programs per N-slice and K-slice that `bounds` (consecutive row ranges of one matmul) run
-/// beyond the uncut M's: each is one more feed of the weight.
+/// beyond the uncut M's: each is one more feed of the weight. A short end that leaves its
+/// neighbour's M-tiles as many as before (the last M-tile already partial) costs none.
 pub fn extra_m_tiles(soc: &SocDesc, geom: &WeightGeometry, bounds: &[(usize, usize)]) -> usize {
     let tiles = |m: usize| {
         let path = path_for(geom, m);
@@ -522,6 +523,8 @@ mod tests {
     fn pipeline_bounds_cut_whole_m_tiles_and_short_ends() {
         let soc = SocDesc::get(SocId::Rk3588);
         let none = Ends { first: false, last: false };
+        // M = 0 (a MUL_MAT of no rows): one empty range, never an empty list.
+        assert_eq!(pipeline_bounds(&soc, &WeightGeometry::new(&soc, 2048, 2048), 0, 3, Ends::BOTH), vec![(0, 0)]);
         for (n, k, m) in [(2048, 2048, 512), (1024, 2048, 512), (6144, 2048, 512), (2048, 6144, 512), (2048, 2048, 300), (576, 576, 512), (2048, 2048, 1)] {
             let geom = WeightGeometry::new(&soc, n, k);
             let rows = pipeline_rows(&soc, &geom, m, 3);

@@ -309,15 +309,18 @@ impl CostModel {
     /// in it (`mean_correct_s`).
     pub fn npu_host_s(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32) -> f64 {
         let npu = self.npu_s(m, k, n, terms, cores);
-        if !npu.is_finite() || self.host == HostCost::NONE {
+        if !npu.is_finite() || self.host == HostCost::NONE || m == 0 {
             return npu;
         }
         let (serial, passes) = self.host.host_parts(m, k, n, terms);
         let geom = crate::npu::layout::WeightGeometry::new(&self.soc, n, k);
         let plan = crate::npu::plan::Ends::BOTH;
         let bounds = if terms.act == 1 && self.host.pipelined { crate::npu::plan::pipeline_bounds(&self.soc, &geom, m, cores, plan) } else { vec![(0, m)] };
-        // A piece that splits an M-tile runs one more program: its weight fed once more.
-        let refeed = crate::npu::plan::extra_m_tiles(&self.soc, &geom, &bounds) as f64 * (k * n) as f64 / self.npu_feed_bps;
+        // A piece that splits an M-tile runs one more program: its weight fed once more (every
+        // weight term's: a second term's runs are cut into the same pieces). Both ends are
+        // counted short; the backend keeps the first whole where the activation is the one
+        // held (K/V after Q, up after gate), so this over-counts those.
+        let refeed = crate::npu::plan::extra_m_tiles(&self.soc, &geom, &bounds) as f64 * (terms.weight * k * n) as f64 / self.npu_feed_bps;
         let share = |b: (usize, usize)| (b.1 - b.0) as f64 / m as f64;
         self.host.combine(npu + refeed, serial, passes, bounds.len(), share(bounds[0]), share(bounds[bounds.len() - 1]))
     }
@@ -753,6 +756,9 @@ mod tests {
         let p = predict(&c, &host, &q, 512);
         assert!(p.prefill_tok_s > b.prefill_tok_s && p.prefill_tok_s < a.prefill_tok_s, "pipelined {:.0}", p.prefill_tok_s);
         // One MUL_MAT, by hand: cut into 4 pieces, passes 4 ms against 10 ms of NPU: the ends.
+        // No rows: the NPU's time alone (nothing cut, nothing to pass), not a panic.
+        let model = CostModel::for_soc(SocId::Rk3588);
+        assert_eq!(model.npu_host_s(0, 2048, 2048, precision::Terms::PLAIN, 3), model.npu_s(0, 2048, 2048, precision::Terms::PLAIN, 3));
         assert!((h.combine(10e-3, 1e-3, (2e-3, 2e-3), 4, 0.25, 0.25) - 12e-3).abs() < 1e-12);
         // Short ends: only their rows' passes add.
         assert!((h.combine(10e-3, 1e-3, (2e-3, 2e-3), 6, 1.0 / 32.0, 1.0 / 16.0) - (11e-3 + 2e-3 * 3.0 / 32.0)).abs() < 1e-12);
