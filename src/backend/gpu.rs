@@ -42,8 +42,9 @@ pub struct GpuWeight {
     pub fix: Option<quant::mean::Direction>,
 }
 
-/// Uploads a weight `[N, K]` of precision `p` to the GPU.
-pub fn upload(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, p: Precision) -> Result<GpuWeight, VkError> {
+/// Uploads a weight `[N, K]` of precision `p` to the GPU; `fix` gives its calibrated direction
+/// for int8 terms over the rotation it is passed (None where its rows are not corrected).
+pub fn upload(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, p: Precision, fix: impl FnOnce(Option<&Rotation>) -> Option<quant::mean::Direction>) -> Result<GpuWeight, VkError> {
     let vk = dev.vk.as_ref().ok_or(VkError::Shape { op: "gpu upload", detail: "no GPU engine".into() })?;
     let (data_w, col, lo, fix) = match src.ggml_type {
         quant::types::Q4_0 => (vk.upload(VkWeightData::Q4_0(src.bytes), n, k)?, None, None, None),
@@ -58,13 +59,7 @@ pub fn upload(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, p: Preci
             } else {
                 None
             };
-            let fix = match &dev.calib {
-                Some(store) if p.mean_correct && !store.recording() => {
-                    let key = crate::cache::calib::key(src.name, src.ggml_type, n, k, crate::cache::format::par_hash(src.bytes));
-                    dev.calibrated_direction(src, n, k, rot.as_deref(), lo.is_some(), store, key)
-                }
-                _ => None,
-            };
+            let fix = fix(rot.as_deref());
             (hi, Some(rot.map_or(XPrep::Columns(col), XPrep::Rotate)), lo, fix)
         }
     };

@@ -280,7 +280,7 @@ impl Device {
     /// the exact product from the GGUF weight minus the product with the int8 terms the NPU
     /// holds, without rounding `d` (rounding it as an activation would add its own error to
     /// every row). Once per weight and process; the time counts as weight preparation.
-    fn fixed_direction(&self, w: &PackedWeight, src: &WeightSource<'_>, store: &crate::cache::calib::Store, key: u64) -> Option<quant::mean::Direction> {
+    pub(super) fn fixed_direction(&self, w: &PackedWeight, src: &WeightSource<'_>, store: &crate::cache::calib::Store, key: u64) -> Option<quant::mean::Direction> {
         let d = self.calibrated_direction(src, w.n, w.k, w.rot.as_deref(), w.lo.is_some(), store, key);
         if let Some(d) = &d {
             w.held.add_scales(4 * (d.dir.len() + d.err.len()) as u64);

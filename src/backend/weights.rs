@@ -214,14 +214,19 @@ fn prep(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, with_cache: bo
         ..cache::identity(dev.npu.soc(), src.ggml_type, src.bytes, src.row_bytes, src.name, n, k, plan.terms.weight as u32, rot.as_deref())
     });
     // The calibration key reuses the cache identity's hash of the source bytes.
-    let calib_key = match (&dev.calib, plan.mean_correct) {
-        (Some(_), true) => {
-            let h = id.as_ref().map(|i| i.src_hash).unwrap_or_else(|| cache::format::par_hash(src.bytes));
-            Some(cache::calib::key(src.name, src.ggml_type, n, k, h))
-        }
-        _ => None,
-    };
+    let calib_key = calib_key(dev, src, n, k, &plan, id.as_ref().map(|i| i.src_hash));
     Prep { precision: plan, rot, sets, id, calib_key }
+}
+
+/// The key of weight `src` (`[N, K]`) in the device's calibration file, where the device has one
+/// and the weight's precision corrects its rows; `src_hash`: the source bytes' hash where it is
+/// known already (the cache identity's), else taken here.
+fn calib_key(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, p: &precision::Precision, src_hash: Option<u128>) -> Option<u64> {
+    if dev.calib.is_none() || !p.mean_correct {
+        return None;
+    }
+    let h = src_hash.unwrap_or_else(|| cache::format::par_hash(src.bytes));
+    Some(cache::calib::key(src.name, src.ggml_type, n, k, h))
 }
 
 /// Makes a weight that does not fit the residency budget a streamed one (`super::stream`): its
@@ -535,14 +540,30 @@ impl WeightStore {
         n: usize,
         k: usize,
     ) -> Result<Arc<super::gpu::GpuWeight>, crate::vk::VkError> {
-        // The weight's one precision: its NPU copy's (resident or streamed) where it has one,
-        // else decided now.
-        let p = match (self.packed(addr, n, k, src.ggml_type), self.streamed(addr, n, k, src.ggml_type)) {
-            (Some(pw), _) => pw.precision,
-            (None, Some(ss)) => ss.precision,
-            (None, None) => precision_of(dev, src, k),
-        };
-        get_or_make(&self.gpu, addr, src, n, k, || super::gpu::upload(dev, src, n, k, p))
+        get_or_make(&self.gpu, addr, src, n, k, || {
+            // The weight's one precision and calibration key: its NPU copy's (resident or
+            // streamed) where it has one, else decided now.
+            let packed = self.packed(addr, n, k, src.ggml_type);
+            let streamed = if packed.is_none() { self.streamed(addr, n, k, src.ggml_type) } else { None };
+            let (p, key) = match (&packed, &streamed) {
+                (Some(pw), _) => (pw.precision, pw.calib_key),
+                (None, Some(ss)) => (ss.precision, ss.calib_key),
+                (None, None) => {
+                    let p = precision_of(dev, src, k);
+                    (p, calib_key(dev, src, n, k, &p, None))
+                }
+            };
+            // Its calibrated direction: the resident copy's (the same int8 terms), computed once
+            // for both; else for the GPU copy's terms.
+            let fix = |rot: Option<&Rotation>| match (&dev.calib, key) {
+                (Some(store), Some(key)) if !store.recording() => match &packed {
+                    Some(pw) => pw.fix.get_or_init(|| dev.fixed_direction(pw, src, store, key)).clone(),
+                    None => dev.calibrated_direction(src, n, k, rot, p.terms.weight > 1, store, key),
+                },
+                _ => None,
+            };
+            super::gpu::upload(dev, src, n, k, p, fix)
+        })
     }
 
     /// Drops every packed weight whose bytes overlap `lo..hi` (a write or memset happened there).
