@@ -308,6 +308,30 @@ fn the_board_timing_completes_each_submit_at_its_modelled_time() {
     assert_eq!(c, ggml_ork::npu::reference_mm(&a, &w, 32, 64, 64), "computed again, bit-exact, once it is off");
 }
 
+/// A run's wall time splits into the cores' host work, their submits' hardware time and the
+/// submits' time past it (`RunStats::core_host_ns`, `device_ns`, `late_ns`): on one core the
+/// three add up to no more than the run's wall time, and the host work is there (register
+/// commands, syncs) but is not the submits' time.
+#[test]
+fn a_run_splits_into_host_work_hardware_time_and_lateness() {
+    let (sim, npu) = sim_npu(rk3588(), SimFaults::default());
+    sim.set_board_timing(true);
+    let mut rng = Rng::new(22);
+    let (m, k, n) = (256, 2048, 1024);
+    let w = rng.i8s(n * k);
+    let rw = npu.upload(&ggml_ork::npu::layout::tile_weight(npu.soc(), &w, n, k).unwrap()).unwrap();
+    let a = rng.i8s(m * k);
+    let mut c = vec![0; m * n];
+    for _ in 0..3 {
+        let st = npu.mm_run(&rw, &a, m, &mut c, Budget { max_cores: 1 }).unwrap();
+        assert_eq!(st.cores, 1);
+        assert!(st.core_host_ns > 0, "the core's thread did host work: {st:?}");
+        assert!(st.core_host_ns + st.device_ns + st.late_ns <= st.host_ns, "the parts exceed the run's wall time: {st:?}");
+        assert!(st.device_ns >= npu.soc().timing.submit_floor_ns * u64::from(st.submits), "{st:?}");
+    }
+    sim.set_board_timing(false);
+}
+
 /// A timed submit returns no earlier than its modelled hardware time (the simulator sleeps to
 /// shortly before it, then polls the clock; how late it ends is measured by
 /// `cargo run --release --example sleep_lateness`, not here).

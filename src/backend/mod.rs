@@ -295,8 +295,18 @@ pub struct PhaseStats {
     /// Rows sent to the NPU, int8 terms included (`rows` is what plain W8A8 sends).
     pub rows_sent: AtomicU64,
     pub quant_ns: AtomicU64,
-    /// Host side of the NPU run: activation packing, regcmd, submit ioctls.
+    /// The NPU runs' wall time that their device time (`wait_ns`) does not cover: the cores'
+    /// host work (`core_host_ns`), their submits' time past the hardware time (`late_ns`), and
+    /// the rest (the longest core over the cores' average, hand-offs to the cores' threads).
     pub submit_ns: AtomicU64,
+    /// The NPU runs' host work on their cores' threads (register commands, syncs, buffers):
+    /// per run (piece) the longest core's, summed.
+    pub core_host_ns: AtomicU64,
+    /// The NPU runs' time inside the kernel interface's submits past the hardware time they
+    /// reported (a board: the kernel's round trip and the thread's wake-up; the timed
+    /// simulator: its completion past the modelled time, a thread of this machine's CPUs):
+    /// per run the longest core's, summed.
+    pub late_ns: AtomicU64,
     /// Time the NPU was busy (per-core average of the interface's measured busy time).
     pub wait_ns: AtomicU64,
     /// Wall time of the NPU MUL_MATs that the NPU's busy time did not cover (arbiter waits
@@ -464,7 +474,7 @@ impl Stats {
         for (i, name) in ["prefill", "decode"].iter().enumerate() {
             let p = &self.phase[i];
             out += &format!(
-                "\n  {name:7} MUL_MAT: npu {} runs ({} rows sent = {:.2}x plain W8A8; act-quant {:.1} ms, submit {:.1} ms, wait {:.1} ms, dequant {:.1} ms, arbiter {:.1} ms; \
+                "\n  {name:7} MUL_MAT: npu {} runs ({} rows sent = {:.2}x plain W8A8; act-quant {:.1} ms, submit {:.1} ms (the cores' host work {:.1} ms, past the hardware time {:.1} ms), wait {:.1} ms, dequant {:.1} ms, arbiter {:.1} ms; \
                  host on the critical path {:.1} ms, {} pieces), \
                  {} fell back to the CPU after NPU errors, {} on the CPU while another process held the NPU, gpu {} runs, cpu {} runs in ORK's graph",
                 p.runs.load(Relaxed),
@@ -472,6 +482,8 @@ impl Stats {
                 p.rows_sent.load(Relaxed) as f64 / p.rows.load(Relaxed).max(1) as f64,
                 ms(&p.quant_ns),
                 ms(&p.submit_ns),
+                ms(&p.core_host_ns),
+                ms(&p.late_ns),
                 ms(&p.wait_ns),
                 ms(&p.dequant_ns),
                 ms(&p.arb_ns),

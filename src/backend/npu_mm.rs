@@ -165,6 +165,9 @@ struct PieceRun {
     /// Rows sent to the NPU by the runs that succeeded.
     sent: u64,
     device_ns: u64,
+    /// The runs' longest core's host work and time past the hardware time (`npu::RunStats`).
+    core_host_ns: u64,
+    late_ns: u64,
     cores: u64,
     /// NPU runs that failed (computed on the CPU instead, `cpu_ns`).
     failed: u64,
@@ -186,6 +189,8 @@ impl PieceRun {
                 self.submits += u64::from(rs.submits);
                 self.sent += rows as u64;
                 self.device_ns += rs.device_ns;
+                self.core_host_ns += rs.core_host_ns;
+                self.late_ns += rs.late_ns;
                 self.cores = self.cores.max(u64::from(rs.cores));
             }
             Err(e) => {
@@ -202,6 +207,8 @@ impl PieceRun {
         self.submits += o.submits;
         self.sent += o.sent;
         self.device_ns += o.device_ns;
+        self.core_host_ns += o.core_host_ns;
+        self.late_ns += o.late_ns;
         self.cores = self.cores.max(o.cores);
         self.failed += o.failed;
         self.cpu_ns += o.cpu_ns;
@@ -620,6 +627,8 @@ impl Device {
         ps.quant_ns.fetch_add(quant_ns, Relaxed);
         self.stats.mean_ns.fetch_add(dot_ns, Relaxed);
         ps.submit_ns.fetch_add(npu_ns - wait, Relaxed);
+        ps.core_host_ns.fetch_add(runs.core_host_ns, Relaxed);
+        ps.late_ns.fetch_add(runs.late_ns, Relaxed);
         ps.wait_ns.fetch_add(wait, Relaxed);
         ps.dequant_ns.fetch_add(out_ns, Relaxed);
         self.stats.quant_ns.fetch_add(quant_ns, Relaxed);

@@ -363,6 +363,11 @@ pub(crate) struct CoreResult {
     pub blocks: Vec<Vec<OutBlock>>,
     /// Wall time of the share's run on its core's thread.
     pub busy_ns: u64,
+    /// Of `busy_ns`, the time inside the kernel interface's submits, and of that what went past
+    /// the hardware time each submit reported (the kernel's round trip and the wake-up of this
+    /// thread on a board; on the timed simulator, its completion past the modelled time).
+    pub kif_ns: u64,
+    pub late_ns: u64,
     pub submits: u32,
     pub programs: u32,
     pub device_ns: u64,
@@ -591,7 +596,11 @@ fn run_core_into(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize, plan
             arm_sentinels(out_bo.bytes_mut(), &sub.programs);
             res.synced_bytes +=
                 sync_spans(kif, out_bo, SyncDir::ToDevice, sub.programs.iter().map(|p| (p.last_out_word(), 4))).map_err(sub_err)?;
+            let ts = std::time::Instant::now();
             let done = kif.submit(&job).map_err(sub_err)?;
+            let in_kif = ts.elapsed().as_nanos() as u64;
+            res.kif_ns += in_kif;
+            res.late_ns += in_kif.saturating_sub(done.hw_elapse_ns);
             res.synced_bytes +=
                 sync_spans(kif, out_bo, SyncDir::FromDevice, sub.programs.iter().map(|p| (p.out_offset, p.mc * p.nc * 4))).map_err(sub_err)?;
             res.synced_bytes += done.synced_bytes as u64;

@@ -131,6 +131,11 @@ pub struct RunStats {
     pub device_ns: u64,
     /// Wall time of the whole run.
     pub host_ns: u64,
+    /// The longest of the cores' host work (each core's wall time less its time inside the
+    /// kernel interface's submits: register commands, syncs, buffers), and the longest of the
+    /// cores' time inside its submits past the hardware time they reported (`mm::CoreResult`).
+    pub core_host_ns: u64,
+    pub late_ns: u64,
     /// Submits detected as never ran (reported done, output not written) and resubmitted; a
     /// run that succeeds had every one of them succeed on the resubmit.
     pub never_ran: u32,
@@ -770,6 +775,8 @@ impl Npu {
                     stats.submits += r.submits;
                     stats.programs += r.programs;
                     stats.device_ns += r.device_ns;
+                    stats.core_host_ns = stats.core_host_ns.max(r.busy_ns.saturating_sub(r.kif_ns));
+                    stats.late_ns = stats.late_ns.max(r.late_ns);
                     stats.never_ran += r.never_ran;
                     stats.retries += r.retries;
                     stats.synced_bytes += r.synced_bytes;
