@@ -116,13 +116,13 @@ pub struct Availability {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct HostCost {
     /// The activation pass (reuse key, rotation, int8 terms, the correction's dots) per
-    /// activation row × K of every MUL_MAT (the activations Q/K/V and gate/up share are quantized
-    /// once: that reuse is inside the coefficient, as measured).
+    /// activation row × K of the MUL_MATs that quantize their activation (K, V and up read the
+    /// one Q and gate quantized: `precision::reads_held`, no pass of their own).
     pub act_quant_s: f64,
     /// The output pass (int32 → f32 with the scales, second term, correction) per output row × N.
     pub output_s: f64,
-    /// The host part of the NPU runs (the activation packed into the run's image, register
-    /// commands, syncs, output blocks into each core's result) per row × (K + N) of the NPU runs. It runs
+    /// The host part of the NPU runs (register commands, syncs, output buffers on each core's
+    /// thread, the hand-offs to those threads) per row × (K + N) of the NPU runs. It runs
     /// between one core's submits, so it never overlaps that core's NPU time.
     pub npu_io_s: f64,
     /// Per MUL_MAT: the arbiter's lease and its release.
@@ -153,10 +153,11 @@ impl HostCost {
 
     /// Host seconds on the board for one MUL_MAT of `m` rows, `k`, `n`, with `terms`: the part
     /// that always adds to the NPU's time (the NPU runs' host part, the arbiter) and the
-    /// activation and output passes.
-    pub fn host_parts(&self, m: usize, k: usize, n: usize, terms: precision::Terms) -> (f64, (f64, f64)) {
+    /// activation and output passes (no activation pass where it reads the held activation,
+    /// `held`: [`precision::reads_held`]).
+    pub fn host_parts(&self, m: usize, k: usize, n: usize, terms: precision::Terms, held: bool) -> (f64, (f64, f64)) {
         let serial = self.npu_io_s * (terms.rows() * m * (k + n)) as f64 + self.matmul_s;
-        let act = self.act_quant_s * (terms.act * m * k) as f64;
+        let act = if held { 0.0 } else { self.act_quant_s * (terms.act * m * k) as f64 };
         let out = self.output_s * (terms.rows() * m * n) as f64;
         (self.a76 * serial, (self.a76 * act, self.a76 * out))
     }
@@ -180,18 +181,26 @@ impl HostCost {
 /// x86 core time for the host's passes (the "2–3× slower"; neither the shared references
 /// nor the seeds give a measured per-core ratio for this kind of work).
 pub const A76_OVER_HERE: f64 = 2.5;
-// Each: `P=512 UB=512 R=1 bash bench-scripts/prefill_host_table.sh $ORK_ENV/synth/synth-qwen3-1.7b-Q8_0.gguf`
+// Each: `P=512 UB="512 128" R=1 bash bench-scripts/prefill_host_table.sh $ORK_ENV/synth/synth-qwen3-1.7b-Q8_0.gguf`
 // (synthetic Qwen3-1.7B shape, timed NPU, OMP_WAIT_POLICY=passive, µs per prompt token, load
-// average 1.6–2.2, tree 58f6558's code: short end pieces), divided by the work per token `ork-route` prints
-// (`route::prefill_work`, M = 512).
-/// act-quant 364 µs per token / 516096 row·K per token (Σ K of a layer's 7 MUL_MATs × 28).
-const ACT_QUANT_S: f64 = 0.705e-9;
-/// dequant 542 µs per token / 573440 row·N per token (Σ N × 28).
-const OUTPUT_S: f64 = 0.945e-9;
-/// submit 157 µs per token / (516096 + 573440) row·(K + N) per token: each core's host part of
-/// its runs (register commands, syncs, the submit's wake-up), the pieces' activation rows
-/// written into the image. Includes 3 core threads sharing 2 CPUs with the host pool.
-const NPU_IO_S: f64 = 0.144e-9;
+// average 1.0–1.5, the M = 512 row), divided by the work per token `ork-route` prints
+// (`route::prefill_work`, M = 512). The Q4_K_M shape's row in the same run: act-quant 357,
+// submit 146 (cores 22, late 96), dequant 510.
+/// act-quant 345 µs per token / 344064 row·K per token quantized: Σ K of the layer's MUL_MATs that
+/// quantize their activation (Q, attention output, gate, down; K, V and up read the held one,
+/// `precision::reads_held`) × 28.
+const ACT_QUANT_S: f64 = 1.003e-9;
+/// dequant 506 µs per token / 573440 row·N per token (Σ N × 28).
+const OUTPUT_S: f64 = 0.882e-9;
+/// submit 137 µs per token less its 87 µs past the hardware time, / (516096 + 573440)
+/// row·(K + N) per token: the cores' threads' host work (22: register commands, syncs, output
+/// buffers), the longest core over the cores' average and the hand-offs to the cores' threads
+/// (28). Not counted: the submits' time past the hardware time they reported (87), which here is
+/// the timed simulator's threads waiting for one of this machine's two CPUs while the host pool's
+/// passes hold both; on a board the hardware time is the NPU's own, and the kernel's round trip
+/// is taken as inside the submit floor (an **assumption**: the on-board kit's per-submit
+/// modelled vs measured line measures it).
+const NPU_IO_S: f64 = 0.046e-9;
 /// arbiter 1 µs per token × 512 / 196 MUL_MATs (a private lock directory: no other process).
 const MATMUL_S: f64 = 2.6e-6;
 
@@ -242,7 +251,7 @@ pub fn stream_pays(cfg: &Config, mm: &MatMul, terms: precision::Terms, fill_s: f
     }
     let model = cost_model_for(cfg);
     let cores = cfg.max_cores.unwrap_or(model.soc.cores);
-    let t_npu = model.npu_host_s(mm.m, mm.k, mm.n, terms, cores);
+    let t_npu = model.npu_host_s(mm.m, mm.k, mm.n, terms, cores, false);
     let t = if overlapped { t_npu.max(fill_s) } else { t_npu + fill_s };
     t < model.cpu_s(mm.m, mm.k, mm.n, mm.ggml_type)
 }
@@ -306,20 +315,19 @@ impl CostModel {
     /// One NPU MUL_MAT with the host's work around it ([`HostCost::combine`] of [`Self::npu_s`]
     /// and [`HostCost::host_parts`], in the pieces the backend cuts it into: one activation term
     /// and `npu::plan::pipeline_bounds`, short ends included); the calibrated correction is not
-    /// in it (`mean_correct_s`).
-    pub fn npu_host_s(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32) -> f64 {
+    /// in it (`mean_correct_s`). `held`: it reads the activation the MUL_MAT before quantized
+    /// ([`precision::reads_held`]): no activation pass, and the first piece is not cut short.
+    pub fn npu_host_s(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, held: bool) -> f64 {
         let npu = self.npu_s(m, k, n, terms, cores);
         if !npu.is_finite() || self.host == HostCost::NONE || m == 0 {
             return npu;
         }
-        let (serial, passes) = self.host.host_parts(m, k, n, terms);
+        let (serial, passes) = self.host.host_parts(m, k, n, terms, held);
         let geom = crate::npu::layout::WeightGeometry::new(&self.soc, n, k);
-        let plan = crate::npu::plan::Ends::BOTH;
+        let plan = crate::npu::plan::Ends { first: !held, last: true };
         let bounds = if terms.act == 1 && self.host.pipelined { crate::npu::plan::pipeline_bounds(&self.soc, &geom, m, cores, plan) } else { vec![(0, m)] };
         // A piece that splits an M-tile runs one more program: its weight fed once more (every
-        // weight term's: a second term's runs are cut into the same pieces). Both ends are
-        // counted short; the backend keeps the first whole where the activation is the one
-        // held (K/V after Q, up after gate), so this over-counts those.
+        // weight term's: a second term's runs are cut into the same pieces).
         let refeed = crate::npu::plan::extra_m_tiles(&self.soc, &geom, &bounds) as f64 * (terms.weight * k * n) as f64 / self.npu_feed_bps;
         let share = |b: (usize, usize)| (b.1 - b.0) as f64 / m as f64;
         self.host.combine(npu + refeed, serial, passes, bounds.len(), share(bounds[0]), share(bounds[bounds.len() - 1]))
@@ -439,18 +447,19 @@ pub fn decide(cfg: &Config, mm: &MatMul, av: Availability) -> Decision {
 /// (`precision::Role::Other`).
 pub fn decide_with(cfg: &Config, model: &CostModel, mm: &MatMul, av: Availability) -> Decision {
     let p = precision::decide(cfg, precision::Role::Other, crate::quant::types::is_float(mm.ggml_type), &precision::one_of(precision::Role::Other, (mm.k * mm.n) as u64), mm.k);
-    decide_precision(cfg, model, mm, p, av)
+    decide_precision(cfg, model, mm, p, false, av)
 }
 
-/// [`decide_with`] for a weight of precision `p` (`precision::decide`).
-pub fn decide_precision(cfg: &Config, model: &CostModel, mm: &MatMul, p: precision::Precision, av: Availability) -> Decision {
+/// [`decide_with`] for a weight of precision `p` (`precision::decide`); `held`: it reads the
+/// activation the MUL_MAT before quantized ([`precision::reads_held`]).
+pub fn decide_precision(cfg: &Config, model: &CostModel, mm: &MatMul, p: precision::Precision, held: bool, av: Availability) -> Decision {
     let terms = p.terms;
     let phase = Phase::of(cfg, mm.m);
     let cores = cfg.max_cores.unwrap_or(model.soc.cores);
     let split = |s: f64| s + if phase == Phase::Decode { model.split_s } else { 0.0 };
     // The calibrated correction's host work follows the NPU run (none in the NPU-only figure).
     let host = if p.mean_correct && model.host != HostCost::NONE { model.mean_correct_s(mm.m, mm.k, mm.n) } else { 0.0 };
-    let t_npu = split(model.npu_host_s(mm.m, mm.k, mm.n, terms, cores) + host);
+    let t_npu = split(model.npu_host_s(mm.m, mm.k, mm.n, terms, cores, held) + host);
     let t_cpu = model.cpu_s(mm.m, mm.k, mm.n, mm.ggml_type);
     let t_gpu = split(model.gpu_s(mm.m, mm.k, mm.n, mm.ggml_type));
     let predicted = (t_npu, t_cpu, if av.gpu { t_gpu } else { f64::INFINITY });
@@ -573,7 +582,7 @@ pub fn predict(cfg: &Config, model: &CostModel, shape: &ModelShape, m: usize) ->
     let work = shape.role_work();
     let t = |rows: usize, k: usize, n: usize, ty: u32, role: precision::Role| {
         let p = precision::decide(cfg, role, crate::quant::types::is_float(ty), &work, k);
-        let d = decide_precision(cfg, model, &MatMul { m: rows, k, n, ggml_type: ty }, p, Availability::default());
+        let d = decide_precision(cfg, model, &MatMul { m: rows, k, n, ggml_type: ty }, p, precision::reads_held(role, p), Availability::default());
         match d.engine {
             Engine::Npu => d.predicted.0,
             Engine::Cpu => d.predicted.1,
@@ -589,31 +598,39 @@ pub fn predict(cfg: &Config, model: &CostModel, shape: &ModelShape, m: usize) ->
 }
 
 /// The work per prompt token of a prefill in ubatches of `m` rows that the host coefficients
-/// ([`HostCost`]) are divided by: submits on the busiest core, activation row·K and output
-/// row·N, summed over the layers' NPU MUL_MATs (one term each unless the plan adds some).
+/// ([`HostCost`]) are divided by: submits on the busiest core, activation row·K (all, and of the
+/// MUL_MATs that quantize their activation: not those reading the held one,
+/// [`precision::reads_held`]) and output row·N, summed over the layers' NPU MUL_MATs (one term
+/// each unless the plan adds some).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PrefillWork {
     pub matmuls: usize,
     pub submits_per_token: f64,
     pub row_k_per_token: f64,
+    /// Of `row_k_per_token`, the rows quantized by an activation pass.
+    pub act_row_k_per_token: f64,
     pub row_n_per_token: f64,
 }
 
 pub fn prefill_work(cfg: &Config, model: &CostModel, shape: &ModelShape, m: usize) -> PrefillWork {
     let work = shape.role_work();
     let cores = cfg.max_cores.unwrap_or(model.soc.cores);
-    let (mut submits, mut rk, mut rn) = (0.0, 0.0, 0.0);
+    let (mut submits, mut rk, mut ark, mut rn) = (0.0, 0.0, 0.0, 0.0);
     for &(k, n, ty, role) in &shape.per_layer {
-        let terms = precision::decide(cfg, role, crate::quant::types::is_float(ty), &work, k).terms;
+        let p = precision::decide(cfg, role, crate::quant::types::is_float(ty), &work, k);
+        let terms = p.terms;
         let s = model.npu_submits_terms(m, k, n, terms, cores);
         if s != usize::MAX {
             submits += s as f64 / m as f64;
             rk += (terms.act * k) as f64;
+            if !precision::reads_held(role, p) {
+                ark += (terms.act * k) as f64;
+            }
             rn += (terms.rows() * n) as f64;
         }
     }
     let l = shape.layers as f64;
-    PrefillWork { matmuls: shape.per_layer.len() * shape.layers, submits_per_token: submits * l, row_k_per_token: rk * l, row_n_per_token: rn * l }
+    PrefillWork { matmuls: shape.per_layer.len() * shape.layers, submits_per_token: submits * l, row_k_per_token: rk * l, act_row_k_per_token: ark * l, row_n_per_token: rn * l }
 }
 
 #[cfg(test)]
@@ -646,7 +663,7 @@ mod tests {
         assert!(!stream_pays(&c, &mm(32), terms, packed, false), "the pack costs more than the CPU's run");
         // Overlap matters: the same fill, not run ahead, costs the sum.
         let model = cost_model_for(&c);
-        let npu = model.npu_host_s(512, k, n, terms, 3);
+        let npu = model.npu_host_s(512, k, n, terms, 3, false);
         let cpu = model.cpu_s(512, k, n, crate::quant::types::Q8_0);
         let fill = cpu - npu / 2.0;
         assert!(stream_pays(&c, &mm(512), terms, fill, true) && !stream_pays(&c, &mm(512), terms, fill, false));
@@ -743,10 +760,12 @@ mod tests {
         serial.host.pipelined = false;
         let (a, b) = (predict(&c, &npu, &q, 512), predict(&c, &serial, &q, 512));
         let w = prefill_work(&c, &host, &q, 512);
-        assert_eq!((w.matmuls, w.row_k_per_token, w.row_n_per_token), (196, 516096.0, 573440.0), "{w:?}");
+        // Activation row·K only where the activation is quantized: Q, attention output, gate and
+        // down (K, V and up read the held one), (3 × 2048 + 6144) × 28.
+        assert_eq!((w.matmuls, w.row_k_per_token, w.act_row_k_per_token, w.row_n_per_token), (196, 516096.0, 344064.0, 573440.0), "{w:?}");
         let h = host.host;
         let per_token = h.a76
-            * (h.act_quant_s * w.row_k_per_token + h.output_s * w.row_n_per_token + h.npu_io_s * (w.row_k_per_token + w.row_n_per_token) + h.matmul_s * w.matmuls as f64 / 512.0);
+            * (h.act_quant_s * w.act_row_k_per_token + h.output_s * w.row_n_per_token + h.npu_io_s * (w.row_k_per_token + w.row_n_per_token) + h.matmul_s * w.matmuls as f64 / 512.0);
         let correction = q.per_layer.iter().map(|&(k, n, _, _)| host.mean_correct_s(1, k, n)).sum::<f64>() * q.layers as f64;
         let want = 1.0 / a.prefill_tok_s + per_token + correction;
         assert!(((1.0 / b.prefill_tok_s) / want - 1.0).abs() < 1e-9, "with host {:.1} tok/s, expected {:.1}", b.prefill_tok_s, 1.0 / want);
@@ -755,10 +774,19 @@ mod tests {
         // smaller; the NPU runs' own host part never does.
         let p = predict(&c, &host, &q, 512);
         assert!(p.prefill_tok_s > b.prefill_tok_s && p.prefill_tok_s < a.prefill_tok_s, "pipelined {:.0}", p.prefill_tok_s);
+        // K after Q (2048 × 1024, M = 512) reads the held activation: no activation pass, and its
+        // first piece is not cut short (one short end's weight feed less), so it costs less than
+        // the same MUL_MAT quantizing its own activation, by at least that pass's first piece.
+        let p1 = precision::decide(&c, precision::Role::AttnK, false, &q.role_work(), 2048);
+        assert!(precision::reads_held(precision::Role::AttnK, p1) && !precision::reads_held(precision::Role::AttnQ, p1));
+        assert_eq!(h.host_parts(512, 2048, 1024, p1.terms, true).1 .0, 0.0);
+        let (held, own) = (host.npu_host_s(512, 2048, 1024, p1.terms, 3, true), host.npu_host_s(512, 2048, 1024, p1.terms, 3, false));
+        let act = h.host_parts(512, 2048, 1024, p1.terms, false).1 .0;
+        assert!(held + act * 16.0 / 512.0 <= own, "held {held:e}, own {own:e}");
         // One MUL_MAT, by hand: cut into 4 pieces, passes 4 ms against 10 ms of NPU: the ends.
         // No rows: the NPU's time alone (nothing cut, nothing to pass), not a panic.
         let model = CostModel::for_soc(SocId::Rk3588);
-        assert_eq!(model.npu_host_s(0, 2048, 2048, precision::Terms::PLAIN, 3), model.npu_s(0, 2048, 2048, precision::Terms::PLAIN, 3));
+        assert_eq!(model.npu_host_s(0, 2048, 2048, precision::Terms::PLAIN, 3, false), model.npu_s(0, 2048, 2048, precision::Terms::PLAIN, 3));
         assert!((h.combine(10e-3, 1e-3, (2e-3, 2e-3), 4, 0.25, 0.25) - 12e-3).abs() < 1e-12);
         // Short ends: only their rows' passes add.
         assert!((h.combine(10e-3, 1e-3, (2e-3, 2e-3), 6, 1.0 / 32.0, 1.0 / 16.0) - (11e-3 + 2e-3 * 3.0 / 32.0)).abs() < 1e-12);

@@ -206,6 +206,14 @@ pub struct Precision {
     pub mean_correct: bool,
 }
 
+/// Whether a weight of `role` with precision `p` reads the activation the MUL_MAT before it
+/// quantized (K and V after Q, up after gate; rotated weights of one K share one rotation and
+/// no column scales): the backend reuses those int8 terms (`backend::npu_mm`, the held
+/// activation), so its MUL_MAT has no activation pass and its first piece is not cut short.
+pub fn reads_held(role: Role, p: Precision) -> bool {
+    p.rotated && p.terms.act == 1 && matches!(role, Role::AttnK | Role::AttnV | Role::FfnUp)
+}
+
 /// The precision of one `[N, K]` weight of `role` (`float_source`: an F16/BF16/F32 source;
 /// `work`: the model's announced work per role): rotated where `ORK_ROTATE` asks and K has a
 /// rotation, its terms from [`terms_for`] under that, corrected where it is rotated and
