@@ -121,6 +121,9 @@ pub struct HostCost {
     pub act_quant_s: f64,
     /// The output pass (int32 → f32 with the scales, second term, correction) per output row × N.
     pub output_s: f64,
+    /// The reuse check of a MUL_MAT reading the held activation (the activation's hash, before
+    /// its first piece can run) per activation row × K of those MUL_MATs.
+    pub check_s: f64,
     /// The host part of the NPU runs (register commands, syncs, output buffers on each core's
     /// thread, the hand-offs to those threads) per row × (K + N) of the NPU runs. It runs
     /// between one core's submits, so it never overlaps that core's NPU time.
@@ -139,12 +142,13 @@ pub struct HostCost {
 
 impl HostCost {
     /// No host work: the NPU-only figure.
-    pub const NONE: HostCost = HostCost { act_quant_s: 0.0, output_s: 0.0, npu_io_s: 0.0, matmul_s: 0.0, a76: 1.0, pipelined: false };
+    pub const NONE: HostCost = HostCost { act_quant_s: 0.0, output_s: 0.0, check_s: 0.0, npu_io_s: 0.0, matmul_s: 0.0, a76: 1.0, pipelined: false };
 
     /// Measured on this machine (see the type's docs for the command), scaled by `a76`.
     pub const MEASURED: HostCost = HostCost {
         act_quant_s: ACT_QUANT_S,
         output_s: OUTPUT_S,
+        check_s: CHECK_S,
         npu_io_s: NPU_IO_S,
         matmul_s: MATMUL_S,
         a76: A76_OVER_HERE,
@@ -152,11 +156,12 @@ impl HostCost {
     };
 
     /// Host seconds on the board for one MUL_MAT of `m` rows, `k`, `n`, with `terms`: the part
-    /// that always adds to the NPU's time (the NPU runs' host part, the arbiter) and the
-    /// activation and output passes (no activation pass where it reads the held activation,
-    /// `held`: [`precision::reads_held`]).
+    /// that always adds to the NPU's time (the NPU runs' host part, the arbiter, the reuse check)
+    /// and the activation and output passes (no activation pass where it reads the held
+    /// activation, `held`: [`precision::reads_held`]; the reuse check instead).
     pub fn host_parts(&self, m: usize, k: usize, n: usize, terms: precision::Terms, held: bool) -> (f64, (f64, f64)) {
-        let serial = self.npu_io_s * (terms.rows() * m * (k + n)) as f64 + self.matmul_s;
+        let check = if held { self.check_s * (m * k) as f64 } else { 0.0 };
+        let serial = self.npu_io_s * (terms.rows() * m * (k + n)) as f64 + self.matmul_s + check;
         let act = if held { 0.0 } else { self.act_quant_s * (terms.act * m * k) as f64 };
         let out = self.output_s * (terms.rows() * m * n) as f64;
         (self.a76 * serial, (self.a76 * act, self.a76 * out))
@@ -189,9 +194,10 @@ pub const A76_OVER_HERE: f64 = 2.5;
 /// act-quant 345 µs per token / 344064 row·K per token quantized: Σ K of the layer's MUL_MATs that
 /// quantize their activation (Q, attention output, gate, down; K, V and up read the held one,
 /// `precision::reads_held`) × 28.
-const ACT_QUANT_S: f64 = 1.003e-9;
+const ACT_QUANT_S: f64 = 0.578e-9;
 /// dequant 506 µs per token / 573440 row·N per token (Σ N × 28).
-const OUTPUT_S: f64 = 0.882e-9;
+const CHECK_S: f64 = 0.099e-9;
+const OUTPUT_S: f64 = 0.455e-9;
 /// submit 137 µs per token less its 87 µs past the hardware time, / (516096 + 573440)
 /// row·(K + N) per token: the cores' threads' host work (22: register commands, syncs, output
 /// buffers), the longest core over the cores' average and the hand-offs to the cores' threads
@@ -200,7 +206,7 @@ const OUTPUT_S: f64 = 0.882e-9;
 /// passes hold both; on a board the hardware time is the NPU's own, and the kernel's round trip
 /// is taken as inside the submit floor (an **assumption**: the on-board kit's per-submit
 /// modelled vs measured line measures it).
-const NPU_IO_S: f64 = 0.046e-9;
+const NPU_IO_S: f64 = 0.0174e-9;
 /// arbiter 1 µs per token × 512 / 196 MUL_MATs (a private lock directory: no other process).
 const MATMUL_S: f64 = 2.6e-6;
 
@@ -314,23 +320,53 @@ impl CostModel {
 
     /// One NPU MUL_MAT with the host's work around it ([`HostCost::combine`] of [`Self::npu_s`]
     /// and [`HostCost::host_parts`], in the pieces the backend cuts it into: one activation term
-    /// and `npu::plan::pipeline_bounds`, short ends included); the calibrated correction is not
-    /// in it (`mean_correct_s`). `held`: it reads the activation the MUL_MAT before quantized
-    /// ([`precision::reads_held`]): no activation pass, and the first piece is not cut short.
+    /// and `npu::plan::pipeline_bounds`, the ends [`Self::pipeline_ends`] cuts short); the
+    /// calibrated correction is not in it (`mean_correct_s`). `held`: it reads the activation
+    /// the MUL_MAT before quantized ([`precision::reads_held`]): no activation pass, and the
+    /// first piece is not cut short.
     pub fn npu_host_s(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, held: bool) -> f64 {
+        self.npu_host_ends(m, k, n, terms, cores, held).0
+    }
+
+    /// Which ends of a pipelined MUL_MAT `npu::plan::pipeline_bounds` cuts short: of the cuts
+    /// the backend may make (the first piece short only where its activation is quantized, not
+    /// `held`), the one this model gives the least time. A short end takes its piece's pass off
+    /// the critical path and costs the NPU one more feed of the weight; the cheaper the host's
+    /// passes against that feed, the fewer ends pay.
+    pub fn pipeline_ends(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, held: bool) -> crate::npu::plan::Ends {
+        self.npu_host_ends(m, k, n, terms, cores, held).1
+    }
+
+    /// [`Self::npu_host_s`] and [`Self::pipeline_ends`]: the least time over the cuts.
+    fn npu_host_ends(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, held: bool) -> (f64, crate::npu::plan::Ends) {
+        use crate::npu::plan::Ends;
+        let plain = Ends { first: !held, last: true };
         let npu = self.npu_s(m, k, n, terms, cores);
         if !npu.is_finite() || self.host == HostCost::NONE || m == 0 {
-            return npu;
+            return (npu, plain);
         }
         let (serial, passes) = self.host.host_parts(m, k, n, terms, held);
+        if terms.act != 1 || !self.host.pipelined {
+            return (self.host.combine(npu, serial, passes, 1, 1.0, 1.0), plain);
+        }
         let geom = crate::npu::layout::WeightGeometry::new(&self.soc, n, k);
-        let plan = crate::npu::plan::Ends { first: !held, last: true };
-        let bounds = if terms.act == 1 && self.host.pipelined { crate::npu::plan::pipeline_bounds(&self.soc, &geom, m, cores, plan) } else { vec![(0, m)] };
-        // A piece that splits an M-tile runs one more program: its weight fed once more (every
-        // weight term's: a second term's runs are cut into the same pieces).
-        let refeed = crate::npu::plan::extra_m_tiles(&self.soc, &geom, &bounds) as f64 * (terms.weight * k * n) as f64 / self.npu_feed_bps;
         let share = |b: (usize, usize)| (b.1 - b.0) as f64 / m as f64;
-        self.host.combine(npu + refeed, serial, passes, bounds.len(), share(bounds[0]), share(bounds[bounds.len() - 1]))
+        let firsts: &[bool] = if held { &[false] } else { &[false, true] };
+        let mut best = (f64::INFINITY, plain);
+        for &first in firsts {
+            for last in [false, true] {
+                let ends = Ends { first, last };
+                let bounds = crate::npu::plan::pipeline_bounds(&self.soc, &geom, m, cores, ends);
+                // A piece that splits an M-tile runs one more program: its weight fed once more
+                // (every weight term's: a second term's runs are cut into the same pieces).
+                let refeed = crate::npu::plan::extra_m_tiles(&self.soc, &geom, &bounds) as f64 * (terms.weight * k * n) as f64 / self.npu_feed_bps;
+                let t = self.host.combine(npu + refeed, serial, passes, bounds.len(), share(bounds[0]), share(bounds[bounds.len() - 1]));
+                if t < best.0 {
+                    best = (t, ends);
+                }
+            }
+        }
+        best
     }
 
     /// Submits on the busiest core for `[M,K]×[N,K]ᵀ` on `cores` cores (the real planner).
@@ -345,14 +381,16 @@ impl CostModel {
 
     /// NPU time of one MUL_MAT: max(submits × floor, MACs + weight feed) with `terms` int8 terms:
     /// the activation terms against the first weight term, and `precision::LO_ACT_TERMS` of them
-    /// against the second (a second run: its own submits, its own weight feed).
+    /// against the second (a second run: its own submits, its own weight feed). The MACs are the
+    /// busiest core's: the run ends with it (N = 2048 on three cores: 704, 672 and 672 columns).
     pub fn npu_s(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32) -> f64 {
         let submits = self.npu_submits_terms(m, k, n, terms, cores);
         if submits == usize::MAX {
             return f64::INFINITY;
         }
-        let used = crate::npu::plan::core_count(&self.soc, n, cores) as f64 / self.soc.cores as f64;
-        let macs = 2.0 * (terms.rows() * m) as f64 * k as f64 * n as f64 / (self.npu_ops * used);
+        let geom = crate::npu::layout::WeightGeometry::new(&self.soc, n, k);
+        let n_max = crate::npu::plan::plan(&self.soc, &geom, m.max(1), cores).cores.iter().map(|c| c.ncols).max().unwrap_or(n);
+        let macs = 2.0 * (terms.rows() * m) as f64 * k as f64 * n_max as f64 / (self.npu_ops / self.soc.cores as f64);
         let feed = (terms.weight * k * n) as f64 / self.npu_feed_bps;
         (submits as f64 * self.submit_floor_s).max(macs + feed)
     }
@@ -435,6 +473,12 @@ impl Decision {
 fn cost_model_for(cfg: &Config) -> CostModel {
     let id = cfg.soc.as_deref().and_then(SocId::parse).unwrap_or(SocId::Rk3588);
     CostModel::for_soc(id)
+}
+
+/// The ends of a pipelined MUL_MAT the backend cuts short ([`CostModel::pipeline_ends`] of the
+/// configured SoC's model): `held`, its activation is the one the MUL_MAT before quantized.
+pub fn pipeline_ends(cfg: &Config, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, held: bool) -> crate::npu::plan::Ends {
+    cost_model_for(cfg).pipeline_ends(m, k, n, terms, cores, held)
 }
 
 /// Decides the engine for one MUL_MAT (see the module docs for both policies).
@@ -765,7 +809,7 @@ mod tests {
         assert_eq!((w.matmuls, w.row_k_per_token, w.act_row_k_per_token, w.row_n_per_token), (196, 516096.0, 344064.0, 573440.0), "{w:?}");
         let h = host.host;
         let per_token = h.a76
-            * (h.act_quant_s * w.act_row_k_per_token + h.output_s * w.row_n_per_token + h.npu_io_s * (w.row_k_per_token + w.row_n_per_token) + h.matmul_s * w.matmuls as f64 / 512.0);
+            * (h.act_quant_s * w.act_row_k_per_token + h.check_s * (w.row_k_per_token - w.act_row_k_per_token) + h.output_s * w.row_n_per_token + h.npu_io_s * (w.row_k_per_token + w.row_n_per_token) + h.matmul_s * w.matmuls as f64 / 512.0);
         let correction = q.per_layer.iter().map(|&(k, n, _, _)| host.mean_correct_s(1, k, n)).sum::<f64>() * q.layers as f64;
         let want = 1.0 / a.prefill_tok_s + per_token + correction;
         assert!(((1.0 / b.prefill_tok_s) / want - 1.0).abs() < 1e-9, "with host {:.1} tok/s, expected {:.1}", b.prefill_tok_s, 1.0 / want);

@@ -206,6 +206,15 @@ pub struct Precision {
     pub mean_correct: bool,
 }
 
+impl Role {
+    /// Whether the activation a weight of this role reads is likely read again by the MUL_MAT
+    /// after it (Q's by K and V, K's by V, gate's by up; unknown roles may be): the backend then
+    /// keeps the key of its int8 terms (the rows' hashes, taken in its activation pass).
+    pub fn is_read_again(self) -> bool {
+        matches!(self, Role::AttnQ | Role::AttnK | Role::FfnGate | Role::Other)
+    }
+}
+
 /// Whether a weight of `role` with precision `p` reads the activation the MUL_MAT before it
 /// quantized (K and V after Q, up after gate; rotated weights of one K share one rotation and
 /// no column scales): the backend reuses those int8 terms (`backend::npu_mm`, the held
