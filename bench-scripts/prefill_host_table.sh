@@ -5,7 +5,8 @@
 # ORK_PROFILE=1, and ggml-cpu alone (ORK_OFF=1) right after it for scale. Per M, one row:
 #   - the two rates (tok/s, llama-bench);
 #   - µs per prompt token of each host step the prefill MUL_MATs' profile line reports (act-quant,
-#     submit = the NPU runs' wall time their device time does not cover, of which "cores" is the
+#     of which the reuse check: the hash of an activation that may be the one the MUL_MAT before
+#     quantized, K/V after Q and up after gate; submit = the NPU runs' wall time their device time does not cover, of which "cores" is the
 #     cores' threads' host work (register commands, syncs) and "late" their submits' time past
 #     the hardware time (here: the timed simulator completing after its modelled time, its threads
 #     waiting for one of this machine's CPUs), dequant, arbiter), the calibrated correction (exit
@@ -38,7 +39,7 @@ M=${1:-$BENCH_MODEL}
 export ORK_LOCK_DIR=${ORK_LOCK_DIR:-$(mktemp -d)}
 P=${P:-512} R=${R:-1} T=${T:-2}
 echo "# $(basename "$M"), llama-bench -p $P -n 0 -r $R -t $T; µs per prompt token (tokens = (1 + $R) × $P per process)"
-echo "| M (-ub) | ORK, board timing (t/s) | CPU alone (t/s) | act-quant | submit (cores, late) | dequant | arbiter | host work | host, critical path | pieces per MUL_MAT | modelled NPU device | host critical / device |"
+echo "| M (-ub) | ORK, board timing (t/s) | CPU alone (t/s) | act-quant (reuse check) | submit (cores, late) | dequant | arbiter | host work | host, critical path | pieces per MUL_MAT | modelled NPU device | host critical / device |"
 echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 rate() { grep -E " pp$P " | tail -1 | awk -F'|' '{print $(NF-1)}' | sed -E 's/ //g; s/±.*//'; }
 export OMP_WAIT_POLICY=${ORK_BENCH_OMP_WAIT:-passive}
@@ -55,14 +56,14 @@ for ub in ${UB:-32 128 512}; do
   # µs per token of the first number after $2 in line $1
   us() { echo "$1" | grep -oE "$2 [0-9.]+ ms" | head -1 | grep -oE "[0-9.]+" | awk -v n=$tok '{printf "%.0f", $1 * 1000 / n}' || true; }
   aq=$(us "$pre" "act-quant") sb=$(us "$pre" "submit") dq=$(us "$pre" "dequant") ar=$(us "$pre" "arbiter")
-  co=$(us "$pre" "host work") la=$(us "$pre" "past the hardware time")
+  co=$(us "$pre" "host work") la=$(us "$pre" "past the hardware time") ck=$(us "$pre" "the reuse check")
   wt=$(us "$pre" "wait") cr=$(us "$pre" "host on the critical path")
   host=$(( ${aq:-0} + ${sb:-0} + ${dq:-0} + ${ar:-0} ))
   cr=${cr:-$host}  # a build without pipelining reports no critical path: all its host work is on it
   runs=$(echo "$pre" | grep -oE "npu [0-9]+ runs" | grep -oE "[0-9]+") || runs=
   pieces=$(echo "$pre" | grep -oE "[0-9]+ pieces" | grep -oE "[0-9]+" | awk -v r="${runs:-0}" '{ if (r > 0) printf "%.2f", $1 / r; else print "-" }') || pieces=
   ratio=$(awk -v h="${cr:-0}" -v d="${wt:-0}" 'BEGIN { if (d > 0) printf "%.2f×", h / d; else print "-" }')
-  echo "| $tag | $(echo "$b" | rate) | $o | ${aq:--} | ${sb:--}${co:+ ($co, ${la:--})} | ${dq:--} | ${ar:--} | $host | ${cr:--} | ${pieces:--} | ${wt:--} | $ratio |"
+  echo "| $tag | $(echo "$b" | rate) | $o | ${aq:--}${ck:+ ($ck)} | ${sb:--}${co:+ ($co, ${la:--})} | ${dq:--} | ${ar:--} | $host | ${cr:--} | ${pieces:--} | ${wt:--} | $ratio |"
   if [ -n "${KEEP_LOG:-}" ]; then echo "$b" > "$KEEP_LOG.ub$ub$([ "$lib" = "$ORK_LIB" ] || echo ".before.$(basename "$lib" .so)").log"; fi
  done
 done

@@ -696,7 +696,9 @@ mod tests {
     /// two outputs are the same bits (the same weight, the same activation).
     #[test]
     fn an_activation_read_twice_in_a_row_is_vouched_for_by_the_walk() {
-        for (between, vouched) in [(false, 1), (true, 0)] {
+        // A gate projection's activation is read again (by up): its int8 terms are kept with their
+        // key. A down projection's is not: no key is taken, and nothing is reused after it.
+        for (name, between, reused, vouched) in [("ffn_gate", false, 1, 1), ("ffn_gate", true, 1, 0), ("ffn_down", false, 0, 0), ("ffn_down", true, 0, 0)] {
             // Each case on a thread of its own: the held activation lives in the thread's
             // scratch, and this case's input may land where the last case's was (same bytes,
             // same hash: a reuse the case does not count on).
@@ -713,7 +715,8 @@ mod tests {
                     let dev = Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), placement: Default::default(), stream: Default::default(), cache: None, calib: None };
                     let store = WeightStore::default();
                     let wb: Vec<u8> = weight_f32().iter().flat_map(|v| v.to_le_bytes()).collect();
-                    let tensor = Tensor { addr: wb.as_ptr() as usize, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"blk.0.ffn_up.weight") };
+                    let full = format!("blk.0.{name}.weight");
+                    let tensor = Tensor { addr: wb.as_ptr() as usize, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(full.as_bytes()) };
                     let weight = Weight { tensor, store: Some(&store), model_weight: false };
                     let x = input(M_NPU);
                     let (mut d1, mut d2) = (vec![0f32; M_NPU * N], vec![0f32; M_NPU * N]);
@@ -731,8 +734,8 @@ mod tests {
                     drop(g);
                     let s = &dev.stats;
                     assert_eq!(s.npu_matmuls.load(Relaxed), 2);
-                    assert_eq!(s.act_reused.load(Relaxed), 1, "the second MUL_MAT reuses the int8 terms (between: {between})");
-                    assert_eq!(s.act_vouched.load(Relaxed), vouched, "vouched for by the walk only with nothing between (between: {between})");
+                    assert_eq!(s.act_reused.load(Relaxed), reused, "the second MUL_MAT reuses the int8 terms ({name}, between: {between})");
+                    assert_eq!(s.act_vouched.load(Relaxed), vouched, "vouched for by the walk only with nothing between ({name}, between: {between})");
                     assert!(d1.iter().zip(&d2).all(|(a, b)| a.to_bits() == b.to_bits()), "the same bits");
                 })
                 .join()

@@ -295,9 +295,13 @@ pub struct PhaseStats {
     /// Rows sent to the NPU, int8 terms included (`rows` is what plain W8A8 sends).
     pub rows_sent: AtomicU64,
     pub quant_ns: AtomicU64,
+    /// Of `quant_ns`, the reuse check: whether an activation at the held one's address is the
+    /// held one (its hash; `backend::npu_mm`), before any of its pieces can run.
+    pub check_ns: AtomicU64,
     /// The NPU runs' wall time that their device time (`wait_ns`) does not cover: the cores'
     /// host work (`core_host_ns`), their submits' time past the hardware time (`late_ns`), and
-    /// the rest (the longest core over the cores' average, hand-offs to the cores' threads).
+    /// the rest (hand-offs to the cores' threads, and the cores' host work and lateness where
+    /// another core's were the longest).
     pub submit_ns: AtomicU64,
     /// The NPU runs' host work on their cores' threads (register commands, syncs, buffers):
     /// per run (piece) the longest core's, summed.
@@ -307,7 +311,8 @@ pub struct PhaseStats {
     /// simulator: its completion past the modelled time, a thread of this machine's CPUs):
     /// per run the longest core's, summed.
     pub late_ns: AtomicU64,
-    /// Time the NPU was busy (per-core average of the interface's measured busy time).
+    /// The NPU runs' device time: per run the busiest core's hardware time (the interface's
+    /// measured busy time), summed.
     pub wait_ns: AtomicU64,
     /// Wall time of the NPU MUL_MATs that the NPU's busy time did not cover (arbiter waits
     /// aside): the host's time on the critical path. With the pieces pipelined, the activation
@@ -474,13 +479,14 @@ impl Stats {
         for (i, name) in ["prefill", "decode"].iter().enumerate() {
             let p = &self.phase[i];
             out += &format!(
-                "\n  {name:7} MUL_MAT: npu {} runs ({} rows sent = {:.2}x plain W8A8; act-quant {:.1} ms, submit {:.1} ms (the cores' host work {:.1} ms, past the hardware time {:.1} ms), wait {:.1} ms, dequant {:.1} ms, arbiter {:.1} ms; \
+                "\n  {name:7} MUL_MAT: npu {} runs ({} rows sent = {:.2}x plain W8A8; act-quant {:.1} ms (the reuse check {:.1} ms), submit {:.1} ms (the cores' host work {:.1} ms, past the hardware time {:.1} ms), wait {:.1} ms, dequant {:.1} ms, arbiter {:.1} ms; \
                  host on the critical path {:.1} ms, {} pieces), \
                  {} fell back to the CPU after NPU errors, {} on the CPU while another process held the NPU, gpu {} runs, cpu {} runs in ORK's graph",
                 p.runs.load(Relaxed),
                 p.rows_sent.load(Relaxed),
                 p.rows_sent.load(Relaxed) as f64 / p.rows.load(Relaxed).max(1) as f64,
                 ms(&p.quant_ns),
+                ms(&p.check_ns),
                 ms(&p.submit_ns),
                 ms(&p.core_host_ns),
                 ms(&p.late_ns),

@@ -168,6 +168,8 @@ struct PieceRun {
     /// The runs' longest core's host work and time past the hardware time (`npu::RunStats`).
     core_host_ns: u64,
     late_ns: u64,
+    /// The runs' device time: each run's busiest core's (`npu::RunStats::device_max_ns`).
+    device_max_ns: u64,
     cores: u64,
     /// NPU runs that failed (computed on the CPU instead, `cpu_ns`).
     failed: u64,
@@ -191,6 +193,7 @@ impl PieceRun {
                 self.device_ns += rs.device_ns;
                 self.core_host_ns += rs.core_host_ns;
                 self.late_ns += rs.late_ns;
+                self.device_max_ns += rs.device_max_ns;
                 self.cores = self.cores.max(u64::from(rs.cores));
             }
             Err(e) => {
@@ -209,6 +212,7 @@ impl PieceRun {
         self.device_ns += o.device_ns;
         self.core_host_ns += o.core_host_ns;
         self.late_ns += o.late_ns;
+        self.device_max_ns += o.device_max_ns;
         self.cores = self.cores.max(o.cores);
         self.failed += o.failed;
         self.cpu_ns += o.cpu_ns;
@@ -367,7 +371,10 @@ impl Device {
             let reused = key.is_some() && key == held_act;
             (key, reused, reused && dir.is_some_and(|d| d != held_dir.as_slice()))
         };
-        let mut hashes = vec![0u64; if w.rot.is_some() && vouched.is_none() && !candidate { m } else { 0 }];
+        // The rows' hashes (the key of the int8 terms this pass makes) where the MUL_MAT after
+        // this one may read the same activation (not after the attention output or the down
+        // projection: their keys would never be asked for).
+        let mut hashes = vec![0u64; if w.rot.is_some() && vouched.is_none() && !candidate && w.role.is_read_again() { m } else { 0 }];
         let t1 = Instant::now();
         let lease = self.arbiter().acquire(phase, want);
         let ta = Instant::now();
@@ -378,7 +385,8 @@ impl Device {
         };
         // The first piece is cut short only where its activation pass has work to do (an
         // activation that may be the held one is likely reused: no pass to hide).
-        let ends = crate::npu::plan::Ends { first: !candidate, last: true };
+        // Which ends are cut short: the cost model's choice for this shape (`route::pipeline_ends`).
+        let ends = crate::route::pipeline_ends(self.cfg, m, k, n, w.precision.terms, budget.max_cores, candidate);
         let bounds = if terms == 1 && lease.is_ok() { self.npu.pipeline_bounds(&w.resident, m, budget, ends) } else { vec![(0, m)] };
         let (a, a_scale, dots, coef, c, cl) = sc.split(rows * k, rows, if dir.is_some() { m } else { 0 }, if fix.is_some() { m } else { 0 }, rows * n, if w.lo.is_some() { lt * m * n } else { 0 });
         let prep = match &w.rot {
@@ -481,18 +489,21 @@ impl Device {
         let (mut act_ns, mut dot_ns, mut out_ns) = (0u64, 0u64, 0u64);
         let mut runs = PieceRun::default();
         let (mut key, mut reused, mut redot) = (None, false, false);
-        // An uncut MUL_MAT — reuse decision, activation pass, NPU run, output pass — goes to the
-        // host pool in one hand-off: its passes then run on the pool thread it landed on (and
-        // the pool's other threads) without a hand-off each. A hand-off is a wake-up of a
-        // sleeping pool thread and of the caller after it, about 0.1 ms here (the Qwen3-1.7B
-        // shape at -ub 128, `bash bench-scripts/prefill_host_table.sh`: dequant 516 → 336 ms,
-        // the pass itself 320–350 ms). A cut MUL_MAT stays on the calling thread, its pieces'
-        // passes handed off each while the NPU runs: run from a pool thread, its pipeline gave
-        // 4–6 % fewer tokens per second at -ub 512 (three llama-bench runs each way).
+        // The MUL_MAT — reuse decision, activation pass, NPU runs, output pass; cut into pieces
+        // or not — goes to the host pool in one hand-off, and its passes run on the pool thread it
+        // landed on and the pool's other threads without a hand-off each; those are kept awake
+        // meanwhile (`pool::keep_awake`). A hand-off is a wake-up of a sleeping thread, 50–100 µs
+        // here; woken per pass, the second thread came too late to take its share, and a pass ran
+        // at about one thread's rate (the Qwen3-1.7B shape at pp512, `bash
+        // bench-scripts/prefill_host_table.sh`, two runs each: act-quant 358–369 → 189–200 ms,
+        // dequant 529–549 → 264–287 ms, the passes handed off each from the calling thread with
+        // the pool asleep between them → this).
         let whole = bounds.len() == 1;
-        pool::on_host(self.cfg, if whole { rows * k } else { 0 }, || if whole {
+        let mut check_ns = 0u64;
+        pool::on_host(self.cfg, rows * k, || pool::keep_awake(|| if whole {
             let th = Instant::now();
             let decided = decide();
+            check_ns = th.elapsed().as_nanos() as u64;
             let d = act((0, m), (decided.1, decided.2), a, a_scale, dots, coef, &mut hashes).1;
             (key, reused, redot) = decided;
             (act_ns, dot_ns) = (th.elapsed().as_nanos() as u64, d);
@@ -500,7 +511,12 @@ impl Device {
             runs.add(&r);
             out_ns += out((0, m), (c, hc), a_scale, (cl, hl), coef, dst);
         } else {
-            (key, reused, redot) = if candidate { pool::on_host(self.cfg, m * k, decide) } else { decide() };
+            // Whether the activation is the held one: its hash where it may be (on the critical
+            // path: the first piece waits for the answer).
+            let tc = Instant::now();
+            (key, reused, redot) = decide();
+            check_ns = tc.elapsed().as_nanos() as u64;
+            act_ns += check_ns;
             // One int8 term: row r of every buffer is at r times its row length.
             let cut = |len: usize| bounds.iter().map(|&(r0, r1)| (r0 * len, r1 * len)).collect::<Vec<_>>();
             let (mut a_p, c_p, cl_p) = (pieces(a, &cut(k)), pieces(c, &cut(n)), pieces(cl, &cut(if w.lo.is_some() { n } else { 0 })));
@@ -577,7 +593,7 @@ impl Device {
                 finish(last, from_npu.recv().ok(), as_p[last], coef_p[last], dst_p[last]);
                 let _ = npu_thread.join();
             });
-        });
+        }));
         // The key of an activation not hashed before its pass: from the row hashes it took.
         let key = if hashes.is_empty() { key } else { Some(this(rows_hash(&hashes))) };
         if reused {
@@ -598,10 +614,11 @@ impl Device {
         drop(lease);
         let arb_ns = (ta - t1).as_nanos() as u64 + t3.elapsed().as_nanos() as u64;
         self.stats.arb_ns.fetch_add(arb_ns, Relaxed);
-        // Time the NPU path took, without what was computed on the CPU instead; the NPU's busy
-        // time per core; and what of the MUL_MAT's wall time the NPU did not cover.
+        // Time the NPU path took, without what was computed on the CPU instead; the NPU's device
+        // time (each run's busiest core's); and what of the MUL_MAT's wall time the NPU did not
+        // cover.
         let npu_ns = runs.wall_ns.saturating_sub(runs.cpu_ns);
-        let wait = (runs.device_ns / runs.cores.max(1)).min(npu_ns);
+        let wait = runs.device_max_ns.min(npu_ns);
         let wall = (t3 - t0).as_nanos() as u64;
         if busy {
             ps.fallback.fetch_add(1, Relaxed);
@@ -626,6 +643,7 @@ impl Device {
         let quant_ns = (t1 - t0).as_nanos() as u64 + act_ns;
         ps.quant_ns.fetch_add(quant_ns, Relaxed);
         self.stats.mean_ns.fetch_add(dot_ns, Relaxed);
+        ps.check_ns.fetch_add(check_ns, Relaxed);
         ps.submit_ns.fetch_add(npu_ns - wait, Relaxed);
         ps.core_host_ns.fetch_add(runs.core_host_ns, Relaxed);
         ps.late_ns.fetch_add(runs.late_ns, Relaxed);

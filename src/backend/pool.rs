@@ -74,9 +74,46 @@ pub(crate) fn on_host<R: Send>(cfg: &Config, elems: usize, f: impl FnOnce() -> R
     pool.install(f)
 }
 
+/// Runs `f` on the calling thread, a thread of the host pool, with the pool's other threads kept
+/// awake meanwhile: each runs the pool's work as it comes (a pass's rows that `f` splits, or
+/// another caller's) and, between jobs, yields its CPU instead of sleeping. A pipelined MUL_MAT
+/// hands the pool one pass after another, each a few hundred microseconds, with the NPU's run of
+/// a piece between them: asleep, a thread is woken too late to take its share of a pass (the
+/// pool's passes ran at about one thread's rate, `bench-scripts/prefill_host_table.sh`). Off the
+/// pool (or on a pool of one thread), `f` simply runs.
+pub(crate) fn keep_awake<R>(f: impl FnOnce() -> R) -> R {
+    let Some(me) = rayon::current_thread_index() else { return f() };
+    let others = rayon::current_num_threads().saturating_sub(1);
+    if others == 0 {
+        return f();
+    }
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    rayon::in_place_scope(|s| {
+        for _ in 0..others {
+            s.spawn(|_| {
+                // A waiter run by `f`'s own thread returns at once: run there before `f` is done
+                // (a thread waiting inside a pass runs jobs of its own queue), it would wait for
+                // the stop that this very thread is to give.
+                if rayon::current_thread_index() == Some(me) {
+                    return;
+                }
+                while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                    if rayon::yield_now() != Some(rayon::Yield::Executed) {
+                        std::thread::yield_now();
+                    }
+                }
+            });
+        }
+        let r = f();
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        r
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rayon::prelude::*;
 
     #[test]
     fn the_pool_is_sized_to_the_big_cores_and_runs_large_passes() {
@@ -90,5 +127,34 @@ mod tests {
         assert_eq!(on_host(&cfg, crate::quant::PAR_MIN_ELEMS, rayon::current_num_threads), p.current_num_threads());
         assert!(on_host(&cfg, crate::quant::PAR_MIN_ELEMS, || p.current_thread_index().is_some()));
         assert!(on_host(&cfg, 1, || p.current_thread_index().is_none()));
+    }
+
+    /// `keep_awake` returns `f`'s value off the pool, on a pool of one thread, on a pool whose
+    /// other thread is busy (its waiter is left to `f`'s own thread, which runs it at the scope's
+    /// end), and with both threads free (the waiter stops when `f` is done).
+    #[test]
+    fn keep_awake_returns_whoever_runs_its_waiters() {
+        assert_eq!(keep_awake(|| 7), 7);
+        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        assert_eq!(one.install(|| keep_awake(|| 8)), 8);
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let two = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+            let (started_tx, started_rx) = std::sync::mpsc::channel();
+            let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+            two.spawn(move || {
+                started_tx.send(()).unwrap();
+                let _ = release_rx.recv();
+            });
+            started_rx.recv().unwrap();
+            // The other thread is blocked: nobody but this one can run the waiter.
+            let r = two.install(|| keep_awake(|| rayon::join(|| 4, || 5)));
+            release_tx.send(()).unwrap();
+            // Both threads free: a pass's halves on both, the waiter stopped after it.
+            let sum = two.install(|| keep_awake(|| (0..1000u64).into_par_iter().sum::<u64>()));
+            let _ = done_tx.send((r, sum));
+        });
+        let got = done_rx.recv_timeout(std::time::Duration::from_secs(20)).expect("keep_awake returned");
+        assert_eq!(got, ((4, 5), 499500));
     }
 }

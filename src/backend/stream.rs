@@ -60,6 +60,8 @@ pub struct StreamSrc {
     pub rot: Option<Arc<Rotation>>,
     /// Its precision (`route::precision::decide`, when it became a streamed weight).
     pub precision: crate::route::precision::Precision,
+    /// Its role by name (`route::precision::Role::of`).
+    pub role: crate::route::precision::Role,
     pub calib_key: Option<u64>,
     pub fix: OnceLock<Option<crate::quant::mean::Direction>>,
 }
@@ -328,6 +330,7 @@ fn fill(ring: &StreamRing, ledger: &Arc<MemLedger>, src: &StreamSrc, gguf: Optio
         lo,
         rot: src.rot.clone(),
         precision: src.precision,
+        role: src.role,
         calib_key: src.calib_key,
         fix,
         held: super::Held::new(ledger, [0, 0], 0),

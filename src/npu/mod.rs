@@ -136,6 +136,9 @@ pub struct RunStats {
     /// cores' time inside its submits past the hardware time they reported (`mm::CoreResult`).
     pub core_host_ns: u64,
     pub late_ns: u64,
+    /// The longest of the cores' hardware time (`device_ns` sums every core's): the run's device
+    /// time.
+    pub device_max_ns: u64,
     /// Submits detected as never ran (reported done, output not written) and resubmitted; a
     /// run that succeeds had every one of them succeed on the resubmit.
     pub never_ran: u32,
@@ -776,6 +779,7 @@ impl Npu {
                     stats.programs += r.programs;
                     stats.device_ns += r.device_ns;
                     stats.core_host_ns = stats.core_host_ns.max(r.busy_ns.saturating_sub(r.kif_ns));
+                    stats.device_max_ns = stats.device_max_ns.max(r.device_ns);
                     stats.late_ns = stats.late_ns.max(r.late_ns);
                     stats.never_ran += r.never_ran;
                     stats.retries += r.retries;
