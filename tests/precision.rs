@@ -153,6 +153,55 @@ fn an_activation_read_by_several_weights_is_rotated_and_quantized_once() {
     assert_ne!(k_new, k_after_q);
 }
 
+/// Cut into pieces, K after Q sends its first piece to the NPU with Q's int8 terms before the
+/// reuse check: where the check agrees (the same values), K's result is the bits of K alone;
+/// where it does not (the same memory, new values) that run is let go and K is computed again
+/// from the new values — the bits of K run on them after another activation — and nothing falls
+/// back to the CPU either way.
+#[test]
+fn the_first_piece_sent_before_the_reuse_check_is_redone_when_it_fails() {
+    const K2: usize = 2048;
+    const N2: usize = 1024;
+    const M2: usize = 512;
+    let dev = device(&[("ORK_ROTATE", "1")]);
+    let mut r = lcg(41);
+    let mk = |r: &mut dyn FnMut() -> f32| -> Vec<u8> { (0..N2 * K2).flat_map(|_| r().to_le_bytes()).collect() };
+    let (bq, bk) = (mk(&mut r), mk(&mut r));
+    // f32 bytes labelled Q8_0: one weight term, one activation term (the cut needs one).
+    let q = WeightSource { name: "blk.0.attn_q.weight", ggml_type: 8, bytes: &bq, row_bytes: 4 * K2, to_float: &to_float };
+    let kk = WeightSource { name: "blk.0.attn_k.weight", ggml_type: 8, bytes: &bk, row_bytes: 4 * K2, to_float: &to_float };
+    let (pq, pk) = (pack(&dev, &q, N2, K2).unwrap(), pack(&dev, &kk, N2, K2).unwrap());
+    let run = |pw, src: &WeightSource<'_>, x: &[f32]| {
+        let mut y = vec![0f32; M2 * N2];
+        dev.run_mul_mat(pw, src, x, M2, &mut y);
+        y.iter().map(|f| f.to_bits()).collect::<Vec<u32>>()
+    };
+    let mut x: Vec<f32> = (0..M2 * K2).map(|_| r()).collect();
+    let other: Vec<f32> = x.iter().map(|v| v * 2.0).collect();
+    let reused = || dev.stats.act_reused.load(Relaxed);
+    run(&pq, &q, &other);
+    let k_alone = run(&pk, &kk, &x);
+    run(&pq, &q, &other);
+    run(&pq, &q, &x);
+    let before = reused();
+    let k_after_q = run(&pk, &kk, &x);
+    assert!(dev.stats.phase[0].pieces.load(Relaxed) >= 6, "cut into pieces: {}", dev.stats.phase[0].pieces.load(Relaxed));
+    assert_eq!(reused(), before + 1, "K reused Q's int8 terms");
+    assert!(k_after_q == k_alone, "the same bits as K alone");
+    // The same memory, new values: the check fails after the first piece ran on the old terms.
+    run(&pq, &q, &x);
+    x.iter_mut().step_by(K2 * 97 + 1).for_each(|v| *v += 1.0);
+    let before = reused();
+    let k_changed = run(&pk, &kk, &x);
+    assert_eq!(reused(), before, "changed values are not reused");
+    run(&pq, &q, &other);
+    let k_fresh = run(&pk, &kk, &x);
+    let differ = k_changed.iter().zip(&k_fresh).filter(|(a, b)| a != b).count();
+    assert_eq!(differ, 0, "the bits of K computed from the new values");
+    assert!(k_changed != k_after_q);
+    assert_eq!(dev.stats.npu_fallbacks.load(Relaxed), 0, "nothing fell back to the CPU");
+}
+
 /// Activation rows sharing a large common component (LLM hidden states: the same channels large
 /// on every token) plus each row's own part; `seed` picks the rows, not the component.
 fn common_rows(seed: u64, m: usize) -> Vec<f32> {

@@ -511,12 +511,6 @@ impl Device {
             runs.add(&r);
             out_ns += out((0, m), (c, hc), a_scale, (cl, hl), coef, dst);
         } else {
-            // Whether the activation is the held one: its hash where it may be (on the critical
-            // path: the first piece waits for the answer).
-            let tc = Instant::now();
-            (key, reused, redot) = decide();
-            check_ns = tc.elapsed().as_nanos() as u64;
-            act_ns += check_ns;
             // One int8 term: row r of every buffer is at r times its row length.
             let cut = |len: usize| bounds.iter().map(|&(r0, r1)| (r0 * len, r1 * len)).collect::<Vec<_>>();
             let (mut a_p, c_p, cl_p) = (pieces(a, &cut(k)), pieces(c, &cut(n)), pieces(cl, &cut(if w.lo.is_some() { n } else { 0 })));
@@ -528,7 +522,29 @@ impl Device {
             // (`Npu::mm_run_pieces`), each core without waiting for the others between pieces;
             // this thread writes each piece's rows after its activation pass and finishes the
             // piece before with its output pass meanwhile.
-            let mut run = if w.lo.is_none() && lease.is_ok() { self.npu.mm_run_pieces(&w.resident, &bounds, budget, first).ok() } else { None };
+            let new_run = || if w.lo.is_none() && lease.is_ok() { self.npu.mm_run_pieces(&w.resident, &bounds, budget, first).ok() } else { None };
+            let mut run = new_run();
+            // An activation that may be the held one (K/V after Q, up after gate) is most likely
+            // it: its first piece goes to the NPU with the held int8 terms (still in `a`) before
+            // the check (its hash), which then runs beside that piece's NPU run instead of before
+            // it. Where the check says otherwise, the run is let go (it waits for that piece) and
+            // made again; the activation pass then writes the rows anew.
+            let bet = candidate && vouched.is_none() && run.is_some();
+            if bet {
+                if let Some(run) = run.as_mut() {
+                    // A failed fill fails the piece's take (booked there).
+                    let _ = run.fill(0, a_p[0]);
+                }
+            }
+            let tc = Instant::now();
+            (key, reused, redot) = decide();
+            check_ns = tc.elapsed().as_nanos() as u64;
+            act_ns += check_ns;
+            let bet_won = bet && reused;
+            if bet && !reused {
+                drop(run.take());
+                run = new_run();
+            }
             if let Some(run) = run.as_mut() {
                 let mut c_p = c_p;
                 let mut finish = |i: usize, run: &mut crate::npu::PieceRun<'_>, a: &[i8], c: &mut [i32], a_scale: &[f32], coef: &[Option<f32>], dst: &mut [f32]| {
@@ -551,7 +567,9 @@ impl Device {
                     act_ns += t;
                     dot_ns += d;
                     // A piece whose rows could not be written fails its take (booked there).
-                    let _ = run.fill(i, a_p[i]);
+                    if !(i == 0 && bet_won) {
+                        let _ = run.fill(i, a_p[i]);
+                    }
                     if i > 0 {
                         finish(i - 1, run, a_p[i - 1], c_p[i - 1], as_p[i - 1], coef_p[i - 1], dst_p[i - 1]);
                     }

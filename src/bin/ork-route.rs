@@ -324,16 +324,17 @@ fn main() {
     let h = host.host;
     println!("#   Qwen3-1.7B Q8_0 pp512 on RK3588: NPU only {:.0} tok/s, with host {:.0} tok/s", a.prefill_tok_s, b.prefill_tok_s);
     println!(
-        "#     host per MUL_MAT = {:.2} (an A76 core over this machine's: an assumption) x (act-quant {:.3} ns per row·K quantized + output {:.3} ns per row·N + NPU runs' host part {:.3} ns per row·(K + N) + {:.1} µs per MUL_MAT), {}; \
+        "#     host per MUL_MAT = {:.2} (an A76 core over this machine's: an assumption) x (act-quant {:.3} ns per row·K quantized + the reuse check {:.3} ns per row·K of K, V and up + output {:.3} ns per row·N + NPU runs' host part {:.4} ns per row·(K + N) + {:.1} µs per MUL_MAT), {}; \
          per prompt token at M=512: {:.2} submits on the busiest core, {:.0} row·K ({:.0} quantized: K, V and up read the activation Q and gate quantized), {:.0} row·N over {} MUL_MATs; \
          not counted: the timed simulator's completion past its modelled time (its threads waiting for this machine's CPUs; on a board the kernel's round trip is taken as inside the submit floor, an assumption)",
         h.a76,
         h.act_quant_s * 1e9,
+        h.check_s * 1e9,
         h.output_s * 1e9,
         h.npu_io_s * 1e9,
         h.matmul_s * 1e6,
         if h.pipelined {
-            "the activation and output passes of MUL_MATs cut into pieces overlapping the NPU (npu::plan::pipeline_bounds: short first and last pieces, each one more weight feed; the first not short where the activation is held), the NPU runs' host part after each submit"
+            "the activation and output passes of MUL_MATs cut into pieces overlapping the NPU (npu::plan::pipeline_bounds; the ends route::pipeline_ends cuts short, each one more weight feed; where the activation is held, the first piece whole and the reuse check beside it), the NPU runs' host part after each submit"
         } else {
             "after one another with the NPU runs (nothing pipelined)"
         },

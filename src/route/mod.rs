@@ -121,8 +121,9 @@ pub struct HostCost {
     pub act_quant_s: f64,
     /// The output pass (int32 → f32 with the scales, second term, correction) per output row × N.
     pub output_s: f64,
-    /// The reuse check of a MUL_MAT reading the held activation (the activation's hash, before
-    /// its first piece can run) per activation row × K of those MUL_MATs.
+    /// The reuse check of a MUL_MAT reading the held activation (the activation's hash; cut into
+    /// pieces, it runs beside the first piece's NPU run, which has the held terms already) per
+    /// activation row × K of those MUL_MATs.
     pub check_s: f64,
     /// The host part of the NPU runs (register commands, syncs, output buffers on each core's
     /// thread, the hand-offs to those threads) per row × (K + N) of the NPU runs. It runs
@@ -156,13 +157,12 @@ impl HostCost {
     };
 
     /// Host seconds on the board for one MUL_MAT of `m` rows, `k`, `n`, with `terms`: the part
-    /// that always adds to the NPU's time (the NPU runs' host part, the arbiter, the reuse check)
-    /// and the activation and output passes (no activation pass where it reads the held
-    /// activation, `held`: [`precision::reads_held`]; the reuse check instead).
+    /// that always adds to the NPU's time (the NPU runs' host part, the arbiter) and the
+    /// activation and output passes (where it reads the held activation, `held`:
+    /// [`precision::reads_held`], the reuse check in place of the activation pass).
     pub fn host_parts(&self, m: usize, k: usize, n: usize, terms: precision::Terms, held: bool) -> (f64, (f64, f64)) {
-        let check = if held { self.check_s * (m * k) as f64 } else { 0.0 };
-        let serial = self.npu_io_s * (terms.rows() * m * (k + n)) as f64 + self.matmul_s + check;
-        let act = if held { 0.0 } else { self.act_quant_s * (terms.act * m * k) as f64 };
+        let serial = self.npu_io_s * (terms.rows() * m * (k + n)) as f64 + self.matmul_s;
+        let act = if held { self.check_s * (m * k) as f64 } else { self.act_quant_s * (terms.act * m * k) as f64 };
         let out = self.output_s * (terms.rows() * m * n) as f64;
         (self.a76 * serial, (self.a76 * act, self.a76 * out))
     }
@@ -188,25 +188,27 @@ impl HostCost {
 pub const A76_OVER_HERE: f64 = 2.5;
 // Each: `P=512 UB="512 128" R=1 bash bench-scripts/prefill_host_table.sh $ORK_ENV/synth/synth-qwen3-1.7b-Q8_0.gguf`
 // (synthetic Qwen3-1.7B shape, timed NPU, OMP_WAIT_POLICY=passive, µs per prompt token, load
-// average 1.0–1.5, the M = 512 row), divided by the work per token `ork-route` prints
-// (`route::prefill_work`, M = 512). The Q4_K_M shape's row in the same run: act-quant 357,
-// submit 146 (cores 22, late 96), dequant 510.
-/// act-quant 345 µs per token / 344064 row·K per token quantized: Σ K of the layer's MUL_MATs that
-/// quantize their activation (Q, attention output, gate, down; K, V and up read the held one,
-/// `precision::reads_held`) × 28.
-const ACT_QUANT_S: f64 = 0.578e-9;
-/// dequant 506 µs per token / 573440 row·N per token (Σ N × 28).
+// average 1.3–1.6, the M = 512 row of docs/benchmarks.md's table), divided by the work per token
+// `ork-route` prints (`route::prefill_work`, M = 512). The Q4_K_M shape's row in the same run:
+// act-quant 199 (reuse check 19), cores' host work 19, dequant 260.
+/// act-quant 201 µs per token less its reuse check (17), / 344064 row·K per token quantized: Σ K
+/// of the layer's MUL_MATs that quantize their activation (Q, attention output, gate, down; K, V
+/// and up read the held one, `precision::reads_held`) × 28.
+const ACT_QUANT_S: f64 = 0.535e-9;
+/// The reuse check 17 µs per token / 172032 row·K per token of K, V and up.
 const CHECK_S: f64 = 0.099e-9;
-const OUTPUT_S: f64 = 0.455e-9;
-/// submit 137 µs per token less its 87 µs past the hardware time, / (516096 + 573440)
-/// row·(K + N) per token: the cores' threads' host work (22: register commands, syncs, output
-/// buffers), the longest core over the cores' average and the hand-offs to the cores' threads
-/// (28). Not counted: the submits' time past the hardware time they reported (87), which here is
-/// the timed simulator's threads waiting for one of this machine's two CPUs while the host pool's
-/// passes hold both; on a board the hardware time is the NPU's own, and the kernel's round trip
-/// is taken as inside the submit floor (an **assumption**: the on-board kit's per-submit
-/// modelled vs measured line measures it).
-const NPU_IO_S: f64 = 0.0174e-9;
+/// dequant 260 µs per token / 573440 row·N per token (Σ N × 28).
+const OUTPUT_S: f64 = 0.453e-9;
+/// The cores' threads' host work 17 µs per token (register commands, task descriptors, syncs,
+/// output buffers: each core's wall time less its time inside the kernel interface's submits,
+/// the longest core per run) / (516096 + 573440) row·(K + N) per token. Not counted: the submits'
+/// time past the hardware time they reported (52), which here is the timed simulator's threads
+/// waiting for one of this machine's two CPUs; on a board the hardware time is the NPU's own, and
+/// the kernel's round trip is taken as inside the submit floor (an **assumption**: the on-board
+/// kit's per-submit modelled vs measured line measures it). The rest of "submit" (61 less both)
+/// is below zero in this run: the longest core's lateness and host work are not always the same
+/// core's.
+const NPU_IO_S: f64 = 0.0156e-9;
 /// arbiter 1 µs per token × 512 / 196 MUL_MATs (a private lock directory: no other process).
 const MATMUL_S: f64 = 2.6e-6;
 
@@ -360,7 +362,9 @@ impl CostModel {
                 // A piece that splits an M-tile runs one more program: its weight fed once more
                 // (every weight term's: a second term's runs are cut into the same pieces).
                 let refeed = crate::npu::plan::extra_m_tiles(&self.soc, &geom, &bounds) as f64 * (terms.weight * k * n) as f64 / self.npu_feed_bps;
-                let t = self.host.combine(npu + refeed, serial, passes, bounds.len(), share(bounds[0]), share(bounds[bounds.len() - 1]));
+                // Held: the first piece runs before the check, none of which is exposed.
+                let first_share = if held { 0.0 } else { share(bounds[0]) };
+                let t = self.host.combine(npu + refeed, serial, passes, bounds.len(), first_share, share(bounds[bounds.len() - 1]));
                 if t < best.0 {
                     best = (t, ends);
                 }
@@ -818,12 +822,13 @@ mod tests {
         // smaller; the NPU runs' own host part never does.
         let p = predict(&c, &host, &q, 512);
         assert!(p.prefill_tok_s > b.prefill_tok_s && p.prefill_tok_s < a.prefill_tok_s, "pipelined {:.0}", p.prefill_tok_s);
-        // K after Q (2048 × 1024, M = 512) reads the held activation: no activation pass, and its
-        // first piece is not cut short (one short end's weight feed less), so it costs less than
-        // the same MUL_MAT quantizing its own activation, by at least that pass's first piece.
+        // K after Q (2048 × 1024, M = 512) reads the held activation: the reuse check in place of
+        // an activation pass, and its first piece is not cut short (one short end's weight feed
+        // less) nor waits for the check, so it costs less than the same MUL_MAT quantizing its
+        // own activation, by at least that pass's first piece.
         let p1 = precision::decide(&c, precision::Role::AttnK, false, &q.role_work(), 2048);
         assert!(precision::reads_held(precision::Role::AttnK, p1) && !precision::reads_held(precision::Role::AttnQ, p1));
-        assert_eq!(h.host_parts(512, 2048, 1024, p1.terms, true).1 .0, 0.0);
+        assert_eq!(h.host_parts(512, 2048, 1024, p1.terms, true).1 .0, h.a76 * (h.check_s * (512 * 2048) as f64), "its pass is the reuse check");
         let (held, own) = (host.npu_host_s(512, 2048, 1024, p1.terms, 3, true), host.npu_host_s(512, 2048, 1024, p1.terms, 3, false));
         let act = h.host_parts(512, 2048, 1024, p1.terms, false).1 .0;
         assert!(held + act * 16.0 / 512.0 <= own, "held {held:e}, own {own:e}");
