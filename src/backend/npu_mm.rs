@@ -383,11 +383,14 @@ impl Device {
             Ok(l) => (Budget { max_cores: l.count }, l.first),
             Err(_) => (Budget { max_cores: want }, 0),
         };
-        // The first piece is cut short only where its activation pass has work to do (an
-        // activation that may be the held one is likely reused: no pass to hide).
-        // Which ends are cut short: the cost model's choice for this shape (`route::pipeline_ends`).
-        let ends = crate::route::pipeline_ends(self.cfg, m, k, n, w.precision.terms, budget.max_cores, candidate);
-        let bounds = if terms == 1 && lease.is_ok() { self.npu.pipeline_bounds(&w.resident, m, budget, ends) } else { vec![(0, m)] };
+        // Which ends are cut short: the cost model's choice for this shape (`route::pipeline_ends`;
+        // never the first where the activation may be the held one: no pass to hide).
+        let bounds = if terms == 1 && lease.is_ok() && m >= 2 {
+            let ends = crate::route::pipeline_ends(self.cfg, m, k, n, w.precision.terms, budget.max_cores, candidate);
+            self.npu.pipeline_bounds(&w.resident, m, budget, ends)
+        } else {
+            vec![(0, m)]
+        };
         let (a, a_scale, dots, coef, c, cl) = sc.split(rows * k, rows, if dir.is_some() { m } else { 0 }, if fix.is_some() { m } else { 0 }, rows * n, if w.lo.is_some() { lt * m * n } else { 0 });
         let prep = match &w.rot {
             // Rotated weights have no column equalisation: the activation rows are rotated by
@@ -500,7 +503,7 @@ impl Device {
         // the pool asleep between them → this).
         let whole = bounds.len() == 1;
         let mut check_ns = 0u64;
-        pool::on_host(self.cfg, rows * k, || pool::keep_awake(|| if whole {
+        pool::on_host(self.cfg, rows * k, || pool::keep_awake(self.cfg, || if whole {
             let th = Instant::now();
             let decided = decide();
             check_ns = th.elapsed().as_nanos() as u64;
@@ -529,7 +532,7 @@ impl Device {
             // the check (its hash), which then runs beside that piece's NPU run instead of before
             // it. Where the check says otherwise, the run is let go (it waits for that piece) and
             // made again; the activation pass then writes the rows anew.
-            let bet = candidate && vouched.is_none() && run.is_some();
+            let bet = candidate && vouched.is_none() && w.rot.is_some() && run.is_some();
             if bet {
                 if let Some(run) = run.as_mut() {
                     // A failed fill fails the piece's take (booked there).

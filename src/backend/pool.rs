@@ -79,34 +79,44 @@ pub(crate) fn on_host<R: Send>(cfg: &Config, elems: usize, f: impl FnOnce() -> R
 /// another caller's) and, between jobs, yields its CPU instead of sleeping. A pipelined MUL_MAT
 /// hands the pool one pass after another, each a few hundred microseconds, with the NPU's run of
 /// a piece between them: asleep, a thread is woken too late to take its share of a pass (the
-/// pool's passes ran at about one thread's rate, `bench-scripts/prefill_host_table.sh`). Off the
-/// pool (or on a pool of one thread), `f` simply runs.
-pub(crate) fn keep_awake<R>(f: impl FnOnce() -> R) -> R {
-    let Some(me) = rayon::current_thread_index() else { return f() };
-    let others = rayon::current_num_threads().saturating_sub(1);
-    if others == 0 {
+/// pool's passes ran at about one thread's rate, `bench-scripts/prefill_host_table.sh`).
+///
+/// One waiter per thread (a broadcast: a thread's first woken does not take the others' waiters),
+/// and one `keep_awake` at a time in the process: a thread checks its broadcast jobs before
+/// anything else, so two at once could each leave a thread waiting in the other's waiter above
+/// its own work; a second caller meanwhile runs `f` plainly. A waiter on `f`'s own thread returns
+/// at once, and the waiters stop when `f` returns or panics. Off the host pool (another
+/// rayon pool's thread, or none) or on a pool of one thread, `f` simply runs.
+pub(crate) fn keep_awake<R>(cfg: &Config, f: impl FnOnce() -> R) -> R {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static ACTIVE: AtomicBool = AtomicBool::new(false);
+    /// Sets its flag when dropped (also while unwinding).
+    struct Raise<'a>(&'a AtomicBool, bool);
+    impl Drop for Raise<'_> {
+        fn drop(&mut self) {
+            self.0.store(self.1, Ordering::Release);
+        }
+    }
+    let pool = host_pool(cfg);
+    let Some(me) = pool.current_thread_index() else { return f() };
+    if pool.current_num_threads() < 2 || ACTIVE.swap(true, Ordering::AcqRel) {
         return f();
     }
-    let stop = std::sync::atomic::AtomicBool::new(false);
+    let _active = Raise(&ACTIVE, false);
+    let stop = AtomicBool::new(false);
     rayon::in_place_scope(|s| {
-        for _ in 0..others {
-            s.spawn(|_| {
-                // A waiter run by `f`'s own thread returns at once: run there before `f` is done
-                // (a thread waiting inside a pass runs jobs of its own queue), it would wait for
-                // the stop that this very thread is to give.
-                if rayon::current_thread_index() == Some(me) {
-                    return;
+        s.spawn_broadcast(|_, ctx| {
+            if ctx.index() == me {
+                return;
+            }
+            while !stop.load(Ordering::Acquire) {
+                if rayon::yield_now() != Some(rayon::Yield::Executed) {
+                    std::thread::yield_now();
                 }
-                while !stop.load(std::sync::atomic::Ordering::Acquire) {
-                    if rayon::yield_now() != Some(rayon::Yield::Executed) {
-                        std::thread::yield_now();
-                    }
-                }
-            });
-        }
-        let r = f();
-        stop.store(true, std::sync::atomic::Ordering::Release);
-        r
+            }
+        });
+        let _stop = Raise(&stop, true);
+        f()
     })
 }
 
@@ -129,32 +139,41 @@ mod tests {
         assert!(on_host(&cfg, 1, || p.current_thread_index().is_none()));
     }
 
-    /// `keep_awake` returns `f`'s value off the pool, on a pool of one thread, on a pool whose
-    /// other thread is busy (its waiter is left to `f`'s own thread, which runs it at the scope's
-    /// end), and with both threads free (the waiter stops when `f` is done).
+    /// `keep_awake` returns `f`'s value off the pool and on the pool; when `f` panics, the panic
+    /// reaches the caller (the waiters stop) instead of leaving them spinning, and a call after it
+    /// works; with every other thread of the pool busy, it returns once they are free (their
+    /// waiters run then, and return at once).
     #[test]
-    fn keep_awake_returns_whoever_runs_its_waiters() {
-        assert_eq!(keep_awake(|| 7), 7);
-        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-        assert_eq!(one.install(|| keep_awake(|| 8)), 8);
+    fn keep_awake_returns_and_lets_a_panic_through() {
+        let cfg = Config::from_lookup(|k| (k == "ORK_NO_AFFINITY").then(|| "1".to_string())).0;
+        let p = host_pool(&cfg);
+        assert_eq!(keep_awake(&cfg, || 7), 7);
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let two = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
-            let (started_tx, started_rx) = std::sync::mpsc::channel();
-            let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-            two.spawn(move || {
-                started_tx.send(()).unwrap();
-                let _ = release_rx.recv();
-            });
-            started_rx.recv().unwrap();
-            // The other thread is blocked: nobody but this one can run the waiter.
-            let r = two.install(|| keep_awake(|| rayon::join(|| 4, || 5)));
-            release_tx.send(()).unwrap();
-            // Both threads free: a pass's halves on both, the waiter stopped after it.
-            let sum = two.install(|| keep_awake(|| (0..1000u64).into_par_iter().sum::<u64>()));
-            let _ = done_tx.send((r, sum));
+            let cfg = Config::from_lookup(|k| (k == "ORK_NO_AFFINITY").then(|| "1".to_string())).0;
+            let p = host_pool(&cfg);
+            let sum = |cfg: &Config| p.install(|| keep_awake(cfg, || (0..1000u64).into_par_iter().sum::<u64>()));
+            let first = sum(&cfg);
+            let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.install(|| keep_awake(&cfg, || -> u64 { panic!("inside a pass") })))).is_err();
+            let _ = done_tx.send((first, panicked, sum(&cfg)));
         });
-        let got = done_rx.recv_timeout(std::time::Duration::from_secs(20)).expect("keep_awake returned");
-        assert_eq!(got, ((4, 5), 499500));
+        let got = done_rx.recv_timeout(std::time::Duration::from_secs(30)).expect("keep_awake returned");
+        assert_eq!(got, (499500, true, 499500));
+        if p.current_num_threads() >= 2 {
+            // Every other thread busy for a while: their waiters run (and return at once) when
+            // they are free again, and `keep_awake` returns after that.
+            let (started_tx, started_rx) = std::sync::mpsc::channel();
+            for _ in 1..p.current_num_threads() {
+                let started_tx = started_tx.clone();
+                p.spawn(move || {
+                    started_tx.send(()).unwrap();
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                });
+            }
+            for _ in 1..p.current_num_threads() {
+                started_rx.recv_timeout(std::time::Duration::from_secs(30)).expect("a thread started");
+            }
+            assert_eq!(p.install(|| keep_awake(&cfg, || rayon::join(|| 4, || 5))), (4, 5));
+        }
     }
 }

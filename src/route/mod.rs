@@ -362,8 +362,14 @@ impl CostModel {
                 // A piece that splits an M-tile runs one more program: its weight fed once more
                 // (every weight term's: a second term's runs are cut into the same pieces).
                 let refeed = crate::npu::plan::extra_m_tiles(&self.soc, &geom, &bounds) as f64 * (terms.weight * k * n) as f64 / self.npu_feed_bps;
-                // Held: the first piece runs before the check, none of which is exposed.
-                let first_share = if held { 0.0 } else { share(bounds[0]) };
+                // Held: the first piece goes to the NPU before the reuse check (the pass), which
+                // runs beside that piece's NPU run; the rest waits for the check's answer.
+                let (serial, passes, first_share) = if held && bounds.len() > 1 {
+                    let piece0 = (npu + refeed) * share(bounds[0]);
+                    (serial + (passes.0 - piece0).max(0.0), (0.0, passes.1), 0.0)
+                } else {
+                    (serial, passes, share(bounds[0]))
+                };
                 let t = self.host.combine(npu + refeed, serial, passes, bounds.len(), first_share, share(bounds[bounds.len() - 1]));
                 if t < best.0 {
                     best = (t, ends);
