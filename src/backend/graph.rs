@@ -103,21 +103,12 @@ pub fn engine_for(dev: &Device, s: &MatMulShape, at_split: bool) -> Engine {
         RoutePolicy::Cost => {
             let av = Availability { gpu: dev.gpu_ready(), npu_busy: at_split && dev.arbiter().busy() };
             let key = (s.m, s.k, s.n, s.weight_type, av.gpu, av.npu_busy);
-            if let Some(e) = ROUTES.with(|r| r.borrow().get(&key).copied()) {
-                return e;
-            }
-            let mm = MatMul { m: s.m, k: s.k, n: s.n, ggml_type: s.weight_type };
-            let d = crate::route::decide(dev.cfg, &mm, av);
-            log::trace!("MUL_MAT {}x{}x{}: {} ({})", s.m, s.k, s.n, d.engine.name(), d.why());
-            ROUTES.with(|r| {
-                let mut r = r.borrow_mut();
-                // Prefill brings many M values; a bounded memo is enough for the repeats.
-                if r.len() >= 4096 {
-                    r.clear();
-                }
-                r.insert(key, d.engine);
-            });
-            d.engine
+            super::remembered(&ROUTES, key, || {
+                let mm = MatMul { m: s.m, k: s.k, n: s.n, ggml_type: s.weight_type };
+                let d = crate::route::decide(dev.cfg, &mm, av);
+                log::trace!("MUL_MAT {}x{}x{}: {} ({})", s.m, s.k, s.n, d.engine.name(), d.why());
+                d.engine
+            })
         }
     }
 }

@@ -31,6 +31,25 @@ use crate::npu::{Npu, NpuError};
 use crate::quant;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+
+/// The value for `key` in this thread's memo `memo`, made by `make` the first time it is asked
+/// for. For decisions the configuration fixes for the process but that cost a planner run (the
+/// engine per shape, the cut of a pipelined MUL_MAT): ggml asks again for every node of every
+/// token. Bounded: a prefill brings many M values, and a memo of the repeats is enough.
+fn remembered<K: std::hash::Hash + Eq, V: Copy>(memo: &'static std::thread::LocalKey<std::cell::RefCell<std::collections::HashMap<K, V>>>, key: K, make: impl FnOnce() -> V) -> V {
+    if let Some(v) = memo.with(|r| r.borrow().get(&key).copied()) {
+        return v;
+    }
+    let v = make();
+    memo.with(|r| {
+        let mut r = r.borrow_mut();
+        if r.len() >= 4096 {
+            r.clear();
+        }
+        r.insert(key, v);
+    });
+    v
+}
 pub use crate::pack::WeightSource;
 pub use weights::{PackedWeight, WeightStore};
 

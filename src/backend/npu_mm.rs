@@ -384,9 +384,16 @@ impl Device {
             Err(_) => (Budget { max_cores: want }, 0),
         };
         // Which ends are cut short: the cost model's choice for this shape (`route::pipeline_ends`;
-        // never the first where the activation may be the held one: no pass to hide).
+        // never the first where the activation may be the held one: no pass to hide), remembered
+        // per shape (it plans the MUL_MAT several times: 50–240 µs for the Qwen3-1.7B shapes).
         let bounds = if terms == 1 && lease.is_ok() && m >= 2 {
-            let ends = crate::route::pipeline_ends(self.cfg, m, k, n, w.precision.terms, budget.max_cores, candidate);
+            type Key = (usize, usize, usize, usize, usize, u32, bool);
+            thread_local! {
+                static ENDS: std::cell::RefCell<std::collections::HashMap<Key, crate::npu::plan::Ends>> = Default::default();
+            }
+            let t = w.precision.terms;
+            let key = (m, k, n, t.weight, t.act, budget.max_cores, candidate);
+            let ends = super::remembered(&ENDS, key, || crate::route::pipeline_ends(self.cfg, m, k, n, t, budget.max_cores, candidate));
             self.npu.pipeline_bounds(&w.resident, m, budget, ends)
         } else {
             vec![(0, m)]
