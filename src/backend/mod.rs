@@ -713,6 +713,31 @@ impl Device {
 mod stats_tests {
     use super::*;
 
+    /// `remembered` makes a key's value once, keeps each key apart, and is bounded (a full memo
+    /// starts over, making values again).
+    #[test]
+    fn remembered_makes_each_value_once_and_stays_bounded() {
+        thread_local! {
+            static MEMO: std::cell::RefCell<std::collections::HashMap<(usize, bool), usize>> = Default::default();
+        }
+        let made = std::cell::Cell::new(0);
+        let get = |key: (usize, bool)| {
+            remembered(&MEMO, key, || {
+                made.set(made.get() + 1);
+                key.0 * 2 + usize::from(key.1)
+            })
+        };
+        assert_eq!((get((5, false)), get((5, false)), get((5, true))), (10, 10, 11));
+        assert_eq!(made.get(), 2, "one make per key");
+        for i in 0..5000 {
+            get((100 + i, false));
+        }
+        assert!(MEMO.with(|m| m.borrow().len()) <= 4096, "bounded");
+        let before = made.get();
+        get((5, false));
+        assert_eq!(made.get(), before + 1, "made again once forgotten");
+    }
+
     #[test]
     fn profile_reports_graph_host_time_without_engine_time() {
         let s = Stats::default();
