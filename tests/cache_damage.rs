@@ -430,3 +430,36 @@ fn weights_outside_model_buffers_bypass_the_cache() {
     let s = &dev.stats;
     assert_eq!((s.cache_hits.load(std::sync::atomic::Ordering::Relaxed), s.packed.load(std::sync::atomic::Ordering::Relaxed)), (0, 1));
 }
+
+#[test]
+fn a_store_that_would_leave_the_disk_short_writes_nothing_and_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let floats = format::scale_count(N, K, 2);
+    // A reserve no filesystem has: the first store is refused as DiskFull, no temporary file
+    // is left, and every later store of this cache is refused too (however small).
+    let c = PackCache::new(tmp.path(), u64::MAX).with_disk_reserve(u64::MAX / 4);
+    let id = id_of(SocId::Rk3588, NAME, &weight_bytes(500, N, K));
+    let r = c.store(&id, &vec![1u8; N * K], &vec![1.0; floats]);
+    assert!(matches!(r, Err(CacheError::DiskFull { reserve, .. }) if reserve == u64::MAX / 4), "{r:?}");
+    let tiny = c.store(&id_of(SocId::Rk3588, "tiny", &weight_bytes(501, N, K)), &[1u8; 64], &vec![1.0; floats]);
+    assert!(matches!(tiny, Err(CacheError::DiskFull { .. })), "refusals are final for the process: {tiny:?}");
+    let files = walkdir(tmp.path());
+    assert!(files.is_empty(), "nothing written: {files:?}");
+    // The same store with no reserve writes the entry.
+    let path = PackCache::new(tmp.path(), u64::MAX).with_disk_reserve(0).store(&id, &vec![1u8; N * K], &vec![1.0; floats]).unwrap();
+    assert_eq!(walkdir(tmp.path()), vec![path]);
+}
+
+/// Every file under `dir`, sorted.
+fn walkdir(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).unwrap().map(|e| e.unwrap()) {
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walkdir(&e.path()));
+        } else {
+            out.push(e.path());
+        }
+    }
+    out.sort();
+    out
+}

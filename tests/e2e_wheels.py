@@ -30,7 +30,7 @@ recognised version strings: only ggml 0.26.0 / 0.23.0 / 0.21.0 registered); the 
 Environment: ORK_LIB (default target/release/libggml-ork.so, else libggml_ork.so), ORK_ENV.
 Writes the table to $ORK_ENV/e2e-wheels-results.md.
 """
-import os, re, subprocess, sys, tempfile, time
+import atexit, os, re, shutil, subprocess, sys, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ORK_ENV = os.environ.get("ORK_ENV", os.path.expanduser("~/.cache/ggml-ork-env"))
@@ -85,6 +85,7 @@ LOADER = os.path.join(LIBDIR, "ld-linux-x86-64.so.2")
 sha = file_sha256(LIB)
 print(f"plugin: {LIB}, sha256 {sha}; set-up {setup_s:.1f}s; expectation: {MODE}", flush=True)
 tmp = tempfile.mkdtemp(prefix="ork-wheels-")
+atexit.register(shutil.rmtree, tmp, ignore_errors=True)
 
 
 def harness(rel, extra, timeout=600):

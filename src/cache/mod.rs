@@ -473,6 +473,8 @@ pub struct PackCache {
     /// Write entries with `O_DIRECT` where the filesystem takes it ([`write_direct`];
     /// `ORK_CACHE_DIRECT`, default on).
     direct: bool,
+    /// Free bytes a store leaves on the filesystem ([`DISK_RESERVE_BYTES`] unless a test says).
+    reserve: u64,
 }
 
 /// Distinguishes temporary files of threads in one process.
@@ -563,6 +565,12 @@ impl PackCache {
         PackCache { direct, ..self }
     }
 
+    /// This cache leaving `bytes` free on its filesystem instead of [`DISK_RESERVE_BYTES`]
+    /// (tests: a store checked on a nearly full disk, or a refusal made certain).
+    pub fn with_disk_reserve(self, bytes: u64) -> PackCache {
+        PackCache { reserve: bytes, ..self }
+    }
+
     pub fn new(dir: impl Into<PathBuf>, max_bytes: u64) -> PackCache {
         let now = SystemTime::now();
         PackCache {
@@ -574,6 +582,7 @@ impl PackCache {
             warned_full: AtomicBool::new(false),
             warned_too_big: AtomicBool::new(false),
             direct: true,
+            reserve: DISK_RESERVE_BYTES,
         }
     }
 
@@ -714,7 +723,7 @@ impl PackCache {
         let total = *size.get_or_insert_with(|| self.scan().iter().map(|e| e.bytes).sum());
         let over = (total + bytes).saturating_sub(self.max_bytes);
         let avail = disk_available(dir);
-        let disk_short = avail.map_or(0, |a| bytes.saturating_add(DISK_RESERVE_BYTES).saturating_sub(a));
+        let disk_short = avail.map_or(0, |a| bytes.saturating_add(self.reserve).saturating_sub(a));
         if over == 0 && disk_short == 0 {
             return Ok(());
         }
@@ -725,7 +734,7 @@ impl PackCache {
             let e = if over > 0 {
                 CacheError::Full { bytes, used: total, limit: self.max_bytes }
             } else {
-                CacheError::DiskFull { bytes, avail: avail.unwrap_or(0), reserve: DISK_RESERVE_BYTES }
+                CacheError::DiskFull { bytes, avail: avail.unwrap_or(0), reserve: self.reserve }
             };
             self.refuse(&e);
             return Err(e);
@@ -742,7 +751,7 @@ impl PackCache {
     fn refused(&self, bytes: u64, size: Option<u64>) -> Option<CacheError> {
         match self.refusal.load(Relaxed) {
             REFUSED_FULL => Some(CacheError::Full { bytes, used: size.unwrap_or(0), limit: self.max_bytes }),
-            REFUSED_DISK => Some(CacheError::DiskFull { bytes, avail: disk_available(&self.dir).unwrap_or(0), reserve: DISK_RESERVE_BYTES }),
+            REFUSED_DISK => Some(CacheError::DiskFull { bytes, avail: disk_available(&self.dir).unwrap_or(0), reserve: self.reserve }),
             _ => None,
         }
     }

@@ -34,7 +34,7 @@ the exit line's: a live NPU (submits > 0, 0 fell back, 0 NPU errors), never-ran 
 rocket every line carries the NPU clock. The fake-kernel-only checks (per-core job counts, domain
 windows, quirk injection) print SKIP lines.
 """
-import argparse, glob, os, re, subprocess, sys, tempfile, time
+import argparse, atexit, glob, os, re, shutil, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from e2e_common import BIN, LIB, MODELS, check, env_with, exit_counters, npu_live, npu_words, summary  # noqa: E402
@@ -64,6 +64,8 @@ MODEL = OPTS.model or os.path.join(MODELS, "smollm2-135m-Q8_0.gguf")
 _DEMO = open(os.path.join(ROOT, "tests", "demo.sh")).read()
 PROMPT = re.search(r'^PROMPT=\$\{1:-"([^"]+)"\}', _DEMO, re.M).group(1)
 TMP = tempfile.mkdtemp(prefix="ork-fk-test-")
+# The packed weights (about 160 MB) and counters go with the test, whatever its outcome.
+atexit.register(shutil.rmtree, TMP, ignore_errors=True)
 # Packed weights are cached across the runs (the sim run writes them, the fake-kernel runs
 # import them), in a directory of this test only.
 COMMON = {"GGML_BACKEND_PATH": LIB, "ORK_CACHE_DIR": os.path.join(TMP, "cache"), "ORK_FK_BUILD": "0"}
