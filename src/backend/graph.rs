@@ -218,6 +218,10 @@ struct Walk<'d, 'g> {
     hold: Option<Hold<'static>>,
     /// The graph has no streamed MUL_MAT from this node on (the prefetch scan stops there).
     scanned_to: usize,
+    /// The last output pass of the NPU MUL_MAT just run, left for the next MUL_MAT reading the
+    /// same activation to run beside its first piece (`Device::run_mul_mat_chained`); run before
+    /// anything else that could read it (ggml-cpu, a GPU batch, another MUL_MAT) and at the end.
+    deferred: std::cell::Cell<Option<super::npu_mm::PendingOut<'g>>>,
 }
 
 /// Runs one `graph_compute` call: ORK's MUL_MATs on the NPU or GPU, the rest on ggml's CPU
@@ -225,7 +229,17 @@ struct Walk<'d, 'g> {
 pub fn compute<'g>(dev: &Device, stream: &Stream, graph: &mut dyn Graph<'g>) -> Result<(), String> {
     // Wall time of the whole call and the counters around it, for the profile's host-time lines.
     let _record = Record { dev, before: dev.stats.graph_snap(), t0: Instant::now() };
-    let mut w = Walk { dev, stream, pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), last_act: Default::default(), hold: None, scanned_to: 0 };
+    let mut w = Walk {
+        dev,
+        stream,
+        pending: Vec::new(),
+        pending_dst: Vec::new(),
+        cpu: CpuRun::default(),
+        last_act: Default::default(),
+        hold: None,
+        scanned_to: 0,
+        deferred: Default::default(),
+    };
     w.walk(graph)
 }
 
@@ -285,7 +299,13 @@ impl<'g> Walk<'_, 'g> {
             // A streamed weight's calibrated direction, computed at its first corrected run, is
             // kept with its source for the next fill.
             let fix_to = npu_w.as_ref().filter(|w| w.resident.is_streamed()).and_then(|pw| Some((pw.clone(), mm.weight.and_then(|w| streamed_src(&w))?)));
-            let r = self.mul_mat(graph, i, &mm, &s, npu_w);
+            // The next node that does work is a MUL_MAT reading the same activation (V then K,
+            // gate then up): this one's last output pass may wait for it.
+            let next_reads_same = (i + 1..n).map(|j| graph.node(j)).find(|nd| !matches!(nd, Node::View)).is_some_and(|nd| match nd {
+                Node::MulMat(next) => next.srcs[1].0 != 0 && next.srcs[1].0 == mm.srcs[1].0,
+                _ => false,
+            });
+            let r = self.mul_mat(graph, i, &mm, &s, npu_w, next_reads_same);
             if let Some((pw, ss)) = fix_to {
                 if let Some(f) = pw.fix.get() {
                     let _ = ss.fix.set(f.clone());
@@ -300,6 +320,7 @@ impl<'g> Walk<'_, 'g> {
                 Err(e) => return Err(format!("MUL_MAT {}: {e}", mm.name)),
             }
         }
+        dev.finish_output(self.deferred.take());
         self.release();
         let ran_cpu = !self.cpu.is_empty() || self.stream.logged_whole_graph.load(Relaxed);
         self.run_cpu(graph, n)?;
@@ -401,7 +422,8 @@ impl<'g> Walk<'_, 'g> {
 
     /// Runs one MUL_MAT on the NPU now (`npu_w`: its resident weight), or returns it as a GPU
     /// job to batch (decode routed to the GPU, `npu_w` None). `s` is the node's shape, which the
-    /// caller checked ORK accepts.
+    /// caller checked ORK accepts. `next_reads_same`: the next node is a MUL_MAT of the same
+    /// activation (this one's last output pass may be left for it).
     fn mul_mat(
         &self,
         graph: &mut dyn Graph<'g>,
@@ -409,8 +431,22 @@ impl<'g> Walk<'_, 'g> {
         mm: &MulMatNode<'_>,
         s: &MatMulShape,
         npu_w: Option<Arc<PackedWeight>>,
+        next_reads_same: bool,
     ) -> Result<Option<GpuJob<'g>>, String> {
-        let (x, dst) = graph.mul_mat_io(i).ok_or("activations/output are not contiguous f32")?;
+        // The output pass the MUL_MAT before left runs beside this one's first piece only where
+        // this one reads the same, unchanged activation (then it cannot read the other's
+        // output); anywhere else it runs first.
+        let before = self.deferred.take();
+        let io = graph.mul_mat_io(i);
+        let same = io.as_ref().is_some_and(|(x, _)| self.last_act.get() == Some((x.as_ptr() as usize, x.len())));
+        let before = match before {
+            Some(p) if same && npu_w.is_some() => Some(p),
+            p => {
+                self.dev.finish_output(p);
+                None
+            }
+        };
+        let (x, dst) = io.ok_or("activations/output are not contiguous f32")?;
         let w = mm.weight.as_ref().ok_or("no weight")?;
         let data = graph.weight_data(i).ok_or("no weight data")?;
         // The per-matmul NPU path leaves the source's name empty: only the CPU fallback reads
@@ -423,7 +459,8 @@ impl<'g> Walk<'_, 'g> {
             return Ok(Some(GpuJob { w: gw, x, m: s.m, dst }));
         };
         let act = (x.as_ptr() as usize, x.len());
-        self.dev.run_mul_mat_after(pw, &src, x, s.m, dst, self.last_act.get() == Some(act));
+        let pending = self.dev.run_mul_mat_chained(pw, &src, x, s.m, dst, same, before, next_reads_same);
+        self.deferred.set(pending);
         self.last_act.set(Some(act));
         Ok(None)
     }
@@ -433,6 +470,7 @@ impl<'g> Walk<'_, 'g> {
         if self.pending.is_empty() {
             return Ok(());
         }
+        self.dev.finish_output(self.deferred.take());
         self.last_act.set(None);
         let dev = self.dev;
         let t0 = Instant::now();
@@ -461,6 +499,7 @@ impl<'g> Walk<'_, 'g> {
     /// Runs the nodes waiting for the CPU, up to node `to`, on ggml's CPU backend.
     fn run_cpu(&mut self, graph: &mut dyn Graph<'g>, to: usize) -> Result<(), String> {
         let Some((nodes, ops)) = self.cpu.take(to) else { return Ok(()) };
+        self.dev.finish_output(self.deferred.take());
         self.last_act.set(None);
         self.release();
         self.flush()?;
@@ -735,6 +774,136 @@ mod tests {
         }
     }
 
+    /// gate and up (`[512, 2048] · [1024, 2048]ᵀ`, rotated, one int8 term, corrected along a
+    /// calibrated direction: cut into pieces) reading one activation, as a walk runs them — `between`: a
+    /// CPU node between them; `up_on_cpu`: up not ORK's (ggml-cpu runs it) — against each alone.
+    /// Returns whether gate's last output pass was left for up.
+    fn gate_then_up(between: bool, up_on_cpu: bool) -> u64 {
+        const M2: usize = 512;
+        const K2: usize = 2048;
+        const N2: usize = 1024;
+        let dir = std::env::temp_dir().join(format!("ork-graph-chain-{}-{between}-{up_on_cpu}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cal = dir.join("c.orkcal");
+        let dev_with = |record: bool| {
+            let (cfg, bad) = Config::from_lookup(|k| match k {
+                "ORK_NPU" => Some("sim".into()),
+                "ORK_NPU_LOCK" => Some("off".into()),
+                "ORK_CACHE" => Some("0".into()),
+                _ => None,
+            });
+            assert!(bad.is_empty(), "{bad:?}");
+            let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), pin_cpus: vec![], ..NpuConfig::default() }).expect("simulator opens");
+            let calib = Some(crate::cache::calib::Store::open(&cal, record));
+            Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), placement: Default::default(), stream: Default::default(), cache: None, calib }
+        };
+        let weights: Vec<Vec<u8>> = (0..2u64)
+            .map(|w| (0..N2 * K2).flat_map(|i| ((((i as u64 * 29 + w * 7) % 67) as f32 - 33.0) / 41.0).to_le_bytes()).collect())
+            .collect();
+        let names = [&b"blk.0.ffn_gate.weight"[..], &b"blk.0.ffn_up.weight"[..]];
+        let rows = |seed: usize| -> Vec<f32> { (0..M2 * K2).map(|i| (((i * 37 + seed) % 101) as f32 - 50.0) / 17.0 + (i % K2 == 5) as u8 as f32 * 9.0).collect() };
+        let source = |w: usize, name: &'static str| crate::pack::WeightSource { name, ggml_type: crate::quant::types::Q8_0, bytes: &weights[w], row_bytes: 4 * K2, to_float: &f32_row };
+        let srcs = [source(0, "blk.0.ffn_gate.weight"), source(1, "blk.0.ffn_up.weight")];
+        // Calibration from other rows; then each MUL_MAT alone.
+        let rec = dev_with(true);
+        for src in &srcs {
+            let pw = crate::backend::weights::pack(&rec, src, N2, K2).expect("packs");
+            rec.run_mul_mat(&pw, src, &rows(3), M2, &mut vec![0f32; M2 * N2]);
+        }
+        assert_eq!(rec.calib.as_ref().unwrap().flush().unwrap(), 2);
+        let x = rows(11);
+        let alone: Vec<Vec<f32>> = srcs
+            .iter()
+            .map(|src| {
+                let dev = dev_with(false);
+                let pw = crate::backend::weights::pack(&dev, src, N2, K2).expect("packs");
+                let mut y = vec![0f32; M2 * N2];
+                dev.run_mul_mat(&pw, src, &x, M2, &mut y);
+                assert_eq!(dev.stats.mean_corrected.load(Relaxed), 1, "corrected");
+                y
+            })
+            .collect();
+        // The walk.
+        let dev = dev_with(false);
+        let store = WeightStore::default();
+        let node = |w: usize, addr: usize| {
+            let tensor = Tensor { addr: weights[w].as_ptr() as usize, ggml_type: crate::quant::types::Q8_0, ne: [K2 as i64, N2 as i64, 1, 1], contiguous: true, is_view: false, name: Name(names[w]) };
+            let Node::MulMat(mut mm) = mul_mat(addr, M2, Some(Weight { tensor, store: Some(&store), model_weight: false }), &[tensor.addr, x.as_ptr() as usize]) else { unreachable!() };
+            // A quantized type (F32 bytes read through the row dequantizer): one weight term.
+            let sh = mm.shape.as_mut().unwrap();
+            (sh.k, sh.n, sh.weight_type) = (K2, N2, crate::quant::types::Q8_0);
+            if w == 1 && up_on_cpu {
+                mm.shape = None;
+            }
+            Node::MulMat(mm)
+        };
+        let mut nodes = vec![node(0, 0x100), Node::View];
+        if between {
+            nodes.push(Node::Other);
+        }
+        nodes.push(node(1, 0x200));
+        let last = nodes.len() - 1;
+        let (mut d1, mut d2) = (vec![0f32; M2 * N2], vec![0f32; M2 * N2]);
+        let mut io: Vec<Option<(&[f32], &mut [f32])>> = (0..nodes.len()).map(|_| None).collect();
+        io[0] = Some((&x, &mut d1));
+        io[last] = Some((&x, &mut d2));
+        let data = |w: usize| WeightData { bytes: &weights[w], row_bytes: 4 * K2, to_float: Some(F32_ROW) };
+        let mut g = Chain { nodes, data: [data(0), data(1)], io, cpu_runs: vec![] };
+        compute(&dev, &Stream::default(), &mut g).expect("the walk runs");
+        let cpu_runs = std::mem::take(&mut g.cpu_runs);
+        drop(g);
+        let _ = std::fs::remove_dir_all(&dir);
+        let s = &dev.stats;
+        assert_eq!(s.npu_fallbacks.load(Relaxed), 0, "nothing fell back");
+        assert!(s.phase[0].pieces.load(Relaxed) >= 2 * s.npu_matmuls.load(Relaxed), "cut into pieces");
+        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same(&d1, &alone[0]), "gate: the bits it has alone (between: {between}, up on the CPU: {up_on_cpu})");
+        if up_on_cpu {
+            assert_eq!((s.npu_matmuls.load(Relaxed), cpu_runs.len()), (1, 1), "up ran on ggml-cpu");
+        } else {
+            assert_eq!(s.npu_matmuls.load(Relaxed), 2);
+            assert!(same(&d2, &alone[1]), "up: the bits it has alone (between: {between})");
+        }
+        s.outputs_deferred.load(Relaxed)
+    }
+
+    /// A graph of two MUL_MATs of their own weights ([`gate_then_up`]).
+    struct Chain<'g> {
+        nodes: Vec<Node<'g>>,
+        data: [WeightData<'g>; 2],
+        io: Vec<Option<(&'g [f32], &'g mut [f32])>>,
+        cpu_runs: Vec<Range<usize>>,
+    }
+
+    impl<'g> Graph<'g> for Chain<'g> {
+        fn len(&self) -> usize {
+            self.nodes.len()
+        }
+        fn node(&self, i: usize) -> Node<'g> {
+            self.nodes[i]
+        }
+        fn weight_data(&self, i: usize) -> Option<WeightData<'_>> {
+            Some(self.data[usize::from(i > 0)])
+        }
+        fn mul_mat_io(&mut self, i: usize) -> Option<(&'g [f32], &'g mut [f32])> {
+            self.io[i].take()
+        }
+        fn run_cpu(&mut self, nodes: Range<usize>) -> Result<(), String> {
+            self.cpu_runs.push(nodes);
+            Ok(())
+        }
+    }
+
+    /// gate's last output pass runs beside up's first piece where up follows it at once, reading
+    /// the same activation; never across a node that could read gate's output; ggml-cpu's run of
+    /// the nodes after it waits for it. The bits are each MUL_MAT's alone in every case.
+    #[test]
+    fn a_last_output_pass_left_for_the_next_matmul_changes_no_bit() {
+        assert_eq!(gate_then_up(false, false), 1, "left for up");
+        assert_eq!(gate_then_up(true, false), 0, "a CPU node between: done at once");
+        assert_eq!(gate_then_up(false, true), 1, "left, then run before ggml-cpu ran up");
+    }
+
     #[test]
     fn npu_failures_are_counted_apart_from_npu_runs() {
         let clean = sim_device();
@@ -843,7 +1012,7 @@ mod tests {
         let w = Weight { tensor, store: Some(&store), model_weight: true };
         let g = Fake { nodes: vec![mul_mat(0x100, M_NPU, Some(w), &[])], weight: &wb, io: vec![None], cpu_runs: vec![], cpu_fails: false };
         let Node::MulMat(mm) = g.nodes[0] else { unreachable!() };
-        let mut walk = Walk { dev: &dev, stream: &stream, pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), last_act: Default::default(), hold: Some(dev.arbiter().hold()), scanned_to: 0 };
+        let mut walk = Walk { dev: &dev, stream: &stream, pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), last_act: Default::default(), hold: Some(dev.arbiter().hold()), scanned_to: 0, deferred: Default::default() };
         assert!(walk.npu_weight(&g, 0, &mm, M_NPU).is_some(), "packed");
         assert!(walk.hold.is_none(), "let go before packing");
         walk.hold = Some(dev.arbiter().hold());

@@ -90,6 +90,9 @@ pub struct Stats {
     /// Of those, the ones the graph walk vouched for (the same tensor, nothing run in between:
     /// `Device::run_mul_mat_after`), reused without hashing the activation.
     pub act_vouched: AtomicU64,
+    /// Cut MUL_MATs whose last output pass ran beside the next MUL_MAT's first piece on the NPU
+    /// (`backend::graph`: the next node reads the same activation).
+    pub outputs_deferred: AtomicU64,
     /// MUL_MATs sent to the CPU because their weight could not be made resident.
     pub not_resident: AtomicU64,
     pub declined_small_m: AtomicU64,

@@ -222,6 +222,52 @@ impl PieceRun {
     }
 }
 
+/// The output pass of a cut MUL_MAT's last piece, left to run beside the next MUL_MAT's first
+/// piece on the NPU (`backend::graph`: the next node reads the same activation, V then K and gate
+/// then up in llama.cpp's graphs) instead of after this MUL_MAT's last NPU run, with nothing to
+/// cover it. Owns what the pass reads: the piece's results in the NPU cores' buffers, its rows'
+/// scales and coefficients, the weight's column scales and its correction's error. Run by
+/// [`Device::finish_output`]; dropped unrun (an error or a panic on the way), it runs the pass
+/// then, unbooked, so the output is always written and the buffers always go back.
+pub(super) struct PendingOut<'g> {
+    shares: Option<crate::npu::Shares>,
+    a_scale: Vec<f32>,
+    coef: Vec<Option<f32>>,
+    w_scale: Vec<f32>,
+    err: Option<Vec<f32>>,
+    dst: &'g mut [f32],
+    cfg: &'static crate::config::Config,
+    phase: usize,
+}
+
+impl PendingOut<'_> {
+    /// The pass (once): `dst` written from the NPU's results, the buffers handed back.
+    fn run(&mut self) -> u64 {
+        let Some(sh) = self.shares.take() else { return 0 };
+        let t = Instant::now();
+        let parts = sh.parts();
+        let o = quant::Output {
+            c: quant::CRows::Parts(&parts),
+            a_scale: &self.a_scale,
+            terms: 1,
+            w_scale: &self.w_scale,
+            lo: None,
+            corr: self.err.as_deref().map(|e| (self.coef.as_slice(), e)),
+        };
+        let dst = &mut *self.dst;
+        pool::on_host(self.cfg, 2 * dst.len(), || quant::dequantize_fused(&o, dst));
+        drop(parts);
+        drop(sh);
+        t.elapsed().as_nanos() as u64
+    }
+}
+
+impl Drop for PendingOut<'_> {
+    fn drop(&mut self) {
+        self.run();
+    }
+}
+
 /// The one CPU fallback of a MUL_MAT's NPU runs: the int8 arithmetic the NPU does, exact (the
 /// same int32 results, so a row's bits do not depend on which engine computed it), against the
 /// weight's int8 terms quantized again from its source — once per MUL_MAT, and only when a run
@@ -268,23 +314,56 @@ impl Device {
     /// between that could write it — within one graph call, between two of ORK's own MUL_MATs).
     /// Then the int8 terms that MUL_MAT left are reused without hashing `x` to prove it.
     pub fn run_mul_mat_after(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32], same: bool) {
+        drop(self.run_mul_mat_chained(w, src, x, m, dst, same, None, false));
+    }
+
+    /// [`Device::run_mul_mat_after`] in a chain of MUL_MATs reading one activation: `before`,
+    /// the output pass the MUL_MAT before this one left (its last piece's), runs beside this
+    /// one's first piece on the NPU; with `defer` (the caller runs the next MUL_MAT, reading the
+    /// same activation, right after this one) this one's last output pass is returned to be run
+    /// so in turn — when the MUL_MAT was cut into pieces and its last piece came from the NPU;
+    /// otherwise it is done before returning, as always.
+    #[allow(clippy::too_many_arguments)] // the MUL_MAT's operands, the reuse hint, the chain
+    pub(super) fn run_mul_mat_chained<'g>(
+        &self,
+        w: &PackedWeight,
+        src: &WeightSource<'_>,
+        x: &[f32],
+        m: usize,
+        dst: &'g mut [f32],
+        same: bool,
+        before: Option<PendingOut<'_>>,
+        defer: bool,
+    ) -> Option<PendingOut<'g>> {
         if m == 0 {
-            return;
+            self.finish_output(before);
+            return None;
         }
         // A key exists only for a rotated weight on a device with a calibration store, and the
         // store only with the rotation and ORK_MEAN_CORRECT on (`Store::from_config`).
         let fix = match (&self.calib, w.calib_key) {
             (Some(store), Some(key)) if store.recording() => {
-                self.run_mul_mat_npu(w, src, x, m, dst, None, same);
-                return store.record(key, x, m, w.k);
+                self.finish_output(before);
+                let _ = self.run_mul_mat_npu(w, src, x, m, dst, None, same, None, false);
+                store.record(key, x, m, w.k);
+                return None;
             }
             (Some(store), Some(key)) => w.fix.get_or_init(|| self.fixed_direction(w, src, store, key)).as_ref(),
             _ => None,
         };
-        self.run_mul_mat_npu(w, src, x, m, dst, fix, same);
+        let pending = self.run_mul_mat_npu(w, src, x, m, dst, fix, same, before, defer);
         if fix.is_some() {
             self.stats.mean_corrected.fetch_add(1, Relaxed);
         }
+        pending
+    }
+
+    /// Runs the output pass a MUL_MAT left (`PendingOut`), if any, and books it as output time.
+    pub(super) fn finish_output(&self, p: Option<PendingOut<'_>>) {
+        let Some(mut p) = p else { return };
+        let ns = p.run();
+        self.stats.phase[p.phase].dequant_ns.fetch_add(ns, Relaxed);
+        self.stats.dequant_ns.fetch_add(ns, Relaxed);
     }
 
     /// Weight `w`'s calibrated direction `d` and the NPU's error on it, `e = d·Wᵀ − d·Q(W)ᵀ`:
@@ -339,8 +418,19 @@ impl Device {
     /// piece i + 1 and finishes piece i − 1. Every row goes through the same arithmetic as
     /// uncut (rows are independent, the NPU's int32 results exact), so the bits do not depend on
     /// the cut.
-    #[allow(clippy::too_many_arguments)] // the MUL_MAT's operands, its correction, and the reuse hint
-    fn run_mul_mat_npu(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32], fix: Option<&quant::mean::Direction>, same: bool) {
+    #[allow(clippy::too_many_arguments)] // the MUL_MAT's operands, its correction, the reuse hint, the chain
+    fn run_mul_mat_npu<'g>(
+        &self,
+        w: &PackedWeight,
+        src: &WeightSource<'_>,
+        x: &[f32],
+        m: usize,
+        dst: &'g mut [f32],
+        fix: Option<&quant::mean::Direction>,
+        same: bool,
+        before: Option<PendingOut<'_>>,
+        defer: bool,
+    ) -> Option<PendingOut<'g>> {
         let (k, n) = (w.k, w.n);
         assert_eq!(x.len(), m * k, "x is not [M, K]");
         assert_eq!(dst.len(), m * n, "dst is not [M, N]");
@@ -387,13 +477,15 @@ impl Device {
         // never the first where the activation may be the held one: no pass to hide), remembered
         // per shape (it plans the MUL_MAT several times: 50–240 µs for the Qwen3-1.7B shapes).
         let bounds = if terms == 1 && lease.is_ok() && m >= 2 {
-            type Key = (usize, usize, usize, usize, usize, u32, bool);
+            type Key = (usize, usize, usize, usize, usize, u32, bool, bool);
             thread_local! {
                 static ENDS: std::cell::RefCell<std::collections::HashMap<Key, crate::npu::plan::Ends>> = Default::default();
             }
             let t = w.precision.terms;
-            let key = (m, k, n, t.weight, t.act, budget.max_cores, candidate);
-            let ends = super::remembered(&ENDS, key, || crate::route::pipeline_ends(self.cfg, m, k, n, t, budget.max_cores, candidate));
+            // A last output pass left for the next MUL_MAT needs no short last piece to hide it.
+            let beside_next = defer && w.lo.is_none();
+            let key = (m, k, n, t.weight, t.act, budget.max_cores, candidate, beside_next);
+            let ends = super::remembered(&ENDS, key, || crate::route::pipeline_ends(self.cfg, m, k, n, t, budget.max_cores, crate::route::precision::Chain { held: candidate, beside_next }));
             self.npu.pipeline_bounds(&w.resident, m, budget, ends)
         } else {
             vec![(0, m)]
@@ -510,7 +602,11 @@ impl Device {
         // the pool asleep between them → this).
         let whole = bounds.len() == 1;
         let mut check_ns = 0u64;
-        pool::on_host(self.cfg, rows * k, || pool::keep_awake(self.cfg, || if whole {
+        let mut before = before;
+        let mut deferred: Option<PendingOut<'g>> = None;
+        let phase_i = (phase == crate::route::Phase::Decode) as usize;
+        pool::on_host(self.cfg, rows * k, || pool::keep_awake(self.cfg, || { let dst = dst; if whole {
+            self.finish_output(before.take());
             let th = Instant::now();
             let decided = decide();
             check_ns = th.elapsed().as_nanos() as u64;
@@ -557,7 +653,8 @@ impl Device {
             }
             if let Some(run) = run.as_mut() {
                 let mut c_p = c_p;
-                let mut finish = |i: usize, run: &mut crate::npu::PieceRun<'_>, a: &[i8], c: &mut [i32], a_scale: &[f32], coef: &[Option<f32>], dst: &mut [f32]| {
+                // Piece i back from the NPU (or computed on the CPU after an error), booked.
+                let mut land = |i: usize, run: &mut crate::npu::PieceRun<'_>, a: &[i8], c: &mut [i32]| -> TermOut {
                     let (r0, r1) = bounds[i];
                     let mut r = PieceRun::default();
                     let mut hc = TermOut::Dense;
@@ -570,7 +667,7 @@ impl Device {
                     // The NPU part of the piece: its longest core run (or the CPU's instead).
                     r.wall_ns = host_ns + r.cpu_ns;
                     runs.add(&r);
-                    out_ns += out(bounds[i], (c, hc), a_scale, (&[], TermOut::Dense), coef, dst);
+                    hc
                 };
                 for i in 0..bounds.len() {
                     let (t, d) = act(bounds[i], (reused, redot), a_p[i], as_p[i], dots_p[i], coef_p[i], hashes_p[i]);
@@ -580,14 +677,35 @@ impl Device {
                     if !(i == 0 && bet_won) {
                         let _ = run.fill(i, a_p[i]);
                     }
-                    if i > 0 {
-                        finish(i - 1, run, a_p[i - 1], c_p[i - 1], as_p[i - 1], coef_p[i - 1], dst_p[i - 1]);
+                    if i == 0 {
+                        // The MUL_MAT before's last output pass, while the NPU runs this piece.
+                        self.finish_output(before.take());
+                    } else {
+                        let hc = land(i - 1, run, a_p[i - 1], c_p[i - 1]);
+                        out_ns += out(bounds[i - 1], (c_p[i - 1], hc), as_p[i - 1], (&[], TermOut::Dense), coef_p[i - 1], dst_p[i - 1]);
                     }
                 }
                 let last = bounds.len() - 1;
-                finish(last, run, a_p[last], c_p[last], as_p[last], coef_p[last], dst_p[last]);
+                match land(last, run, a_p[last], c_p[last]) {
+                    // Left for the next MUL_MAT: the piece's results stay in the NPU's buffers.
+                    TermOut::Shares(sh) if defer => {
+                        deferred = Some(PendingOut {
+                            shares: Some(sh),
+                            a_scale: as_p[last].to_vec(),
+                            coef: coef_p[last].to_vec(),
+                            w_scale: w.scales.clone(),
+                            err: fix.map(|d| d.err.clone()),
+                            dst: dst_p.pop().expect("a piece per range"),
+                            cfg: self.cfg,
+                            phase: phase_i,
+                        });
+                        self.stats.outputs_deferred.fetch_add(1, Relaxed);
+                    }
+                    hc => out_ns += out(bounds[last], (c_p[last], hc), as_p[last], (&[], TermOut::Dense), coef_p[last], dst_p[last]),
+                }
                 return;
             }
+            self.finish_output(before.take());
             std::thread::scope(|s| {
                 let (to_npu, npu_rx) = std::sync::mpsc::channel::<(usize, &[i8])>();
                 let (npu_tx, from_npu) = std::sync::mpsc::channel::<Landed<'_>>();
@@ -621,7 +739,8 @@ impl Device {
                 finish(last, from_npu.recv().ok(), as_p[last], coef_p[last], dst_p[last]);
                 let _ = npu_thread.join();
             });
-        }));
+        }}));
+        self.finish_output(before);
         // The key of an activation not hashed before its pass: from the row hashes it took.
         let key = if hashes.is_empty() { key } else { Some(this(rows_hash(&hashes))) };
         if reused {
@@ -682,6 +801,7 @@ impl Device {
         self.stats.dequant_ns.fetch_add(out_ns, Relaxed);
         self.stats.npu_run_ns.fetch_add(runs.wall_ns, Relaxed);
         SCRATCH.with(|cell| cell.set(sc.kept()));
+        deferred
     }
 
 }

@@ -259,7 +259,7 @@ pub fn stream_pays(cfg: &Config, mm: &MatMul, terms: precision::Terms, fill_s: f
     }
     let model = cost_model_for(cfg);
     let cores = cfg.max_cores.unwrap_or(model.soc.cores);
-    let t_npu = model.npu_host_s(mm.m, mm.k, mm.n, terms, cores, false);
+    let t_npu = model.npu_host_s(mm.m, mm.k, mm.n, terms, cores, precision::Chain::default());
     let t = if overlapped { t_npu.max(fill_s) } else { t_npu + fill_s };
     t < model.cpu_s(mm.m, mm.k, mm.n, mm.ggml_type)
 }
@@ -323,11 +323,14 @@ impl CostModel {
     /// One NPU MUL_MAT with the host's work around it ([`HostCost::combine`] of [`Self::npu_s`]
     /// and [`HostCost::host_parts`], in the pieces the backend cuts it into: one activation term
     /// and `npu::plan::pipeline_bounds`, the ends [`Self::pipeline_ends`] cuts short); the
-    /// calibrated correction is not in it (`mean_correct_s`). `held`: it reads the activation
-    /// the MUL_MAT before quantized ([`precision::reads_held`]): no activation pass, and the
-    /// first piece is not cut short.
-    pub fn npu_host_s(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, held: bool) -> f64 {
-        self.npu_host_ends(m, k, n, terms, cores, held).0
+    /// calibrated correction is not in it (`mean_correct_s`). `chain`: where it stands among
+    /// the MUL_MATs reading its activation ([`precision::chain`]) — held: it reads the
+    /// activation the MUL_MAT before quantized, no activation pass, and the first piece is not
+    /// cut short; beside the next: its last piece's output pass runs beside the next MUL_MAT's
+    /// first piece, taken as long as this one's first piece on the NPU (V → K and gate → up
+    /// have one shape each), and what of it that does not cover adds.
+    pub fn npu_host_s(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, chain: precision::Chain) -> f64 {
+        self.npu_host_ends(m, k, n, terms, cores, chain).0
     }
 
     /// Which ends of a pipelined MUL_MAT `npu::plan::pipeline_bounds` cuts short: of the cuts
@@ -335,13 +338,14 @@ impl CostModel {
     /// `held`), the one this model gives the least time. A short end takes its piece's pass off
     /// the critical path and costs the NPU one more feed of the weight; the cheaper the host's
     /// passes against that feed, the fewer ends pay.
-    pub fn pipeline_ends(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, held: bool) -> crate::npu::plan::Ends {
-        self.npu_host_ends(m, k, n, terms, cores, held).1
+    pub fn pipeline_ends(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, chain: precision::Chain) -> crate::npu::plan::Ends {
+        self.npu_host_ends(m, k, n, terms, cores, chain).1
     }
 
     /// [`Self::npu_host_s`] and [`Self::pipeline_ends`]: the least time over the cuts.
-    fn npu_host_ends(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, held: bool) -> (f64, crate::npu::plan::Ends) {
+    fn npu_host_ends(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, chain: precision::Chain) -> (f64, crate::npu::plan::Ends) {
         use crate::npu::plan::Ends;
+        let held = chain.held;
         let plain = Ends { first: !held, last: true };
         let npu = self.npu_s(m, k, n, terms, cores);
         if !npu.is_finite() || self.host == HostCost::NONE || m == 0 {
@@ -364,13 +368,21 @@ impl CostModel {
                 let refeed = crate::npu::plan::extra_m_tiles(&self.soc, &geom, &bounds) as f64 * (terms.weight * k * n) as f64 / self.npu_feed_bps;
                 // Held: the first piece goes to the NPU before the reuse check (the pass), which
                 // runs beside that piece's NPU run; the rest waits for the check's answer.
+                let piece0 = (npu + refeed) * share(bounds[0]);
                 let (serial, passes, first_share) = if held && bounds.len() > 1 {
-                    let piece0 = (npu + refeed) * share(bounds[0]);
                     (serial + (passes.0 - piece0).max(0.0), (0.0, passes.1), 0.0)
                 } else {
                     (serial, passes, share(bounds[0]))
                 };
-                let t = self.host.combine(npu + refeed, serial, passes, bounds.len(), first_share, share(bounds[bounds.len() - 1]));
+                // Beside the next MUL_MAT: the last piece's output pass leaves this one.
+                let last_share = share(bounds[bounds.len() - 1]);
+                let (passes, last_share, after) = if chain.beside_next && bounds.len() > 1 {
+                    let tail = passes.1 * last_share;
+                    ((passes.0, passes.1 - tail), 0.0, (tail - piece0).max(0.0))
+                } else {
+                    (passes, last_share, 0.0)
+                };
+                let t = self.host.combine(npu + refeed, serial, passes, bounds.len(), first_share, last_share) + after;
                 if t < best.0 {
                     best = (t, ends);
                 }
@@ -486,9 +498,9 @@ fn cost_model_for(cfg: &Config) -> CostModel {
 }
 
 /// The ends of a pipelined MUL_MAT the backend cuts short ([`CostModel::pipeline_ends`] of the
-/// configured SoC's model): `held`, its activation is the one the MUL_MAT before quantized.
-pub fn pipeline_ends(cfg: &Config, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, held: bool) -> crate::npu::plan::Ends {
-    cost_model_for(cfg).pipeline_ends(m, k, n, terms, cores, held)
+/// configured SoC's model), where it stands among the MUL_MATs reading its activation (`chain`).
+pub fn pipeline_ends(cfg: &Config, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, chain: precision::Chain) -> crate::npu::plan::Ends {
+    cost_model_for(cfg).pipeline_ends(m, k, n, terms, cores, chain)
 }
 
 /// Decides the engine for one MUL_MAT (see the module docs for both policies).
@@ -501,19 +513,19 @@ pub fn decide(cfg: &Config, mm: &MatMul, av: Availability) -> Decision {
 /// (`precision::Role::Other`).
 pub fn decide_with(cfg: &Config, model: &CostModel, mm: &MatMul, av: Availability) -> Decision {
     let p = precision::decide(cfg, precision::Role::Other, crate::quant::types::is_float(mm.ggml_type), &precision::one_of(precision::Role::Other, (mm.k * mm.n) as u64), mm.k);
-    decide_precision(cfg, model, mm, p, false, av)
+    decide_precision(cfg, model, mm, p, precision::Chain::default(), av)
 }
 
-/// [`decide_with`] for a weight of precision `p` (`precision::decide`); `held`: it reads the
-/// activation the MUL_MAT before quantized ([`precision::reads_held`]).
-pub fn decide_precision(cfg: &Config, model: &CostModel, mm: &MatMul, p: precision::Precision, held: bool, av: Availability) -> Decision {
+/// [`decide_with`] for a weight of precision `p` (`precision::decide`), standing as `chain`
+/// among the MUL_MATs that read its activation ([`precision::chain`]).
+pub fn decide_precision(cfg: &Config, model: &CostModel, mm: &MatMul, p: precision::Precision, chain: precision::Chain, av: Availability) -> Decision {
     let terms = p.terms;
     let phase = Phase::of(cfg, mm.m);
     let cores = cfg.max_cores.unwrap_or(model.soc.cores);
     let split = |s: f64| s + if phase == Phase::Decode { model.split_s } else { 0.0 };
     // The calibrated correction's host work follows the NPU run (none in the NPU-only figure).
     let host = if p.mean_correct && model.host != HostCost::NONE { model.mean_correct_s(mm.m, mm.k, mm.n) } else { 0.0 };
-    let t_npu = split(model.npu_host_s(mm.m, mm.k, mm.n, terms, cores, held) + host);
+    let t_npu = split(model.npu_host_s(mm.m, mm.k, mm.n, terms, cores, chain) + host);
     let t_cpu = model.cpu_s(mm.m, mm.k, mm.n, mm.ggml_type);
     let t_gpu = split(model.gpu_s(mm.m, mm.k, mm.n, mm.ggml_type));
     let predicted = (t_npu, t_cpu, if av.gpu { t_gpu } else { f64::INFINITY });
@@ -636,7 +648,7 @@ pub fn predict(cfg: &Config, model: &CostModel, shape: &ModelShape, m: usize) ->
     let work = shape.role_work();
     let t = |rows: usize, k: usize, n: usize, ty: u32, role: precision::Role| {
         let p = precision::decide(cfg, role, crate::quant::types::is_float(ty), &work, k);
-        let d = decide_precision(cfg, model, &MatMul { m: rows, k, n, ggml_type: ty }, p, precision::reads_held(role, p), Availability::default());
+        let d = decide_precision(cfg, model, &MatMul { m: rows, k, n, ggml_type: ty }, p, precision::chain(role, p), Availability::default());
         match d.engine {
             Engine::Npu => d.predicted.0,
             Engine::Cpu => d.predicted.1,
@@ -717,7 +729,7 @@ mod tests {
         assert!(!stream_pays(&c, &mm(32), terms, packed, false), "the pack costs more than the CPU's run");
         // Overlap matters: the same fill, not run ahead, costs the sum.
         let model = cost_model_for(&c);
-        let npu = model.npu_host_s(512, k, n, terms, 3, false);
+        let npu = model.npu_host_s(512, k, n, terms, 3, precision::Chain::default());
         let cpu = model.cpu_s(512, k, n, crate::quant::types::Q8_0);
         let fill = cpu - npu / 2.0;
         assert!(stream_pays(&c, &mm(512), terms, fill, true) && !stream_pays(&c, &mm(512), terms, fill, false));
@@ -835,13 +847,23 @@ mod tests {
         let p1 = precision::decide(&c, precision::Role::AttnK, false, &q.role_work(), 2048);
         assert!(precision::reads_held(precision::Role::AttnK, p1) && !precision::reads_held(precision::Role::AttnQ, p1));
         assert_eq!(h.host_parts(512, 2048, 1024, p1.terms, true).1 .0, h.a76 * (h.check_s * (512 * 2048) as f64), "its pass is the reuse check");
-        let (held, own) = (host.npu_host_s(512, 2048, 1024, p1.terms, 3, true), host.npu_host_s(512, 2048, 1024, p1.terms, 3, false));
+        let held_chain = precision::Chain { held: true, beside_next: false };
+        let (held, own) = (host.npu_host_s(512, 2048, 1024, p1.terms, 3, held_chain), host.npu_host_s(512, 2048, 1024, p1.terms, 3, precision::Chain::default()));
         let act = h.host_parts(512, 2048, 1024, p1.terms, false).1 .0;
         assert!(held + act * 16.0 / 512.0 <= own, "held {held:e}, own {own:e}");
+        // V right before K (llama.cpp's order): its last output pass runs beside K's first piece,
+        // so its last piece is not cut short (one weight feed less) and it costs less than with
+        // nothing after it; K, with nothing after it, still cuts its last piece short.
+        let v = precision::chain(precision::Role::AttnV, p1);
+        assert_eq!(v, precision::Chain { held: true, beside_next: true });
+        assert_eq!(host.pipeline_ends(512, 2048, 1024, p1.terms, 3, v), crate::npu::plan::Ends { first: false, last: false });
+        assert_eq!(host.pipeline_ends(512, 2048, 1024, p1.terms, 3, held_chain), crate::npu::plan::Ends { first: false, last: true });
+        let beside = host.npu_host_s(512, 2048, 1024, p1.terms, 3, v);
+        assert!(beside < held, "beside the next {beside:e}, held {held:e}");
         // One MUL_MAT, by hand: cut into 4 pieces, passes 4 ms against 10 ms of NPU: the ends.
         // No rows: the NPU's time alone (nothing cut, nothing to pass), not a panic.
         let model = CostModel::for_soc(SocId::Rk3588);
-        assert_eq!(model.npu_host_s(0, 2048, 2048, precision::Terms::PLAIN, 3, false), model.npu_s(0, 2048, 2048, precision::Terms::PLAIN, 3));
+        assert_eq!(model.npu_host_s(0, 2048, 2048, precision::Terms::PLAIN, 3, precision::Chain::default()), model.npu_s(0, 2048, 2048, precision::Terms::PLAIN, 3));
         assert!((h.combine(10e-3, 1e-3, (2e-3, 2e-3), 4, 0.25, 0.25) - 12e-3).abs() < 1e-12);
         // Short ends: only their rows' passes add.
         assert!((h.combine(10e-3, 1e-3, (2e-3, 2e-3), 6, 1.0 / 32.0, 1.0 / 16.0) - (11e-3 + 2e-3 * 3.0 / 32.0)).abs() < 1e-12);

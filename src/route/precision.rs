@@ -206,21 +206,52 @@ pub struct Precision {
     pub mean_correct: bool,
 }
 
+/// The roles that read one activation, in the order llama.cpp's graphs run them (b11549: Q, then
+/// its norm and RoPE, then V and K one after the other; gate and up one after the other): the
+/// one order [`Role::is_read_again`], [`reads_held`] and [`chain`] are read from.
+const SHARED_INPUT: [&[Role]; 2] = [&[Role::AttnQ, Role::AttnV, Role::AttnK], &[Role::FfnGate, Role::FfnUp]];
+/// Of [`SHARED_INPUT`], the roles whose next one runs right after them, nothing between (V → K,
+/// gate → up; Q's norm and RoPE run between Q and V).
+const FOLLOWED_AT_ONCE: [Role; 2] = [Role::AttnV, Role::FfnGate];
+
 impl Role {
-    /// Whether the activation a weight of this role reads is likely read again by the MUL_MAT
-    /// after it (Q's by K and V, K's by V, gate's by up; unknown roles may be): the backend then
+    /// Whether the activation a weight of this role reads is likely read again by a MUL_MAT
+    /// after it (Q's by V and K, V's by K, gate's by up; unknown roles may be): the backend then
     /// keeps the key of its int8 terms (the rows' hashes, taken in its activation pass).
     pub fn is_read_again(self) -> bool {
-        matches!(self, Role::AttnQ | Role::AttnK | Role::FfnGate | Role::Other)
+        self == Role::Other || SHARED_INPUT.iter().any(|g| g[..g.len() - 1].contains(&self))
+    }
+
+    /// Whether a MUL_MAT before this role's reads the same activation (V and K after Q, up after
+    /// gate).
+    fn reads_after_another(self) -> bool {
+        SHARED_INPUT.iter().any(|g| g[1..].contains(&self))
     }
 }
 
 /// Whether a weight of `role` with precision `p` reads the activation the MUL_MAT before it
-/// quantized (K and V after Q, up after gate; rotated weights of one K share one rotation and
+/// quantized (V and K after Q, up after gate; rotated weights of one K share one rotation and
 /// no column scales): the backend reuses those int8 terms (`backend::npu_mm`, the held
 /// activation), so its MUL_MAT has no activation pass and its first piece is not cut short.
 pub fn reads_held(role: Role, p: Precision) -> bool {
-    p.rotated && p.terms.act == 1 && matches!(role, Role::AttnK | Role::AttnV | Role::FfnUp)
+    p.rotated && p.terms.act == 1 && role.reads_after_another()
+}
+
+/// Where a MUL_MAT stands among the MUL_MATs that read its activation, as the cost model and
+/// the backend's cut see it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Chain {
+    /// It reads the activation the MUL_MAT before it quantized ([`reads_held`]).
+    pub held: bool,
+    /// The MUL_MAT right after it reads the same activation: its last piece's output pass runs
+    /// beside that one's first piece on the NPU (`backend::graph`, `Device::run_mul_mat_chained`;
+    /// a cut MUL_MAT of one weight term and one activation term).
+    pub beside_next: bool,
+}
+
+/// [`Chain`] of a weight of `role` with precision `p`.
+pub fn chain(role: Role, p: Precision) -> Chain {
+    Chain { held: reads_held(role, p), beside_next: p.terms == Terms::PLAIN && FOLLOWED_AT_ONCE.contains(&role) }
 }
 
 /// The precision of one `[N, K]` weight of `role` (`float_source`: an F16/BF16/F32 source;
@@ -265,6 +296,29 @@ mod tests {
 
     fn cfg(pairs: &[(&str, &str)]) -> Config {
         Config::from_lookup(|k| pairs.iter().find(|(a, _)| *a == k).map(|(_, b)| b.to_string())).0
+    }
+
+    #[test]
+    fn the_roles_that_share_an_activation_hold_it_for_the_next_one() {
+        let p = |rotated: bool, act: usize| Precision { terms: Terms { weight: 1, act }, rotated, mean_correct: rotated };
+        // llama.cpp's order: Q (its norm and RoPE), V, K; gate, up.
+        for (role, again, held, beside_next) in [
+            (Role::Head, false, false, false),
+            (Role::AttnQ, true, false, false),
+            (Role::AttnV, true, true, true),
+            (Role::AttnK, false, true, false),
+            (Role::AttnOut, false, false, false),
+            (Role::FfnGate, true, false, true),
+            (Role::FfnUp, false, true, false),
+            (Role::FfnDown, false, false, false),
+            (Role::Other, true, false, false),
+        ] {
+            assert_eq!((role.is_read_again(), reads_held(role, p(true, 1))), (again, held), "{role:?}");
+            assert_eq!(chain(role, p(true, 1)), Chain { held, beside_next }, "{role:?}");
+            assert!(!reads_held(role, p(false, 1)) && !reads_held(role, p(true, 2)), "{role:?}: only one rotated activation term is held");
+            assert_eq!(chain(role, p(false, 1)).beside_next, beside_next, "{role:?}: unrotated, one term each");
+            assert!(!chain(role, p(true, 2)).beside_next, "{role:?}: two activation terms are not cut");
+        }
     }
 
     /// Work per role of a model of `layers` layers of the usual seven matmuls (K·N of q, k, v,
