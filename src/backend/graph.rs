@@ -301,8 +301,14 @@ impl<'g> Walk<'_, 'g> {
             let fix_to = npu_w.as_ref().filter(|w| w.resident.is_streamed()).and_then(|pw| Some((pw.clone(), mm.weight.and_then(|w| streamed_src(&w))?)));
             // The next node that does work is a MUL_MAT reading the same activation (V then K,
             // gate then up): this one's last output pass may wait for it.
+            // ORK accepts it and routes it to the NPU (memoised); a next one that still ends on
+            // the CPU (its weight not resident) gets the pass run before ggml-cpu runs it.
             let next_reads_same = (i + 1..n).map(|j| graph.node(j)).find(|nd| !matches!(nd, Node::View)).is_some_and(|nd| match nd {
-                Node::MulMat(next) => next.srcs[1].0 != 0 && next.srcs[1].0 == mm.srcs[1].0,
+                Node::MulMat(next) => {
+                    next.srcs[1].0 != 0
+                        && next.srcs[1].0 == mm.srcs[1].0
+                        && next.shape.is_some_and(|ns| mul_mat_unsupported(dev, &ns).is_none() && engine_for(dev, &ns, false) == Engine::Npu)
+                }
                 _ => false,
             });
             let r = self.mul_mat(graph, i, &mm, &s, npu_w, next_reads_same);
@@ -320,7 +326,7 @@ impl<'g> Walk<'_, 'g> {
                 Err(e) => return Err(format!("MUL_MAT {}: {e}", mm.name)),
             }
         }
-        dev.finish_output(self.deferred.take());
+        dev.finish_output(self.deferred.take(), true);
         self.release();
         let ran_cpu = !self.cpu.is_empty() || self.stream.logged_whole_graph.load(Relaxed);
         self.run_cpu(graph, n)?;
@@ -442,7 +448,7 @@ impl<'g> Walk<'_, 'g> {
         let before = match before {
             Some(p) if same && npu_w.is_some() => Some(p),
             p => {
-                self.dev.finish_output(p);
+                self.dev.finish_output(p, true);
                 None
             }
         };
@@ -470,7 +476,7 @@ impl<'g> Walk<'_, 'g> {
         if self.pending.is_empty() {
             return Ok(());
         }
-        self.dev.finish_output(self.deferred.take());
+        self.dev.finish_output(self.deferred.take(), true);
         self.last_act.set(None);
         let dev = self.dev;
         let t0 = Instant::now();
@@ -499,7 +505,7 @@ impl<'g> Walk<'_, 'g> {
     /// Runs the nodes waiting for the CPU, up to node `to`, on ggml's CPU backend.
     fn run_cpu(&mut self, graph: &mut dyn Graph<'g>, to: usize) -> Result<(), String> {
         let Some((nodes, ops)) = self.cpu.take(to) else { return Ok(()) };
-        self.dev.finish_output(self.deferred.take());
+        self.dev.finish_output(self.deferred.take(), true);
         self.last_act.set(None);
         self.release();
         self.flush()?;
@@ -776,9 +782,10 @@ mod tests {
 
     /// gate and up (`[512, 2048] · [1024, 2048]ᵀ`, rotated, one int8 term, corrected along a
     /// calibrated direction: cut into pieces) reading one activation, as a walk runs them — `between`: a
-    /// CPU node between them; `up_on_cpu`: up not ORK's (ggml-cpu runs it) — against each alone.
-    /// Returns whether gate's last output pass was left for up.
-    fn gate_then_up(between: bool, up_on_cpu: bool) -> u64 {
+    /// CPU node between them; `up_on_cpu`: up routed to the NPU but its weight not in an ORK
+    /// buffer (ggml-cpu runs it) — against each alone. Returns gate's last output passes left for
+    /// up, run beside up's first piece, and run apart.
+    fn gate_then_up(between: bool, up_on_cpu: bool) -> (u64, u64, u64) {
         const M2: usize = 512;
         const K2: usize = 2048;
         const N2: usize = 1024;
@@ -828,13 +835,11 @@ mod tests {
         let store = WeightStore::default();
         let node = |w: usize, addr: usize| {
             let tensor = Tensor { addr: weights[w].as_ptr() as usize, ggml_type: crate::quant::types::Q8_0, ne: [K2 as i64, N2 as i64, 1, 1], contiguous: true, is_view: false, name: Name(names[w]) };
-            let Node::MulMat(mut mm) = mul_mat(addr, M2, Some(Weight { tensor, store: Some(&store), model_weight: false }), &[tensor.addr, x.as_ptr() as usize]) else { unreachable!() };
+            let store = (w == 0 || !up_on_cpu).then_some(&store);
+            let Node::MulMat(mut mm) = mul_mat(addr, M2, Some(Weight { tensor, store, model_weight: false }), &[tensor.addr, x.as_ptr() as usize]) else { unreachable!() };
             // A quantized type (F32 bytes read through the row dequantizer): one weight term.
             let sh = mm.shape.as_mut().unwrap();
             (sh.k, sh.n, sh.weight_type) = (K2, N2, crate::quant::types::Q8_0);
-            if w == 1 && up_on_cpu {
-                mm.shape = None;
-            }
             Node::MulMat(mm)
         };
         let mut nodes = vec![node(0, 0x100), Node::View];
@@ -848,7 +853,7 @@ mod tests {
         io[0] = Some((&x, &mut d1));
         io[last] = Some((&x, &mut d2));
         let data = |w: usize| WeightData { bytes: &weights[w], row_bytes: 4 * K2, to_float: Some(F32_ROW) };
-        let mut g = Chain { nodes, data: [data(0), data(1)], io, cpu_runs: vec![] };
+        let mut g = Chain { nodes, data: [data(0), data(1)], io, cpu_runs: vec![], stats: &dev.stats };
         compute(&dev, &Stream::default(), &mut g).expect("the walk runs");
         let cpu_runs = std::mem::take(&mut g.cpu_runs);
         drop(g);
@@ -864,7 +869,7 @@ mod tests {
             assert_eq!(s.npu_matmuls.load(Relaxed), 2);
             assert!(same(&d2, &alone[1]), "up: the bits it has alone (between: {between})");
         }
-        s.outputs_deferred.load(Relaxed)
+        (s.outputs_deferred.load(Relaxed), s.outputs_beside.load(Relaxed), s.outputs_apart.load(Relaxed))
     }
 
     /// A graph of two MUL_MATs of their own weights ([`gate_then_up`]).
@@ -873,6 +878,7 @@ mod tests {
         data: [WeightData<'g>; 2],
         io: Vec<Option<(&'g [f32], &'g mut [f32])>>,
         cpu_runs: Vec<Range<usize>>,
+        stats: &'g super::super::Stats,
     }
 
     impl<'g> Graph<'g> for Chain<'g> {
@@ -889,6 +895,9 @@ mod tests {
             self.io[i].take()
         }
         fn run_cpu(&mut self, nodes: Range<usize>) -> Result<(), String> {
+            // Whatever was left for a MUL_MAT is written before ggml-cpu's nodes may read it.
+            let s = self.stats;
+            assert_eq!(s.outputs_deferred.load(Relaxed), s.outputs_beside.load(Relaxed) + s.outputs_apart.load(Relaxed), "every pass left was run before ggml-cpu");
             self.cpu_runs.push(nodes);
             Ok(())
         }
@@ -899,9 +908,9 @@ mod tests {
     /// the nodes after it waits for it. The bits are each MUL_MAT's alone in every case.
     #[test]
     fn a_last_output_pass_left_for_the_next_matmul_changes_no_bit() {
-        assert_eq!(gate_then_up(false, false), 1, "left for up");
-        assert_eq!(gate_then_up(true, false), 0, "a CPU node between: done at once");
-        assert_eq!(gate_then_up(false, true), 1, "left, then run before ggml-cpu ran up");
+        assert_eq!(gate_then_up(false, false), (1, 1, 0), "left for up, run beside its first piece");
+        assert_eq!(gate_then_up(true, false), (0, 0, 0), "a CPU node between: done at once");
+        assert_eq!(gate_then_up(false, true), (1, 0, 1), "left, then run apart before ggml-cpu ran up");
     }
 
     #[test]

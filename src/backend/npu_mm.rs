@@ -227,8 +227,9 @@ impl PieceRun {
 /// then up in llama.cpp's graphs) instead of after this MUL_MAT's last NPU run, with nothing to
 /// cover it. Owns what the pass reads: the piece's results in the NPU cores' buffers, its rows'
 /// scales and coefficients, the weight's column scales and its correction's error. Run by
-/// [`Device::finish_output`]; dropped unrun (an error or a panic on the way), it runs the pass
-/// then, unbooked, so the output is always written and the buffers always go back.
+/// [`Device::finish_output`]; dropped unrun (an error on the way), it runs the pass then,
+/// unbooked, so the output is always written and the buffers always go back (unwinding from a
+/// panic, only the buffers go back).
 pub(super) struct PendingOut<'g> {
     shares: Option<crate::npu::Shares>,
     a_scale: Vec<f32>,
@@ -255,7 +256,7 @@ impl PendingOut<'_> {
             corr: self.err.as_deref().map(|e| (self.coef.as_slice(), e)),
         };
         let dst = &mut *self.dst;
-        pool::on_host(self.cfg, 2 * dst.len(), || quant::dequantize_fused(&o, dst));
+        pool::on_host(self.cfg, 3 * dst.len(), || quant::dequantize_fused(&o, dst));
         drop(parts);
         drop(sh);
         t.elapsed().as_nanos() as u64
@@ -264,6 +265,11 @@ impl PendingOut<'_> {
 
 impl Drop for PendingOut<'_> {
     fn drop(&mut self) {
+        // Unwinding, the call fails anyway: the buffers go back, no pass (a second panic in it
+        // would abort the process).
+        if std::thread::panicking() {
+            self.shares = None;
+        }
         self.run();
     }
 }
@@ -336,14 +342,14 @@ impl Device {
         defer: bool,
     ) -> Option<PendingOut<'g>> {
         if m == 0 {
-            self.finish_output(before);
+            self.finish_output(before, true);
             return None;
         }
         // A key exists only for a rotated weight on a device with a calibration store, and the
         // store only with the rotation and ORK_MEAN_CORRECT on (`Store::from_config`).
         let fix = match (&self.calib, w.calib_key) {
             (Some(store), Some(key)) if store.recording() => {
-                self.finish_output(before);
+                self.finish_output(before, true);
                 let _ = self.run_mul_mat_npu(w, src, x, m, dst, None, same, None, false);
                 store.record(key, x, m, w.k);
                 return None;
@@ -358,12 +364,19 @@ impl Device {
         pending
     }
 
-    /// Runs the output pass a MUL_MAT left (`PendingOut`), if any, and books it as output time.
-    pub(super) fn finish_output(&self, p: Option<PendingOut<'_>>) {
+    /// Runs the output pass a MUL_MAT left (`PendingOut`), if any, and books it as output time;
+    /// `apart`: outside any MUL_MAT's run (the graph walk's, or before one starts), so on the
+    /// critical path as it is (inside a run, the run's wall time less its NPU time counts it).
+    pub(super) fn finish_output(&self, p: Option<PendingOut<'_>>, apart: bool) {
         let Some(mut p) = p else { return };
         let ns = p.run();
-        self.stats.phase[p.phase].dequant_ns.fetch_add(ns, Relaxed);
+        let ps = &self.stats.phase[p.phase];
+        ps.dequant_ns.fetch_add(ns, Relaxed);
         self.stats.dequant_ns.fetch_add(ns, Relaxed);
+        if apart {
+            ps.critical_ns.fetch_add(ns, Relaxed);
+            self.stats.outputs_apart.fetch_add(1, Relaxed);
+        }
     }
 
     /// Weight `w`'s calibrated direction `d` and the NPU's error on it, `e = d·Wᵀ − d·Q(W)ᵀ`:
@@ -606,7 +619,7 @@ impl Device {
         let mut deferred: Option<PendingOut<'g>> = None;
         let phase_i = (phase == crate::route::Phase::Decode) as usize;
         pool::on_host(self.cfg, rows * k, || pool::keep_awake(self.cfg, || { let dst = dst; if whole {
-            self.finish_output(before.take());
+            self.finish_output(before.take(), false);
             let th = Instant::now();
             let decided = decide();
             check_ns = th.elapsed().as_nanos() as u64;
@@ -679,7 +692,10 @@ impl Device {
                     }
                     if i == 0 {
                         // The MUL_MAT before's last output pass, while the NPU runs this piece.
-                        self.finish_output(before.take());
+                        if before.is_some() {
+                            self.stats.outputs_beside.fetch_add(1, Relaxed);
+                        }
+                        self.finish_output(before.take(), false);
                     } else {
                         let hc = land(i - 1, run, a_p[i - 1], c_p[i - 1]);
                         out_ns += out(bounds[i - 1], (c_p[i - 1], hc), as_p[i - 1], (&[], TermOut::Dense), coef_p[i - 1], dst_p[i - 1]);
@@ -705,7 +721,7 @@ impl Device {
                 }
                 return;
             }
-            self.finish_output(before.take());
+            self.finish_output(before.take(), false);
             std::thread::scope(|s| {
                 let (to_npu, npu_rx) = std::sync::mpsc::channel::<(usize, &[i8])>();
                 let (npu_tx, from_npu) = std::sync::mpsc::channel::<Landed<'_>>();
@@ -740,7 +756,7 @@ impl Device {
                 let _ = npu_thread.join();
             });
         }}));
-        self.finish_output(before);
+        self.finish_output(before, false);
         // The key of an activation not hashed before its pass: from the row hashes it took.
         let key = if hashes.is_empty() { key } else { Some(this(rows_hash(&hashes))) };
         if reused {
