@@ -594,6 +594,20 @@ mod tests {
         Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), placement: Default::default(), stream: Default::default(), cache: None, calib: None }
     }
 
+    /// A device on the simulator with the default precision (rotated, one int8 term), no cache,
+    /// no cross-process lock, and the calibration store `calib`.
+    fn rotated_sim_device(calib: Option<crate::cache::calib::Store>) -> Device {
+        let (cfg, bad) = Config::from_lookup(|k| match k {
+            "ORK_NPU" => Some("sim".into()),
+            "ORK_NPU_LOCK" => Some("off".into()),
+            "ORK_CACHE" => Some("0".into()),
+            _ => None,
+        });
+        assert!(bad.is_empty(), "{bad:?}");
+        let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), pin_cpus: vec![], ..NpuConfig::default() }).expect("simulator opens");
+        Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), placement: Default::default(), stream: Default::default(), cache: None, calib }
+    }
+
     fn f32_row(row: &[u8], out: &mut [f32]) {
         for (o, b) in out.iter_mut().zip(row.chunks_exact(4)) {
             *o = f32::from_le_bytes(b.try_into().unwrap());
@@ -740,15 +754,7 @@ mod tests {
             // same hash: a reuse the case does not count on).
             std::thread::scope(|s| {
                 s.spawn(|| {
-                    let (cfg, bad) = Config::from_lookup(|k| match k {
-                        "ORK_NPU" => Some("sim".into()),
-                        "ORK_NPU_LOCK" => Some("off".into()),
-                        "ORK_CACHE" => Some("0".into()),
-                        _ => None,
-                    });
-                    assert!(bad.is_empty(), "{bad:?}");
-                    let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), pin_cpus: vec![], ..NpuConfig::default() }).expect("simulator opens");
-                    let dev = Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), placement: Default::default(), stream: Default::default(), cache: None, calib: None };
+                    let dev = rotated_sim_device(None);
                     let store = WeightStore::default();
                     let wb: Vec<u8> = weight_f32().iter().flat_map(|v| v.to_le_bytes()).collect();
                     let full = format!("blk.0.{name}.weight");
@@ -792,18 +798,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ork-graph-chain-{}-{between}-{up_on_cpu}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let cal = dir.join("c.orkcal");
-        let dev_with = |record: bool| {
-            let (cfg, bad) = Config::from_lookup(|k| match k {
-                "ORK_NPU" => Some("sim".into()),
-                "ORK_NPU_LOCK" => Some("off".into()),
-                "ORK_CACHE" => Some("0".into()),
-                _ => None,
-            });
-            assert!(bad.is_empty(), "{bad:?}");
-            let npu = Npu::open(&NpuConfig { kind: NpuKind::Sim, soc: Some(SocId::Rk3588), pin_cpus: vec![], ..NpuConfig::default() }).expect("simulator opens");
-            let calib = Some(crate::cache::calib::Store::open(&cal, record));
-            Device { npu, vk: None, cfg: Box::leak(Box::new(cfg)), stats: Default::default(), placement: Default::default(), stream: Default::default(), cache: None, calib }
-        };
+        let dev_with = |record: bool| rotated_sim_device(Some(crate::cache::calib::Store::open(&cal, record)));
         let weights: Vec<Vec<u8>> = (0..2u64)
             .map(|w| (0..N2 * K2).flat_map(|i| ((((i as u64 * 29 + w * 7) % 67) as f32 - 33.0) / 41.0).to_le_bytes()).collect())
             .collect();

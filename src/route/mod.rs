@@ -188,9 +188,12 @@ impl HostCost {
 pub const A76_OVER_HERE: f64 = 2.5;
 // Each: `P=512 UB="512 128" R=1 bash bench-scripts/prefill_host_table.sh $ORK_ENV/synth/synth-qwen3-1.7b-Q8_0.gguf`
 // (synthetic Qwen3-1.7B shape, timed NPU, OMP_WAIT_POLICY=passive, µs per prompt token, load
-// average 1.3–1.6, the M = 512 row of docs/benchmarks.md's table), divided by the work per token
-// `ork-route` prints (`route::prefill_work`, M = 512). The Q4_K_M shape's row in the same run:
-// act-quant 199 (reuse check 19), cores' host work 19, dequant 260.
+// average 1.3–1.6; the tree before V's and gate's last output pass went beside the next MUL_MAT,
+// whose per-element work is the same), divided by the work per token `ork-route` prints
+// (`route::prefill_work`, M = 512). The Q4_K_M shape's row in the same run: act-quant 199 (reuse
+// check 19), cores' host work 19, dequant 260. A busier run of this tree (docs/benchmarks.md's
+// table: ggml-cpu alone 5 % slower, the passes a quarter slower) refits to 0.671 / 0.128 / 0.574
+// / 0.0266 ns, and ork-route then prints 330 with host instead of 335.
 /// act-quant 201 µs per token less its reuse check (17), / 344064 row·K per token quantized: Σ K
 /// of the layer's MUL_MATs that quantize their activation (Q, attention output, gate, down; K, V
 /// and up read the held one, `precision::reads_held`) × 28.
