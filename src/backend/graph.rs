@@ -147,6 +147,13 @@ pub fn supports(dev: &Device, node: &Node<'_>) -> bool {
 }
 
 /// The streamed source of a weight past the residency budget, if it is one.
+/// The engine of a MUL_MAT of shape `shape` in the walk: None where ORK does not take it (no
+/// shape, or one `mul_mat_unsupported` refuses), else [`engine_for`]'s (memoised).
+fn walk_engine(dev: &Device, shape: Option<MatMulShape>) -> Option<(MatMulShape, Engine)> {
+    let s = shape.filter(|s| mul_mat_unsupported(dev, s).is_none())?;
+    Some((s, engine_for(dev, &s, false)))
+}
+
 fn streamed_src(w: &Weight<'_>) -> Option<Arc<StreamSrc>> {
     let t = &w.tensor;
     w.store?.streamed(t.addr, t.ne[1] as usize, t.ne[0] as usize, t.ggml_type)
@@ -264,8 +271,8 @@ impl<'g> Walk<'_, 'g> {
                 Node::MulMat(mm) => mm,
             };
             // Shape, route and resident weight are worked out once per node, here.
-            let ours = match mm.shape {
-                Some(s) if mul_mat_unsupported(dev, &s).is_none() => match engine_for(dev, &s, false) {
+            let ours = match walk_engine(dev, mm.shape) {
+                Some((s, engine)) => match engine {
                     Engine::Cpu => Err(s.m),
                     // A weight that cannot be made resident (budget, IOMMU) runs on ggml's CPU
                     // backend, in place, like any op ORK does not accelerate.
@@ -275,8 +282,8 @@ impl<'g> Walk<'_, 'g> {
                     },
                     Engine::Gpu => Ok((s, None)),
                 },
-                Some(s) => Err(s.m),
-                None => Err(1),
+                // Not ORK's: counted at its M (1 when it has no shape).
+                None => Err(mm.shape.map_or(1, |s| s.m)),
             };
             let (s, npu_w) = match ours {
                 Err(m) => {
@@ -307,7 +314,7 @@ impl<'g> Walk<'_, 'g> {
                 Node::MulMat(next) => {
                     next.srcs[1].0 != 0
                         && next.srcs[1].0 == mm.srcs[1].0
-                        && next.shape.is_some_and(|ns| mul_mat_unsupported(dev, &ns).is_none() && engine_for(dev, &ns, false) == Engine::Npu)
+                        && walk_engine(dev, next.shape).is_some_and(|(_, e)| e == Engine::Npu)
                 }
                 _ => false,
             });
@@ -444,7 +451,8 @@ impl<'g> Walk<'_, 'g> {
         // output); anywhere else it runs first.
         let before = self.deferred.take();
         let io = graph.mul_mat_io(i);
-        let same = io.as_ref().is_some_and(|(x, _)| self.last_act.get() == Some((x.as_ptr() as usize, x.len())));
+        let act = io.as_ref().map(|(x, _)| (x.as_ptr() as usize, x.len()));
+        let same = act.is_some() && self.last_act.get() == act;
         let before = match before {
             Some(p) if same && npu_w.is_some() => Some(p),
             p => {
@@ -464,10 +472,9 @@ impl<'g> Walk<'_, 'g> {
             let gw = store.get_or_upload_gpu(self.dev, w.tensor.addr, &src, s.n, s.k).map_err(|e| e.to_string())?;
             return Ok(Some(GpuJob { w: gw, x, m: s.m, dst }));
         };
-        let act = (x.as_ptr() as usize, x.len());
         let pending = self.dev.run_mul_mat_chained(pw, &src, x, s.m, dst, same, before, next_reads_same);
         self.deferred.set(pending);
-        self.last_act.set(Some(act));
+        self.last_act.set(act);
         Ok(None)
     }
 

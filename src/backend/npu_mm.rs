@@ -456,7 +456,8 @@ impl Device {
         let lt = LO_ACT_TERMS.min(terms);
         let dir = fix.map(|d| d.dir.as_slice());
         let phase = crate::route::Phase::of(self.cfg, m);
-        let ps = &self.stats.phase[(phase == crate::route::Phase::Decode) as usize];
+        let phase_i = (phase == crate::route::Phase::Decode) as usize;
+        let ps = &self.stats.phase[phase_i];
         let want = self.cfg.max_cores.unwrap_or(self.npu.soc().cores);
         // The activation's identity and whether its int8 terms are still in `sc.a`: the caller
         // vouches for an unchanged activation (`same`), else its hash says so (taken in the same
@@ -617,7 +618,6 @@ impl Device {
         let mut check_ns = 0u64;
         let mut before = before;
         let mut deferred: Option<PendingOut<'g>> = None;
-        let phase_i = (phase == crate::route::Phase::Decode) as usize;
         pool::on_host(self.cfg, rows * k, || pool::keep_awake(self.cfg, || { let dst = dst; if whole {
             self.finish_output(before.take(), false);
             let th = Instant::now();
@@ -756,7 +756,6 @@ impl Device {
                 let _ = npu_thread.join();
             });
         }}));
-        self.finish_output(before, false);
         // The key of an activation not hashed before its pass: from the row hashes it took.
         let key = if hashes.is_empty() { key } else { Some(this(rows_hash(&hashes))) };
         if reused {
