@@ -8,7 +8,8 @@
 //! 2. **Host CPUs**: the big cluster NPU threads will be pinned to.
 //! 3. **Kernel interface**: vendor `rknpu` (`/dev/dri/card*`) or mainline `rocket`
 //!    (`/dev/accel/accel*`), opened for real, then a buffer life-cycle smoke test (create, write,
-//!    sync both ways, read back, destroy; on rknpu also in IOMMU domain 1).
+//!    sync both ways, read back, destroy; on rknpu also in IOMMU domain 1 where the port has more
+//!    than one), after the line saying which port of the vendor interface answered (`kif::port`).
 //! 4. **Bit-exact suite** through the NPU core's public API (`Npu::open`, `npu::layout::tile_weight`,
 //!    `upload`, `mm_run`) against `reference_mm`, over shapes that exercise each planner path:
 //!    the minimal 4×32×32 recipe, M = 1 full-K decode up to the 10752 ceiling and just past it,
@@ -264,7 +265,12 @@ fn main() -> ExitCode {
     };
     println!("npu interface: {} at {}", node.kind.name(), node.path.display());
     let opened = match node.kind {
-        KifKind::Rknpu => kif::rknpu::Rknpu::open_path(&node.path).map(|d| Box::new(d) as Box<dyn KernelInterface>),
+        KifKind::Rknpu => kif::rknpu::Rknpu::open_path(&node.path).map(|d| {
+            // Which port of the vendor interface answered, and what it is trusted with.
+            let (answers, caps) = d.caps();
+            println!("  {}", caps.line(answers));
+            Box::new(d) as Box<dyn KernelInterface>
+        }),
         KifKind::Rocket => kif::rocket::Rocket::open_path(&node.path).map(|d| Box::new(d) as Box<dyn KernelInterface>),
     };
     let dev = match opened {
@@ -276,7 +282,7 @@ fn main() -> ExitCode {
     };
     println!("  {}", dev.describe());
     let mut domains = vec![DomainId(0)];
-    if node.kind == KifKind::Rknpu {
+    if node.kind == KifKind::Rknpu && dev.max_domains() > 1 {
         domains.push(DomainId(1));
     }
     for d in domains {

@@ -8,7 +8,8 @@
 //!   ork `src/soc.c`). "rk3588s" is an RK3588 for the NPU's purposes (same NPU, 3 cores). The
 //!   environment variable `ORK_SOC` overrides it (for offline tools and for boards with odd
 //!   device trees); an unparsable `ORK_SOC` is an error rather than silently ignored.
-//! * **Which kernel interface?** The vendor `rknpu` DRM driver on `/dev/dri/card*` (or the node
+//! * **Which kernel interface?** The vendor `rknpu` DRM driver on `/dev/dri/card*`, then
+//!   `/dev/dri/renderD*` (or the node
 //!   `ORK_NPU_CARD` names) or the mainline `rocket` accel driver on `/dev/accel/accel*`, each
 //!   recognised by its DRM driver name. The vendor driver wins when both are present (it is the
 //!   richer interface: domains, core masks, kernel timing). When neither is found the error is one
@@ -169,7 +170,13 @@ pub fn find_npu_node(card: Option<&Path>) -> Result<NpuNode, DetectError> {
             let r = drm::driver_name_of(&p).map_err(|e| e.to_string());
             vec![(p, r)]
         }
-        None => probe(Path::new("/dev/dri"), "card"),
+        // Card nodes first; a render node of the same driver where the card is not there or
+        // cannot be opened (cards are often group `video`, mode 0660).
+        None => {
+            let mut nodes = probe(Path::new("/dev/dri"), "card");
+            nodes.extend(probe(Path::new("/dev/dri"), "renderD"));
+            nodes
+        }
     };
     let accels = probe(Path::new("/dev/accel"), "accel");
     choose_node(&cards, &accels)

@@ -427,6 +427,14 @@ impl Npu {
         if let Some(cap) = cfg.domain_cap_bytes {
             soc.domain_cap_bytes = cap;
         }
+        // A device tree that gives the driver fewer cores than the SoC has (a core-0-only tree)
+        // and a clock other than the nominal one are the kernel interface's to say.
+        if let Some(c) = kif.cores() {
+            soc.cores = soc.cores.min(c).max(1);
+        }
+        if let Some(hz) = kif.clock_hz() {
+            soc.timing = soc.timing.at_clock(hz);
+        }
         let cores = soc.cores;
         let max_cores = cfg.max_cores.unwrap_or(cores).clamp(1, cores);
         let budget = cfg.wcache_budget_bytes.unwrap_or_else(domain::default_budget_bytes);
@@ -436,7 +444,7 @@ impl Npu {
         // leaves one window fuller meets the kernel's EFAULT, the safety net below.
         let per_core = kif.per_core_spaces();
         let cap = if per_core { soc.domain_cap_bytes * u64::from(max_cores) } else { soc.domain_cap_bytes };
-        let mut domains = domain::DomainSet::new(cap, budget, kif::MAX_DOMAINS);
+        let mut domains = domain::DomainSet::new(cap, budget, kif.max_domains());
         domains.set_copies(kif.weight_copies(max_cores));
         let shared = Arc::new(Shared {
             kif,

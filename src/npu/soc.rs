@@ -92,6 +92,14 @@ impl NpuTiming {
         (ops + bytes) * 1e9
     }
 
+    /// The same NPU at another clock: the cores' int8 rate scales with it (the rates above are
+    /// stated at 1 GHz, the vendor kernels' top devfreq step, `kif::port::NOMINAL_CLOCK_HZ`);
+    /// the memory feed and the per-submit floor stay.
+    pub fn at_clock(self, hz: u64) -> NpuTiming {
+        let nominal = crate::npu::kif::port::NOMINAL_CLOCK_HZ;
+        NpuTiming { core_ops: ((u128::from(self.core_ops) * u128::from(hz.max(1))) / u128::from(nominal)) as u64, ..self }
+    }
+
     /// A submit's modelled hardware time from its programs' total: never under the floor.
     pub fn submit_ns(&self, programs_ns: f64) -> u64 {
         (programs_ns.ceil() as u64).max(self.submit_floor_ns)

@@ -130,9 +130,21 @@ pub fn open_node(path: &Path) -> Result<File, KifError> {
         .map_err(|e| KifError::Sys { op: "open", source: io_to_errno(&e) })
 }
 
-/// The DRM driver name of an open node ("rknpu", "rocket", "rockchip-drm", …).
-pub fn driver_name(fd: &File) -> Result<String, KifError> {
+/// What `DRM_IOCTL_VERSION` says of a node: the driver's name, its version and description.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DrmIdent {
+    /// "rknpu", "rocket", "rockchip-drm", …
+    pub name: String,
+    /// (major, minor, patchlevel).
+    pub version: (u32, u32, u32),
+    /// The driver's description ("RKNPU driver"; the mainline ports say what they are here).
+    pub desc: String,
+}
+
+/// Asks an open node `DRM_IOCTL_VERSION` for its name, version and description.
+pub fn ident(fd: &File) -> Result<DrmIdent, KifError> {
     let mut name = [0u8; 64];
+    let mut desc = [0u8; 128];
     let mut v = DrmVersion {
         version_major: 0,
         version_minor: 0,
@@ -141,16 +153,27 @@ pub fn driver_name(fd: &File) -> Result<String, KifError> {
         name: name.as_mut_ptr(),
         date_len: 0,
         date: std::ptr::null_mut(),
-        desc_len: 0,
-        desc: std::ptr::null_mut(),
+        desc_len: desc.len(),
+        desc: desc.as_mut_ptr(),
     };
-    // SAFETY: `v` is a valid drm_version; the kernel writes at most `name_len` bytes into `name`,
-    // which lives for the whole call; date/desc have length 0 so their null pointers are not used.
+    // SAFETY: `v` is a valid drm_version; the kernel writes at most `name_len` / `desc_len` bytes
+    // into `name` / `desc`, which live for the whole call; date has length 0 so its null pointer
+    // is not used.
     restart(|| unsafe { sys::drm_version(fd.as_raw_fd(), &mut v) })
         .map_err(|source| KifError::Sys { op: "DRM_IOCTL_VERSION", source })?;
-    // The kernel reports the full length even when it truncated the copy.
-    let n = v.name_len.min(name.len());
-    Ok(String::from_utf8_lossy(&name[..n]).trim_end_matches('\0').to_string())
+    // The kernel reports the full lengths even when it truncated the copy.
+    let text = |b: &[u8], n: usize| String::from_utf8_lossy(&b[..n.min(b.len())]).trim_end_matches('\0').to_string();
+    let ver = |x: i32| u32::try_from(x).unwrap_or(0);
+    Ok(DrmIdent {
+        name: text(&name, v.name_len),
+        version: (ver(v.version_major), ver(v.version_minor), ver(v.version_patchlevel)),
+        desc: text(&desc, v.desc_len),
+    })
+}
+
+/// The DRM driver name of an open node ("rknpu", "rocket", "rockchip-drm", …).
+pub fn driver_name(fd: &File) -> Result<String, KifError> {
+    ident(fd).map(|i| i.name)
 }
 
 /// Opens `path` and returns its DRM driver name.

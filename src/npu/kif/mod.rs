@@ -17,6 +17,7 @@
 #![allow(unsafe_code)]
 
 pub mod sim;
+pub mod port;
 pub mod rknpu;
 pub mod rocket;
 /// Generic DRM core ioctls and node discovery shared by `rknpu` and `rocket`.
@@ -272,6 +273,22 @@ pub trait KernelInterface: Send + Sync {
     /// buffers small (`npu::mm`).
     fn syncs_whole_buffers(&self) -> bool {
         false
+    }
+    /// IOMMU domains weights may be placed in (logical ids `0..max_domains()`): [`MAX_DOMAINS`]
+    /// where the driver keeps 16 windows; 1 on the ports with one window or one pool
+    /// ([`port`]).
+    fn max_domains(&self) -> u32 {
+        MAX_DOMAINS
+    }
+    /// NPU cores the kernel lets jobs run on, where it says (a device tree that gives the driver
+    /// fewer cores than the SoC has); None = the SoC's.
+    fn cores(&self) -> Option<u32> {
+        None
+    }
+    /// The NPU clock the driver reports (devfreq or the driver's own answer); None = unknown, the
+    /// timing model's nominal clock.
+    fn clock_hz(&self) -> Option<u64> {
+        None
     }
     /// Whether every core has an address space of its own: a buffer created in
     /// [`space_of`](Self::space_of)`(d, c)` is addressable by jobs on core `c` only. False where

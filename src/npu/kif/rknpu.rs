@@ -61,6 +61,7 @@ use std::time::Duration;
 use nix::errno::Errno;
 
 use super::drm::{self, DRM_COMMAND_BASE, DRM_IOCTL_TYPE};
+use super::port::{self, Answers, Caps, ResetKind};
 use super::{
     page_round, Bo, DomainId, Iova, KernelInterface, KifError, SubmitDone, SubmitJob, SyncDir, Warmth, MAX_DOMAINS,
 };
@@ -310,14 +311,14 @@ pub mod request {
 
 /// The `rknpu_submit` for a job: blocking unless the caller set NONBLOCK, `fence_fd = -1`,
 /// `subcore_task[0..=2]` all `{task_start, task_number}`.
-pub fn build_submit(job: &SubmitJob<'_>) -> RknpuSubmit {
+pub fn build_submit(job: &SubmitJob<'_>, kernel_domain: u32) -> RknpuSubmit {
     let mut s = RknpuSubmit {
         flags: job.flags,
         timeout: job.timeout_ms,
         task_start: job.task_start,
         task_number: job.task_number,
         task_obj_addr: job.task_bo.obj_addr,
-        iommu_domain_id: job.domain.0,
+        iommu_domain_id: kernel_domain,
         core_mask: job.core_mask,
         fence_fd: -1,
         ..RknpuSubmit::default()
@@ -373,24 +374,32 @@ pub enum SubmitErrorClass {
     Retry,
     /// ETIMEDOUT: the kernel reset the device.
     Timeout,
+    /// EIO on a port where it means another core's job timed out and the kernel reset the
+    /// device under this one (dkms): every buffer is cold; retry.
+    DeviceReset,
     /// Anything else.
     Fail,
 }
 
-/// Classifies a SUBMIT errno (rknpu-facts §1.6).
-pub fn classify_submit_error(e: Errno) -> SubmitErrorClass {
+/// Classifies a SUBMIT errno (rknpu-facts §1.6); `eio_is_reset` where the port says EIO is
+/// another core's timeout ([`Caps::eio_is_reset`]).
+pub fn classify_submit_error(e: Errno, eio_is_reset: bool) -> SubmitErrorClass {
     match e {
         Errno::EINVAL | Errno::EBUSY => SubmitErrorClass::Retry,
         Errno::ETIMEDOUT => SubmitErrorClass::Timeout,
+        Errno::EIO if eio_is_reset => SubmitErrorClass::DeviceReset,
         _ => SubmitErrorClass::Fail,
     }
 }
 
-/// Maps a MEM_CREATE errno: EFAULT / ENOMEM mean the domain's IOVA window is exhausted.
-pub fn map_mem_create_error(e: Errno, domain: DomainId) -> KifError {
-    match e {
-        Errno::EFAULT | Errno::ENOMEM => KifError::Fault { op: "RKNPU_MEM_CREATE", domain: domain.0 },
-        source => KifError::Sys { op: "RKNPU_MEM_CREATE", source },
+/// Maps a MEM_CREATE errno: those the port answers when the domain's IOVA window (or its one
+/// pool) is exhausted ([`Caps::full`]: EFAULT / ENOMEM on the vendor driver, ENOSPC on the
+/// ports built on mainline's allocator) become [`KifError::Fault`].
+pub fn map_mem_create_error(e: Errno, domain: DomainId, full: &[Errno]) -> KifError {
+    if full.contains(&e) {
+        KifError::Fault { op: "RKNPU_MEM_CREATE", domain: domain.0 }
+    } else {
+        KifError::Sys { op: "RKNPU_MEM_CREATE", source: e }
     }
 }
 
@@ -404,12 +413,15 @@ pub const DRIVER_NAME: &str = "rknpu";
 pub const DRI_DIR: &str = "/dev/dri";
 
 /// Finds the rknpu node: `card` (the value of `ORK_NPU_CARD`) if given, else the first
-/// `/dev/dri/card*` whose DRM driver name is "rknpu". The error says what was looked at.
+/// `/dev/dri/card*` whose DRM driver name is "rknpu", else the first such `/dev/dri/renderD*`
+/// (a card node is often group `video` mode 0660; the render node may be the one a user can
+/// open). The error says what was looked at.
 pub fn find_card(card: Option<&Path>) -> Result<PathBuf, KifError> {
     if let Some(p) = card {
         return Ok(p.to_path_buf());
     }
     drm::find_by_driver(Path::new(DRI_DIR), "card", DRIVER_NAME)
+        .or_else(|e| drm::find_by_driver(Path::new(DRI_DIR), "renderD", DRIVER_NAME).map_err(|_| e))
 }
 
 /// Opens the vendor driver (node from [`find_card`]) as a kernel interface.
@@ -441,17 +453,24 @@ pub struct Rknpu {
     warmth: Warmth,
     /// Whether the NPU has been put into int8 mode (ACT_RESET before the first int8 job, §2.6).
     int8_entered: Mutex<bool>,
+    /// What the device answered at open, and what this port can be trusted with ([`port`]).
+    answers: Answers,
+    caps: Caps,
+    /// Submits that returned success after the port's job timeout (a hang reported as done,
+    /// rkopnu), handed back as never ran; logged once.
+    hangs: std::sync::atomic::AtomicU64,
 }
 
 impl Rknpu {
     /// Opens `path`, checks that it is the rknpu driver at version ≥ 0.9.6, and powers it on.
     pub fn open_path(path: &Path) -> Result<Rknpu, KifError> {
         let fd = drm::open_node(path)?;
-        let name = drm::driver_name(&fd)?;
-        if name != DRIVER_NAME {
+        let ident = drm::ident(&fd)?;
+        if ident.name != DRIVER_NAME {
             return Err(KifError::NoDevice(format!(
-                "{} is DRM driver \"{name}\", not \"{DRIVER_NAME}\"",
-                path.display()
+                "{} is DRM driver \"{}\", not \"{DRIVER_NAME}\"",
+                path.display(),
+                ident.name
             )));
         }
         let mut dev = Rknpu {
@@ -462,16 +481,15 @@ impl Rknpu {
             live: Mutex::new(HashMap::new()),
             warmth: Warmth::default(),
             int8_entered: Mutex::new(false),
+            answers: Answers::default(),
+            caps: Caps::vendor(),
+            hangs: std::sync::atomic::AtomicU64::new(0),
         };
         dev.drv_version = dev.action(action::GET_DRV_VERSION, 0)?;
-        if dev.drv_version < MIN_DRV_VERSION {
-            let (a, b, c) = decode_version(dev.drv_version);
-            log::error!("rknpu driver {a}.{b}.{c} at {} is older than 0.9.6", path.display());
-            return Err(KifError::Unsupported {
-                driver: "rknpu",
-                what: "driver older than 0.9.6 (pre-0.9 struct layouts)",
-            });
-        }
+        dev.answers = dev.probe(path, &ident);
+        // A device that fits no known port is refused in one line (the caller's), not guessed at.
+        dev.caps = port::decide(&dev.answers).map_err(|why| KifError::NoDevice(port::refusal(&dev.answers, &why)))?;
+        log::info!("{}", dev.caps.line(&dev.answers));
         dev.hw_version = dev.action(action::GET_HW_VERSION, 0).unwrap_or(0);
         match dev.action(action::POWER_ON, 0) {
             Ok(_) | Err(KifError::Sys { source: Errno::EINVAL, .. }) => {}
@@ -490,6 +508,48 @@ impl Rknpu {
         Ok(a.value)
     }
 
+    /// Asks the questions [`port::decide`] reads: all harmless on every known port (an undefined
+    /// ACTION is EINVAL on the vendor driver; the domain switch is asked only of a 0.9.6 driver
+    /// sitting at domain 0, and switched back).
+    fn probe(&self, path: &Path, ident: &drm::DrmIdent) -> Answers {
+        let ask = |sel: u32| self.action(sel, 0).ok();
+        let unknown_action = match self.action(port::UNKNOWN_ACTION, 0) {
+            Ok(v) => Some(Ok(v)),
+            Err(KifError::Sys { source, .. }) => Some(Err(source)),
+            Err(_) => None,
+        };
+        let iommu_en = ask(action::GET_IOMMU_EN);
+        let domain_at_open = ask(action::GET_IOMMU_DOMAIN_ID);
+        let switch_reads_back = (self.drv_version == encode_version(0, 9, 6) && domain_at_open == Some(0) && iommu_en == Some(1)).then(|| {
+            let moved = self.action(action::SET_IOMMU_DOMAIN_ID, 1).is_ok() && ask(action::GET_IOMMU_DOMAIN_ID) == Some(1);
+            let _ = self.action(action::SET_IOMMU_DOMAIN_ID, 0);
+            moved
+        });
+        let clock_hz = port::devfreq_hz().or_else(|| ask(action::GET_FREQ).filter(|&f| f > 0).map(u64::from));
+        Answers {
+            node: path.to_path_buf(),
+            drm_version: ident.version,
+            desc: ident.desc.clone(),
+            drv_version: self.drv_version,
+            unknown_action,
+            iommu_en,
+            domain_at_open,
+            switch_reads_back,
+            clock_hz,
+            dt_cores: port::dt_cores(path),
+        }
+    }
+
+    /// What the device answered at open and what this port is trusted with.
+    pub fn caps(&self) -> (&Answers, &Caps) {
+        (&self.answers, &self.caps)
+    }
+
+    /// The kernel's id of a logical domain (dkms: offset to the fd's own id).
+    fn kernel_domain(&self, domain: DomainId) -> u32 {
+        self.caps.domain_base + domain.0
+    }
+
     /// Encoded driver version (908 = 0.9.8).
     pub fn drv_version(&self) -> u32 {
         self.drv_version
@@ -506,7 +566,7 @@ impl Rknpu {
         if domain.0 >= MAX_DOMAINS {
             return Err(KifError::Invalid(format!("IOMMU domain {} out of range", domain.0)));
         }
-        self.action(action::SET_IOMMU_DOMAIN_ID, domain.0).map(|_| ())
+        self.action(action::SET_IOMMU_DOMAIN_ID, self.kernel_domain(domain)).map(|_| ())
     }
 
     fn destroy_raw(&self, handle: u32, obj_addr: u64) -> Result<(), KifError> {
@@ -519,7 +579,7 @@ impl Rknpu {
     }
 
     fn submit_once(&self, job: &SubmitJob<'_>) -> nix::Result<RknpuSubmit> {
-        let mut s = build_submit(job);
+        let mut s = build_submit(job, self.kernel_domain(job.domain));
         // SAFETY: `s` is a valid rknpu_submit with no user pointers (task_obj_addr is a kernel
         // cookie of a live buffer the caller borrows for the duration); `self.fd` is open.
         drm::restart(|| unsafe { sys::rknpu_submit(self.fd.as_raw_fd(), &mut s) })?;
@@ -534,27 +594,27 @@ impl KernelInterface for Rknpu {
 
     fn describe(&self) -> String {
         let (a, b, c) = decode_version(self.drv_version);
-        format!("rknpu {a}.{b}.{c} at {} (hw {:#010x})", self.path.display(), self.hw_version)
+        format!("rknpu {a}.{b}.{c} ({} port) at {} (hw {:#010x})", self.caps.port.name(), self.path.display(), self.hw_version)
     }
 
     fn mem_create(&self, size_bytes: usize, flags: u32, domain: DomainId) -> Result<Bo, KifError> {
         if size_bytes == 0 {
             return Err(KifError::Invalid("mem_create: size 0".into()));
         }
-        if domain.0 >= MAX_DOMAINS {
-            return Err(KifError::Invalid(format!("mem_create: IOMMU domain {} out of range", domain.0)));
+        if domain.0 >= self.caps.domains {
+            return Err(KifError::Invalid(format!("mem_create: IOMMU domain {} out of range (this port has {})", domain.0, self.caps.domains)));
         }
         let size = page_round(size_bytes);
         let mut c = RknpuMemCreate {
             flags,
             size: size as u64,
-            iommu_domain_id: domain.0 as i32,
+            iommu_domain_id: self.kernel_domain(domain) as i32,
             core_mask: MEM_CREATE_CORE_MASK,
             ..RknpuMemCreate::default()
         };
         // SAFETY: `c` is a valid rknpu_mem_create (handle 0 = allocate) for the whole call.
         drm::restart(|| unsafe { sys::rknpu_mem_create(self.fd.as_raw_fd(), &mut c) })
-            .map_err(|e| map_mem_create_error(e, domain))?;
+            .map_err(|e| map_mem_create_error(e, domain, self.caps.full))?;
         let (handle, obj_addr) = (c.handle, c.obj_addr);
         let fail = |e: KifError| {
             if let Err(d) = self.destroy_raw(handle, obj_addr) {
@@ -592,8 +652,9 @@ impl KernelInterface for Rknpu {
     fn mem_sync(&self, bo: &Bo, dir: SyncDir, offset: usize, len: usize) -> Result<usize, KifError> {
         super::check_sync_range("rknpu mem_sync", bo, offset, len)?;
         // The kernel syncs the byte range it is given (dma_sync_*_range); the CPU's cache
-        // maintenance widens it to whole lines.
-        let (start, end) = super::line_span(offset, len, bo.size_bytes);
+        // maintenance widens it to whole lines. Some ports sync the whole buffer whatever the
+        // range (Caps::whole_sync): that is what they maintained.
+        let (start, end) = if self.caps.whole_sync { (0, bo.size_bytes) } else { super::line_span(offset, len, bo.size_bytes) };
         let mut s = RknpuMemSync {
             flags: match dir {
                 SyncDir::ToDevice => sync_flags::TO_DEVICE,
@@ -642,7 +703,34 @@ impl KernelInterface for Rknpu {
 
     fn reset(&self) -> Result<(), KifError> {
         self.warmth.clear();
-        self.action(action::ACT_RESET, 0).map(|_| ())
+        match self.caps.reset {
+            ResetKind::Works => self.action(action::ACT_RESET, 0).map(|_| ()),
+            // rkopnu's ACT_RESET returns 0 and does nothing: not sent; its own job timeout
+            // resets the core, and what a wedged job reports is caught as a hang.
+            ResetKind::NoOp => Ok(()),
+            ResetKind::Busy => self.reset_when_idle(),
+        }
+    }
+
+    fn syncs_whole_buffers(&self) -> bool {
+        self.caps.whole_sync
+    }
+
+    fn max_domains(&self) -> u32 {
+        self.caps.domains
+    }
+
+    fn cores(&self) -> Option<u32> {
+        self.caps.cores
+    }
+
+    fn clock_hz(&self) -> Option<u64> {
+        self.caps.clock_hz
+    }
+
+    fn fault_report(&self) -> Option<String> {
+        let n = self.hangs.load(std::sync::atomic::Ordering::Relaxed);
+        (n > 0).then(|| format!("rknpu ({} port): {n} submit(s) reported done after the job timeout, handed back as never ran", self.caps.port.name()))
     }
 }
 
@@ -657,7 +745,9 @@ impl Rknpu {
     fn enter_int8(&self) -> Result<(), KifError> {
         let mut entered = self.int8_entered.lock().unwrap_or_else(|p| p.into_inner());
         if !*entered {
-            log::debug!("rknpu: ACT_RESET before the first int8 job");
+            if self.caps.reset != ResetKind::NoOp {
+                log::debug!("rknpu: ACT_RESET before the first int8 job");
+            }
             self.reset()?;
             *entered = true;
         }
@@ -702,8 +792,14 @@ impl Rknpu {
         let mut attempt = 0u32;
         let mut reset_done = false;
         loop {
+            let t0 = std::time::Instant::now();
             match self.submit_once(job) {
                 Ok(s) => {
+                    let wall_ns = t0.elapsed().as_nanos() as u64;
+                    if let Some(done) = self.hung(job, wall_ns) {
+                        return Ok(done);
+                    }
+                    let hw_elapse_ns = if self.caps.elapsed_reported { s.hw_elapse_time.max(0) as u64 } else { wall_ns };
                     if s.task_counter < job.task_number {
                         log::warn!(
                             "rknpu: submit returned with task_counter {} < task_number {}",
@@ -711,13 +807,9 @@ impl Rknpu {
                             job.task_number
                         );
                     }
-                    return Ok(SubmitDone {
-                        hw_elapse_ns: s.hw_elapse_time.max(0) as u64,
-                        task_counter: s.task_counter,
-                        synced_bytes: 0,
-                    });
+                    return Ok(SubmitDone { hw_elapse_ns, task_counter: s.task_counter, synced_bytes: 0 });
                 }
-                Err(e) => match classify_submit_error(e) {
+                Err(e) => match classify_submit_error(e, self.caps.eio_is_reset) {
                     SubmitErrorClass::Timeout => {
                         log::error!(
                             "rknpu: submit of {} task(s) on core mask {:#x} timed out after {} ms",
@@ -728,6 +820,13 @@ impl Rknpu {
                         // The kernel soft-reset the device: every buffer is cold again.
                         self.warmth.clear();
                         return Err(KifError::Timeout { timeout_ms: job.timeout_ms });
+                    }
+                    SubmitErrorClass::DeviceReset if attempt < SUBMIT_RETRIES => {
+                        // Another core's job timed out and the kernel reset the device: this job
+                        // did not run, and every output buffer is cold again.
+                        log::debug!("rknpu: submit EIO (the device was reset under it); submitting again");
+                        self.warmth.clear();
+                        attempt += 1;
                     }
                     SubmitErrorClass::Retry if attempt < SUBMIT_RETRIES => {
                         attempt += 1;
@@ -740,6 +839,50 @@ impl Rknpu {
                     }
                     _ => return Err(KifError::Sys { op: "RKNPU_SUBMIT", source: e }),
                 },
+            }
+        }
+    }
+}
+
+/// How long a dkms ACT_RESET is retried while the device answers EBUSY (another process has a
+/// job queued), and the pause between tries (a reset there takes ≥ 100 ms).
+pub const RESET_BUSY_TRIES: u32 = 40;
+pub const RESET_BUSY_SLEEP: Duration = Duration::from_millis(50);
+
+impl Rknpu {
+    /// A submit that returned 0 after the port's job timeout on a port whose task counter cannot
+    /// be trusted (rkopnu reports a hung job as done, counter full, nothing written): handed back
+    /// with task counter 0, so the NPU core counts it as never ran and resubmits it, with every
+    /// buffer cold (the kernel reset the core).
+    fn hung(&self, job: &SubmitJob<'_>, wall_ns: u64) -> Option<SubmitDone> {
+        let ms = self.caps.hang_after_ms?;
+        if self.caps.counter_trusted || wall_ns < u64::from(ms) * 1_000_000 {
+            return None;
+        }
+        self.warmth.clear();
+        if self.hangs.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
+            log::warn!(
+                "rknpu ({} port): a submit of {} task(s) returned success after {} ms, past the port's {ms} ms job timeout: a hang reported as done; handed back as never ran (later ones are counted, not logged)",
+                self.caps.port.name(),
+                job.task_number,
+                wall_ns / 1_000_000
+            );
+        }
+        Some(SubmitDone { hw_elapse_ns: wall_ns, task_counter: 0, synced_bytes: 0 })
+    }
+
+    /// ACT_RESET on a port that answers EBUSY while any process has a job queued (dkms): tried
+    /// again until the queue drains, for up to [`RESET_BUSY_TRIES`] × [`RESET_BUSY_SLEEP`].
+    fn reset_when_idle(&self) -> Result<(), KifError> {
+        let mut tries = 0;
+        loop {
+            match self.action(action::ACT_RESET, 0) {
+                Err(KifError::Sys { source: Errno::EBUSY, .. }) if tries < RESET_BUSY_TRIES => {
+                    tries += 1;
+                    log::debug!("rknpu: ACT_RESET busy (a job is queued on the device); try {tries}");
+                    std::thread::sleep(RESET_BUSY_SLEEP);
+                }
+                r => return r.map(|_| ()),
             }
         }
     }
@@ -774,10 +917,12 @@ mod tests {
 
     #[test]
     fn submit_errors_are_classified() {
-        assert_eq!(classify_submit_error(Errno::EBUSY), SubmitErrorClass::Retry);
-        assert_eq!(classify_submit_error(Errno::EINVAL), SubmitErrorClass::Retry);
-        assert_eq!(classify_submit_error(Errno::ETIMEDOUT), SubmitErrorClass::Timeout);
-        assert_eq!(classify_submit_error(Errno::EIO), SubmitErrorClass::Fail);
+        assert_eq!(classify_submit_error(Errno::EBUSY, false), SubmitErrorClass::Retry);
+        assert_eq!(classify_submit_error(Errno::EINVAL, false), SubmitErrorClass::Retry);
+        assert_eq!(classify_submit_error(Errno::ETIMEDOUT, false), SubmitErrorClass::Timeout);
+        assert_eq!(classify_submit_error(Errno::EIO, false), SubmitErrorClass::Fail);
+        // dkms: EIO is another core's timeout, the device reset under this job.
+        assert_eq!(classify_submit_error(Errno::EIO, true), SubmitErrorClass::DeviceReset);
     }
 
     /// A task buffer over plain heap memory (no device), `n_tasks` descriptors long.
@@ -805,7 +950,8 @@ mod tests {
     #[test]
     fn submit_struct_follows_the_facts() {
         let bo = task_bo(16, 2);
-        let s = build_submit(&job(&bo, 3, 5, 0x4, 2));
+        let s = build_submit(&job(&bo, 3, 5, 0x4, 2), 2);
+        assert_eq!(build_submit(&job(&bo, 3, 5, 0x4, 2), 18).iommu_domain_id, 18, "the kernel's id (dkms: the fd's own)");
         assert_eq!(s.flags, 0x5);
         assert_eq!(s.timeout, 6000);
         assert_eq!((s.task_start, s.task_number), (3, 5));
@@ -838,8 +984,14 @@ mod tests {
     #[test]
     fn mem_create_errors_map_to_fault() {
         let d = DomainId(3);
-        assert!(matches!(map_mem_create_error(Errno::EFAULT, d), KifError::Fault { domain: 3, .. }));
-        assert!(matches!(map_mem_create_error(Errno::ENOMEM, d), KifError::Fault { domain: 3, .. }));
-        assert!(matches!(map_mem_create_error(Errno::EPERM, d), KifError::Sys { .. }));
+        let vendor = Caps::vendor().full;
+        assert!(matches!(map_mem_create_error(Errno::EFAULT, d, vendor), KifError::Fault { domain: 3, .. }));
+        assert!(matches!(map_mem_create_error(Errno::ENOMEM, d, vendor), KifError::Fault { domain: 3, .. }));
+        assert!(matches!(map_mem_create_error(Errno::EPERM, d, vendor), KifError::Sys { .. }));
+        // The ports built on mainline's allocator say ENOSPC when a domain is full.
+        assert!(matches!(map_mem_create_error(Errno::ENOSPC, d, vendor), KifError::Sys { .. }));
+        let rk = port::Answers { drm_version: (0, 0, 0), desc: "rkopnu".into(), drv_version: 908, ..Default::default() };
+        let full = port::decide(&rk).unwrap().full;
+        assert!(matches!(map_mem_create_error(Errno::ENOSPC, d, full), KifError::Fault { domain: 3, .. }));
     }
 }
