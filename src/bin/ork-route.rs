@@ -31,12 +31,14 @@ struct Args {
     quant: Vec<board::Quant>,
     ctx: usize,
     disk_mbps: Option<f64>,
+    /// The NPU clock in MHz the board runs at (`--npu-mhz`; the rates are modelled at 1000).
+    npu_mhz: Option<u64>,
 }
 
-const USAGE: &str = "usage: ork-route MODEL.gguf [--m ROWS]\n       ork-route MODEL.gguf --ram GB[,GB..] [--ctx TOKENS] [--disk-mbps MB/s]\n       ork-route --model NAME|all [--quant Q4_K_M|Q8_0] --ram GB[,GB..] [--ctx TOKENS] [--disk-mbps MB/s]";
+const USAGE: &str = "usage: ork-route MODEL.gguf [--m ROWS] [--npu-mhz MHz]\n       ork-route MODEL.gguf --ram GB[,GB..] [--ctx TOKENS] [--disk-mbps MB/s] [--npu-mhz MHz]\n       ork-route --model NAME|all [--quant Q4_K_M|Q8_0] --ram GB[,GB..] [--ctx TOKENS] [--disk-mbps MB/s] [--npu-mhz MHz]";
 
 fn parse_args(args: &[String]) -> Result<Args, String> {
-    let mut a = Args { path: None, m_prefill: 512, ram: Vec::new(), model: None, quant: board::Quant::ALL.to_vec(), ctx: 4096, disk_mbps: None };
+    let mut a = Args { path: None, m_prefill: 512, ram: Vec::new(), model: None, quant: board::Quant::ALL.to_vec(), ctx: 4096, disk_mbps: None, npu_mhz: None };
     let mut it = args.iter().skip(1);
     while let Some(x) = it.next() {
         if !x.starts_with("--") {
@@ -53,6 +55,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
                 a.quant = vec![board::Quant::ALL.into_iter().find(|q| q.name().eq_ignore_ascii_case(v)).ok_or_else(bad)?];
             }
             "--ctx" => a.ctx = v.parse().ok().filter(|c| (1..=1 << 24).contains(c)).ok_or_else(bad)?,
+            "--npu-mhz" => a.npu_mhz = Some(v.parse().ok().filter(|m| (1..=10_000).contains(m)).ok_or_else(bad)?),
             "--disk-mbps" => a.disk_mbps = Some(v.parse().ok().filter(|d: &f64| *d > 0.0).ok_or_else(bad)?),
             _ => return Err(format!("unknown option {x}")),
         }
@@ -64,6 +67,18 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         return Err("--model needs --ram".into());
     }
     Ok(a)
+}
+
+/// The cost model at the board's NPU clock (`--npu-mhz`: a mainline port's fixed 200 MHz, a
+/// devfreq step; `ork-selftest` prints the clock the driver reports), said in one line.
+fn with_clock(model: CostModel, mhz: Option<u64>) -> CostModel {
+    match mhz {
+        Some(m) => {
+            println!("# NPU clock {m} MHz (--npu-mhz): the modelled int8 rate scaled from 1000 MHz; memory feed and submit floor unchanged");
+            model.at_npu_clock(m * 1_000_000)
+        }
+        None => model,
+    }
 }
 
 fn gib(b: u64) -> f64 {
@@ -127,7 +142,7 @@ fn print_plan(bm: &board::BoardModel, b: &board::Board, p: &board::BoardPlan) {
 fn board_mode(a: &Args, file_model: Option<board::BoardModel>) {
     let cfg = Config::from_lookup(|k| std::env::var(k).ok()).0;
     let id = cfg.soc.as_deref().and_then(ggml_ork::npu::soc::SocId::parse).unwrap_or(ggml_ork::npu::soc::SocId::Rk3588);
-    let model = CostModel::for_soc(id);
+    let model = with_clock(CostModel::for_soc(id), a.npu_mhz);
     let stream = board::StreamRate { disk_bps: a.disk_mbps.map_or(board::BOARD_DISK_BPS, |d| d * 1e6), ..board::StreamRate::BOARD };
     let boards: Vec<board::Board> = a.ram.iter().map(|&g| board::Board { ctx: a.ctx, ubatch: a.m_prefill, stream, ..board::Board::new(g) }).collect();
     println!(
@@ -217,7 +232,7 @@ fn main() {
     }
     let cfg = Config::from_lookup(|k| std::env::var(k).ok()).0;
     let id = cfg.soc.as_deref().and_then(ggml_ork::npu::soc::SocId::parse).unwrap_or(ggml_ork::npu::soc::SocId::Rk3588);
-    let model = CostModel::for_soc(id);
+    let model = with_clock(CostModel::for_soc(id), a.npu_mhz);
     let arch = kv.iter().find(|(k, _)| k == "general.architecture").map_or("?", |(_, v)| v.as_str());
     println!("# {path} ({arch}, {} tensors); policy ORK_ROUTE={:?}, ORK_MINM={}, ORK_DECODE={:?}; SoC {}", tensors.len(), cfg.route, cfg.min_m, cfg.decode, model.soc.id.name());
     println!("{:<28} {:>14} {:>7} | {:<8} {:<8} | why (prefill M={m_prefill}; decode M=1)", "tensor", "K x N", "type", "prefill", "decode");

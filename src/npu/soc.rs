@@ -140,3 +140,21 @@ impl SocDesc {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slower_clock_slows_the_macs_not_the_feed() {
+        let t = SocDesc::get(SocId::Rk3588).timing;
+        assert_eq!(t.at_clock(1_000_000_000), t, "the rates are stated at 1 GHz");
+        let slow = t.at_clock(200_000_000);
+        assert_eq!(slow.core_ops, t.core_ops / 5);
+        assert_eq!((slow.feed_bps, slow.submit_floor_ns), (t.feed_bps, t.submit_floor_ns));
+        // A compute-bound program takes close to 5x as long; a feed-bound one (M = 1) far less.
+        let (mac, feed) = (t.program_ns(512, 4096, 4096, 3), t.program_ns(1, 4096, 4096, 3));
+        assert!(slow.program_ns(512, 4096, 4096, 3) > 4.0 * mac);
+        assert!(slow.program_ns(1, 4096, 4096, 3) < 1.25 * feed);
+    }
+}
