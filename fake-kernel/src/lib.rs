@@ -1063,6 +1063,9 @@ impl Kernel {
             Personality::Rocket => Some(200_000_000),
             Personality::Rknpu => self.port.devfreq_hz,
         };
+        // The directory is there either way (the product lists it): empty without devfreq.
+        let devfreq = t.join("sys/class/devfreq");
+        std::fs::create_dir_all(&devfreq).unwrap_or_else(|e| die(&format!("{}: {e}", devfreq.display())));
         if let Some(hz) = hz {
             mk("sys/class/devfreq/fdab0000.npu/cur_freq", format!("{hz}\n").as_bytes());
         }
@@ -2469,7 +2472,9 @@ mod tests {
         assert_eq!(k.open("/dev/dri/renderD128"), -libc::ENOENT);
         assert_eq!(read(&rknpu_kernel("dkms", "none"), devfreq).as_deref(), Some(&b"800000000\n"[..]));
         for port in ["rkopnu", "helios", "ep1sode"] {
-            assert!(read(&rknpu_kernel(port, "none"), devfreq).is_none(), "{port} has no devfreq node");
+            let k = rknpu_kernel(port, "none");
+            assert!(read(&k, devfreq).is_none(), "{port} has no devfreq node");
+            assert_eq!(std::fs::read_dir(k.tree.join("sys/class/devfreq")).map(|d| d.count()).ok(), Some(0), "{port}: an empty listing");
         }
         let k = rknpu_kernel("ep1sode", "none");
         assert_eq!(read(&k, &irqs("renderD129")).as_deref(), Some(&b"npu0_irq\0"[..]), "ep1sode's tree: core 0 only");
