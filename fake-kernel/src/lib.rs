@@ -18,7 +18,17 @@
 //!   handed out top-down and EFAULT when a buffer does not fit; the task array is read from the
 //!   task BO named by `task_obj_addr` (which must carry KERNEL_MAPPING); the target core's
 //!   `subcore_task` entry gives the task range; `task_counter` is the number of programs the PC
-//!   ran; ACT_RESET resets the device.
+//!   ran; ACT_RESET resets the device. The same device is also `/dev/dri/renderD129` (a second
+//!   node; `ORK_FK_NODES=render` leaves `card1` out), and
+//!   `/sys/class/drm/{card1,renderD129}/device/of_node/interrupt-names` lists one `npuN_irq` per
+//!   core the device tree gives the driver.
+//!   `ORK_FK_PORT` picks which rknpu driver answers (one [`Port`] row each, issue 39): `vendor`
+//!   (the default, as above), or a port of the vendor ABI to a mainline kernel — `rkopnu` (on
+//!   rocket: 16 domains per fd, bottom-up, ENOSPC; whole-buffer syncs; ACT_RESET a no-op; the
+//!   user timeout ignored and a hang reported as success), `dkms` (64 device-wide domain ids, an
+//!   own id per fd, shared pools 0..15, ENOSPC; an ACT_RESET of 100 ms), `helios` (no IOMMU: one
+//!   CMA pool of `ORK_FK_CMA_MB`, ENOMEM), `ep1sode` (one domain, core 0 only, whole-buffer
+//!   syncs) and `odd` (a DRM version that is no port's, for the product to refuse).
 //! * `rocket` — mainline accel driver on `/dev/accel/accel0`: CREATE_BO, SUBMIT, PREP_BO,
 //!   FINI_BO, GEM_CLOSE. One IOMMU address space per fd, handed out bottom-up from IOVA 0; each
 //!   fd is bound to one core at open (the least used); SUBMIT returns at once and a per-core
@@ -39,7 +49,14 @@
 //!   nothing: the NPU never sees what the CPU wrote after that (activations, regcmd, sentinels,
 //!   later weights). Not a board's behaviour: the check that the cache model is live and the
 //!   product's syncs carry its results (its bit-exact suite must fail under it);
-//! * the window (`ORK_FK_DOMAIN_MB`) is the domain overflow: MEM_CREATE past it is EFAULT.
+//! * `hang_every:N` — (rknpu) every N-th submit hangs: on rkopnu reported as success (see
+//!   [`Port::hang_as_success`]), elsewhere ETIMEDOUT and a device reset (counter `hangs`);
+//! * `reset_busy:N` — (rknpu, modelled for dkms) the first N ACT_RESETs that would reset the
+//!   device return EBUSY (counter `reset_busy`);
+//! * `eio_every:N` — (rknpu, modelled for dkms) every N-th submit returns EIO without running:
+//!   another core's job timed out and the kernel reset the device (every buffer cold; `eio`);
+//! * the window (`ORK_FK_DOMAIN_MB`) is the domain overflow: MEM_CREATE past it is EFAULT
+//!   (ENOSPC on rkopnu and dkms; helios's CMA pool `ORK_FK_CMA_MB` runs out with ENOMEM).
 //!
 //! Caches (always on; peer-facts §6, rknpu-facts §1.6/§2.5): a board's NPU is not coherent with
 //! the CPU's caches, so every BO has a CPU view (what the process's mappings and the kernel's own
@@ -83,6 +100,12 @@ const PAGE: u64 = 4096;
 const MAX_FD: usize = 4096;
 const MAX_DOMAINS: u32 = 16;
 const ROCKET_JOB_TIMEOUT: Duration = Duration::from_millis(500);
+/// dkms: domain ids are device-wide, 0..15 shared pools, 16.. one per open file.
+const DKMS_DOMAINS: u32 = 64;
+/// dkms: how long an ACT_RESET takes.
+const DKMS_RESET_TIME: Duration = Duration::from_millis(100);
+/// helios: the CMA pool's first physical address (its "IOVAs" stay below 4 GiB).
+const CMA_BASE: u64 = 0x1000_0000;
 
 // ---------------------------------------------------------------------------------------------
 // ioctl numbers, computed from the facts (`dir<<30 | size<<16 | type<<8 | nr`, type 'd')
@@ -153,12 +176,142 @@ enum Personality {
     Rocket,
 }
 
+/// How a port maps MEM_CREATE's and SUBMIT's `iommu_domain_id` onto address spaces, and what
+/// a full one answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Memory {
+    /// 16 device-wide domains, IOVAs top-down, EFAULT (vendor, odd).
+    Vendor,
+    /// 16 domains per open file, IOVAs bottom-up from 0, ENOSPC (rkopnu).
+    PerFd,
+    /// 64 device-wide ids: 0..15 shared pools, each file's own id >= 16, top-down, ENOSPC (dkms).
+    DeviceWide,
+    /// No IOMMU: one CMA pool whatever the id, physical addresses bottom-up, ENOMEM (helios).
+    Cma,
+    /// One window: every id < 16 folds into domain 0, top-down, EFAULT (ep1sode).
+    OneDomain,
+}
+
+impl Memory {
+    /// What MEM_CREATE answers when the buffer does not fit.
+    fn full_errno(self) -> c_int {
+        match self {
+            Memory::Vendor | Memory::OneDomain => libc::EFAULT,
+            Memory::PerFd | Memory::DeviceWide => libc::ENOSPC,
+            Memory::Cma => libc::ENOMEM,
+        }
+    }
+}
+
+/// What ACT_RESET does on a port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reset {
+    /// Resets the device (int8 mode entered, every buffer cold).
+    Full,
+    /// Resets the device and takes [`DKMS_RESET_TIME`] (dkms).
+    Slow,
+    /// Returns 0 and does nothing (rkopnu).
+    None,
+}
+
+/// One rknpu driver (`ORK_FK_PORT`): the vendor driver, or a port of its ABI to a mainline
+/// kernel. Every row's DRM driver name is "rknpu"; the product probes these answers and never
+/// sees the row's name.
+#[derive(Debug)]
+struct Port {
+    name: &'static str,
+    /// DRM_IOCTL_VERSION major.minor.patch and description.
+    drm: (u32, u32, u32),
+    desc: &'static str,
+    /// ACTION GET_DRV_VERSION (1), GET_FREQ (2), GET_IOMMU_EN (18).
+    drv_version: u32,
+    freq_hz: u32,
+    iommu_en: u32,
+    /// `/sys/class/devfreq/fdab0000.npu/cur_freq`, where the port has devfreq.
+    devfreq_hz: Option<u64>,
+    memory: Memory,
+    /// MEM_SYNC maintains the whole buffer, offset and size ignored.
+    sync_whole: bool,
+    /// An unknown ACTION selector returns 0 (writing 0 back) instead of EINVAL.
+    unknown_action_ok: bool,
+    reset: Reset,
+    /// rkopnu (the vendor ABI on rocket's job path): the user's timeout is ignored,
+    /// `hw_elapse_time` is never written, and a job that hangs (a program the hardware would not
+    /// run, a wedge) is reported as success: the job timeout passes, the device is reset, and
+    /// SUBMIT returns 0 with `task_counter = task_number` and nothing written.
+    hang_as_success: bool,
+    /// The device tree gives the driver core 0 only: core masks naming another core are EINVAL.
+    core0_only: bool,
+}
+
+/// The vendor driver 0.9.8: what the fake kernel played before the ports, unchanged.
+const VENDOR: Port = Port {
+    name: "vendor",
+    drm: (0, 9, 8),
+    desc: "RKNPU driver",
+    drv_version: 908,
+    freq_hz: 1_000_000_000,
+    iommu_en: 1,
+    devfreq_hz: Some(1_000_000_000),
+    memory: Memory::Vendor,
+    sync_whole: false,
+    unknown_action_ok: false,
+    reset: Reset::Full,
+    hang_as_success: false,
+    core0_only: false,
+};
+
+/// The ports, `vendor` first (the default).
+static PORTS: [Port; 6] = [
+    VENDOR,
+    Port {
+        name: "rkopnu",
+        drm: (0, 0, 0),
+        desc: "rkopnu (rknpu ABI on mainline rocket)",
+        devfreq_hz: None,
+        memory: Memory::PerFd,
+        sync_whole: true,
+        unknown_action_ok: true,
+        reset: Reset::None,
+        hang_as_success: true,
+        ..VENDOR
+    },
+    Port { name: "dkms", freq_hz: 800_000_000, devfreq_hz: Some(800_000_000), memory: Memory::DeviceWide, reset: Reset::Slow, ..VENDOR },
+    Port { name: "helios", freq_hz: 200_000_000, iommu_en: 0, devfreq_hz: None, memory: Memory::Cma, ..VENDOR },
+    Port {
+        name: "ep1sode",
+        drm: (0, 9, 6),
+        drv_version: 906,
+        devfreq_hz: None,
+        memory: Memory::OneDomain,
+        sync_whole: true,
+        core0_only: true,
+        ..VENDOR
+    },
+    Port { name: "odd", drm: (0, 9, 4), ..VENDOR },
+];
+
+fn port_named(name: &str) -> Option<&'static Port> {
+    PORTS.iter().find(|p| p.name == name)
+}
+
 #[derive(Clone, Debug, Default)]
 struct Quirks {
     cold: bool,
     wedge: bool,
     never_run_every: Option<u64>,
     no_clean: bool,
+    hang_every: Option<u64>,
+    /// ACT_RESETs answered EBUSY before one resets (0: none).
+    reset_busy: u64,
+    eio_every: Option<u64>,
+}
+
+impl Quirks {
+    /// Whether the quirk "every N-th submit" strikes submit number `nth` (from 1).
+    fn every(n: Option<u64>, nth: u64) -> bool {
+        n.is_some_and(|n| nth % n == 0)
+    }
 }
 
 fn env(name: &str) -> Option<String> {
@@ -178,14 +331,24 @@ fn parse_quirks(s: &str) -> Quirks {
             None if item == "wedge" => q.wedge = true,
             None if item == "no_clean" => q.no_clean = true,
             None if item == "none" => {}
-            Some(("never_run_every", n)) => match n.parse::<u64>() {
-                Ok(n) if n > 0 => q.never_run_every = Some(n),
-                _ => die(&format!("ORK_FK_QUIRKS: `{item}`: N must be a positive number")),
-            },
-            _ => die(&format!("ORK_FK_QUIRKS: unknown quirk `{item}` (cold, wedge, never_run_every:N, no_clean, none)")),
+            Some(("never_run_every", n)) => q.never_run_every = Some(positive(item, n)),
+            Some(("hang_every", n)) => q.hang_every = Some(positive(item, n)),
+            Some(("reset_busy", n)) => q.reset_busy = positive(item, n),
+            Some(("eio_every", n)) => q.eio_every = Some(positive(item, n)),
+            _ => die(&format!(
+                "ORK_FK_QUIRKS: unknown quirk `{item}` (cold, wedge, never_run_every:N, no_clean, hang_every:N, reset_busy:N, eio_every:N, none)"
+            )),
         }
     }
     q
+}
+
+/// The N of quirk `item`: a positive number, or the process dies.
+fn positive(item: &str, n: &str) -> u64 {
+    match n.parse::<u64>() {
+        Ok(n) if n > 0 => n,
+        _ => die(&format!("ORK_FK_QUIRKS: `{item}`: N must be a positive number")),
+    }
 }
 
 #[derive(Default)]
@@ -194,6 +357,11 @@ struct Stats {
     ioctls: AtomicU64,
     mem_create: AtomicU64,
     efault: AtomicU64,
+    /// MEM_CREATE past a full window on rkopnu / dkms, and past helios's CMA pool.
+    enospc: AtomicU64,
+    enomem: AtomicU64,
+    /// dkms: buffers created in the pools 0..15 shared with other processes.
+    shared_pool_bos: AtomicU64,
     submits: AtomicU64,
     programs: AtomicU64,
     jobs_per_core: [AtomicU64; 3],
@@ -202,6 +370,11 @@ struct Stats {
     stale: AtomicU64,
     wedged: AtomicU64,
     never_ran: AtomicU64,
+    /// rknpu: jobs that hung (`hang_every`; on rkopnu also a wedge or a program the hardware
+    /// would not run, reported as success), ACT_RESETs answered EBUSY, submits answered EIO.
+    hangs: AtomicU64,
+    reset_busy: AtomicU64,
+    eio: AtomicU64,
     bad: AtomicU64,
     vanished: AtomicU64,
     killed: AtomicU64,
@@ -603,9 +776,10 @@ impl Space {
         (ceiling >= floor + size).then(|| ceiling - size)
     }
 
-    /// Lowest gap of `size` from 0 (drm_mm first fit, rocket).
-    fn bottom_up(&self, size: u64, top: u64) -> Option<u64> {
-        let mut at = 0u64;
+    /// Lowest gap of `size` from `floor` below `top` (drm_mm first fit, rocket from 0; helios's
+    /// CMA pool from its base).
+    fn bottom_up(&self, size: u64, floor: u64, top: u64) -> Option<u64> {
+        let mut at = floor;
         for (&start, bo) in &self.bos {
             if start >= at + size {
                 return Some(at);
@@ -657,7 +831,20 @@ struct File {
     next_offset: u64,
     /// rocket: the fd's address space and core.
     rocket: Option<Arc<RocketFile>>,
+    /// rknpu on dkms: the file's own domain id (>= 16).
+    own_domain: Option<u32>,
 }
+
+/// Which address space an rknpu buffer lives in: a domain id, of the device (`fd` = [`DEVICE`])
+/// or, on rkopnu, of one open file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct SpaceKey {
+    fd: c_int,
+    id: u32,
+}
+
+/// [`SpaceKey::fd`] of a device-wide domain.
+const DEVICE: c_int = -1;
 
 struct RocketFile {
     space: RwLock<Space>,
@@ -665,10 +852,15 @@ struct RocketFile {
 }
 
 struct RknpuDev {
-    /// IOMMU domains (device-wide; each its own window).
-    domains: RwLock<HashMap<u32, Space>>,
+    /// IOMMU domains (device-wide, or per file on rkopnu; each its own window), or helios's one
+    /// CMA pool.
+    domains: RwLock<HashMap<SpaceKey, Space>>,
     objs: Mutex<HashMap<u64, Arc<KBo>>>,
     int8_ready: AtomicBool,
+    /// dkms: the domain ids 16..63 open files hold (bit = id).
+    own_ids: Mutex<u64>,
+    /// ACT_RESETs asked for that would reset the device (the `reset_busy` quirk).
+    reset_calls: AtomicU64,
 }
 
 struct RocketJob {
@@ -679,11 +871,87 @@ struct RocketJob {
     seq: u64,
 }
 
+/// What a kernel is built from (`ORK_FAKE_KERNEL`, `ORK_FK_*`; the tests build their own).
+struct Config {
+    personality: Personality,
+    /// rknpu: which driver answers (`ORK_FK_PORT`).
+    port: &'static Port,
+    soc: SocDesc,
+    tree: PathBuf,
+    /// An IOMMU window (`ORK_FK_DOMAIN_MB`) and helios's CMA pool (`ORK_FK_CMA_MB`), bytes.
+    window: u64,
+    cma: u64,
+    /// rkopnu: how long a hung job takes before the device is reset (`ORK_FK_JOB_TIMEOUT_MS`).
+    job_timeout: Duration,
+    /// rknpu: `ORK_FK_NODES=render`: no `/dev/dri/card1`, only `renderD129`.
+    render_only: bool,
+    quirks: Quirks,
+}
+
+/// A size in MiB from `var` (default `default`), within `range`, as bytes; or the process dies.
+fn env_mib(var: &str, default: u64, range: std::ops::RangeInclusive<u64>) -> u64 {
+    match env(var) {
+        None => default << 20,
+        Some(s) => match s.parse::<u64>() {
+            Ok(mb) if range.contains(&mb) => mb << 20,
+            _ => die(&format!("{var}={s}: {}..{}", range.start(), range.end())),
+        },
+    }
+}
+
+impl Config {
+    fn from_env() -> Config {
+        let personality = match env("ORK_FAKE_KERNEL").as_deref() {
+            Some("rknpu") => Personality::Rknpu,
+            Some("rocket") => Personality::Rocket,
+            other => die(&format!("ORK_FAKE_KERNEL={other:?}: must be rknpu or rocket")),
+        };
+        let port = match env("ORK_FK_PORT") {
+            None => &PORTS[0],
+            Some(s) => port_named(&s).unwrap_or_else(|| die(&format!("ORK_FK_PORT={s}: vendor, rkopnu, dkms, helios, ep1sode or odd"))),
+        };
+        let soc_id = match env("ORK_FK_SOC") {
+            None => SocId::Rk3588,
+            Some(s) => SocId::parse(&s).unwrap_or_else(|| die(&format!("ORK_FK_SOC={s}: rk3588 or rk3576"))),
+        };
+        let job_timeout = match env("ORK_FK_JOB_TIMEOUT_MS") {
+            None => ROCKET_JOB_TIMEOUT,
+            Some(s) => match s.parse::<u64>() {
+                Ok(ms) if ms > 0 => Duration::from_millis(ms),
+                _ => die(&format!("ORK_FK_JOB_TIMEOUT_MS={s}: a positive number of ms")),
+            },
+        };
+        let render_only = match env("ORK_FK_NODES").as_deref() {
+            None | Some("both") => false,
+            Some("render") => true,
+            Some(s) => die(&format!("ORK_FK_NODES={s}: both or render")),
+        };
+        Config {
+            personality,
+            port,
+            soc: SocDesc::get(soc_id),
+            tree: env("ORK_FK_TREE")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| std::env::temp_dir().join(format!("ork-fake-kernel-{}", std::process::id()))),
+            window: env_mib("ORK_FK_DOMAIN_MB", 4096, 1..=4096),
+            // The pool's addresses stay below 4 GiB.
+            cma: env_mib("ORK_FK_CMA_MB", 1024, 1..=(4096 - (CMA_BASE >> 20))),
+            job_timeout,
+            render_only,
+            quirks: parse_quirks(&env("ORK_FK_QUIRKS").unwrap_or_default()),
+        }
+    }
+}
+
 struct Kernel {
     personality: Personality,
+    port: &'static Port,
     soc: SocDesc,
     tree: PathBuf,
     window: u64,
+    cma: u64,
+    job_timeout: Duration,
+    render_only: bool,
     quirks: Quirks,
     stats: Stats,
     files: Mutex<HashMap<c_int, File>>,
@@ -705,43 +973,35 @@ struct Kernel {
 static KERNEL: OnceLock<Kernel> = OnceLock::new();
 
 fn kernel() -> &'static Kernel {
-    KERNEL.get_or_init(Kernel::new)
+    KERNEL.get_or_init(|| Kernel::new(Config::from_env()))
 }
 
 impl Kernel {
-    fn new() -> Kernel {
-        let personality = match env("ORK_FAKE_KERNEL").as_deref() {
-            Some("rknpu") => Personality::Rknpu,
-            Some("rocket") => Personality::Rocket,
-            other => die(&format!("ORK_FAKE_KERNEL={other:?}: must be rknpu or rocket")),
-        };
-        let soc_id = match env("ORK_FK_SOC") {
-            None => SocId::Rk3588,
-            Some(s) => SocId::parse(&s).unwrap_or_else(|| die(&format!("ORK_FK_SOC={s}: rk3588 or rk3576"))),
-        };
-        let soc = SocDesc::get(soc_id);
-        let window = match env("ORK_FK_DOMAIN_MB") {
-            None => 4096 << 20,
-            Some(s) => match s.parse::<u64>() {
-                Ok(mb) if (1..=4096).contains(&mb) => mb << 20,
-                _ => die(&format!("ORK_FK_DOMAIN_MB={s}: 1..4096")),
-            },
-        };
-        let quirks = parse_quirks(&env("ORK_FK_QUIRKS").unwrap_or_default());
-        let tree = env("ORK_FK_TREE")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| std::env::temp_dir().join(format!("ork-fake-kernel-{}", std::process::id())));
+    fn new(c: Config) -> Kernel {
+        let Config { personality, port, soc, tree, window, cma, job_timeout, render_only, quirks } = c;
+        // The rocket cores' workers (rknpu submits run in the ioctl).
+        let rocket_cores = if personality == Personality::Rocket { soc.cores.min(3) } else { 0 };
         let k = Kernel {
             personality,
+            port,
             tree,
             window,
+            cma,
+            job_timeout,
+            render_only,
             quirks,
             stats: Stats::default(),
             files: Mutex::new(HashMap::new()),
             is_dev: (0..MAX_FD).map(|_| AtomicBool::new(false)).collect(),
-            rknpu: RknpuDev { domains: RwLock::new(HashMap::new()), objs: Mutex::new(HashMap::new()), int8_ready: AtomicBool::new(false) },
+            rknpu: RknpuDev {
+                domains: RwLock::new(HashMap::new()),
+                objs: Mutex::new(HashMap::new()),
+                int8_ready: AtomicBool::new(false),
+                own_ids: Mutex::new(0),
+                reset_calls: AtomicU64::new(0),
+            },
             rocket_fds_per_core: Mutex::new([0; 3]),
-            rocket_queues: (0..soc.cores.min(3))
+            rocket_queues: (0..rocket_cores)
                 .map(|core| {
                     let (tx, rx) = mpsc::channel::<RocketJob>();
                     std::thread::Builder::new()
@@ -787,15 +1047,41 @@ impl Kernel {
         };
         mk("dev/dri/card0", b"");
         match self.personality {
-            Personality::Rknpu => mk("dev/dri/card1", b""),
+            Personality::Rknpu => {
+                for node in self.rknpu_nodes() {
+                    mk(&format!("dev/dri/{node}"), b"");
+                    mk(&format!("sys/class/drm/{node}/device/of_node/interrupt-names"), self.interrupt_names().as_bytes());
+                }
+            }
             Personality::Rocket => mk("dev/accel/accel0", b""),
         }
         let compat = format!("radxa,rock-5b\0rockchip,{}\0", self.soc.id.name());
         mk("proc/device-tree/compatible", compat.as_bytes());
         // Vendor kernels run the NPU at up to 1 GHz (devfreq); mainline boards clock it at
-        // 200 MHz by default (peer-facts §2).
-        let hz: &[u8] = if self.personality == Personality::Rocket { b"200000000\n" } else { b"1000000000\n" };
-        mk("sys/class/devfreq/fdab0000.npu/cur_freq", hz);
+        // 200 MHz by default (peer-facts §2); of the ports only dkms has a devfreq node.
+        let hz = match self.personality {
+            Personality::Rocket => Some(200_000_000),
+            Personality::Rknpu => self.port.devfreq_hz,
+        };
+        // The directory is there either way (the product lists it): empty without devfreq.
+        let devfreq = t.join("sys/class/devfreq");
+        std::fs::create_dir_all(&devfreq).unwrap_or_else(|e| die(&format!("{}: {e}", devfreq.display())));
+        if let Some(hz) = hz {
+            mk("sys/class/devfreq/fdab0000.npu/cur_freq", format!("{hz}\n").as_bytes());
+        }
+    }
+
+    /// The rknpu device's nodes: `card1` (unless `ORK_FK_NODES=render`) and `renderD129`.
+    fn rknpu_nodes(&self) -> Vec<&'static str> {
+        let card = (!self.render_only).then_some("card1");
+        card.into_iter().chain(["renderD129"]).collect()
+    }
+
+    /// The NPU's `interrupt-names` property: one NUL-terminated `npuN_irq` per core the device
+    /// tree gives the driver (core 0 only on ep1sode's tree).
+    fn interrupt_names(&self) -> String {
+        let cores = if self.port.core0_only { 1 } else { self.soc.cores };
+        (0..cores).map(|c| format!("npu{c}_irq\0")).collect()
     }
 
     fn redirect(&self, path: &str) -> Option<&'static CStr> {
@@ -816,7 +1102,8 @@ impl Kernel {
     fn open(&self, path: &str) -> c_int {
         let node = match (self.personality, path) {
             (_, "/dev/dri/card0") => Node::Display,
-            (Personality::Rknpu, "/dev/dri/card1") => Node::Rknpu,
+            (Personality::Rknpu, "/dev/dri/card1") if !self.render_only => Node::Rknpu,
+            (Personality::Rknpu, "/dev/dri/renderD129") => Node::Rknpu,
             (Personality::Rocket, "/dev/accel/accel0") => Node::Rocket,
             (_, p) if p.starts_with("/dev/dri/") || p.starts_with("/dev/accel/") => return -libc::ENOENT,
             _ => return NOT_OURS,
@@ -839,7 +1126,27 @@ impl Kernel {
             per[core] += 1;
             Arc::new(RocketFile { space: RwLock::new(Space::default()), core })
         });
-        let f = File { node, handles: HashMap::new(), offsets: HashMap::new(), next_handle: 1, next_offset: 0x1_0000_0000, rocket };
+        let own_domain = if node == Node::Rknpu && self.port.memory == Memory::DeviceWide {
+            match self.take_own_domain() {
+                Some(id) => Some(id),
+                None => {
+                    // SAFETY: closing the fd we just created.
+                    unsafe { libc::close(fd) };
+                    return -libc::EMFILE;
+                }
+            }
+        } else {
+            None
+        };
+        let f = File {
+            node,
+            handles: HashMap::new(),
+            offsets: HashMap::new(),
+            next_handle: 1,
+            next_offset: 0x1_0000_0000,
+            rocket,
+            own_domain,
+        };
         self.files.lock().unwrap().insert(fd, f);
         self.is_dev[fd as usize].store(true, Ordering::Release);
         add(&self.stats.opens, 1);
@@ -855,9 +1162,20 @@ impl Kernel {
         if f.node == Node::Rknpu {
             // The kernel frees a file's GEM objects when it is closed.
             for bo in f.handles.values() {
-                self.rknpu_free(bo);
+                self.rknpu_free(fd, bo);
+            }
+            if let Some(id) = f.own_domain {
+                *self.rknpu.own_ids.lock().unwrap() &= !(1u64 << id);
             }
         }
+    }
+
+    /// dkms: the lowest domain id >= 16 no open file holds, now held (None: all 48 are).
+    fn take_own_domain(&self) -> Option<u32> {
+        let mut held = self.rknpu.own_ids.lock().unwrap();
+        let id = (MAX_DOMAINS..DKMS_DOMAINS).find(|&id| *held & (1u64 << id) == 0)?;
+        *held |= 1u64 << id;
+        Some(id)
     }
 
     fn ioctl(&self, fd: c_int, req: u64, arg: *mut c_void) -> c_int {
@@ -872,7 +1190,7 @@ impl Kernel {
         };
         match (node, req) {
             (_, DRM_VERSION) => self.drm_version(node, &a),
-            (Node::Rknpu, RKNPU_ACTION) => self.rknpu_action(&a),
+            (Node::Rknpu, RKNPU_ACTION) => self.rknpu_action(fd, &a),
             (Node::Rknpu, RKNPU_MEM_CREATE) => self.rknpu_mem_create(fd, &a),
             (Node::Rknpu, RKNPU_MEM_MAP) => self.with_file(fd, |f| match f.handles.get(&a.u32(0)) {
                 Some(bo) => {
@@ -886,7 +1204,7 @@ impl Kernel {
             }),
             (Node::Rknpu, RKNPU_MEM_DESTROY) => self.rknpu_mem_destroy(fd, &a),
             (Node::Rknpu, RKNPU_MEM_SYNC) => self.rknpu_mem_sync(&a),
-            (Node::Rknpu, RKNPU_SUBMIT) => self.rknpu_submit(&a),
+            (Node::Rknpu, RKNPU_SUBMIT) => self.rknpu_submit(fd, &a),
             (Node::Rocket, ROCKET_CREATE_BO) => self.rocket_create_bo(fd, &a),
             (Node::Rocket, ROCKET_SUBMIT) => self.rocket_submit(fd, &a),
             (Node::Rocket, ROCKET_PREP_BO) => self.rocket_prep_bo(fd, &a),
@@ -926,7 +1244,7 @@ impl Kernel {
     fn drm_version(&self, node: Node, a: &Arg) -> c_int {
         let (name, date, desc, ver) = match node {
             Node::Display => ("rockchip-drm", "20140818", "Rockchip Soc DRM", (1, 0, 0)),
-            Node::Rknpu => ("rknpu", "20240828", "RKNPU driver", (0, 9, 8)),
+            Node::Rknpu => ("rknpu", "20240828", self.port.desc, self.port.drm),
             Node::Rocket => ("rocket", "20240101", "rocket DRM", (0, 0, 1)),
         };
         a.set_u32(0, ver.0);
@@ -948,25 +1266,29 @@ impl Kernel {
 
     // ---- rknpu ---------------------------------------------------------------------------
 
-    fn rknpu_action(&self, a: &Arg) -> c_int {
+    /// `rknpu_action` (8 B): flags u32 @0 (the selector), value u32 @4 (in/out).
+    fn rknpu_action(&self, fd: c_int, a: &Arg) -> c_int {
+        let port = self.port;
         let v = match a.u32(0) {
             0 => 0x4649_5245, // GET_HW_VERSION ("FIRE")
-            1 => 908,         // GET_DRV_VERSION 0.9.8
-            2 => 1_000_000_000,
-            6 => {
-                add(&self.stats.act_reset, 1);
-                self.rknpu_reset();
-                0
-            }
-            18 => 1,
+            1 => port.drv_version,
+            2 => port.freq_hz,
+            6 => match self.rknpu_act_reset() {
+                Ok(()) => 0,
+                Err(e) => return -e,
+            },
+            18 => port.iommu_en,
             19 => 0,
-            20 => return -libc::EINVAL, // POWER_ON: no such case in 0.9.8
+            // POWER_ON: no such case in 0.9.8 (an unknown selector: 0 on rkopnu, below).
+            20 if !port.unknown_action_ok => return -libc::EINVAL,
             22 | 23 => 0,
-            24 => 0,
-            25 => {
-                if a.u32(4) >= MAX_DOMAINS {
-                    return -libc::EINVAL;
-                }
+            24 => self.with_file(fd, |f| f.own_domain.unwrap_or(0)),
+            25 => match self.rknpu_set_domain(fd, a.u32(4)) {
+                Ok(()) => 0,
+                Err(e) => return -e,
+            },
+            other if port.unknown_action_ok => {
+                eprintln!("ork-fake-kernel: rknpu ACTION {other} is unknown to the {} port: answered 0", port.name);
                 0
             }
             other => {
@@ -978,12 +1300,90 @@ impl Kernel {
         0
     }
 
+    /// ACTION ACT_RESET (6): resets the device (dkms: in 100 ms, after the EBUSYs of the
+    /// `reset_busy` quirk); on rkopnu returns 0 and does nothing. Counted in `act_reset` when it
+    /// answers 0.
+    fn rknpu_act_reset(&self) -> Result<(), c_int> {
+        if self.port.reset != Reset::None {
+            let n = self.rknpu.reset_calls.fetch_add(1, Ordering::Relaxed) + 1;
+            if n <= self.quirks.reset_busy {
+                add(&self.stats.reset_busy, 1);
+                return Err(libc::EBUSY);
+            }
+            if self.port.reset == Reset::Slow {
+                std::thread::sleep(DKMS_RESET_TIME);
+            }
+            self.rknpu_reset();
+        }
+        add(&self.stats.act_reset, 1);
+        Ok(())
+    }
+
+    /// ACTION SET_IOMMU_DOMAIN_ID (25): ids below 16 (dkms: also the file's own id); helios and
+    /// ep1sode answer 0 to any id and do nothing. rkopnu keeps the id per file, but nothing reads
+    /// it back (GET answers 0, SUBMIT names its domain), so it is not stored here.
+    fn rknpu_set_domain(&self, fd: c_int, id: u32) -> Result<(), c_int> {
+        let ok = match self.port.memory {
+            Memory::Vendor | Memory::PerFd => id < MAX_DOMAINS,
+            Memory::DeviceWide => id < MAX_DOMAINS || self.with_file(fd, |f| f.own_domain) == Some(id),
+            Memory::Cma | Memory::OneDomain => true,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(libc::EINVAL)
+        }
+    }
+
     /// Soft reset: the mode is int8-ready, every buffer cold again (ork re-warms after a reset).
     fn rknpu_reset(&self) {
         self.rknpu.int8_ready.store(true, Ordering::Relaxed);
         for s in self.rknpu.domains.read().unwrap().values() {
             s.make_cold();
         }
+    }
+
+    /// The address space a domain id of `fd` names (MEM_CREATE, SUBMIT), or EINVAL. See
+    /// [`Memory`]: helios's pool and ep1sode's window are domain 0 whatever id below 16 is
+    /// passed; dkms takes 0..15 and the file's own id.
+    fn space_key(&self, fd: c_int, id: u32) -> Result<SpaceKey, c_int> {
+        let dev = |id| SpaceKey { fd: DEVICE, id };
+        let key = match self.port.memory {
+            Memory::Vendor => (id < MAX_DOMAINS).then(|| dev(id)),
+            Memory::PerFd => (id < MAX_DOMAINS).then_some(SpaceKey { fd, id }),
+            Memory::DeviceWide => (id < MAX_DOMAINS || self.with_file(fd, |f| f.own_domain) == Some(id)).then(|| dev(id)),
+            Memory::Cma | Memory::OneDomain => (id < MAX_DOMAINS).then(|| dev(0)),
+        };
+        key.ok_or(libc::EINVAL)
+    }
+
+    /// Where a buffer of `size` goes in `space`: top-down in a window (vendor, dkms, ep1sode),
+    /// bottom-up from 0 (rkopnu), bottom-up in the CMA pool (helios).
+    fn place(&self, space: &Space, size: u64) -> Option<u64> {
+        match self.port.memory {
+            Memory::Vendor | Memory::DeviceWide | Memory::OneDomain => space.top_down(size, self.window, PAGE),
+            Memory::PerFd => space.bottom_up(size, 0, self.window),
+            Memory::Cma => space.bottom_up(size, CMA_BASE, CMA_BASE + self.cma),
+        }
+    }
+
+    /// MEM_CREATE found no room in `space`: counts and logs it, returns the port's errno.
+    fn space_full(&self, size: u64, key: SpaceKey, space: &Space) -> c_int {
+        let errno = self.port.memory.full_errno();
+        let (counter, name) = match errno {
+            libc::ENOSPC => (&self.stats.enospc, "ENOSPC"),
+            libc::ENOMEM => (&self.stats.enomem, "ENOMEM"),
+            _ => (&self.stats.efault, "EFAULT"),
+        };
+        add(counter, 1);
+        let (what, cap) = if self.port.memory == Memory::Cma { ("CMA pool", self.cma) } else { ("window", self.window) };
+        eprintln!(
+            "ork-fake-kernel: MEM_CREATE {size} B in domain {}: {what} of {} MiB full ({} MiB used): {name}",
+            key.id,
+            cap >> 20,
+            space.used >> 20
+        );
+        errno
     }
 
     /// `rknpu_mem_create` (48 B): handle u32 @0, flags u32 @4, size u64 @8, obj_addr u64 @16,
@@ -996,22 +1396,18 @@ impl Kernel {
             return -libc::EINVAL;
         }
         let (flags, size, domain) = (a.u32(4), a.u64(8), a.u32(40));
-        if size == 0 || domain >= MAX_DOMAINS {
+        if size == 0 {
             return -libc::EINVAL;
         }
+        let key = match self.space_key(fd, domain) {
+            Ok(k) => k,
+            Err(e) => return -e,
+        };
         let size = size.div_ceil(PAGE) * PAGE;
         let mut doms = self.rknpu.domains.write().unwrap();
-        let space = doms.entry(domain).or_default();
-        let Some(iova) = space.top_down(size, self.window, PAGE) else {
-            add(&self.stats.efault, 1);
-            eprintln!(
-                "ork-fake-kernel: MEM_CREATE {size} B in domain {domain}: window of {} MiB full ({} MiB used): EFAULT",
-                self.window >> 20,
-                space.used >> 20
-            );
-            return -libc::EFAULT;
-        };
-        let bo = match KBo::new(size, flags, iova, domain) {
+        let space = doms.entry(key).or_default();
+        let Some(iova) = self.place(space, size) else { return -self.space_full(size, key, space) };
+        let bo = match KBo::new(size, flags, iova, key.id) {
             Ok(b) => Arc::new(b),
             Err(e) => return -e,
         };
@@ -1019,8 +1415,11 @@ impl Kernel {
         space.used += size;
         let used_domains = doms.values().filter(|s| !s.bos.is_empty()).count() as u64;
         drop(doms);
+        if self.port.memory == Memory::DeviceWide && key.id < MAX_DOMAINS {
+            add(&self.stats.shared_pool_bos, 1);
+        }
         self.stats.domains_used.fetch_max(used_domains, Ordering::Relaxed);
-        self.stats.max_domain.fetch_max(u64::from(domain), Ordering::Relaxed);
+        self.stats.max_domain.fetch_max(u64::from(key.id), Ordering::Relaxed);
         self.rknpu.objs.lock().unwrap().insert(bo.obj_addr, bo.clone());
         let handle = self.with_file(fd, |f| {
             let h = f.next_handle;
@@ -1035,10 +1434,15 @@ impl Kernel {
         0
     }
 
-    fn rknpu_free(&self, bo: &Arc<KBo>) {
+    /// Frees `fd`'s buffer `bo` (MEM_DESTROY, close).
+    fn rknpu_free(&self, fd: c_int, bo: &Arc<KBo>) {
         self.rknpu.objs.lock().unwrap().remove(&bo.obj_addr);
+        let key = match self.port.memory {
+            Memory::PerFd => SpaceKey { fd, id: bo.domain },
+            _ => SpaceKey { fd: DEVICE, id: bo.domain },
+        };
         let mut doms = self.rknpu.domains.write().unwrap();
-        if let Some(s) = doms.get_mut(&bo.domain) {
+        if let Some(s) = doms.get_mut(&key) {
             if s.bos.remove(&bo.iova).is_some() {
                 s.used -= bo.size;
             }
@@ -1056,7 +1460,7 @@ impl Kernel {
         });
         match bo {
             Some(bo) => {
-                self.rknpu_free(&bo);
+                self.rknpu_free(fd, &bo);
                 0
             }
             None => -libc::EINVAL,
@@ -1068,11 +1472,14 @@ impl Kernel {
         let (flags, obj, off, size) = (a.u32(0), a.u64(8), a.u64(16), a.u64(24));
         let objs = self.rknpu.objs.lock().unwrap();
         let Some(bo) = objs.get(&obj) else { return -libc::EINVAL };
-        if bo.flags & MEM_CACHEABLE == 0 || flags & !3 != 0 || flags == 0 || off + size > bo.size {
+        // rkopnu and ep1sode maintain the whole buffer whatever range is asked.
+        let whole = self.port.sync_whole;
+        if bo.flags & MEM_CACHEABLE == 0 || flags & !3 != 0 || flags == 0 || (!whole && off + size > bo.size) {
             return -libc::EINVAL;
         }
         let bo = bo.clone();
         drop(objs);
+        let (off, size) = if whole { (0, bo.size) } else { (off, size) };
         // TO_DEVICE cleans, FROM_DEVICE invalidates; both bits: clean, then invalidate.
         let mut n = 0;
         if flags & 1 != 0 && !self.cleans_lost() {
@@ -1090,16 +1497,27 @@ impl Kernel {
     /// task_counter @16 (out), priority @20, task_obj_addr u64 @24, iommu_domain_id @32,
     /// reserved @36, task_base_addr u64 @40, hw_elapse_time s64 @48 (out), core_mask @56,
     /// fence_fd @60, subcore_task[5] {start, number} @64.
-    fn rknpu_submit(&self, a: &Arg) -> c_int {
+    ///
+    /// Ports: rkopnu ignores the user's timeout, never writes `hw_elapse_time` and reports a
+    /// hang as success ([`Kernel::rknpu_hang_reported`]); ep1sode refuses masks naming a core
+    /// but 0; the quirk `eio_every` answers EIO before the job runs.
+    fn rknpu_submit(&self, fd: c_int, a: &Arg) -> c_int {
         let t0 = Instant::now();
+        let port = self.port;
         let nth = self.stats.submits.fetch_add(1, Ordering::Relaxed) + 1;
         let (task_number, task_obj, domain, core_mask, timeout) = (a.u32(12), a.u64(24), a.u32(32), a.u32(56), a.u32(4));
+        // rkopnu: the job timeout is rocket's, whatever the caller asked.
+        let timeout = if port.hang_as_success { self.job_timeout.as_millis() as u32 } else { timeout };
         a.set_u32(16, 0);
-        if task_number == 0 || domain >= MAX_DOMAINS {
+        if task_number == 0 {
             return -libc::EINVAL;
         }
-        let all = (1u32 << self.soc.cores) - 1;
+        let Ok(key) = self.space_key(fd, domain) else { return -libc::EINVAL };
+        let all = if port.core0_only { 1 } else { (1u32 << self.soc.cores) - 1 };
         if core_mask & !all != 0 {
+            if port.core0_only {
+                eprintln!("ork-fake-kernel: rknpu SUBMIT with core mask {core_mask:#x}: the device tree gives the {} driver core 0 only (EINVAL)", port.name);
+            }
             return -libc::EINVAL;
         }
         if core_mask.count_ones() > 1 {
@@ -1134,21 +1552,52 @@ impl Kernel {
             std::slice::from_raw_parts((task_bo.cpu as *const u8).add((u64::from(start) * tsize) as usize), (u64::from(number) * tsize) as usize)
         };
         let tasks: Vec<RknpuTask> = raw.chunks_exact(tsize as usize).map(ggml_ork_pod_read).collect();
+        if Quirks::every(self.quirks.eio_every, nth) {
+            add(&self.stats.eio, 1);
+            eprintln!("ork-fake-kernel: rknpu SUBMIT: another core's job timed out and the device was reset: EIO (eio_every)");
+            self.rknpu_reset();
+            return -libc::EIO;
+        }
         add(&self.stats.jobs_per_core[core], 1);
         if self.quirks.wedge && !self.rknpu.int8_ready.load(Ordering::Relaxed) {
             add(&self.stats.wedged, 1);
-            eprintln!("ork-fake-kernel: rknpu SUBMIT: int8 mode entered without ACT_RESET: the job wedged ({timeout} ms timeout, device reset)");
+            let why = "int8 mode entered without a reset: the job wedged";
+            if port.hang_as_success {
+                return self.rknpu_hang_reported(a, task_number, why);
+            }
+            eprintln!("ork-fake-kernel: rknpu SUBMIT: {why} ({timeout} ms timeout, device reset)");
             self.rknpu_reset();
             return -libc::ETIMEDOUT;
         }
-        if self.quirks.never_run_every.is_some_and(|n| nth % n == 0) {
+        if Quirks::every(self.quirks.hang_every, nth) {
+            let why = "the job hangs (hang_every)";
+            if port.hang_as_success {
+                return self.rknpu_hang_reported(a, task_number, why);
+            }
+            add(&self.stats.hangs, 1);
+            eprintln!("ork-fake-kernel: rknpu SUBMIT: {why} ({timeout} ms timeout, device reset)");
+            self.rknpu_reset();
+            return -libc::ETIMEDOUT;
+        }
+        if Quirks::every(self.quirks.never_run_every, nth) {
             add(&self.stats.never_ran, 1);
             a.set_u32(16, task_number);
-            a.set_u64(48, 1000);
+            if !port.hang_as_success {
+                a.set_u64(48, 1000);
+            }
             return 0;
         }
         let doms = self.rknpu.domains.read().unwrap();
-        let Some(space) = doms.get(&domain) else { return -libc::EINVAL };
+        let Some(space) = doms.get(&key) else { return -libc::EINVAL };
+        if port.hang_as_success {
+            // A program the hardware would not run hangs before anything of the job lands: the
+            // job is decoded first, writing nothing.
+            if let Err(e) = execute_tasks(&self.soc, space, &tasks, usize::MAX, timeout, &mut |_: &ProgramTrace| Exec::Skip) {
+                drop(doms);
+                add(&self.stats.bad, 1);
+                return self.rknpu_hang_reported(a, task_number, &format!("the hardware would not run this job: {e}"));
+            }
+        }
         let mut written: Vec<Arc<KBo>> = Vec::new();
         let cold = self.quirks.cold;
         let stats = &self.stats;
@@ -1175,7 +1624,9 @@ impl Kernel {
                 add(&self.stats.programs, ran as u64);
                 add(&self.stats.programs_per_core[core], ran as u64);
                 a.set_u32(16, ran as u32);
-                a.set_u64(48, t0.elapsed().as_nanos() as u64);
+                if !port.hang_as_success {
+                    a.set_u64(48, t0.elapsed().as_nanos() as u64);
+                }
                 0
             }
             Err(e) => {
@@ -1185,6 +1636,23 @@ impl Kernel {
                 -libc::ETIMEDOUT
             }
         }
+    }
+
+    /// rkopnu: a job that hangs is reported as success. Rocket's job timeout passes
+    /// (`ORK_FK_JOB_TIMEOUT_MS`, default 500 ms), its timeout handler resets the device (int8
+    /// mode entered, every buffer cold), and the port returns 0 with `task_counter =
+    /// task_number`, nothing written and `hw_elapse_time` left as passed (counter `hangs`).
+    fn rknpu_hang_reported(&self, a: &Arg, task_number: u32, why: &str) -> c_int {
+        add(&self.stats.hangs, 1);
+        eprintln!(
+            "ork-fake-kernel: rknpu SUBMIT ({}): {why}; after the {} ms job timeout the device is reset and the job reported as done",
+            self.port.name,
+            self.job_timeout.as_millis()
+        );
+        std::thread::sleep(self.job_timeout);
+        self.rknpu_reset();
+        a.set_u32(16, task_number);
+        0
     }
 
     // ---- rocket --------------------------------------------------------------------------
@@ -1204,7 +1672,7 @@ impl Kernel {
         let size = size.div_ceil(PAGE) * PAGE;
         let rf = self.rocket_file(fd);
         let mut space = rf.space.write().unwrap();
-        let Some(iova) = space.bottom_up(size, self.window) else {
+        let Some(iova) = space.bottom_up(size, 0, self.window) else {
             add(&self.stats.efault, 1);
             return -libc::ENOSPC;
         };
@@ -1461,12 +1929,18 @@ impl Kernel {
         }
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let live_maps = self.maps.lock().map(|m| m.len()).unwrap_or(0);
-        let pairs: Vec<(&str, String)> = vec![
-            ("personality", format!("{:?}", self.personality).to_lowercase()),
+        let mut pairs: Vec<(&str, String)> = vec![("personality", format!("{:?}", self.personality).to_lowercase())];
+        if self.personality == Personality::Rknpu {
+            pairs.push(("port", self.port.name.to_string()));
+        }
+        pairs.extend([
             ("opens", g(&s.opens).to_string()),
             ("ioctls", g(&s.ioctls).to_string()),
             ("mem_create", g(&s.mem_create).to_string()),
             ("efault", g(&s.efault).to_string()),
+            ("enospc", g(&s.enospc).to_string()),
+            ("enomem", g(&s.enomem).to_string()),
+            ("shared_pool_bos", g(&s.shared_pool_bos).to_string()),
             ("domains_used", g(&s.domains_used).to_string()),
             ("max_domain", g(&s.max_domain).to_string()),
             ("submits", g(&s.submits).to_string()),
@@ -1477,6 +1951,9 @@ impl Kernel {
             ("stale", g(&s.stale).to_string()),
             ("wedged", g(&s.wedged).to_string()),
             ("never_ran", g(&s.never_ran).to_string()),
+            ("hangs", g(&s.hangs).to_string()),
+            ("reset_busy", g(&s.reset_busy).to_string()),
+            ("eio", g(&s.eio).to_string()),
             ("bad", g(&s.bad).to_string()),
             ("vanished", g(&s.vanished).to_string()),
             ("killed", g(&s.killed).to_string()),
@@ -1490,8 +1967,7 @@ impl Kernel {
             ("spaces_used", g(&s.spaces_used).to_string()),
             ("peak_bo_bytes", g(&s.peak_bo_bytes).to_string()),
             ("live_client_maps", live_maps.to_string()),
-        ];
-        let mut pairs = pairs;
+        ]);
         if g(&s.rss_samples) > 0 {
             pairs.extend([
                 ("rss_samples", g(&s.rss_samples).to_string()),
@@ -1800,6 +2276,7 @@ mod tests {
     #[test]
     fn rss_sampler_tells_the_emulator_s_mappings_from_the_process_s() {
         const MIB: u64 = 1 << 20;
+        let _quiet = RSS_QUIET.write().unwrap_or_else(|e| e.into_inner());
         let size = 16 * MIB;
         let bo = KBo::new(size, 0, 0, 0).unwrap();
         // SAFETY: a shared mapping of the BO's memfd (what the product's mmap gets), checked below.
@@ -1819,5 +2296,399 @@ mod tests {
         assert!(marked.contains("OrkFakeKernel: emulator"));
         // SAFETY: the mapping made above.
         unsafe { libc::munmap(client, size as usize) };
+    }
+
+    // ---- the rknpu ports ---------------------------------------------------------------------
+
+    /// Held (shared) by every [`TestKernel`], and alone by the RSS sampler's test, whose two
+    /// samples must not see other tests' buffers come and go.
+    static RSS_QUIET: RwLock<()> = RwLock::new(());
+
+    /// A kernel of its own for one test (not the process's [`KERNEL`]): rknpu on `port`, with
+    /// `quirks`, 64 MiB windows and CMA pool, a 20 ms job timeout, its tree removed on drop.
+    struct TestKernel {
+        k: Kernel,
+        _quiet: std::sync::RwLockReadGuard<'static, ()>,
+    }
+
+    impl std::ops::Deref for TestKernel {
+        type Target = Kernel;
+        fn deref(&self) -> &Kernel {
+            &self.k
+        }
+    }
+
+    impl Drop for TestKernel {
+        fn drop(&mut self) {
+            let fds: Vec<c_int> = self.k.files.lock().unwrap().keys().copied().collect();
+            for fd in fds {
+                self.k.close(fd);
+                // SAFETY: the memfd `open` made for this fake file, closed only here.
+                unsafe { libc::close(fd) };
+            }
+            let _ = std::fs::remove_dir_all(&self.k.tree);
+        }
+    }
+
+    fn rknpu_kernel_with(port: &str, quirks: &str, tune: impl FnOnce(&mut Config)) -> TestKernel {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let mut c = Config {
+            personality: Personality::Rknpu,
+            port: port_named(port).unwrap(),
+            soc: SocDesc::get(SocId::Rk3588),
+            tree: std::env::temp_dir().join(format!("ork-fk-unit-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))),
+            window: 64 << 20,
+            cma: 64 << 20,
+            job_timeout: Duration::from_millis(20),
+            render_only: false,
+            quirks: parse_quirks(quirks),
+        };
+        tune(&mut c);
+        let quiet = RSS_QUIET.read().unwrap_or_else(|e| e.into_inner());
+        TestKernel { k: Kernel::new(c), _quiet: quiet }
+    }
+    fn rknpu_kernel(port: &str, quirks: &str) -> TestKernel {
+        rknpu_kernel_with(port, quirks, |_| {})
+    }
+
+    /// ACTION `sel` with value `v`: (errno-or-0, the value written back).
+    fn action(k: &Kernel, fd: c_int, sel: u32, v: u32) -> (c_int, u32) {
+        let mut a = arg(8);
+        a[0..4].copy_from_slice(&sel.to_le_bytes());
+        a[4..8].copy_from_slice(&v.to_le_bytes());
+        let r = ioctl(k, fd, RKNPU_ACTION, &mut a);
+        (r, u32_at(&a, 4))
+    }
+    /// MEM_CREATE of `size` in domain `domain`: (errno-or-0, handle, obj_addr, dma_addr).
+    fn mem_create(k: &Kernel, fd: c_int, size: u64, flags: u32, domain: u32) -> (c_int, u32, u64, u64) {
+        let mut a = arg(48);
+        a[4..8].copy_from_slice(&flags.to_le_bytes());
+        a[8..16].copy_from_slice(&size.to_le_bytes());
+        a[40..44].copy_from_slice(&domain.to_le_bytes());
+        let r = ioctl(k, fd, RKNPU_MEM_CREATE, &mut a);
+        (r, u32_at(&a, 0), u64_at(&a, 16), u64_at(&a, 24))
+    }
+    fn mem_sync(k: &Kernel, fd: c_int, flags: u32, obj: u64, off: u64, size: u64) -> c_int {
+        let mut a = arg(32);
+        a[0..4].copy_from_slice(&flags.to_le_bytes());
+        a[8..16].copy_from_slice(&obj.to_le_bytes());
+        a[16..24].copy_from_slice(&off.to_le_bytes());
+        a[24..32].copy_from_slice(&size.to_le_bytes());
+        ioctl(k, fd, RKNPU_MEM_SYNC, &mut a)
+    }
+    /// DRM_IOCTL_VERSION: (errno-or-0, major.minor.patch, name, desc).
+    fn drm_version(k: &Kernel, fd: c_int) -> (c_int, (u32, u32, u32), String, String) {
+        let (mut name, mut desc) = (vec![0u8; 64], vec![0u8; 64]);
+        let mut a = arg(64);
+        a[16..24].copy_from_slice(&64u64.to_le_bytes());
+        a[24..32].copy_from_slice(&(name.as_mut_ptr() as u64).to_le_bytes());
+        a[48..56].copy_from_slice(&64u64.to_le_bytes());
+        a[56..64].copy_from_slice(&(desc.as_mut_ptr() as u64).to_le_bytes());
+        let r = ioctl(k, fd, DRM_VERSION, &mut a);
+        let s = |b: &[u8], len: u64| String::from_utf8_lossy(&b[..len as usize]).into_owned();
+        (r, (u32_at(&a, 0), u32_at(&a, 4), u32_at(&a, 8)), s(&name, u64_at(&a, 16)), s(&desc, u64_at(&a, 48)))
+    }
+    /// A task buffer (KERNEL_MAPPING) of one task whose regcmd lies at `regcmd` in domain
+    /// `domain`: its obj_addr.
+    fn task_bo(k: &Kernel, fd: c_int, domain: u32, regcmd: u64) -> u64 {
+        let (r, handle, obj, _) = mem_create(k, fd, PAGE, MEM_CACHEABLE | MEM_KERNEL_MAPPING, domain);
+        assert_eq!(r, 0);
+        let bo = k.with_file(fd, |f| f.handles[&handle].clone());
+        let mut t = [0u8; 40];
+        t[24..28].copy_from_slice(&1u32.to_le_bytes());
+        t[32..40].copy_from_slice(&regcmd.to_le_bytes());
+        // SAFETY: the task BO's CPU view is a page long and alive (`bo`).
+        unsafe { std::ptr::copy_nonoverlapping(t.as_ptr(), bo.cpu as *mut u8, t.len()) };
+        obj
+    }
+    /// SUBMIT of task 0 of `task_obj` on `core_mask` (subcore entry of core 0 or the mask's
+    /// core), `hw_elapse_time` preset to a marker: the argument block after the call.
+    fn submit(k: &Kernel, fd: c_int, task_obj: u64, domain: u32, core_mask: u32) -> (c_int, Vec<u8>) {
+        let mut a = arg(104);
+        a[4..8].copy_from_slice(&6000u32.to_le_bytes());
+        a[12..16].copy_from_slice(&1u32.to_le_bytes());
+        a[24..32].copy_from_slice(&task_obj.to_le_bytes());
+        a[32..36].copy_from_slice(&domain.to_le_bytes());
+        a[48..56].copy_from_slice(&0xdead_beefu64.to_le_bytes());
+        a[56..60].copy_from_slice(&core_mask.to_le_bytes());
+        let core = if core_mask == 0 { 0 } else { core_mask.trailing_zeros() as usize };
+        a[64 + core * 8 + 4..64 + core * 8 + 8].copy_from_slice(&1u32.to_le_bytes());
+        let r = ioctl(k, fd, RKNPU_SUBMIT, &mut a);
+        (r, a)
+    }
+    fn stat(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+
+    /// What each port answers before any buffer: DRM version and description, the ACTION
+    /// versions, clock and IOMMU, an unknown selector (0 on rkopnu only) and POWER_ON.
+    #[test]
+    fn ports_answer_their_versions_and_actions() {
+        // (port, DRM version, desc, GET_DRV_VERSION, GET_FREQ, GET_IOMMU_EN, unknown ACTION)
+        let rows = [
+            ("vendor", (0, 9, 8), "RKNPU driver", 908, 1_000_000_000, 1, -libc::EINVAL),
+            ("rkopnu", (0, 0, 0), "rkopnu (rknpu ABI on mainline rocket)", 908, 1_000_000_000, 1, 0),
+            ("dkms", (0, 9, 8), "RKNPU driver", 908, 800_000_000, 1, -libc::EINVAL),
+            ("helios", (0, 9, 8), "RKNPU driver", 908, 200_000_000, 0, -libc::EINVAL),
+            ("ep1sode", (0, 9, 6), "RKNPU driver", 906, 1_000_000_000, 1, -libc::EINVAL),
+            ("odd", (0, 9, 4), "RKNPU driver", 908, 1_000_000_000, 1, -libc::EINVAL),
+        ];
+        for (port, ver, desc, drv, freq, iommu, unknown) in rows {
+            let k = rknpu_kernel(port, "none");
+            let fd = k.open("/dev/dri/card1");
+            assert!(fd >= 0);
+            let (r, v, name, d) = drm_version(&k, fd);
+            assert_eq!((r, v, name.as_str(), d.as_str()), (0, ver, "rknpu", desc), "{port}: DRM_IOCTL_VERSION");
+            assert_eq!(action(&k, fd, 1, 0), (0, drv), "{port}: GET_DRV_VERSION");
+            assert_eq!(action(&k, fd, 2, 0), (0, freq), "{port}: GET_FREQ");
+            assert_eq!(action(&k, fd, 18, 0), (0, iommu), "{port}: GET_IOMMU_EN");
+            assert_eq!(action(&k, fd, 0x7f, 5).0, unknown, "{port}: an unknown ACTION selector");
+            assert_eq!(action(&k, fd, 20, 5).0, unknown, "{port}: POWER_ON, unknown to 0.9.8");
+            if unknown == 0 {
+                assert_eq!(action(&k, fd, 0x7f, 5).1, 0, "{port}: 0 written back");
+            }
+            // The display controller is the same on every port.
+            let card0 = k.open("/dev/dri/card0");
+            assert_eq!(drm_version(&k, card0).2, "rockchip-drm");
+        }
+    }
+
+    /// The fake tree: `renderD129` beside `card1` (or alone with `ORK_FK_NODES=render`), the
+    /// interrupt names of the cores the device tree gives the driver, devfreq where the port has it.
+    #[test]
+    fn ports_make_their_nodes_and_sysfs() {
+        let read = |k: &Kernel, rel: &str| std::fs::read(k.tree.join(rel)).ok();
+        let irqs = |node: &str| format!("sys/class/drm/{node}/device/of_node/interrupt-names");
+        let devfreq = "sys/class/devfreq/fdab0000.npu/cur_freq";
+        let k = rknpu_kernel("vendor", "none");
+        for node in ["card1", "renderD129"] {
+            assert!(k.tree.join("dev/dri").join(node).exists(), "{node}");
+            assert_eq!(read(&k, &irqs(node)).as_deref(), Some(&b"npu0_irq\0npu1_irq\0npu2_irq\0"[..]), "{node}");
+        }
+        assert_eq!(read(&k, devfreq).as_deref(), Some(&b"1000000000\n"[..]));
+        let (a, b) = (k.open("/dev/dri/card1"), k.open("/dev/dri/renderD129"));
+        assert!(a >= 0 && b >= 0, "one device, two nodes");
+        assert_eq!(drm_version(&k, b).2, "rknpu");
+        assert_eq!(k.open("/dev/dri/renderD128"), -libc::ENOENT);
+        assert_eq!(read(&rknpu_kernel("dkms", "none"), devfreq).as_deref(), Some(&b"800000000\n"[..]));
+        for port in ["rkopnu", "helios", "ep1sode"] {
+            let k = rknpu_kernel(port, "none");
+            assert!(read(&k, devfreq).is_none(), "{port} has no devfreq node");
+            assert_eq!(std::fs::read_dir(k.tree.join("sys/class/devfreq")).map(|d| d.count()).ok(), Some(0), "{port}: an empty listing");
+        }
+        let k = rknpu_kernel("ep1sode", "none");
+        assert_eq!(read(&k, &irqs("renderD129")).as_deref(), Some(&b"npu0_irq\0"[..]), "ep1sode's tree: core 0 only");
+        let k = rknpu_kernel_with("vendor", "none", |c| c.soc = SocDesc::get(SocId::Rk3576));
+        assert_eq!(read(&k, &irqs("card1")).as_deref(), Some(&b"npu0_irq\0npu1_irq\0"[..]), "rk3576: two cores");
+        let k = rknpu_kernel_with("vendor", "none", |c| c.render_only = true);
+        assert!(!k.tree.join("dev/dri/card1").exists() && read(&k, &irqs("card1")).is_none());
+        assert_eq!(k.open("/dev/dri/card1"), -libc::ENOENT);
+        assert!(k.open("/dev/dri/renderD129") >= 0);
+        assert!(read(&k, &irqs("renderD129")).is_some());
+    }
+
+    /// vendor, unchanged: 16 device-wide domains (two fds share one), IOVAs top-down, EFAULT
+    /// when full, syncs of the range asked, ACT_RESET resets.
+    #[test]
+    fn vendor_domains_are_device_wide_top_down_and_efault() {
+        let k = rknpu_kernel("vendor", "none");
+        let (f0, f1) = (k.open("/dev/dri/card1"), k.open("/dev/dri/renderD129"));
+        let (r, _, obj, iova) = mem_create(&k, f0, 2 * PAGE, MEM_CACHEABLE, 3);
+        assert_eq!((r, iova), (0, k.window - 2 * PAGE));
+        assert_eq!(mem_create(&k, f1, PAGE, 0, 3).3, k.window - 3 * PAGE, "the other fd, the same domain 3");
+        assert_eq!(mem_create(&k, f1, k.window, 0, 3).0, -libc::EFAULT);
+        assert_eq!(mem_create(&k, f1, PAGE, 0, 16).0, -libc::EINVAL);
+        assert_eq!((stat(&k.stats.efault), stat(&k.stats.enospc)), (1, 0));
+        assert_eq!(action(&k, f0, 24, 9), (0, 0), "GET_IOMMU_DOMAIN_ID");
+        assert_eq!(action(&k, f0, 25, 15).0, 0);
+        assert_eq!(action(&k, f0, 25, 16).0, -libc::EINVAL);
+        assert_eq!(mem_sync(&k, f0, 1, obj, 100, 4), 0);
+        assert_eq!(stat(&k.stats.synced_bytes), 64, "one line");
+        assert_eq!(mem_sync(&k, f0, 1, obj, PAGE, 2 * PAGE), -libc::EINVAL, "past the buffer");
+        assert_eq!(action(&k, f0, 6, 0), (0, 0));
+        assert!(k.rknpu.int8_ready.load(Ordering::Relaxed));
+    }
+
+    /// rkopnu: 16 domains per fd, bottom-up from IOVA 0, ENOSPC when full; whole-buffer syncs;
+    /// ACT_RESET does nothing (no int8 mode, buffers stay warm).
+    #[test]
+    fn rkopnu_domains_per_fd_bottom_up_enospc_whole_syncs_no_reset() {
+        let k = rknpu_kernel("rkopnu", "none");
+        let (f0, f1) = (k.open("/dev/dri/card1"), k.open("/dev/dri/card1"));
+        let (r, h, obj, iova) = mem_create(&k, f0, 2 * PAGE, MEM_CACHEABLE, 0);
+        assert_eq!((r, iova), (0, 0), "the first buffer of a domain gets IOVA 0");
+        assert_eq!(mem_create(&k, f0, PAGE, 0, 0).3, 2 * PAGE, "bottom-up");
+        assert_eq!(mem_create(&k, f0, PAGE, 0, 5).3, 0, "domain 5 of fd 0: a window of its own");
+        assert_eq!(mem_create(&k, f1, PAGE, 0, 0).3, 0, "fd 1's domain 0 is not fd 0's");
+        assert_eq!(mem_create(&k, f0, k.window, 0, 0).0, -libc::ENOSPC, "fd 0's domain 0 is full");
+        assert_eq!(mem_create(&k, f1, k.window - PAGE, 0, 0).0, 0, "fd 1's is not");
+        assert_eq!(mem_create(&k, f0, PAGE, 0, 16).0, -libc::EINVAL);
+        assert_eq!((stat(&k.stats.enospc), stat(&k.stats.efault)), (1, 0));
+        assert_eq!(action(&k, f0, 25, 7).0, 0, "SET_IOMMU_DOMAIN_ID below 16");
+        assert_eq!(action(&k, f0, 25, 16).0, -libc::EINVAL);
+        assert_eq!(action(&k, f0, 24, 9), (0, 0), "GET_IOMMU_DOMAIN_ID answers 0");
+        // A 4-byte sync maintains the whole buffer, and a range past it is not refused.
+        assert_eq!(mem_sync(&k, f0, 1, obj, 100, 4), 0);
+        assert_eq!(stat(&k.stats.synced_bytes), 2 * PAGE);
+        assert_eq!(mem_sync(&k, f0, 2, obj, PAGE, 8 * PAGE), 0);
+        assert_eq!(stat(&k.stats.synced_bytes), 4 * PAGE);
+        // ACT_RESET: 0, and nothing happens.
+        let bo = k.with_file(f0, |f| f.handles[&h].clone());
+        bo.warm.store(true, Ordering::Relaxed);
+        assert_eq!(action(&k, f0, 6, 0), (0, 0));
+        assert!(!k.rknpu.int8_ready.load(Ordering::Relaxed), "int8 mode not entered");
+        assert!(bo.warm.load(Ordering::Relaxed), "buffers not made cold");
+        // Closing fd 0 frees its windows: its domain 0 starts at 0 again for a new fd.
+        k.close(f0);
+        let f2 = k.open("/dev/dri/card1");
+        assert_eq!(mem_create(&k, f2, PAGE, 0, 0).3, 0);
+    }
+
+    /// rkopnu: a job that hangs (a program the hardware would not run; the wedge, which its
+    /// ACT_RESET does not prevent; `hang_every`) is reported as success after the job timeout:
+    /// task_counter = task_number, hw_elapse_time and the output untouched, the device reset.
+    #[test]
+    fn rkopnu_reports_a_hang_as_success() {
+        let k = rknpu_kernel("rkopnu", "wedge,hang_every:3");
+        let fd = k.open("/dev/dri/card1");
+        let (r, h, _, out_iova) = mem_create(&k, fd, PAGE, MEM_CACHEABLE, 0);
+        assert_eq!((r, out_iova), (0, 0));
+        let out = k.with_file(fd, |f| f.handles[&h].clone());
+        fill(out.dev, 0, PAGE as usize, 0x5a);
+        // The regcmd at 1 MiB: no buffer there, the hardware would not run it.
+        let task = task_bo(&k, fd, 0, 1 << 20);
+        assert_eq!(action(&k, fd, 6, 0).0, 0, "ACT_RESET: a no-op");
+        // 1: wedged (int8 mode never entered by ACT_RESET here), reported as done.
+        let t0 = Instant::now();
+        let (r, a) = submit(&k, fd, task, 0, 1);
+        assert_eq!((r, u32_at(&a, 16), u64_at(&a, 48)), (0, 1, 0xdead_beef), "success, task_counter full, hw_elapse_time untouched");
+        assert!(t0.elapsed() >= k.job_timeout, "the job timeout passed");
+        assert_eq!((stat(&k.stats.wedged), stat(&k.stats.hangs)), (1, 1));
+        assert!(k.rknpu.int8_ready.load(Ordering::Relaxed), "rocket's timeout reset entered int8 mode");
+        // 2: a program the hardware would not run: the same.
+        let (r, a) = submit(&k, fd, task, 0, 0);
+        assert_eq!((r, u32_at(&a, 16), u64_at(&a, 48)), (0, 1, 0xdead_beef));
+        assert_eq!((stat(&k.stats.hangs), stat(&k.stats.bad)), (2, 1));
+        // 3: hang_every:3.
+        let (r, a) = submit(&k, fd, task, 0, 4);
+        assert_eq!((r, u32_at(&a, 16), u64_at(&a, 48)), (0, 1, 0xdead_beef));
+        assert_eq!(stat(&k.stats.hangs), 3);
+        assert_eq!(view(out.dev, 0, PAGE as usize), vec![0x5a; PAGE as usize], "nothing written");
+        assert_eq!(stat(&k.stats.programs), 0);
+    }
+
+    /// dkms: 64 device-wide ids; each fd's own id (16, 17, ...) from GET_IOMMU_DOMAIN_ID is a
+    /// window of its own; 0..15 are shared pools (counted); another fd's id and ids >= 64 are
+    /// EINVAL; top-down, ENOSPC when full.
+    #[test]
+    fn dkms_gives_each_fd_its_own_domain_id_and_counts_shared_pools() {
+        let k = rknpu_kernel("dkms", "none");
+        let _display = k.open("/dev/dri/card0");
+        let (f0, f1) = (k.open("/dev/dri/card1"), k.open("/dev/dri/renderD129"));
+        assert_eq!(action(&k, f0, 24, 0), (0, 16), "the first fd opened");
+        assert_eq!(action(&k, f1, 24, 0), (0, 17), "the next");
+        let (r, _, _, iova) = mem_create(&k, f0, PAGE, 0, 16);
+        assert_eq!((r, iova), (0, k.window - PAGE), "own window, top-down");
+        assert_eq!(mem_create(&k, f1, PAGE, 0, 17).3, k.window - PAGE, "fd 1's own window");
+        assert_eq!(mem_create(&k, f0, PAGE, 0, 17).0, -libc::EINVAL, "fd 1's id");
+        assert_eq!(mem_create(&k, f0, PAGE, 0, 40).0, -libc::EINVAL, "nobody's id");
+        assert_eq!(mem_create(&k, f0, PAGE, 0, 64).0, -libc::EINVAL);
+        assert_eq!(stat(&k.stats.shared_pool_bos), 0);
+        assert_eq!(mem_create(&k, f0, PAGE, 0, 3).0, 0, "a shared pool works");
+        assert_eq!(mem_create(&k, f1, PAGE, 0, 3).3, k.window - 2 * PAGE, "and is shared");
+        assert_eq!(stat(&k.stats.shared_pool_bos), 2);
+        assert_eq!(mem_create(&k, f0, k.window, 0, 16).0, -libc::ENOSPC);
+        assert_eq!((stat(&k.stats.enospc), stat(&k.stats.efault)), (1, 0));
+        assert_eq!(action(&k, f0, 25, 16).0, 0);
+        assert_eq!(action(&k, f0, 25, 3).0, 0);
+        assert_eq!(action(&k, f0, 25, 17).0, -libc::EINVAL);
+        assert_eq!(action(&k, f0, 25, 64).0, -libc::EINVAL);
+        // An fd's id is freed with it.
+        k.close(f0);
+        assert_eq!(action(&k, k.open("/dev/dri/card1"), 24, 0).1, 16);
+    }
+
+    /// dkms: ACT_RESET takes 100 ms; `reset_busy:2` answers the first two EBUSY without a reset.
+    #[test]
+    fn dkms_reset_is_busy_then_slow() {
+        let k = rknpu_kernel("dkms", "reset_busy:2");
+        let fd = k.open("/dev/dri/card1");
+        assert_eq!(action(&k, fd, 6, 0).0, -libc::EBUSY);
+        assert_eq!(action(&k, fd, 6, 0).0, -libc::EBUSY);
+        assert!(!k.rknpu.int8_ready.load(Ordering::Relaxed), "a busy reset resets nothing");
+        let t0 = Instant::now();
+        assert_eq!(action(&k, fd, 6, 0), (0, 0));
+        assert!(t0.elapsed() >= DKMS_RESET_TIME);
+        assert!(k.rknpu.int8_ready.load(Ordering::Relaxed));
+        assert_eq!((stat(&k.stats.reset_busy), stat(&k.stats.act_reset)), (2, 1));
+    }
+
+    /// `eio_every:N`: every N-th submit is EIO without running, every buffer cold again.
+    #[test]
+    fn dkms_eio_every_fails_a_submit_and_colds_the_buffers() {
+        let k = rknpu_kernel("dkms", "eio_every:2");
+        let fd = k.open("/dev/dri/card1");
+        let (_, h, _, _) = mem_create(&k, fd, PAGE, MEM_CACHEABLE, 16);
+        let bo = k.with_file(fd, |f| f.handles[&h].clone());
+        let task = task_bo(&k, fd, 16, 1 << 20);
+        assert_eq!(submit(&k, fd, task, 16, 1).0, -libc::ETIMEDOUT, "1: runs (a program the hardware would not run)");
+        bo.warm.store(true, Ordering::Relaxed);
+        assert_eq!(submit(&k, fd, task, 16, 1).0, -libc::EIO, "2: EIO");
+        assert_eq!(stat(&k.stats.eio), 1);
+        assert_eq!(stat(&k.stats.jobs_per_core[0]), 1, "the EIO job never reached a core");
+        assert!(!bo.warm.load(Ordering::Relaxed), "the device was reset");
+        assert_eq!(submit(&k, fd, task, 17, 1).0, -libc::EINVAL, "another fd's domain id");
+    }
+
+    /// `hang_every` on a port that does not report hangs as success: ETIMEDOUT and a reset.
+    #[test]
+    fn hang_every_elsewhere_is_a_timeout() {
+        let k = rknpu_kernel("vendor", "hang_every:1");
+        let fd = k.open("/dev/dri/card1");
+        let task = task_bo(&k, fd, 0, 1 << 20);
+        let (r, a) = submit(&k, fd, task, 0, 1);
+        assert_eq!((r, u32_at(&a, 16)), (-libc::ETIMEDOUT, 0));
+        assert_eq!(stat(&k.stats.hangs), 1);
+        assert!(k.rknpu.int8_ready.load(Ordering::Relaxed));
+    }
+
+    /// helios: no IOMMU; one CMA pool of `ORK_FK_CMA_MB` whatever id below 16, addresses
+    /// bottom-up from 0x1000_0000, ENOMEM when it runs out; SET_IOMMU_DOMAIN_ID does nothing.
+    #[test]
+    fn helios_has_one_cma_pool_and_enomem() {
+        let k = rknpu_kernel_with("helios", "none", |c| c.cma = 1 << 20);
+        let fd = k.open("/dev/dri/card1");
+        let (r, _, obj, iova) = mem_create(&k, fd, 512 << 10, MEM_CACHEABLE, 0);
+        assert_eq!((r, iova), (0, CMA_BASE));
+        assert_eq!(mem_create(&k, fd, 512 << 10, 0, 7).3, CMA_BASE + (512 << 10), "domain 7: the same pool");
+        assert_eq!(mem_create(&k, fd, PAGE, 0, 3).0, -libc::ENOMEM);
+        assert_eq!(mem_create(&k, fd, PAGE, 0, 16).0, -libc::EINVAL);
+        assert_eq!((stat(&k.stats.enomem), stat(&k.stats.efault), stat(&k.stats.enospc)), (1, 0, 0));
+        assert_eq!(action(&k, fd, 25, 7), (0, 0));
+        assert_eq!(action(&k, fd, 24, 0), (0, 0));
+        assert_eq!(mem_sync(&k, fd, 1, obj, 100, 4), 0);
+        assert_eq!(stat(&k.stats.synced_bytes), 64, "the range asked");
+    }
+
+    /// ep1sode: every id below 16 folds into domain 0's window (EFAULT when full); SET does
+    /// nothing; whole-buffer syncs; core masks naming a core but 0 are EINVAL.
+    #[test]
+    fn ep1sode_has_one_domain_core0_and_whole_syncs() {
+        let k = rknpu_kernel("ep1sode", "none");
+        let fd = k.open("/dev/dri/card1");
+        let (r, _, obj, iova) = mem_create(&k, fd, 2 * PAGE, MEM_CACHEABLE, 3);
+        assert_eq!((r, iova), (0, k.window - 2 * PAGE));
+        assert_eq!(mem_create(&k, fd, PAGE, 0, 0).3, k.window - 3 * PAGE, "id 0 and id 3: one window");
+        assert_eq!(mem_create(&k, fd, k.window, 0, 9).0, -libc::EFAULT);
+        assert_eq!((stat(&k.stats.efault), stat(&k.stats.enospc)), (1, 0));
+        assert_eq!(action(&k, fd, 25, 3).0, 0);
+        assert_eq!(action(&k, fd, 24, 0), (0, 0), "SET had no effect");
+        assert_eq!(mem_sync(&k, fd, 1, obj, 100, 4), 0);
+        assert_eq!(stat(&k.stats.synced_bytes), 2 * PAGE, "the whole buffer");
+        let task = task_bo(&k, fd, 3, 1 << 20);
+        assert_eq!(submit(&k, fd, task, 3, 2).0, -libc::EINVAL, "core 1");
+        assert_eq!(submit(&k, fd, task, 3, 4).0, -libc::EINVAL, "core 2");
+        assert_eq!(submit(&k, fd, task, 3, 1).0, -libc::ETIMEDOUT, "core 0 runs it (from domain 3 = 0)");
+        assert_eq!(stat(&k.stats.jobs_per_core[0]), 1);
     }
 }

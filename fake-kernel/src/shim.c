@@ -132,7 +132,8 @@ int openat64(int dirfd, const char *path, int flags, ...) {
 typedef DIR *(*opendir_fn)(const char *);
 DIR *opendir(const char *path) {
     REAL(opendir, opendir_fn);
-    if ((strcmp(path, "/dev/dri") == 0 || strcmp(path, "/dev/accel") == 0)) {
+    /* The node scan, and the NPU clock's devfreq listing (empty where the port has none). */
+    if (strcmp(path, "/dev/dri") == 0 || strcmp(path, "/dev/accel") == 0 || strcmp(path, "/sys/class/devfreq") == 0) {
         fk_load();
         const char *to = fk_redirect(path);
         if (to) path = to;

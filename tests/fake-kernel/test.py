@@ -23,7 +23,13 @@ Checks, each one PASS/FAIL line:
   evicted_lines, peer-facts section 6);
 * the cache model (CPU and device views of every buffer, meeting only through syncs) is live:
   with to-device syncs ignored from the first submit on (quirk no_clean) ork-selftest's
-  bit-exact suite fails.
+  bit-exact suite fails;
+* the mainline ports of the vendor interface (ORK_FK_PORT: rkopnu, dkms, helios, ep1sode): the
+  product names each by its answers (ork-selftest's `ORK NPU port:` line), and greedy text and
+  test-backend-ops equal the sim's; each port's faults (a full domain or pool: ENOSPC, ENOMEM,
+  EFAULT; rkopnu's hang reported as success; dkms's busy reset and EIO; ep1sode's one core) leave
+  the text and the bit-exact suite as they were; a device that fits no port (odd) runs everything
+  on the CPU; a render node alone (ORK_FK_NODES=render) is found.
 Environment: LLAMA_BIN, ORK_MODELS, ORK_CORPUS, ORK_LIB (tests/common.sh). Exit status 1 on a failure.
 
 `--device real` (bench-scripts/onboard-kit.sh, on a board) runs the same greedy, perplexity and
@@ -217,8 +223,8 @@ for npu in NPUS:
           f"PPL {v} vs ORK_NPU=sim {pref} (2 x 128 tokens); {WHO}: {why}; {dt:.0f}s")
 
 # 4. test-backend-ops MUL_MAT (the default ORK_MINM: the prefill shapes; ORK_MINM=1 takes minutes)
-def tbo(npu):
-    p, c, dt = run([f"{BIN}/test-backend-ops", "-b", "ORK", "-o", "MUL_MAT"], npu)
+def tbo(npu, extra=None):
+    p, c, dt = run([f"{BIN}/test-backend-ops", "-b", "ORK", "-o", "MUL_MAT"], npu, extra)
     m = re.search(r"(\d+)/(\d+) tests passed", p.stdout)
     return (m.group(0) if m and p.returncode == 0 else None), p.stderr, c, dt
 
@@ -238,6 +244,7 @@ if REAL:
     skip_fake_only("rocket-window-full", "ORK_FK_DOMAIN_MB per fd, the fake kernel's ENOSPC count")
     skip_fake_only("rocket-place", "examples/rocket_place over small fake windows")
     skip_fake_only("quirk/*", "ORK_FK_QUIRKS; a board's own quirks, if it has them, strike in the checks above")
+    skip_fake_only("port/*", "ORK_FK_PORT: the fake kernel plays each mainline port of the vendor interface")
     npass, nfail = summary()
     print(f"{npass} passed, {nfail} failed")
     sys.exit(1 if nfail else 0)
@@ -321,6 +328,115 @@ for npu in NPUS:
           and int(c.get("submits", "0")) > 0,
           f"cleans lost from the first submit on: ork-selftest rc {p.returncode}, {len(fails)} failed case(s) (must fail)"
           f"{': ' + fails[0].strip() if fails else ''}, buffer smoke passed {smoke}x; fake kernel submits={c.get('submits') if c else '?'}")
+
+# 8. the mainline ports of the vendor interface (issue 39, ORK_FK_PORT): the product probes the
+# device at open and names the port it found in one `ORK NPU port:` line (ork-selftest prints it;
+# port=, node=, cores= ...), never reading the fake kernel's name for it; each port then runs the
+# greedy text and test-backend-ops as the sim does, with the board quirks on
+PORTS = (("rkopnu", "rkopnu"), ("dkms", "dkms"), ("helios", "no-iommu"), ("ep1sode", "one-domain"))
+
+
+def count(c, key):
+    """A fake-kernel counter as a number (0 without counters)."""
+    return int((c or {}).get(key, "0"))
+
+
+def port_line(text):
+    """The key=value tokens of the last `ORK NPU port:` line in `text`, or None."""
+    lines = re.findall(r"ORK NPU port:(.*)", text or "")
+    return dict(t.split("=", 1) for t in lines[-1].split() if "=" in t) if lines else None
+
+
+def port_clean(c, port):
+    """The fake kernel's verdict on a port's run: it played `port`, jobs ran, none the hardware
+    would not run, no CPU write left dirty under a job's output, no buffer in dkms's shared pools.
+    (A wedge is no fault here: rkopnu's ACT_RESET does nothing, so its first submit always wedges.)"""
+    if c is None:
+        return False, "no fake-kernel counters"
+    bad = {k: c.get(k) for k in ("bad", "evicted_lines", "shared_pool_bos") if c.get(k) != "0"}
+    ok = c.get("port") == port and count(c, "submits") > 0 and not bad
+    return ok, f"port={c.get('port')}, {c.get('submits')} submits, hangs {c.get('hangs')}, wedged {c.get('wedged')}" + (f", {bad}" if bad else "")
+
+
+def selftest_words(p, fails):
+    return f"ork-selftest rc {p.returncode}, {len(fails)} failed case(s){': ' + fails[0].strip() if fails else ''}"
+
+
+port_tokens = {}
+for port, expect in PORTS:
+    env = {"ORK_FK_PORT": port}
+    p, c, dt = run([SELFTEST], "rknpu", env)
+    fails = re.findall(r"^\s*FAIL .*", p.stdout, re.M)
+    toks = port_tokens[port] = port_line(p.stdout + p.stderr)
+    check(f"fake-kernel/port/{port}/selftest", p.returncode == 0 and not fails and toks is not None and toks.get("port") == expect,
+          f"{selftest_words(p, fails)}; port line {' '.join(f'{k}={v}' for k, v in toks.items()) if toks else 'missing'} "
+          f"(want port={expect}); fake kernel port={c.get('port') if c else '?'}; {dt:.0f}s")
+    text, err, c, dt = generate("rknpu", env)
+    ran, fell = ork_line(err)
+    ok_c, why = port_clean(c, port)
+    check(f"fake-kernel/port/{port}/greedy", ref is not None and text == ref and ran > 0 and fell == 0 and ok_c,
+          f"text {'equals' if text == ref else 'differs from'} ORK_NPU=sim ({text!r}); {ran} NPU matmuls, {fell} fell back; "
+          f"fake kernel: {why}; {dt:.0f}s")
+    v, err, c, dt = tbo("rknpu", env)
+    ok_c, why = port_clean(c, port)
+    check(f"fake-kernel/port/{port}/test-backend-ops", tref is not None and v == tref and ork_line(err)[1] == 0 and ok_c,
+          f"{v} vs ORK_NPU=sim {tref}; fake kernel: {why}; {dt:.0f}s")
+
+# 8b. a full domain or pool, in each port's own words: rkopnu (per-fd windows) and dkms (the fd's
+# own id) answer ENOSPC, helios's CMA pool ENOMEM, ep1sode's one window EFAULT; the product takes
+# each as "full" and goes on: the same text, nothing fell back
+for port, extra, counter in (("rkopnu", {"ORK_FK_DOMAIN_MB": DOMAIN_WINDOW_MB, "ORK_DOMAIN_CAP_MB": 2 * DOMAIN_WINDOW_MB}, "enospc"),
+                             ("dkms", {"ORK_FK_DOMAIN_MB": DOMAIN_WINDOW_MB, "ORK_DOMAIN_CAP_MB": 2 * DOMAIN_WINDOW_MB}, "enospc"),
+                             ("helios", {"ORK_FK_CMA_MB": DOMAIN_WINDOW_MB}, "enomem"),
+                             ("ep1sode", {"ORK_FK_DOMAIN_MB": DOMAIN_WINDOW_MB}, "efault")):
+    text, err, c, dt = generate("rknpu", dict(extra, ORK_FK_PORT=port))
+    ran, fell = ork_line(err)
+    hit = count(c, counter)
+    check(f"fake-kernel/port/{port}/full", text == ref and hit >= 1 and fell == 0,
+          f"{' '.join(f'{k}={v}' for k, v in extra.items())}: {hit} {counter.upper()}, {ran} NPU matmuls, {fell} fell back; "
+          f"text {'equals' if text == ref else 'differs from'} ORK_NPU=sim; {dt:.0f}s")
+
+# 8c. rkopnu: a hung job is reported as success (task counter full, nothing written, after the
+# 500 ms job timeout); the product must see through it (the output sentinel), so the bit-exact
+# suite still passes with every 7th submit hanging (and the first one wedged: its ACT_RESET does
+# nothing)
+p, c, dt = run([SELFTEST], "rknpu", {"ORK_FK_PORT": "rkopnu", "ORK_FK_QUIRKS": "cold,wedge,hang_every:7"})
+fails = re.findall(r"^\s*FAIL .*", p.stdout, re.M)
+check("fake-kernel/port/rkopnu/hang", p.returncode == 0 and not fails and count(c, "hangs") >= 1,
+      f"cold,wedge,hang_every:7: {selftest_words(p, fails)}; fake kernel hangs={count(c, 'hangs')}, wedged={count(c, 'wedged')}; {dt:.0f}s")
+
+# 8d. dkms: ACT_RESET answers EBUSY twice before it resets, and every 9th submit is EIO (another
+# core's job timed out and the device was reset); the suite passes, and no buffer went to the
+# pools 0..15 that other processes share
+p, c, dt = run([SELFTEST], "rknpu", {"ORK_FK_PORT": "dkms", "ORK_FK_QUIRKS": "cold,wedge,reset_busy:2,eio_every:9"})
+fails = re.findall(r"^\s*FAIL .*", p.stdout, re.M)
+check("fake-kernel/port/dkms/busy-eio", p.returncode == 0 and not fails and count(c, "reset_busy") >= 1 and count(c, "eio") >= 1
+      and c is not None and c.get("shared_pool_bos") == "0",
+      f"cold,wedge,reset_busy:2,eio_every:9: {selftest_words(p, fails)}; fake kernel reset_busy={count(c, 'reset_busy')}, "
+      f"eio={count(c, 'eio')}, shared_pool_bos={c.get('shared_pool_bos') if c else '?'}; {dt:.0f}s")
+
+# 8e. ep1sode's device tree gives the driver core 0 only: the product uses one core
+toks = port_tokens.get("ep1sode")
+check("fake-kernel/port/ep1sode/cores", toks is not None and toks.get("cores") == "1",
+      f"port line cores={toks.get('cores') if toks else '?'} (interrupt-names: npu0_irq only)")
+
+# 8f. a device that fits no known port (odd: DRM 0.9.4, GET_DRV_VERSION 0.9.8) is refused in one
+# line and every MUL_MAT runs on the CPU: the text of ORK_OFF=1, exit 0
+cpu_text, _, _, _ = generate("sim", {"ORK_OFF": "1"})
+text, err, c, dt = generate("rknpu", {"ORK_FK_PORT": "odd"})
+refused = "fits no known rknpu port" in (err or "")
+check("fake-kernel/port/odd", cpu_text is not None and text == cpu_text and refused,
+      f"text {'equals' if text == cpu_text else 'differs from'} ORK_OFF=1 ({text!r}); refusal line "
+      f"{'printed' if refused else 'missing'}; fake kernel submits={c.get('submits') if c else '?'}; {dt:.0f}s")
+
+# 8g. only a render node (ORK_FK_NODES=render: no /dev/dri/card1): the product scans renderD*
+# too and finds the vendor driver there
+text, err, c, dt = generate("rknpu", {"ORK_FK_NODES": "render"})
+ran, fell = ork_line(err)
+toks = port_line(err)
+node = toks.get("node") if toks else None
+check("fake-kernel/port/vendor/render-node", ref is not None and text == ref and ran > 0 and fell == 0 and node == "/dev/dri/renderD129",
+      f"text {'equals' if text == ref else 'differs from'} ORK_NPU=sim; port line node={node}; {ran} NPU matmuls, {fell} fell back; {dt:.0f}s")
 
 npass, nfail = summary()
 print(f"{npass} passed, {nfail} failed")
