@@ -49,11 +49,11 @@
 //!   nothing: the NPU never sees what the CPU wrote after that (activations, regcmd, sentinels,
 //!   later weights). Not a board's behaviour: the check that the cache model is live and the
 //!   product's syncs carry its results (its bit-exact suite must fail under it);
-//! * `hang_every:N` — (rknpu) every N-th submit hangs: on rkopnu reported as success (see
+//! * `hang_every:N` — (rknpu) every N-th submit of a core hangs: on rkopnu reported as success (see
 //!   [`Port::hang_as_success`]), elsewhere ETIMEDOUT and a device reset (counter `hangs`);
 //! * `reset_busy:N` — (rknpu, modelled for dkms) the first N ACT_RESETs that would reset the
 //!   device return EBUSY (counter `reset_busy`);
-//! * `eio_every:N` — (rknpu, modelled for dkms) every N-th submit returns EIO without running:
+//! * `eio_every:N` — (rknpu, modelled for dkms) every N-th submit of a core returns EIO without running:
 //!   another core's job timed out and the kernel reset the device (every buffer cold; `eio`);
 //! * the window (`ORK_FK_DOMAIN_MB`) is the domain overflow: MEM_CREATE past it is EFAULT
 //!   (ENOSPC on rkopnu and dkms; helios's CMA pool `ORK_FK_CMA_MB` runs out with ENOMEM).
@@ -861,6 +861,10 @@ struct RknpuDev {
     own_ids: Mutex<u64>,
     /// ACT_RESETs asked for that would reset the device (the `reset_busy` quirk).
     reset_calls: AtomicU64,
+    /// Submits per core, what `hang_every` and `eio_every` count: a core's N-th submit strikes,
+    /// so the resubmit of a job that was struck (the next one on its core) never is, whatever the
+    /// other cores submit meanwhile.
+    core_submits: [AtomicU64; 3],
 }
 
 struct RocketJob {
@@ -999,6 +1003,7 @@ impl Kernel {
                 int8_ready: AtomicBool::new(false),
                 own_ids: Mutex::new(0),
                 reset_calls: AtomicU64::new(0),
+                core_submits: Default::default(),
             },
             rocket_fds_per_core: Mutex::new([0; 3]),
             rocket_queues: (0..rocket_cores)
@@ -1552,7 +1557,8 @@ impl Kernel {
             std::slice::from_raw_parts((task_bo.cpu as *const u8).add((u64::from(start) * tsize) as usize), (u64::from(number) * tsize) as usize)
         };
         let tasks: Vec<RknpuTask> = raw.chunks_exact(tsize as usize).map(ggml_ork_pod_read).collect();
-        if Quirks::every(self.quirks.eio_every, nth) {
+        let core_nth = self.rknpu.core_submits[core.min(2)].fetch_add(1, Ordering::Relaxed) + 1;
+        if Quirks::every(self.quirks.eio_every, core_nth) {
             add(&self.stats.eio, 1);
             eprintln!("ork-fake-kernel: rknpu SUBMIT: another core's job timed out and the device was reset: EIO (eio_every)");
             self.rknpu_reset();
@@ -1569,7 +1575,7 @@ impl Kernel {
             self.rknpu_reset();
             return -libc::ETIMEDOUT;
         }
-        if Quirks::every(self.quirks.hang_every, nth) {
+        if Quirks::every(self.quirks.hang_every, core_nth) {
             let why = "the job hangs (hang_every)";
             if port.hang_as_success {
                 return self.rknpu_hang_reported(a, task_number, why);
@@ -1639,18 +1645,19 @@ impl Kernel {
     }
 
     /// rkopnu: a job that hangs is reported as success. Rocket's job timeout passes
-    /// (`ORK_FK_JOB_TIMEOUT_MS`, default 500 ms), its timeout handler resets the device (int8
-    /// mode entered, every buffer cold), and the port returns 0 with `task_counter =
-    /// task_number`, nothing written and `hw_elapse_time` left as passed (counter `hangs`).
+    /// (`ORK_FK_JOB_TIMEOUT_MS`, default 500 ms), its timeout handler resets the core that timed
+    /// out (mainline rocket resets per core, so the int8 mode is entered and the other cores'
+    /// buffers stay as they were), and the port returns 0 with `task_counter = task_number`,
+    /// nothing written and `hw_elapse_time` left as passed (counter `hangs`).
     fn rknpu_hang_reported(&self, a: &Arg, task_number: u32, why: &str) -> c_int {
         add(&self.stats.hangs, 1);
         eprintln!(
-            "ork-fake-kernel: rknpu SUBMIT ({}): {why}; after the {} ms job timeout the device is reset and the job reported as done",
+            "ork-fake-kernel: rknpu SUBMIT ({}): {why}; after the {} ms job timeout the core is reset and the job reported as done",
             self.port.name,
             self.job_timeout.as_millis()
         );
         std::thread::sleep(self.job_timeout);
-        self.rknpu_reset();
+        self.rknpu.int8_ready.store(true, Ordering::Relaxed);
         a.set_u32(16, task_number);
         0
     }

@@ -457,7 +457,7 @@ pub struct Rknpu {
     answers: Answers,
     caps: Caps,
     /// Submits that returned success after the port's job timeout (a hang reported as done,
-    /// rkopnu), handed back as never ran; logged once.
+    /// rkopnu); logged once.
     hangs: std::sync::atomic::AtomicU64,
 }
 
@@ -730,7 +730,7 @@ impl KernelInterface for Rknpu {
 
     fn fault_report(&self) -> Option<String> {
         let n = self.hangs.load(std::sync::atomic::Ordering::Relaxed);
-        (n > 0).then(|| format!("rknpu ({} port): {n} submit(s) reported done after the job timeout, handed back as never ran", self.caps.port.name()))
+        (n > 0).then(|| format!("rknpu ({} port): {n} submit(s) reported done after the job timeout (checked by their sentinels)", self.caps.port.name()))
     }
 }
 
@@ -796,9 +796,7 @@ impl Rknpu {
             match self.submit_once(job) {
                 Ok(s) => {
                     let wall_ns = t0.elapsed().as_nanos() as u64;
-                    if let Some(done) = self.hung(job, wall_ns) {
-                        return Ok(done);
-                    }
+                    self.note_timeout(job, wall_ns);
                     let hw_elapse_ns = if self.caps.elapsed_reported { s.hw_elapse_time.max(0) as u64 } else { wall_ns };
                     if s.task_counter < job.task_number {
                         log::warn!(
@@ -850,25 +848,25 @@ pub const RESET_BUSY_TRIES: u32 = 40;
 pub const RESET_BUSY_SLEEP: Duration = Duration::from_millis(50);
 
 impl Rknpu {
-    /// A submit that returned 0 after the port's job timeout on a port whose task counter cannot
-    /// be trusted (rkopnu reports a hung job as done, counter full, nothing written): handed back
-    /// with task counter 0, so the NPU core counts it as never ran and resubmits it, with every
-    /// buffer cold (the kernel reset the core).
-    fn hung(&self, job: &SubmitJob<'_>, wall_ns: u64) -> Option<SubmitDone> {
-        let ms = self.caps.hang_after_ms?;
+    /// A submit that returned 0 after the port's job timeout, on a port that reports a hung job
+    /// as done (rkopnu: counter full, nothing written, the core reset by the timeout): every
+    /// buffer is cold again, and the job's output is only what its sentinels say (`npu::mm`
+    /// checks each program's last output word before anything reads it, resubmits once, then
+    /// hands the MUL_MAT to the CPU). Counted; logged once.
+    fn note_timeout(&self, job: &SubmitJob<'_>, wall_ns: u64) {
+        let Some(ms) = self.caps.hang_after_ms else { return };
         if self.caps.counter_trusted || wall_ns < u64::from(ms) * 1_000_000 {
-            return None;
+            return;
         }
         self.warmth.clear();
         if self.hangs.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
             log::warn!(
-                "rknpu ({} port): a submit of {} task(s) returned success after {} ms, past the port's {ms} ms job timeout: a hang reported as done; handed back as never ran (later ones are counted, not logged)",
+                "rknpu ({} port): a submit of {} task(s) returned success after {} ms, past the port's {ms} ms job timeout: the port reports a hung job as done, so its output counts only where its sentinels were overwritten (later ones are counted, not logged)",
                 self.caps.port.name(),
                 job.task_number,
                 wall_ns / 1_000_000
             );
         }
-        Some(SubmitDone { hw_elapse_ns: wall_ns, task_counter: 0, synced_bytes: 0 })
     }
 
     /// ACT_RESET on a port that answers EBUSY while any process has a job queued (dkms): tried
