@@ -948,15 +948,8 @@ impl Config {
 }
 
 struct Kernel {
-    personality: Personality,
-    port: &'static Port,
-    soc: SocDesc,
-    tree: PathBuf,
-    window: u64,
-    cma: u64,
-    job_timeout: Duration,
-    render_only: bool,
-    quirks: Quirks,
+    /// What the kernel was built from: personality, port, SoC, fake tree, windows, quirks.
+    cfg: Config,
     stats: Stats,
     files: Mutex<HashMap<c_int, File>>,
     is_dev: Vec<AtomicBool>,
@@ -982,18 +975,10 @@ fn kernel() -> &'static Kernel {
 
 impl Kernel {
     fn new(c: Config) -> Kernel {
-        let Config { personality, port, soc, tree, window, cma, job_timeout, render_only, quirks } = c;
         // The rocket cores' workers (rknpu submits run in the ioctl).
-        let rocket_cores = if personality == Personality::Rocket { soc.cores.min(3) } else { 0 };
+        let rocket_cores = if c.personality == Personality::Rocket { c.soc.cores.min(3) } else { 0 };
         let k = Kernel {
-            personality,
-            port,
-            tree,
-            window,
-            cma,
-            job_timeout,
-            render_only,
-            quirks,
+            cfg: c,
             stats: Stats::default(),
             files: Mutex::new(HashMap::new()),
             is_dev: (0..MAX_FD).map(|_| AtomicBool::new(false)).collect(),
@@ -1020,7 +1005,6 @@ impl Kernel {
                     Mutex::new(tx)
                 })
                 .collect(),
-            soc,
             fence: (Mutex::new(()), Condvar::new()),
             maps: Mutex::new(HashMap::new()),
             dmabufs: Mutex::new(HashMap::new()),
@@ -1044,14 +1028,14 @@ impl Kernel {
     }
 
     fn make_tree(&self) {
-        let t = &self.tree;
+        let t = &self.cfg.tree;
         let mk = |rel: &str, body: &[u8]| {
             let p = t.join(rel);
             std::fs::create_dir_all(p.parent().unwrap()).unwrap_or_else(|e| die(&format!("{}: {e}", p.display())));
             std::fs::write(&p, body).unwrap_or_else(|e| die(&format!("{}: {e}", p.display())));
         };
         mk("dev/dri/card0", b"");
-        match self.personality {
+        match self.cfg.personality {
             Personality::Rknpu => {
                 for node in self.rknpu_nodes() {
                     mk(&format!("dev/dri/{node}"), b"");
@@ -1060,13 +1044,13 @@ impl Kernel {
             }
             Personality::Rocket => mk("dev/accel/accel0", b""),
         }
-        let compat = format!("radxa,rock-5b\0rockchip,{}\0", self.soc.id.name());
+        let compat = format!("radxa,rock-5b\0rockchip,{}\0", self.cfg.soc.id.name());
         mk("proc/device-tree/compatible", compat.as_bytes());
         // Vendor kernels run the NPU at up to 1 GHz (devfreq); mainline boards clock it at
         // 200 MHz by default (peer-facts §2); of the ports only dkms has a devfreq node.
-        let hz = match self.personality {
+        let hz = match self.cfg.personality {
             Personality::Rocket => Some(200_000_000),
-            Personality::Rknpu => self.port.devfreq_hz,
+            Personality::Rknpu => self.cfg.port.devfreq_hz,
         };
         // The directory is there either way (the product lists it): empty without devfreq.
         let devfreq = t.join("sys/class/devfreq");
@@ -1078,20 +1062,20 @@ impl Kernel {
 
     /// The rknpu device's nodes: `card1` (unless `ORK_FK_NODES=render`) and `renderD129`.
     fn rknpu_nodes(&self) -> Vec<&'static str> {
-        let card = (!self.render_only).then_some("card1");
+        let card = (!self.cfg.render_only).then_some("card1");
         card.into_iter().chain(["renderD129"]).collect()
     }
 
     /// The NPU's `interrupt-names` property: one NUL-terminated `npuN_irq` per core the device
     /// tree gives the driver (core 0 only on ep1sode's tree).
     fn interrupt_names(&self) -> String {
-        let cores = if self.port.core0_only { 1 } else { self.soc.cores };
+        let cores = if self.cfg.port.core0_only { 1 } else { self.cfg.soc.cores };
         (0..cores).map(|c| format!("npu{c}_irq\0")).collect()
     }
 
     fn redirect(&self, path: &str) -> Option<&'static CStr> {
         let rel = path.strip_prefix('/')?;
-        let to = self.tree.join(rel);
+        let to = self.cfg.tree.join(rel);
         let keep = path == "/dev/dri" || path == "/dev/accel" || to.exists();
         if !keep {
             return None;
@@ -1105,9 +1089,9 @@ impl Kernel {
     }
 
     fn open(&self, path: &str) -> c_int {
-        let node = match (self.personality, path) {
+        let node = match (self.cfg.personality, path) {
             (_, "/dev/dri/card0") => Node::Display,
-            (Personality::Rknpu, "/dev/dri/card1") if !self.render_only => Node::Rknpu,
+            (Personality::Rknpu, "/dev/dri/card1") if !self.cfg.render_only => Node::Rknpu,
             (Personality::Rknpu, "/dev/dri/renderD129") => Node::Rknpu,
             (Personality::Rocket, "/dev/accel/accel0") => Node::Rocket,
             (_, p) if p.starts_with("/dev/dri/") || p.starts_with("/dev/accel/") => return -libc::ENOENT,
@@ -1126,12 +1110,12 @@ impl Kernel {
         }
         let rocket = (node == Node::Rocket).then(|| {
             let mut per = self.rocket_fds_per_core.lock().unwrap();
-            let cores = self.soc.cores.min(3) as usize;
+            let cores = self.cfg.soc.cores.min(3) as usize;
             let core = (0..cores).min_by_key(|&c| per[c]).unwrap_or(0);
             per[core] += 1;
             Arc::new(RocketFile { space: RwLock::new(Space::default()), core })
         });
-        let own_domain = if node == Node::Rknpu && self.port.memory == Memory::DeviceWide {
+        let own_domain = if node == Node::Rknpu && self.cfg.port.memory == Memory::DeviceWide {
             match self.take_own_domain() {
                 Some(id) => Some(id),
                 None => {
@@ -1237,7 +1221,7 @@ impl Kernel {
 
     /// The `no_clean` quirk strikes: cleans are lost from the first submit on.
     fn cleans_lost(&self) -> bool {
-        self.quirks.no_clean && self.stats.submits.load(Ordering::Relaxed) > 0
+        self.cfg.quirks.no_clean && self.stats.submits.load(Ordering::Relaxed) > 0
     }
 
     fn with_file<R>(&self, fd: c_int, f: impl FnOnce(&mut File) -> R) -> R {
@@ -1249,7 +1233,7 @@ impl Kernel {
     fn drm_version(&self, node: Node, a: &Arg) -> c_int {
         let (name, date, desc, ver) = match node {
             Node::Display => ("rockchip-drm", "20140818", "Rockchip Soc DRM", (1, 0, 0)),
-            Node::Rknpu => ("rknpu", "20240828", self.port.desc, self.port.drm),
+            Node::Rknpu => ("rknpu", "20240828", self.cfg.port.desc, self.cfg.port.drm),
             Node::Rocket => ("rocket", "20240101", "rocket DRM", (0, 0, 1)),
         };
         a.set_u32(0, ver.0);
@@ -1273,7 +1257,7 @@ impl Kernel {
 
     /// `rknpu_action` (8 B): flags u32 @0 (the selector), value u32 @4 (in/out).
     fn rknpu_action(&self, fd: c_int, a: &Arg) -> c_int {
-        let port = self.port;
+        let port = self.cfg.port;
         let v = match a.u32(0) {
             0 => 0x4649_5245, // GET_HW_VERSION ("FIRE")
             1 => port.drv_version,
@@ -1309,13 +1293,13 @@ impl Kernel {
     /// `reset_busy` quirk); on rkopnu returns 0 and does nothing. Counted in `act_reset` when it
     /// answers 0.
     fn rknpu_act_reset(&self) -> Result<(), c_int> {
-        if self.port.reset != Reset::None {
+        if self.cfg.port.reset != Reset::None {
             let n = self.rknpu.reset_calls.fetch_add(1, Ordering::Relaxed) + 1;
-            if n <= self.quirks.reset_busy {
+            if n <= self.cfg.quirks.reset_busy {
                 add(&self.stats.reset_busy, 1);
                 return Err(libc::EBUSY);
             }
-            if self.port.reset == Reset::Slow {
+            if self.cfg.port.reset == Reset::Slow {
                 std::thread::sleep(DKMS_RESET_TIME);
             }
             self.rknpu_reset();
@@ -1328,7 +1312,7 @@ impl Kernel {
     /// ep1sode answer 0 to any id and do nothing. rkopnu keeps the id per file, but nothing reads
     /// it back (GET answers 0, SUBMIT names its domain), so it is not stored here.
     fn rknpu_set_domain(&self, fd: c_int, id: u32) -> Result<(), c_int> {
-        let ok = match self.port.memory {
+        let ok = match self.cfg.port.memory {
             Memory::Vendor | Memory::PerFd => id < MAX_DOMAINS,
             Memory::DeviceWide => id < MAX_DOMAINS || self.with_file(fd, |f| f.own_domain) == Some(id),
             Memory::Cma | Memory::OneDomain => true,
@@ -1353,7 +1337,7 @@ impl Kernel {
     /// passed; dkms takes 0..15 and the file's own id.
     fn space_key(&self, fd: c_int, id: u32) -> Result<SpaceKey, c_int> {
         let dev = |id| SpaceKey { fd: DEVICE, id };
-        let key = match self.port.memory {
+        let key = match self.cfg.port.memory {
             Memory::Vendor => (id < MAX_DOMAINS).then(|| dev(id)),
             Memory::PerFd => (id < MAX_DOMAINS).then_some(SpaceKey { fd, id }),
             Memory::DeviceWide => (id < MAX_DOMAINS || self.with_file(fd, |f| f.own_domain) == Some(id)).then(|| dev(id)),
@@ -1365,23 +1349,23 @@ impl Kernel {
     /// Where a buffer of `size` goes in `space`: top-down in a window (vendor, dkms, ep1sode),
     /// bottom-up from 0 (rkopnu), bottom-up in the CMA pool (helios).
     fn place(&self, space: &Space, size: u64) -> Option<u64> {
-        match self.port.memory {
-            Memory::Vendor | Memory::DeviceWide | Memory::OneDomain => space.top_down(size, self.window, PAGE),
-            Memory::PerFd => space.bottom_up(size, 0, self.window),
-            Memory::Cma => space.bottom_up(size, CMA_BASE, CMA_BASE + self.cma),
+        match self.cfg.port.memory {
+            Memory::Vendor | Memory::DeviceWide | Memory::OneDomain => space.top_down(size, self.cfg.window, PAGE),
+            Memory::PerFd => space.bottom_up(size, 0, self.cfg.window),
+            Memory::Cma => space.bottom_up(size, CMA_BASE, CMA_BASE + self.cfg.cma),
         }
     }
 
     /// MEM_CREATE found no room in `space`: counts and logs it, returns the port's errno.
     fn space_full(&self, size: u64, key: SpaceKey, space: &Space) -> c_int {
-        let errno = self.port.memory.full_errno();
+        let errno = self.cfg.port.memory.full_errno();
         let (counter, name) = match errno {
             libc::ENOSPC => (&self.stats.enospc, "ENOSPC"),
             libc::ENOMEM => (&self.stats.enomem, "ENOMEM"),
             _ => (&self.stats.efault, "EFAULT"),
         };
         add(counter, 1);
-        let (what, cap) = if self.port.memory == Memory::Cma { ("CMA pool", self.cma) } else { ("window", self.window) };
+        let (what, cap) = if self.cfg.port.memory == Memory::Cma { ("CMA pool", self.cfg.cma) } else { ("window", self.cfg.window) };
         eprintln!(
             "ork-fake-kernel: MEM_CREATE {size} B in domain {}: {what} of {} MiB full ({} MiB used): {name}",
             key.id,
@@ -1420,7 +1404,7 @@ impl Kernel {
         space.used += size;
         let used_domains = doms.values().filter(|s| !s.bos.is_empty()).count() as u64;
         drop(doms);
-        if self.port.memory == Memory::DeviceWide && key.id < MAX_DOMAINS {
+        if self.cfg.port.memory == Memory::DeviceWide && key.id < MAX_DOMAINS {
             add(&self.stats.shared_pool_bos, 1);
         }
         self.stats.domains_used.fetch_max(used_domains, Ordering::Relaxed);
@@ -1442,7 +1426,7 @@ impl Kernel {
     /// Frees `fd`'s buffer `bo` (MEM_DESTROY, close).
     fn rknpu_free(&self, fd: c_int, bo: &Arc<KBo>) {
         self.rknpu.objs.lock().unwrap().remove(&bo.obj_addr);
-        let key = match self.port.memory {
+        let key = match self.cfg.port.memory {
             Memory::PerFd => SpaceKey { fd, id: bo.domain },
             _ => SpaceKey { fd: DEVICE, id: bo.domain },
         };
@@ -1478,7 +1462,7 @@ impl Kernel {
         let objs = self.rknpu.objs.lock().unwrap();
         let Some(bo) = objs.get(&obj) else { return -libc::EINVAL };
         // rkopnu and ep1sode maintain the whole buffer whatever range is asked.
-        let whole = self.port.sync_whole;
+        let whole = self.cfg.port.sync_whole;
         if bo.flags & MEM_CACHEABLE == 0 || flags & !3 != 0 || flags == 0 || (!whole && off + size > bo.size) {
             return -libc::EINVAL;
         }
@@ -1508,17 +1492,17 @@ impl Kernel {
     /// but 0; the quirk `eio_every` answers EIO before the job runs.
     fn rknpu_submit(&self, fd: c_int, a: &Arg) -> c_int {
         let t0 = Instant::now();
-        let port = self.port;
+        let port = self.cfg.port;
         let nth = self.stats.submits.fetch_add(1, Ordering::Relaxed) + 1;
         let (task_number, task_obj, domain, core_mask, timeout) = (a.u32(12), a.u64(24), a.u32(32), a.u32(56), a.u32(4));
         // rkopnu: the job timeout is rocket's, whatever the caller asked.
-        let timeout = if port.hang_as_success { self.job_timeout.as_millis() as u32 } else { timeout };
+        let timeout = if port.hang_as_success { self.cfg.job_timeout.as_millis() as u32 } else { timeout };
         a.set_u32(16, 0);
         if task_number == 0 {
             return -libc::EINVAL;
         }
         let Ok(key) = self.space_key(fd, domain) else { return -libc::EINVAL };
-        let all = if port.core0_only { 1 } else { (1u32 << self.soc.cores) - 1 };
+        let all = if port.core0_only { 1 } else { (1u32 << self.cfg.soc.cores) - 1 };
         if core_mask & !all != 0 {
             if port.core0_only {
                 eprintln!("ork-fake-kernel: rknpu SUBMIT with core mask {core_mask:#x}: the device tree gives the {} driver core 0 only (EINVAL)", port.name);
@@ -1558,14 +1542,14 @@ impl Kernel {
         };
         let tasks: Vec<RknpuTask> = raw.chunks_exact(tsize as usize).map(ggml_ork_pod_read).collect();
         let core_nth = self.rknpu.core_submits[core.min(2)].fetch_add(1, Ordering::Relaxed) + 1;
-        if Quirks::every(self.quirks.eio_every, core_nth) {
+        if Quirks::every(self.cfg.quirks.eio_every, core_nth) {
             add(&self.stats.eio, 1);
             eprintln!("ork-fake-kernel: rknpu SUBMIT: another core's job timed out and the device was reset: EIO (eio_every)");
             self.rknpu_reset();
             return -libc::EIO;
         }
         add(&self.stats.jobs_per_core[core], 1);
-        if self.quirks.wedge && !self.rknpu.int8_ready.load(Ordering::Relaxed) {
+        if self.cfg.quirks.wedge && !self.rknpu.int8_ready.load(Ordering::Relaxed) {
             add(&self.stats.wedged, 1);
             let why = "int8 mode entered without a reset: the job wedged";
             if port.hang_as_success {
@@ -1575,7 +1559,7 @@ impl Kernel {
             self.rknpu_reset();
             return -libc::ETIMEDOUT;
         }
-        if Quirks::every(self.quirks.hang_every, core_nth) {
+        if Quirks::every(self.cfg.quirks.hang_every, core_nth) {
             let why = "the job hangs (hang_every)";
             if port.hang_as_success {
                 return self.rknpu_hang_reported(a, task_number, why);
@@ -1585,7 +1569,7 @@ impl Kernel {
             self.rknpu_reset();
             return -libc::ETIMEDOUT;
         }
-        if Quirks::every(self.quirks.never_run_every, nth) {
+        if Quirks::every(self.cfg.quirks.never_run_every, nth) {
             add(&self.stats.never_ran, 1);
             a.set_u32(16, task_number);
             if !port.hang_as_success {
@@ -1598,14 +1582,14 @@ impl Kernel {
         if port.hang_as_success {
             // A program the hardware would not run hangs before anything of the job lands: the
             // job is decoded first, writing nothing.
-            if let Err(e) = execute_tasks(&self.soc, space, &tasks, usize::MAX, timeout, &mut |_: &ProgramTrace| Exec::Skip) {
+            if let Err(e) = execute_tasks(&self.cfg.soc, space, &tasks, usize::MAX, timeout, &mut |_: &ProgramTrace| Exec::Skip) {
                 drop(doms);
                 add(&self.stats.bad, 1);
                 return self.rknpu_hang_reported(a, task_number, &format!("the hardware would not run this job: {e}"));
             }
         }
         let mut written: Vec<Arc<KBo>> = Vec::new();
-        let cold = self.quirks.cold;
+        let cold = self.cfg.quirks.cold;
         let stats = &self.stats;
         let mut hook = |t: &ProgramTrace| {
             let Some(bo) = space.bo_at(t.c_iova) else { return Exec::Run };
@@ -1619,7 +1603,7 @@ impl Kernel {
                 Exec::Run
             }
         };
-        let r = execute_tasks(&self.soc, space, &tasks, usize::MAX, timeout, &mut hook);
+        let r = execute_tasks(&self.cfg.soc, space, &tasks, usize::MAX, timeout, &mut hook);
         for b in &written {
             b.warm.store(true, Ordering::Relaxed);
             add(&self.stats.evicted_lines, b.evict_dirty());
@@ -1653,10 +1637,10 @@ impl Kernel {
         add(&self.stats.hangs, 1);
         eprintln!(
             "ork-fake-kernel: rknpu SUBMIT ({}): {why}; after the {} ms job timeout the core is reset and the job reported as done",
-            self.port.name,
-            self.job_timeout.as_millis()
+            self.cfg.port.name,
+            self.cfg.job_timeout.as_millis()
         );
-        std::thread::sleep(self.job_timeout);
+        std::thread::sleep(self.cfg.job_timeout);
         self.rknpu.int8_ready.store(true, Ordering::Relaxed);
         a.set_u32(16, task_number);
         0
@@ -1679,7 +1663,7 @@ impl Kernel {
         let size = size.div_ceil(PAGE) * PAGE;
         let rf = self.rocket_file(fd);
         let mut space = rf.space.write().unwrap();
-        let Some(iova) = space.bottom_up(size, 0, self.window) else {
+        let Some(iova) = space.bottom_up(size, 0, self.cfg.window) else {
             add(&self.stats.efault, 1);
             return -libc::ENOSPC;
         };
@@ -1823,14 +1807,14 @@ impl Kernel {
     /// One core of the rocket personality runs a job (each task on its own: TASK_NUMBER 1).
     fn rocket_run(&self, core: usize, job: RocketJob) {
         add(&self.stats.jobs_per_core[core], 1);
-        let never = self.quirks.never_run_every.is_some_and(|n| job.seq % n == 0);
+        let never = self.cfg.quirks.never_run_every.is_some_and(|n| job.seq % n == 0);
         let mut killed = None;
         if never {
             add(&self.stats.never_ran, 1);
         } else {
             let space = job.file.space.read().unwrap();
             let mut written: Vec<Arc<KBo>> = Vec::new();
-            let cold = self.quirks.cold;
+            let cold = self.cfg.quirks.cold;
             let stats = &self.stats;
             for &(regcmd, count) in &job.tasks {
                 if count < 4 {
@@ -1850,7 +1834,7 @@ impl Kernel {
                         Exec::Run
                     }
                 };
-                match execute_tasks(&self.soc, &*space, &[t], usize::MAX, 500, &mut hook) {
+                match execute_tasks(&self.cfg.soc, &*space, &[t], usize::MAX, 500, &mut hook) {
                     Ok(n) => {
                         add(&self.stats.programs, n as u64);
                         add(&self.stats.programs_per_core[core], n as u64);
@@ -1936,9 +1920,9 @@ impl Kernel {
         }
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let live_maps = self.maps.lock().map(|m| m.len()).unwrap_or(0);
-        let mut pairs: Vec<(&str, String)> = vec![("personality", format!("{:?}", self.personality).to_lowercase())];
-        if self.personality == Personality::Rknpu {
-            pairs.push(("port", self.port.name.to_string()));
+        let mut pairs: Vec<(&str, String)> = vec![("personality", format!("{:?}", self.cfg.personality).to_lowercase())];
+        if self.cfg.personality == Personality::Rknpu {
+            pairs.push(("port", self.cfg.port.name.to_string()));
         }
         pairs.extend([
             ("opens", g(&s.opens).to_string()),
@@ -1992,7 +1976,7 @@ impl Kernel {
             }
         }
         if env("ORK_FK_TREE").is_none() {
-            let _ = std::fs::remove_dir_all(&self.tree);
+            let _ = std::fs::remove_dir_all(&self.cfg.tree);
         }
     }
 }
@@ -2333,7 +2317,7 @@ mod tests {
                 // SAFETY: the memfd `open` made for this fake file, closed only here.
                 unsafe { libc::close(fd) };
             }
-            let _ = std::fs::remove_dir_all(&self.k.tree);
+            let _ = std::fs::remove_dir_all(&self.k.cfg.tree);
         }
     }
 
@@ -2464,12 +2448,12 @@ mod tests {
     /// interrupt names of the cores the device tree gives the driver, devfreq where the port has it.
     #[test]
     fn ports_make_their_nodes_and_sysfs() {
-        let read = |k: &Kernel, rel: &str| std::fs::read(k.tree.join(rel)).ok();
+        let read = |k: &Kernel, rel: &str| std::fs::read(k.cfg.tree.join(rel)).ok();
         let irqs = |node: &str| format!("sys/class/drm/{node}/device/of_node/interrupt-names");
         let devfreq = "sys/class/devfreq/fdab0000.npu/cur_freq";
         let k = rknpu_kernel("vendor", "none");
         for node in ["card1", "renderD129"] {
-            assert!(k.tree.join("dev/dri").join(node).exists(), "{node}");
+            assert!(k.cfg.tree.join("dev/dri").join(node).exists(), "{node}");
             assert_eq!(read(&k, &irqs(node)).as_deref(), Some(&b"npu0_irq\0npu1_irq\0npu2_irq\0"[..]), "{node}");
         }
         assert_eq!(read(&k, devfreq).as_deref(), Some(&b"1000000000\n"[..]));
@@ -2481,14 +2465,14 @@ mod tests {
         for port in ["rkopnu", "helios", "ep1sode"] {
             let k = rknpu_kernel(port, "none");
             assert!(read(&k, devfreq).is_none(), "{port} has no devfreq node");
-            assert_eq!(std::fs::read_dir(k.tree.join("sys/class/devfreq")).map(|d| d.count()).ok(), Some(0), "{port}: an empty listing");
+            assert_eq!(std::fs::read_dir(k.cfg.tree.join("sys/class/devfreq")).map(|d| d.count()).ok(), Some(0), "{port}: an empty listing");
         }
         let k = rknpu_kernel("ep1sode", "none");
         assert_eq!(read(&k, &irqs("renderD129")).as_deref(), Some(&b"npu0_irq\0"[..]), "ep1sode's tree: core 0 only");
         let k = rknpu_kernel_with("vendor", "none", |c| c.soc = SocDesc::get(SocId::Rk3576));
         assert_eq!(read(&k, &irqs("card1")).as_deref(), Some(&b"npu0_irq\0npu1_irq\0"[..]), "rk3576: two cores");
         let k = rknpu_kernel_with("vendor", "none", |c| c.render_only = true);
-        assert!(!k.tree.join("dev/dri/card1").exists() && read(&k, &irqs("card1")).is_none());
+        assert!(!k.cfg.tree.join("dev/dri/card1").exists() && read(&k, &irqs("card1")).is_none());
         assert_eq!(k.open("/dev/dri/card1"), -libc::ENOENT);
         assert!(k.open("/dev/dri/renderD129") >= 0);
         assert!(read(&k, &irqs("renderD129")).is_some());
@@ -2501,9 +2485,9 @@ mod tests {
         let k = rknpu_kernel("vendor", "none");
         let (f0, f1) = (k.open("/dev/dri/card1"), k.open("/dev/dri/renderD129"));
         let (r, _, obj, iova) = mem_create(&k, f0, 2 * PAGE, MEM_CACHEABLE, 3);
-        assert_eq!((r, iova), (0, k.window - 2 * PAGE));
-        assert_eq!(mem_create(&k, f1, PAGE, 0, 3).3, k.window - 3 * PAGE, "the other fd, the same domain 3");
-        assert_eq!(mem_create(&k, f1, k.window, 0, 3).0, -libc::EFAULT);
+        assert_eq!((r, iova), (0, k.cfg.window - 2 * PAGE));
+        assert_eq!(mem_create(&k, f1, PAGE, 0, 3).3, k.cfg.window - 3 * PAGE, "the other fd, the same domain 3");
+        assert_eq!(mem_create(&k, f1, k.cfg.window, 0, 3).0, -libc::EFAULT);
         assert_eq!(mem_create(&k, f1, PAGE, 0, 16).0, -libc::EINVAL);
         assert_eq!((stat(&k.stats.efault), stat(&k.stats.enospc)), (1, 0));
         assert_eq!(action(&k, f0, 24, 9), (0, 0), "GET_IOMMU_DOMAIN_ID");
@@ -2527,8 +2511,8 @@ mod tests {
         assert_eq!(mem_create(&k, f0, PAGE, 0, 0).3, 2 * PAGE, "bottom-up");
         assert_eq!(mem_create(&k, f0, PAGE, 0, 5).3, 0, "domain 5 of fd 0: a window of its own");
         assert_eq!(mem_create(&k, f1, PAGE, 0, 0).3, 0, "fd 1's domain 0 is not fd 0's");
-        assert_eq!(mem_create(&k, f0, k.window, 0, 0).0, -libc::ENOSPC, "fd 0's domain 0 is full");
-        assert_eq!(mem_create(&k, f1, k.window - PAGE, 0, 0).0, 0, "fd 1's is not");
+        assert_eq!(mem_create(&k, f0, k.cfg.window, 0, 0).0, -libc::ENOSPC, "fd 0's domain 0 is full");
+        assert_eq!(mem_create(&k, f1, k.cfg.window - PAGE, 0, 0).0, 0, "fd 1's is not");
         assert_eq!(mem_create(&k, f0, PAGE, 0, 16).0, -libc::EINVAL);
         assert_eq!((stat(&k.stats.enospc), stat(&k.stats.efault)), (1, 0));
         assert_eq!(action(&k, f0, 25, 7).0, 0, "SET_IOMMU_DOMAIN_ID below 16");
@@ -2569,7 +2553,7 @@ mod tests {
         let t0 = Instant::now();
         let (r, a) = submit(&k, fd, task, 0, 1);
         assert_eq!((r, u32_at(&a, 16), u64_at(&a, 48)), (0, 1, 0xdead_beef), "success, task_counter full, hw_elapse_time untouched");
-        assert!(t0.elapsed() >= k.job_timeout, "the job timeout passed");
+        assert!(t0.elapsed() >= k.cfg.job_timeout, "the job timeout passed");
         assert_eq!((stat(&k.stats.wedged), stat(&k.stats.hangs)), (1, 1));
         assert!(k.rknpu.int8_ready.load(Ordering::Relaxed), "rocket's timeout reset entered int8 mode");
         // 2: a program the hardware would not run: the same.
@@ -2595,16 +2579,16 @@ mod tests {
         assert_eq!(action(&k, f0, 24, 0), (0, 16), "the first fd opened");
         assert_eq!(action(&k, f1, 24, 0), (0, 17), "the next");
         let (r, _, _, iova) = mem_create(&k, f0, PAGE, 0, 16);
-        assert_eq!((r, iova), (0, k.window - PAGE), "own window, top-down");
-        assert_eq!(mem_create(&k, f1, PAGE, 0, 17).3, k.window - PAGE, "fd 1's own window");
+        assert_eq!((r, iova), (0, k.cfg.window - PAGE), "own window, top-down");
+        assert_eq!(mem_create(&k, f1, PAGE, 0, 17).3, k.cfg.window - PAGE, "fd 1's own window");
         assert_eq!(mem_create(&k, f0, PAGE, 0, 17).0, -libc::EINVAL, "fd 1's id");
         assert_eq!(mem_create(&k, f0, PAGE, 0, 40).0, -libc::EINVAL, "nobody's id");
         assert_eq!(mem_create(&k, f0, PAGE, 0, 64).0, -libc::EINVAL);
         assert_eq!(stat(&k.stats.shared_pool_bos), 0);
         assert_eq!(mem_create(&k, f0, PAGE, 0, 3).0, 0, "a shared pool works");
-        assert_eq!(mem_create(&k, f1, PAGE, 0, 3).3, k.window - 2 * PAGE, "and is shared");
+        assert_eq!(mem_create(&k, f1, PAGE, 0, 3).3, k.cfg.window - 2 * PAGE, "and is shared");
         assert_eq!(stat(&k.stats.shared_pool_bos), 2);
-        assert_eq!(mem_create(&k, f0, k.window, 0, 16).0, -libc::ENOSPC);
+        assert_eq!(mem_create(&k, f0, k.cfg.window, 0, 16).0, -libc::ENOSPC);
         assert_eq!((stat(&k.stats.enospc), stat(&k.stats.efault)), (1, 0));
         assert_eq!(action(&k, f0, 25, 16).0, 0);
         assert_eq!(action(&k, f0, 25, 3).0, 0);
@@ -2684,9 +2668,9 @@ mod tests {
         let k = rknpu_kernel("ep1sode", "none");
         let fd = k.open("/dev/dri/card1");
         let (r, _, obj, iova) = mem_create(&k, fd, 2 * PAGE, MEM_CACHEABLE, 3);
-        assert_eq!((r, iova), (0, k.window - 2 * PAGE));
-        assert_eq!(mem_create(&k, fd, PAGE, 0, 0).3, k.window - 3 * PAGE, "id 0 and id 3: one window");
-        assert_eq!(mem_create(&k, fd, k.window, 0, 9).0, -libc::EFAULT);
+        assert_eq!((r, iova), (0, k.cfg.window - 2 * PAGE));
+        assert_eq!(mem_create(&k, fd, PAGE, 0, 0).3, k.cfg.window - 3 * PAGE, "id 0 and id 3: one window");
+        assert_eq!(mem_create(&k, fd, k.cfg.window, 0, 9).0, -libc::EFAULT);
         assert_eq!((stat(&k.stats.efault), stat(&k.stats.enospc)), (1, 0));
         assert_eq!(action(&k, fd, 25, 3).0, 0);
         assert_eq!(action(&k, fd, 24, 0), (0, 0), "SET had no effect");
