@@ -865,6 +865,9 @@ struct RknpuDev {
     /// so the resubmit of a job that was struck (the next one on its core) never is, whatever the
     /// other cores submit meanwhile.
     core_submits: [AtomicU64; 3],
+    /// vendor: the device's live IOMMU domain, what GET_IOMMU_DOMAIN_ID answers: the last one a
+    /// switch, a MEM_CREATE or a SUBMIT named (device-wide, kept after the process that moved it).
+    live_domain: AtomicU32,
 }
 
 struct RocketJob {
@@ -989,6 +992,7 @@ impl Kernel {
                 own_ids: Mutex::new(0),
                 reset_calls: AtomicU64::new(0),
                 core_submits: Default::default(),
+                live_domain: AtomicU32::new(0),
             },
             rocket_fds_per_core: Mutex::new([0; 3]),
             rocket_queues: (0..rocket_cores)
@@ -1271,6 +1275,7 @@ impl Kernel {
             // POWER_ON: no such case in 0.9.8 (an unknown selector: 0 on rkopnu, below).
             20 if !port.unknown_action_ok => return -libc::EINVAL,
             22 | 23 => 0,
+            24 if port.memory == Memory::Vendor => self.rknpu.live_domain.load(Ordering::Relaxed),
             24 => self.with_file(fd, |f| f.own_domain.unwrap_or(0)),
             25 => match self.rknpu_set_domain(fd, a.u32(4)) {
                 Ok(()) => 0,
@@ -1318,9 +1323,17 @@ impl Kernel {
             Memory::Cma | Memory::OneDomain => true,
         };
         if ok {
+            self.note_live_domain(id);
             Ok(())
         } else {
             Err(libc::EINVAL)
+        }
+    }
+
+    /// vendor: a switch, MEM_CREATE or SUBMIT in domain `id` makes it the device's live one.
+    fn note_live_domain(&self, id: u32) {
+        if self.cfg.port.memory == Memory::Vendor {
+            self.rknpu.live_domain.store(id, Ordering::Relaxed);
         }
     }
 
@@ -1392,6 +1405,7 @@ impl Kernel {
             Ok(k) => k,
             Err(e) => return -e,
         };
+        self.note_live_domain(domain);
         let size = size.div_ceil(PAGE) * PAGE;
         let mut doms = self.rknpu.domains.write().unwrap();
         let space = doms.entry(key).or_default();
@@ -1502,6 +1516,7 @@ impl Kernel {
             return -libc::EINVAL;
         }
         let Ok(key) = self.space_key(fd, domain) else { return -libc::EINVAL };
+        self.note_live_domain(domain);
         let all = if port.core0_only { 1 } else { (1u32 << self.cfg.soc.cores) - 1 };
         if core_mask & !all != 0 {
             if port.core0_only {
@@ -2490,9 +2505,13 @@ mod tests {
         assert_eq!(mem_create(&k, f1, k.cfg.window, 0, 3).0, -libc::EFAULT);
         assert_eq!(mem_create(&k, f1, PAGE, 0, 16).0, -libc::EINVAL);
         assert_eq!((stat(&k.stats.efault), stat(&k.stats.enospc)), (1, 0));
-        assert_eq!(action(&k, f0, 24, 9), (0, 0), "GET_IOMMU_DOMAIN_ID");
+        // GET_IOMMU_DOMAIN_ID is the device's live domain: the last one a buffer, a job or a
+        // switch of any file named.
+        assert_eq!(action(&k, f0, 24, 9), (0, 3), "GET_IOMMU_DOMAIN_ID after buffers in domain 3");
         assert_eq!(action(&k, f0, 25, 15).0, 0);
+        assert_eq!(action(&k, f1, 24, 0), (0, 15), "switched by the other file");
         assert_eq!(action(&k, f0, 25, 16).0, -libc::EINVAL);
+        assert_eq!(action(&k, f0, 24, 0), (0, 15));
         assert_eq!(mem_sync(&k, f0, 1, obj, 100, 4), 0);
         assert_eq!(stat(&k.stats.synced_bytes), 64, "one line");
         assert_eq!(mem_sync(&k, f0, 1, obj, PAGE, 2 * PAGE), -libc::EINVAL, "past the buffer");

@@ -105,7 +105,7 @@ pub fn engine_for(dev: &Device, s: &MatMulShape, at_split: bool) -> Engine {
             let key = (s.m, s.k, s.n, s.weight_type, av.gpu, av.npu_busy);
             super::remembered(&ROUTES, key, || {
                 let mm = MatMul { m: s.m, k: s.k, n: s.n, ggml_type: s.weight_type };
-                let d = crate::route::decide(dev.cfg, &mm, av);
+                let d = crate::route::decide(dev.cfg, dev.npu.soc(), &mm, av);
                 log::trace!("MUL_MAT {}x{}x{}: {} ({})", s.m, s.k, s.n, d.engine.name(), d.why());
                 d.engine
             })

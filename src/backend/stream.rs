@@ -79,7 +79,7 @@ impl StreamSrc {
         let mm = crate::route::MatMul { m, k: self.k, n: self.n, ggml_type: self.ggml_type };
         let terms = self.precision.terms;
         // Only fills from the cache run ahead (`Streamer::start`).
-        crate::route::stream_pays(dev.cfg, &mm, terms, fill, cached)
+        crate::route::stream_pays(dev.cfg, dev.npu.soc(), &mm, terms, fill, cached)
     }
 }
 

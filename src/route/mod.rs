@@ -256,11 +256,11 @@ impl StreamCost {
 /// while the NPU runs the weight before (prefetch: fills from the cache), so the NPU side costs
 /// the larger of the two; otherwise (packing from the GGUF bytes, done when the weight is
 /// reached) their sum.
-pub fn stream_pays(cfg: &Config, mm: &MatMul, terms: precision::Terms, fill_s: f64, overlapped: bool) -> bool {
+pub fn stream_pays(cfg: &Config, soc: &SocDesc, mm: &MatMul, terms: precision::Terms, fill_s: f64, overlapped: bool) -> bool {
     if mm.m < cfg.min_m {
         return false;
     }
-    let model = cost_model_for(cfg);
+    let model = cost_model_for(soc);
     let cores = cfg.max_cores.unwrap_or(model.soc.cores);
     let t_npu = model.npu_host_s(mm.m, mm.k, mm.n, terms, cores, precision::Chain::default());
     let t = if overlapped { t_npu.max(fill_s) } else { t_npu + fill_s };
@@ -291,7 +291,13 @@ impl CostModel {
     /// The model for a SoC: RK3588 figures as cited in the module docs; RK3576 scaled by its
     /// core count (2 vs 3) for MACs, same floor and bus.
     pub fn for_soc(id: SocId) -> CostModel {
-        let soc = SocDesc::get(id);
+        CostModel::for_device(SocDesc::get(id))
+    }
+
+    /// The model for an opened NPU's description (`Npu::soc`): the cores its kernel lets jobs run
+    /// on and the int8 rate at the clock its driver reports (`Npu::with_kif`), the rest as
+    /// [`CostModel::for_soc`].
+    pub fn for_device(soc: SocDesc) -> CostModel {
         let t = soc.timing;
         CostModel {
             submit_floor_s: t.submit_floor_ns as f64 * 1e-9,
@@ -503,20 +509,21 @@ impl Decision {
     }
 }
 
-fn cost_model_for(cfg: &Config) -> CostModel {
-    let id = cfg.soc.as_deref().and_then(SocId::parse).unwrap_or(SocId::Rk3588);
-    CostModel::for_soc(id)
+/// The cost model of the opened NPU (`soc`: `Npu::soc`, its cores and clock as the kernel
+/// interface reported them).
+fn cost_model_for(soc: &SocDesc) -> CostModel {
+    CostModel::for_device(soc.clone())
 }
 
 /// The ends of a pipelined MUL_MAT the backend cuts short ([`CostModel::pipeline_ends`] of the
 /// configured SoC's model), where it stands among the MUL_MATs reading its activation (`chain`).
-pub fn pipeline_ends(cfg: &Config, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, chain: precision::Chain) -> crate::npu::plan::Ends {
-    cost_model_for(cfg).pipeline_ends(m, k, n, terms, cores, chain)
+pub fn pipeline_ends(soc: &SocDesc, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, chain: precision::Chain) -> crate::npu::plan::Ends {
+    cost_model_for(soc).pipeline_ends(m, k, n, terms, cores, chain)
 }
 
 /// Decides the engine for one MUL_MAT (see the module docs for both policies).
-pub fn decide(cfg: &Config, mm: &MatMul, av: Availability) -> Decision {
-    let model = cost_model_for(cfg);
+pub fn decide(cfg: &Config, soc: &SocDesc, mm: &MatMul, av: Availability) -> Decision {
+    let model = cost_model_for(soc);
     decide_with(cfg, &model, mm, av)
 }
 
@@ -734,16 +741,16 @@ mod tests {
         assert!((cached - 2.5 * 12_582_912.0 / 6.0e9).abs() < 1e-9, "{cached}");
         assert!(packed > 10.0 * cached);
         let mm = |m| MatMul { m, k, n, ggml_type: crate::quant::types::Q8_0 };
-        assert!(stream_pays(&c, &mm(512), terms, cached, true));
-        assert!(stream_pays(&c, &mm(512), terms, packed, false));
-        assert!(!stream_pays(&c, &mm(16), terms, cached, true), "decode: M < ORK_MINM");
-        assert!(!stream_pays(&c, &mm(32), terms, packed, false), "the pack costs more than the CPU's run");
+        assert!(stream_pays(&c, &SocDesc::get(SocId::Rk3588), &mm(512), terms, cached, true));
+        assert!(stream_pays(&c, &SocDesc::get(SocId::Rk3588), &mm(512), terms, packed, false));
+        assert!(!stream_pays(&c, &SocDesc::get(SocId::Rk3588), &mm(16), terms, cached, true), "decode: M < ORK_MINM");
+        assert!(!stream_pays(&c, &SocDesc::get(SocId::Rk3588), &mm(32), terms, packed, false), "the pack costs more than the CPU's run");
         // Overlap matters: the same fill, not run ahead, costs the sum.
-        let model = cost_model_for(&c);
+        let model = cost_model_for(&SocDesc::get(SocId::Rk3588));
         let npu = model.npu_host_s(512, k, n, terms, 3, precision::Chain::default());
         let cpu = model.cpu_s(512, k, n, crate::quant::types::Q8_0);
         let fill = cpu - npu / 2.0;
-        assert!(stream_pays(&c, &mm(512), terms, fill, true) && !stream_pays(&c, &mm(512), terms, fill, false));
+        assert!(stream_pays(&c, &SocDesc::get(SocId::Rk3588), &mm(512), terms, fill, true) && !stream_pays(&c, &SocDesc::get(SocId::Rk3588), &mm(512), terms, fill, false));
     }
 
     #[test]
@@ -766,7 +773,7 @@ mod tests {
             let c = cfg(&env);
             for m in [1, 4, 8, 31, 32, 512] {
                 for gpu in [false, true] {
-                    let d = decide(&c, &MatMul { m, k: 2048, n: 2048, ggml_type: 8 }, Availability { gpu, npu_busy: false });
+                    let d = decide(&c, &SocDesc::get(SocId::Rk3588), &MatMul { m, k: 2048, n: 2048, ggml_type: 8 }, Availability { gpu, npu_busy: false });
                     let want = choose(&c, m, gpu).unwrap_or(Engine::Cpu);
                     assert_eq!(d.engine, want, "{env:?} m={m} gpu={gpu}: {}", d.why());
                 }
@@ -888,14 +895,29 @@ mod tests {
         let c = cfg(&[("ORK_ROUTE", "cost")]);
         let big = |m| MatMul { m, k: 2048, n: 6144, ggml_type: 8 };
         let av = Availability::default();
-        assert_eq!(decide(&c, &big(512), av).engine, Engine::Npu, "prefill is compute-bound");
-        assert_eq!(decide(&c, &big(1), av).engine, Engine::Cpu, "decode pays the split overhead");
+        assert_eq!(decide(&c, &SocDesc::get(SocId::Rk3588), &big(512), av).engine, Engine::Npu, "prefill is compute-bound");
+        assert_eq!(decide(&c, &SocDesc::get(SocId::Rk3588), &big(1), av).engine, Engine::Cpu, "decode pays the split overhead");
         // A tiny weight: the submit floor makes the CPU faster even at M = 32.
         let tiny = MatMul { m: 32, k: 64, n: 64, ggml_type: 8 };
-        assert_eq!(decide(&c, &tiny, av).engine, Engine::Cpu);
+        assert_eq!(decide(&c, &SocDesc::get(SocId::Rk3588), &tiny, av).engine, Engine::Cpu);
         // NPU busy: decode never waits for it.
         let c = cfg(&[("ORK_ROUTE", "cost"), ("ORK_DECODE", "npu")]);
         let busy = Availability { gpu: false, npu_busy: true };
-        assert_eq!(decide(&c, &big(1), busy).engine, Engine::Cpu);
+        assert_eq!(decide(&c, &SocDesc::get(SocId::Rk3588), &big(1), busy).engine, Engine::Cpu);
     }
+
+    #[test]
+    fn the_opened_devices_cores_and_clock_price_the_npu() {
+        let nominal = SocDesc::get(SocId::Rk3588);
+        let mut port = nominal.clone();
+        port.cores = 1;
+        port.timing = port.timing.at_clock(200_000_000);
+        let (a, b) = (CostModel::for_device(nominal), CostModel::for_device(port));
+        assert!((b.npu_ops * 15.0 / a.npu_ops - 1.0).abs() < 1e-9, "a fifth of the clock on a third of the cores");
+        assert_eq!(b.npu_feed_bps, a.npu_feed_bps);
+        let (t, chain) = (precision::Terms::PLAIN, precision::Chain::default());
+        let (fast, slow) = (a.npu_host_s(512, 2048, 2048, t, 3, chain), b.npu_host_s(512, 2048, 2048, t, 1, chain));
+        assert!(slow > 5.0 * fast, "a compute-bound prefill MUL_MAT: {slow} s vs {fast} s");
+    }
+
 }

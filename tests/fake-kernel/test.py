@@ -334,6 +334,12 @@ for npu in NPUS:
 # port=, node=, cores= ...), never reading the fake kernel's name for it; each port then runs the
 # greedy text and test-backend-ops as the sim does, with the board quirks on
 PORTS = (("rkopnu", "rkopnu"), ("dkms", "dkms"), ("helios", "no-iommu"), ("ep1sode", "one-domain"))
+# What the port line must say of each port besides its name (src/npu/kif/port.rs): the caps the
+# rest of the interface reads
+CAPS = {"rkopnu": {"domains": "16", "full": "ENOSPC|EFAULT|ENOMEM", "sync": "whole", "reset": "none", "counter": "untrusted"},
+        "dkms": {"domains": "1@16", "full": "ENOSPC|EFAULT|ENOMEM", "sync": "range", "reset": "busy-retried", "clock": "800MHz"},
+        "helios": {"iommu": "0", "domains": "1", "full": "ENOMEM", "clock": "200MHz"},
+        "ep1sode": {"domains": "1", "sync": "whole", "cores": "1"}}
 
 
 def count(c, key):
@@ -368,15 +374,25 @@ for port, expect in PORTS:
     p, c, dt = run([SELFTEST], "rknpu", env)
     fails = re.findall(r"^\s*FAIL .*", p.stdout, re.M)
     toks = port_tokens[port] = port_line(p.stdout + p.stderr)
-    check(f"fake-kernel/port/{port}/selftest", p.returncode == 0 and not fails and toks is not None and toks.get("port") == expect,
+    caps_ok = toks is not None and all(toks.get(k) == v for k, v in CAPS[port].items())
+    check(f"fake-kernel/port/{port}/selftest", p.returncode == 0 and not fails and toks is not None and toks.get("port") == expect and caps_ok,
           f"{selftest_words(p, fails)}; port line {' '.join(f'{k}={v}' for k, v in toks.items()) if toks else 'missing'} "
-          f"(want port={expect}); fake kernel port={c.get('port') if c else '?'}; {dt:.0f}s")
+          f"(want port={expect}, {' '.join(f'{k}={v}' for k, v in CAPS[port].items())}); fake kernel port={c.get('port') if c else '?'}; {dt:.0f}s")
     text, err, c, dt = generate("rknpu", env)
     ran, fell = ork_line(err)
     ok_c, why = port_clean(c, port)
+    per = [int(x) for x in c["jobs_per_core"].split(",")] if c else []
+    if port == "ep1sode":
+        # the device tree gives the driver core 0 only: every job on core 0, none refused
+        ok_c = ok_c and len(per) == 3 and per[0] > 0 and per[1:] == [0, 0]
+    if port == "rkopnu":
+        # each hang reported as done (the wedge of the first submit) is seen by the product
+        m = re.search(r"(\d+) submit\(s\) reported done after the job timeout", err or "")
+        ok_c = ok_c and count(c, "hangs") >= 1 and m is not None and int(m.group(1)) == count(c, "hangs")
+        why += f"; the product saw {m.group(1) if m else 0} hang(s) reported as done"
     check(f"fake-kernel/port/{port}/greedy", ref is not None and text == ref and ran > 0 and fell == 0 and ok_c,
           f"text {'equals' if text == ref else 'differs from'} ORK_NPU=sim ({text!r}); {ran} NPU matmuls, {fell} fell back; "
-          f"fake kernel: {why}; {dt:.0f}s")
+          f"fake kernel: {why}, jobs per core {per}; {dt:.0f}s")
     v, err, c, dt = tbo("rknpu", env)
     ok_c, why = port_clean(c, port)
     check(f"fake-kernel/port/{port}/test-backend-ops", tref is not None and v == tref and ork_line(err)[1] == 0 and ok_c,

@@ -6,9 +6,16 @@
 //!
 //! Decisions:
 //! * **Node.** `ORK_NPU_CARD` names the node explicitly; otherwise every `/dev/dri/card*` is asked
-//!   for its DRM driver name and the first one called "rknpu" wins. Only primary (card) nodes are
-//!   scanned: ork's RE log reports that raw submits on the render node run zero tasks
-//!   (rknpu-facts §1.1, unconfirmed by the kernel source but cheap to respect).
+//!   for its DRM driver name and the first one called "rknpu" wins; `/dev/dri/renderD*` only
+//!   where no card node answers (cards are often group `video`, mode 0660, while the mainline
+//!   ports' render nodes may be open to the user). ork's RE log reports that raw submits on the
+//!   render node run zero tasks (rknpu-facts §1.1, unconfirmed by the kernel source): such a job
+//!   leaves its output sentinels in place, so it is caught as never ran, resubmitted once and its
+//!   MUL_MAT handed to the CPU, counted.
+//! * **Port.** Four ports carry this interface to mainline kernels; [`port`] tells them apart at
+//!   open from what the device answers and the caps it decides are all this module reads (the
+//!   errno that means a domain is full, the kernel's own domain id, whole-buffer syncs, the reset,
+//!   whether the task counter and device time are reported).
 //! * **Version gate.** `ACTION(GET_DRV_VERSION)` must report ≥ 0.9.6 (encoded
 //!   major·10000 + minor·100 + patch = 906). Older drivers have a different MEM_CREATE and SUBMIT
 //!   layout (the pre-0.9 ABI, rknpu-facts cross-check conflict 6) and would be fed garbage.
@@ -520,11 +527,19 @@ impl Rknpu {
         };
         let iommu_en = ask(action::GET_IOMMU_EN);
         let domain_at_open = ask(action::GET_IOMMU_DOMAIN_ID);
-        let switch_reads_back = (self.drv_version == encode_version(0, 9, 6) && domain_at_open == Some(0) && iommu_en == Some(1)).then(|| {
-            let moved = self.action(action::SET_IOMMU_DOMAIN_ID, 1).is_ok() && ask(action::GET_IOMMU_DOMAIN_ID) == Some(1);
-            let _ = self.action(action::SET_IOMMU_DOMAIN_ID, 0);
-            moved
-        });
+        // A switch that fails says nothing either way (None: the vendor driver's rules).
+        let switch_reads_back = if self.drv_version == encode_version(0, 9, 6) && domain_at_open == Some(0) && iommu_en == Some(1) {
+            match self.action(action::SET_IOMMU_DOMAIN_ID, 1) {
+                Ok(_) => {
+                    let moved = ask(action::GET_IOMMU_DOMAIN_ID) == Some(1);
+                    let _ = self.action(action::SET_IOMMU_DOMAIN_ID, 0);
+                    Some(moved)
+                }
+                Err(_) => None,
+            }
+        } else {
+            None
+        };
         let clock_hz = port::devfreq_hz().or_else(|| ask(action::GET_FREQ).filter(|&f| f > 0).map(u64::from));
         Answers {
             node: path.to_path_buf(),
@@ -563,8 +578,8 @@ impl Rknpu {
     /// Makes `domain` the live IOMMU domain (stock action 25; the kernel waits up to ~6 s for
     /// the previous domain's jobs). Native MEM_CREATE/SUBMIT do not need this.
     pub fn set_iommu_domain(&self, domain: DomainId) -> Result<(), KifError> {
-        if domain.0 >= MAX_DOMAINS {
-            return Err(KifError::Invalid(format!("IOMMU domain {} out of range", domain.0)));
+        if domain.0 >= self.caps.domains {
+            return Err(KifError::Invalid(format!("IOMMU domain {} out of range (this port has {})", domain.0, self.caps.domains)));
         }
         self.action(action::SET_IOMMU_DOMAIN_ID, self.kernel_domain(domain)).map(|_| ())
     }
@@ -687,18 +702,30 @@ impl KernelInterface for Rknpu {
 
     fn submit(&self, job: &SubmitJob<'_>) -> Result<SubmitDone, KifError> {
         validate_job(job)?;
+        if job.domain.0 >= self.caps.domains {
+            return Err(KifError::Invalid(format!("submit: IOMMU domain {} out of range (this port has {})", job.domain.0, self.caps.domains)));
+        }
         self.enter_int8()?;
         let outs = self.job_outputs(job)?;
-        let cold = self.warmth.cold(&outs);
-        if !cold.is_empty() {
-            // §2.6: the first submit into a fresh output buffer returns stale data; run the job
-            // once and throw its result away.
-            self.warmth.warmups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            log::debug!("rknpu: warm-up submit for fresh output buffer(s) {cold:?}");
-            self.submit_blocking(job)?;
-            self.warmth.mark(&cold);
+        // A reset under the job (dkms's EIO, a hang reported as done) made every buffer cold:
+        // warm up again and submit again, a bounded number of times.
+        let mut resets = 0;
+        loop {
+            let cold = self.warmth.cold(&outs);
+            let warm = if cold.is_empty() {
+                Ok(())
+            } else {
+                // §2.6: the first submit into a fresh output buffer returns stale data; run the
+                // job once and throw its result away.
+                self.warmth.warmups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                log::debug!("rknpu: warm-up submit for fresh output buffer(s) {cold:?}");
+                self.submit_blocking(job).map(|_| self.warmth.mark(&cold))
+            };
+            match warm.and_then(|_| self.submit_blocking(job)) {
+                Err(KifError::Reset) if resets < SUBMIT_RETRIES => resets += 1,
+                r => return r,
+            }
         }
-        self.submit_blocking(job)
     }
 
     fn reset(&self) -> Result<(), KifError> {
@@ -796,7 +823,9 @@ impl Rknpu {
             match self.submit_once(job) {
                 Ok(s) => {
                     let wall_ns = t0.elapsed().as_nanos() as u64;
-                    self.note_timeout(job, wall_ns);
+                    if self.note_timeout(job, wall_ns) {
+                        return Err(KifError::Reset);
+                    }
                     let hw_elapse_ns = if self.caps.elapsed_reported { s.hw_elapse_time.max(0) as u64 } else { wall_ns };
                     if s.task_counter < job.task_number {
                         log::warn!(
@@ -819,12 +848,13 @@ impl Rknpu {
                         self.warmth.clear();
                         return Err(KifError::Timeout { timeout_ms: job.timeout_ms });
                     }
-                    SubmitErrorClass::DeviceReset if attempt < SUBMIT_RETRIES => {
+                    SubmitErrorClass::DeviceReset => {
                         // Another core's job timed out and the kernel reset the device: this job
-                        // did not run, and every output buffer is cold again.
-                        log::debug!("rknpu: submit EIO (the device was reset under it); submitting again");
+                        // did not run, and every output buffer is cold again (`submit` warms
+                        // them up and submits again).
+                        log::debug!("rknpu: submit EIO (the device was reset under it)");
                         self.warmth.clear();
-                        attempt += 1;
+                        return Err(KifError::Reset);
                     }
                     SubmitErrorClass::Retry if attempt < SUBMIT_RETRIES => {
                         attempt += 1;
@@ -853,10 +883,10 @@ impl Rknpu {
     /// buffer is cold again, and the job's output is only what its sentinels say (`npu::mm`
     /// checks each program's last output word before anything reads it, resubmits once, then
     /// hands the MUL_MAT to the CPU). Counted; logged once.
-    fn note_timeout(&self, job: &SubmitJob<'_>, wall_ns: u64) {
-        let Some(ms) = self.caps.hang_after_ms else { return };
+    fn note_timeout(&self, job: &SubmitJob<'_>, wall_ns: u64) -> bool {
+        let Some(ms) = self.caps.hang_after_ms else { return false };
         if self.caps.counter_trusted || wall_ns < u64::from(ms) * 1_000_000 {
-            return;
+            return false;
         }
         self.warmth.clear();
         if self.hangs.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
@@ -867,6 +897,7 @@ impl Rknpu {
                 wall_ns / 1_000_000
             );
         }
+        true
     }
 
     /// ACT_RESET on a port that answers EBUSY while any process has a job queued (dkms): tried
