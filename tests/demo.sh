@@ -21,4 +21,4 @@ GGML_BACKEND_PATH=$ORK_LIB ORK_NPU=sim "$LLAMA_BIN/llama-completion" -m "$M" -p 
 echo
 echo
 grep -E "^ork: " "$ORK_ENV/demo.log" || true
-grep -E "prompt eval time|eval time" "$ORK_ENV/demo.log" | sed 's/^common_perf_print: */  /' || true
+grep -E "prompt eval time|eval time" "$ORK_ENV/demo.log" | sed 's/^.*common_perf_print: */  /' || true
