@@ -92,12 +92,15 @@ impl NpuTiming {
         (ops + bytes) * 1e9
     }
 
-    /// The same NPU at another clock: the cores' int8 rate scales with it (the rates above are
-    /// stated at 1 GHz, the vendor kernels' top devfreq step, `kif::port::NOMINAL_CLOCK_HZ`);
-    /// the memory feed and the per-submit floor stay.
+    /// The clock the rates are stated at: 1 GHz, the vendor kernels' top devfreq step.
+    pub const NOMINAL_CLOCK_HZ: u64 = 1_000_000_000;
+
+    /// The same NPU at another clock: the cores' int8 rate scales with it (the rates are stated
+    /// at [`NOMINAL_CLOCK_HZ`](Self::NOMINAL_CLOCK_HZ)); the memory feed and the per-submit
+    /// floor stay.
     pub fn at_clock(self, hz: u64) -> NpuTiming {
-        let nominal = crate::npu::kif::port::NOMINAL_CLOCK_HZ;
-        NpuTiming { core_ops: ((u128::from(self.core_ops) * u128::from(hz.max(1))) / u128::from(nominal)) as u64, ..self }
+        let core_ops = u128::from(self.core_ops) * u128::from(hz.max(1)) / u128::from(Self::NOMINAL_CLOCK_HZ);
+        NpuTiming { core_ops: core_ops as u64, ..self }
     }
 
     /// A submit's modelled hardware time from its programs' total: never under the floor.
@@ -148,7 +151,7 @@ mod tests {
     #[test]
     fn a_slower_clock_slows_the_macs_not_the_feed() {
         let t = SocDesc::get(SocId::Rk3588).timing;
-        assert_eq!(t.at_clock(1_000_000_000), t, "the rates are stated at 1 GHz");
+        assert_eq!(t.at_clock(NpuTiming::NOMINAL_CLOCK_HZ), t, "the rates are stated at 1 GHz");
         let slow = t.at_clock(200_000_000);
         assert_eq!(slow.core_ops, t.core_ops / 5);
         assert_eq!((slow.feed_bps, slow.submit_floor_ns), (t.feed_bps, t.submit_floor_ns));

@@ -314,10 +314,9 @@ impl CostModel {
 
     /// The same model with the NPU at `hz` (a port's fixed clock, a devfreq step): the cores'
     /// int8 rate scales ([`crate::npu::soc::NpuTiming::at_clock`]), the feed and floor stay.
-    pub fn at_npu_clock(mut self, hz: u64) -> CostModel {
-        self.soc.timing = self.soc.timing.at_clock(hz);
-        self.npu_ops = self.soc.timing.core_ops as f64 * self.soc.cores as f64;
-        self
+    pub fn at_npu_clock(self, hz: u64) -> CostModel {
+        let soc = SocDesc { timing: self.soc.timing.at_clock(hz), ..self.soc.clone() };
+        CostModel { host: self.host, ..CostModel::for_device(soc) }
     }
 
     /// [`CostModel::for_soc`] without the host's work: the NPU's time alone.

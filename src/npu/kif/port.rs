@@ -4,7 +4,7 @@
 //! as DRM driver "rknpu". They differ where a wrong guess gives a wrong answer rather than an
 //! error: which errno means "this IOMMU domain is full", whether domain ids are the process's own,
 //! whether a sync covers the range it is given, whether `ACT_RESET` does anything, whether a
-//! submit that returned 0 ran. So [`Rknpu::open_path`](super::rknpu::Rknpu::open_path) asks the
+//! submit that returned 0 ran. So `Rknpu::open_path` (the vendor interface, `kif::rknpu`) asks the
 //! device a few harmless questions once ([`Answers`]) and [`decide`] turns them into a [`Caps`]
 //! (or a one-line refusal, and every MUL_MAT stays on the CPU). The rest of the interface reads
 //! the caps, never a port's name.
@@ -27,7 +27,6 @@ use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
 
-use super::rknpu::{decode_version, encode_version, MIN_DRV_VERSION};
 
 /// An ACTION selector no driver defines: the vendor driver answers EINVAL (its switch's default).
 pub const UNKNOWN_ACTION: u32 = 0x7f;
@@ -36,8 +35,20 @@ pub const DKMS_FIRST_OWN_ID: u32 = 16;
 /// rkopnu's job timeout: a submit that hung is reported as done after it (the user timeout is
 /// ignored).
 pub const RKOPNU_JOB_TIMEOUT_MS: u32 = 500;
-/// The clock the NPU timing model's rates are stated at (`soc::NpuTiming`).
-pub const NOMINAL_CLOCK_HZ: u64 = 1_000_000_000;
+/// Lowest supported driver version, 0.9.6 encoded major·10000 + minor·100 + patch
+/// (rknpu-facts §1.1 and conflict 6; encoding macro S1): older drivers have the pre-0.9 struct
+/// layouts.
+pub const MIN_DRV_VERSION: u32 = 906;
+
+/// Encodes a driver version the way `RKNPU_GET_DRV_VERSION` reports it (rknpu-facts §1.1, S1).
+pub const fn encode_version(major: u32, minor: u32, patch: u32) -> u32 {
+    major * 10000 + minor * 100 + patch
+}
+
+/// Splits an encoded driver version into (major, minor, patch).
+pub const fn decode_version(v: u32) -> (u32, u32, u32) {
+    (v / 10000, (v / 100) % 100, v % 100)
+}
 
 /// What the device answered at open. Each field is the raw answer; `None` where the question
 /// failed or was not asked.

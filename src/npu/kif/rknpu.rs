@@ -70,7 +70,7 @@ use nix::errno::Errno;
 use super::drm::{self, DRM_COMMAND_BASE, DRM_IOCTL_TYPE};
 use super::port::{self, Answers, Caps, ResetKind};
 use super::{
-    page_round, Bo, DomainId, Iova, KernelInterface, KifError, SubmitDone, SubmitJob, SyncDir, Warmth, MAX_DOMAINS,
+    page_round, Bo, DomainId, Iova, KernelInterface, KifError, SubmitDone, SubmitJob, SyncDir, Warmth,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -112,9 +112,9 @@ pub mod sync_flags {
     pub const FROM_DEVICE: u32 = 2;
 }
 
-/// Lowest supported driver version, 0.9.6 encoded major·10000 + minor·100 + patch
-/// (rknpu-facts §1.1 and conflict 6; encoding macro S1).
-pub const MIN_DRV_VERSION: u32 = 906;
+/// The driver version encoding and the lowest supported version live with the port decision
+/// that reads them ([`port`]).
+pub use super::port::{decode_version, encode_version, MIN_DRV_VERSION};
 /// Value for `rknpu_mem_create.core_mask`: ork passes 1; `reserved` before 0.9.8, harmless
 /// (rknpu-facts §1.3, conflict 6).
 pub const MEM_CREATE_CORE_MASK: u32 = 1;
@@ -129,16 +129,6 @@ pub const PC_DATA_EXTRA_ENTRIES: usize = 4;
 pub const SUBCORE_ENTRIES_FILLED: usize = 3;
 /// Core masks the vendor job code decodes: one bit per core, 0 = AUTO (rknpu-facts §1.4, S2).
 pub const CORE_MASK_ALL: u32 = 0x7;
-
-/// Encodes a driver version the way `RKNPU_GET_DRV_VERSION` reports it (rknpu-facts §1.1, S1).
-pub const fn encode_version(major: u32, minor: u32, patch: u32) -> u32 {
-    major * 10000 + minor * 100 + patch
-}
-
-/// Splits an encoded driver version into (major, minor, patch).
-pub const fn decode_version(v: u32) -> (u32, u32, u32) {
-    (v / 10000, (v / 100) % 100, v % 100)
-}
 
 /// `struct rknpu_action` (8 B; rknpu-facts §1.3, S1).
 #[repr(C)]
@@ -336,20 +326,22 @@ pub fn build_submit(job: &SubmitJob<'_>, kernel_domain: u32) -> RknpuSubmit {
     s
 }
 
+/// `domain` is one of the port's `domains` logical domains ([`Caps::domains`]).
+pub fn check_domain(op: &str, domain: DomainId, domains: u32) -> Result<(), KifError> {
+    if domain.0 >= domains {
+        return Err(KifError::Invalid(format!("{op}: IOMMU domain {} out of range (this port has {domains})", domain.0)));
+    }
+    Ok(())
+}
+
 /// Checks a job before it reaches the kernel, so that no EINVAL of ours triggers the
-/// retry-then-reset path.
-pub fn validate_job(job: &SubmitJob<'_>) -> Result<(), KifError> {
+/// retry-then-reset path; `domains`: the port's domain count ([`Caps::domains`]).
+pub fn validate_job(job: &SubmitJob<'_>, domains: u32) -> Result<(), KifError> {
     let task_bytes = std::mem::size_of::<super::RknpuTask>() as u64;
     if job.task_number == 0 {
         return Err(KifError::Invalid("submit: task_number is 0".into()));
     }
-    if job.domain.0 >= MAX_DOMAINS {
-        return Err(KifError::Invalid(format!(
-            "submit: IOMMU domain {} out of range (max {})",
-            job.domain.0,
-            MAX_DOMAINS - 1
-        )));
-    }
+    check_domain("submit", job.domain, domains)?;
     if job.task_bo.domain != job.domain {
         return Err(KifError::Invalid(format!(
             "submit: task buffer is in domain {} but the job runs in domain {}",
@@ -451,7 +443,6 @@ struct LiveBo {
 pub struct Rknpu {
     fd: File,
     path: PathBuf,
-    drv_version: u32,
     hw_version: u32,
     /// Live buffers by handle, destroyed on drop if the caller forgot; also how a submit finds
     /// the regcmd and output buffers of its programs (the warm-up rule).
@@ -483,7 +474,6 @@ impl Rknpu {
         let mut dev = Rknpu {
             fd,
             path: path.to_path_buf(),
-            drv_version: 0,
             hw_version: 0,
             live: Mutex::new(HashMap::new()),
             warmth: Warmth::default(),
@@ -492,8 +482,8 @@ impl Rknpu {
             caps: Caps::vendor(),
             hangs: std::sync::atomic::AtomicU64::new(0),
         };
-        dev.drv_version = dev.action(action::GET_DRV_VERSION, 0)?;
-        dev.answers = dev.probe(path, &ident);
+        let drv_version = dev.action(action::GET_DRV_VERSION, 0)?;
+        dev.answers = dev.probe(path, &ident, drv_version);
         // A device that fits no known port is refused in one line (the caller's), not guessed at.
         dev.caps = port::decide(&dev.answers).map_err(|why| KifError::NoDevice(port::refusal(&dev.answers, &why)))?;
         log::info!("{}", dev.caps.line(&dev.answers));
@@ -518,7 +508,7 @@ impl Rknpu {
     /// Asks the questions [`port::decide`] reads: all harmless on every known port (an undefined
     /// ACTION is EINVAL on the vendor driver; the domain switch is asked only of a 0.9.6 driver
     /// sitting at domain 0, and switched back).
-    fn probe(&self, path: &Path, ident: &drm::DrmIdent) -> Answers {
+    fn probe(&self, path: &Path, ident: &drm::DrmIdent, drv_version: u32) -> Answers {
         let ask = |sel: u32| self.action(sel, 0).ok();
         let unknown_action = match self.action(port::UNKNOWN_ACTION, 0) {
             Ok(v) => Some(Ok(v)),
@@ -528,7 +518,7 @@ impl Rknpu {
         let iommu_en = ask(action::GET_IOMMU_EN);
         let domain_at_open = ask(action::GET_IOMMU_DOMAIN_ID);
         // A switch that fails says nothing either way (None: the vendor driver's rules).
-        let switch_reads_back = if self.drv_version == encode_version(0, 9, 6) && domain_at_open == Some(0) && iommu_en == Some(1) {
+        let switch_reads_back = if drv_version == encode_version(0, 9, 6) && domain_at_open == Some(0) && iommu_en == Some(1) {
             match self.action(action::SET_IOMMU_DOMAIN_ID, 1) {
                 Ok(_) => {
                     let moved = ask(action::GET_IOMMU_DOMAIN_ID) == Some(1);
@@ -545,7 +535,7 @@ impl Rknpu {
             node: path.to_path_buf(),
             drm_version: ident.version,
             desc: ident.desc.clone(),
-            drv_version: self.drv_version,
+            drv_version,
             unknown_action,
             iommu_en,
             domain_at_open,
@@ -567,7 +557,7 @@ impl Rknpu {
 
     /// Encoded driver version (908 = 0.9.8).
     pub fn drv_version(&self) -> u32 {
-        self.drv_version
+        self.answers.drv_version
     }
 
     /// The node this interface talks to.
@@ -578,9 +568,7 @@ impl Rknpu {
     /// Makes `domain` the live IOMMU domain (stock action 25; the kernel waits up to ~6 s for
     /// the previous domain's jobs). Native MEM_CREATE/SUBMIT do not need this.
     pub fn set_iommu_domain(&self, domain: DomainId) -> Result<(), KifError> {
-        if domain.0 >= self.caps.domains {
-            return Err(KifError::Invalid(format!("IOMMU domain {} out of range (this port has {})", domain.0, self.caps.domains)));
-        }
+        check_domain("set_iommu_domain", domain, self.caps.domains)?;
         self.action(action::SET_IOMMU_DOMAIN_ID, self.kernel_domain(domain)).map(|_| ())
     }
 
@@ -608,7 +596,7 @@ impl KernelInterface for Rknpu {
     }
 
     fn describe(&self) -> String {
-        let (a, b, c) = decode_version(self.drv_version);
+        let (a, b, c) = decode_version(self.answers.drv_version);
         format!("rknpu {a}.{b}.{c} ({} port) at {} (hw {:#010x})", self.caps.port.name(), self.path.display(), self.hw_version)
     }
 
@@ -616,9 +604,7 @@ impl KernelInterface for Rknpu {
         if size_bytes == 0 {
             return Err(KifError::Invalid("mem_create: size 0".into()));
         }
-        if domain.0 >= self.caps.domains {
-            return Err(KifError::Invalid(format!("mem_create: IOMMU domain {} out of range (this port has {})", domain.0, self.caps.domains)));
-        }
+        check_domain("mem_create", domain, self.caps.domains)?;
         let size = page_round(size_bytes);
         let mut c = RknpuMemCreate {
             flags,
@@ -701,10 +687,7 @@ impl KernelInterface for Rknpu {
     }
 
     fn submit(&self, job: &SubmitJob<'_>) -> Result<SubmitDone, KifError> {
-        validate_job(job)?;
-        if job.domain.0 >= self.caps.domains {
-            return Err(KifError::Invalid(format!("submit: IOMMU domain {} out of range (this port has {})", job.domain.0, self.caps.domains)));
-        }
+        validate_job(job, self.caps.domains)?;
         self.enter_int8()?;
         let outs = self.job_outputs(job)?;
         // A reset under the job (dkms's EIO, a hang reported as done) made every buffer cold:
@@ -934,6 +917,7 @@ impl Drop for Rknpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::npu::kif::MAX_DOMAINS;
 
     #[test]
     fn version_encoding_round_trips() {
@@ -1000,14 +984,17 @@ mod tests {
     #[test]
     fn jobs_are_validated_before_the_kernel_sees_them() {
         let bo = task_bo(4, 1);
-        assert!(validate_job(&job(&bo, 0, 4, 1, 1)).is_ok());
-        assert!(validate_job(&job(&bo, 0, 4, 0, 1)).is_ok());
-        assert!(matches!(validate_job(&job(&bo, 0, 0, 1, 1)), Err(KifError::Invalid(_))));
-        assert!(matches!(validate_job(&job(&bo, 1, 4, 1, 1)), Err(KifError::Invalid(_))));
-        assert!(matches!(validate_job(&job(&bo, 0, 1, 1, 2)), Err(KifError::Invalid(_))));
-        assert!(matches!(validate_job(&job(&bo, 0, 1, 1, MAX_DOMAINS)), Err(KifError::Invalid(_))));
-        assert!(matches!(validate_job(&job(&bo, 0, 1, 0x3, 1)), Err(KifError::Unsupported { .. })));
-        assert!(matches!(validate_job(&job(&bo, 0, 1, 0x8, 1)), Err(KifError::Unsupported { .. })));
+        assert!(validate_job(&job(&bo, 0, 4, 1, 1), MAX_DOMAINS).is_ok());
+        assert!(validate_job(&job(&bo, 0, 4, 0, 1), MAX_DOMAINS).is_ok());
+        assert!(matches!(validate_job(&job(&bo, 0, 0, 1, 1), MAX_DOMAINS), Err(KifError::Invalid(_))));
+        assert!(matches!(validate_job(&job(&bo, 1, 4, 1, 1), MAX_DOMAINS), Err(KifError::Invalid(_))));
+        assert!(matches!(validate_job(&job(&bo, 0, 1, 1, 2), MAX_DOMAINS), Err(KifError::Invalid(_))));
+        assert!(matches!(validate_job(&job(&bo, 0, 1, 1, MAX_DOMAINS), MAX_DOMAINS), Err(KifError::Invalid(_))));
+        // A port with one window (dkms's own id, a pool, ep1sode) has domain 0 alone.
+        assert!(validate_job(&job(&task_bo(4, 0), 0, 1, 1, 0), 1).is_ok());
+        assert!(matches!(validate_job(&job(&bo, 0, 1, 1, 1), 1), Err(KifError::Invalid(_))));
+        assert!(matches!(validate_job(&job(&bo, 0, 1, 0x3, 1), MAX_DOMAINS), Err(KifError::Unsupported { .. })));
+        assert!(matches!(validate_job(&job(&bo, 0, 1, 0x8, 1), MAX_DOMAINS), Err(KifError::Unsupported { .. })));
     }
 
     #[test]
