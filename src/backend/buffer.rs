@@ -122,15 +122,27 @@ pub struct Buffer {
     holds_weights: std::sync::atomic::AtomicBool,
     /// Lies over llama.cpp's mapping of the model file: its bytes are `Stats::mapped_buffer_bytes`.
     mapped: bool,
+    /// A `CPU_REPACK` buffer of ggml-cpu's that ORK watches ([`Buffer::repacked`]).
+    repacked: bool,
 }
 
 impl Buffer {
     /// A buffer of `host_bytes` on `dev` (None: no ORK device, nothing is accounted).
     pub fn new(dev: Option<&'static Device>, host_bytes: usize) -> Buffer {
-        Buffer::with(dev, host_bytes, false)
+        Buffer::with(dev, host_bytes, false, false)
     }
 
-    fn with(dev: Option<&'static Device>, host_bytes: usize, mapped: bool) -> Buffer {
+    /// ORK's view of one of ggml-cpu's `CPU_REPACK` buffers of `host_bytes` (docs/design.md):
+    /// ggml-cpu owns the memory and re-lays each weight out as it is written; ORK packs its
+    /// tiles from the GGUF bytes handed to that write ([`Buffer::tensor_set`]) and never reads
+    /// the buffer. Its weights are resident or stay on the CPU (never streamed), and a weight's
+    /// calibrated direction is computed as it is packed. Accounted like an ORK buffer holding
+    /// the GGUF copy.
+    pub fn repacked(dev: Option<&'static Device>, host_bytes: usize) -> Buffer {
+        Buffer::with(dev, host_bytes, false, true)
+    }
+
+    fn with(dev: Option<&'static Device>, host_bytes: usize, mapped: bool, repacked: bool) -> Buffer {
         if let Some(dev) = dev {
             // The file-backed share first: the peak sampled by the next call must not count it.
             if mapped {
@@ -141,11 +153,12 @@ impl Buffer {
         Buffer {
             dev,
             host_bytes,
-            weights: WeightStore::default(),
+            weights: if repacked { WeightStore::resident_only() } else { WeightStore::default() },
             expected_term_bytes: AtomicU64::new(0),
             announced: Default::default(),
             holds_weights: Default::default(),
             mapped,
+            repacked,
         }
     }
 
@@ -155,7 +168,7 @@ impl Buffer {
     /// decodes from them), and the memory report counts them as file-backed GGUF bytes, not as
     /// ORK's memory.
     pub fn mapped(dev: Option<&'static Device>, host_bytes: usize) -> Buffer {
-        Buffer::with(dev, host_bytes, true)
+        Buffer::with(dev, host_bytes, true, false)
     }
 
     /// Whether the buffer lies over the model file's mapping ([`Buffer::mapped`]).
@@ -225,8 +238,21 @@ impl Buffer {
         if holdable_weight_shape(dev, t).is_none() {
             return;
         }
-        if let Err(e) = packed_weight(dev, &self.weights, t, data, true) {
-            not_resident(dev, t, &e);
+        match packed_weight(dev, &self.weights, t, data, true) {
+            // The bytes of a repacked buffer are gone after this write: the weight's calibrated
+            // direction, which reads them, is computed now rather than at its first MUL_MAT.
+            Ok(super::weights::Placed::Resident(pw)) if self.repacked => {
+                if let (Some(store), Some(key)) = (&dev.calib, pw.calib_key) {
+                    if !store.recording() {
+                        let name = t.name.to_str();
+                        if let Ok(src) = data.source(t, &name) {
+                            pw.fix.get_or_init(|| dev.fixed_direction(&pw, &src, store, key));
+                        }
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(e) => not_resident(dev, t, &e),
         }
     }
 

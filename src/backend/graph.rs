@@ -60,6 +60,9 @@ pub struct Weight<'g> {
     pub store: Option<&'g WeightStore>,
     /// Its buffer holds a model's weights (the `.orkpack` cache is used for it).
     pub model_weight: bool,
+    /// Its bytes are ggml-cpu's repacked layout (a `CPU_REPACK` buffer ORK watches): ORK runs it
+    /// only from the tiles it packed while the weight was loaded, and never reads the bytes.
+    pub repacked: bool,
 }
 
 /// A live ggml graph as the walk needs it; implemented by `crate::ffi` over the raw graph.
@@ -121,8 +124,9 @@ pub fn supports(dev: &Device, node: &Node<'_>) -> bool {
         Node::MulMat(mm) => mm,
     };
     let Some(s) = &mm.shape else { return false };
-    // Weights known not to fit on the NPU stay on the CPU.
-    if mm.weight.is_some_and(|w| w.store.is_some_and(|st| st.is_failed(w.tensor.addr))) {
+    // Weights known not to fit on the NPU stay on the CPU, and so do ggml-cpu's repacked weights
+    // ORK holds no tiles of (their bytes are not the GGUF's any more).
+    if mm.weight.is_some_and(|w| w.store.is_some_and(|st| st.is_failed(w.tensor.addr) || (w.repacked && packed_of(&w, st).is_none()))) {
         log::trace!("MUL_MAT {}x{}x{} declined: weight not resident on the NPU", s.m, s.k, s.n);
         return false;
     }
@@ -152,6 +156,12 @@ pub fn supports(dev: &Device, node: &Node<'_>) -> bool {
 fn walk_engine(dev: &Device, shape: Option<MatMulShape>) -> Option<(MatMulShape, Engine)> {
     let s = shape.filter(|s| mul_mat_unsupported(dev, s).is_none())?;
     Some((s, engine_for(dev, &s, false)))
+}
+
+/// The resident packed copy of weight `w` in `store`, if it has one.
+fn packed_of(w: &Weight<'_>, store: &WeightStore) -> Option<Arc<PackedWeight>> {
+    let t = &w.tensor;
+    store.packed(t.addr, t.ne[1] as usize, t.ne[0] as usize, t.ggml_type)
 }
 
 fn streamed_src(w: &Weight<'_>) -> Option<Arc<StreamSrc>> {
@@ -356,7 +366,7 @@ impl<'g> Walk<'_, 'g> {
         let w = mm.weight.as_ref()?;
         let store = w.store?;
         let t = &w.tensor;
-        if let Some(pw) = store.packed(t.addr, t.ne[1] as usize, t.ne[0] as usize, t.ggml_type) {
+        if let Some(pw) = packed_of(w, store) {
             return Some(pw);
         }
         if let Some(ss) = streamed_src(w) {
@@ -462,18 +472,32 @@ impl<'g> Walk<'_, 'g> {
         };
         let (x, dst) = io.ok_or("activations/output are not contiguous f32")?;
         let w = mm.weight.as_ref().ok_or("no weight")?;
-        let data = graph.weight_data(i).ok_or("no weight data")?;
+        // ggml-cpu's repacked weights have no GGUF bytes to read: the NPU runs them from their
+        // tiles alone.
+        let data = if w.repacked { None } else { Some(graph.weight_data(i).ok_or("no weight data")?) };
         // The per-matmul NPU path leaves the source's name empty: only the CPU fallback reads
         // the source there, and never its name.
         let name = if npu_w.is_none() { w.tensor.name.to_str() } else { "".into() };
-        let src = data.source(&w.tensor, &name)?;
+        let src = data.as_ref().map(|d| d.source(&w.tensor, &name)).transpose()?;
         let Some(pw) = &npu_w else {
             let store = w.store.ok_or("weight not in an ORK buffer")?;
-            let gw = store.get_or_upload_gpu(self.dev, w.tensor.addr, &src, s.n, s.k).map_err(|e| e.to_string())?;
+            let src = src.as_ref().ok_or("a repacked weight has no GPU copy")?;
+            let gw = store.get_or_upload_gpu(self.dev, w.tensor.addr, src, s.n, s.k).map_err(|e| e.to_string())?;
             return Ok(Some(GpuJob { w: gw, x, m: s.m, dst }));
         };
-        let pending = self.dev.run_mul_mat_chained(pw, &src, x, s.m, dst, same, before, next_reads_same);
-        self.deferred.set(pending);
+        let r = self.dev.run_mul_mat_chained(pw, src.as_ref(), x, s.m, dst, same, before, next_reads_same);
+        if r.redo {
+            // A run failed and its rows cannot be computed again from the GGUF bytes: ggml-cpu
+            // computes the whole MUL_MAT from its repacked weight (counted as fallen back).
+            self.dev.finish_output(r.pending, true);
+            self.last_act.set(None);
+            let t0 = Instant::now();
+            graph.run_cpu(i..i + 1)?;
+            self.dev.stats.cpu_ops.fetch_add(1, Relaxed);
+            self.dev.stats.fallback_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+            return Ok(None);
+        }
+        self.deferred.set(r.pending);
         self.last_act.set(act);
         Ok(None)
     }
@@ -632,6 +656,7 @@ mod tests {
             weight_contiguous: true,
             weight_in_ork_buffer: true,
             weight_unallocated_leaf: false,
+            weight_cpu_repacks: false,
             weight_has_to_float: true,
             act_is_f32: true,
             act_contiguous: true,
@@ -665,7 +690,8 @@ mod tests {
             self.nodes[i]
         }
         fn weight_data(&self, _i: usize) -> Option<WeightData<'_>> {
-            Some(WeightData { bytes: self.weight, row_bytes: 4 * K, to_float: Some(F32_ROW) })
+            // No bytes: a repacked weight's (ggml-cpu's layout, never read).
+            (!self.weight.is_empty()).then_some(WeightData { bytes: self.weight, row_bytes: 4 * K, to_float: Some(F32_ROW) })
         }
         fn mul_mat_io(&mut self, i: usize) -> Option<(&'g [f32], &'g mut [f32])> {
             self.io[i].take()
@@ -729,7 +755,7 @@ mod tests {
         let store = WeightStore::default();
         let wb: Vec<u8> = weight_f32().iter().flat_map(|v| v.to_le_bytes()).collect();
         let tensor = Tensor { addr: wb.as_ptr() as usize, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"blk.0.ffn_up.weight") };
-        let weight = Weight { tensor, store: Some(&store), model_weight: false };
+        let weight = Weight { tensor, store: Some(&store), model_weight: false, repacked: false };
         let x = input(M_NPU);
         let mut dst = vec![0f32; M_NPU * N];
         let (nodes, at) = nodes(mul_mat(0x100, M_NPU, Some(weight), &[]), weight);
@@ -766,7 +792,7 @@ mod tests {
                     let wb: Vec<u8> = weight_f32().iter().flat_map(|v| v.to_le_bytes()).collect();
                     let full = format!("blk.0.{name}.weight");
                     let tensor = Tensor { addr: wb.as_ptr() as usize, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(full.as_bytes()) };
-                    let weight = Weight { tensor, store: Some(&store), model_weight: false };
+                    let weight = Weight { tensor, store: Some(&store), model_weight: false, repacked: false };
                     let x = input(M_NPU);
                     let (mut d1, mut d2) = (vec![0f32; M_NPU * N], vec![0f32; M_NPU * N]);
                     let mut nodes = vec![mul_mat(0x100, M_NPU, Some(weight), &[])];
@@ -838,7 +864,7 @@ mod tests {
         let node = |w: usize, addr: usize| {
             let tensor = Tensor { addr: weights[w].as_ptr() as usize, ggml_type: crate::quant::types::Q8_0, ne: [K2 as i64, N2 as i64, 1, 1], contiguous: true, is_view: false, name: Name(names[w]) };
             let store = (w == 0 || !up_on_cpu).then_some(&store);
-            let Node::MulMat(mut mm) = mul_mat(addr, M2, Some(Weight { tensor, store, model_weight: false }), &[tensor.addr, x.as_ptr() as usize]) else { unreachable!() };
+            let Node::MulMat(mut mm) = mul_mat(addr, M2, Some(Weight { tensor, store, model_weight: false, repacked: false }), &[tensor.addr, x.as_ptr() as usize]) else { unreachable!() };
             // A quantized type (F32 bytes read through the row dequantizer): one weight term.
             let sh = mm.shape.as_mut().unwrap();
             (sh.k, sh.n, sh.weight_type) = (K2, N2, crate::quant::types::Q8_0);
@@ -915,6 +941,50 @@ mod tests {
         assert_eq!(gate_then_up(false, true), (1, 0, 1), "left, then run apart before ggml-cpu ran up");
     }
 
+    /// A weight ggml-cpu repacked (`CPU_REPACK`): ORK packed its tiles from the GGUF bytes as they
+    /// were loaded and never reads its bytes again. The NPU runs it from the tiles, to the bit what
+    /// it computes for the same weight in ORK's own buffer; without tiles ORK declines it; where
+    /// an NPU run fails, ggml-cpu computes the whole MUL_MAT (one CPU run of that node, counted
+    /// as fallen back), as no int8 terms can be made again without the GGUF bytes.
+    #[test]
+    fn a_repacked_weight_runs_from_its_tiles_alone() {
+        let run = |dev: &Device, packed: bool| {
+            let store = WeightStore::resident_only();
+            let wb: Vec<u8> = weight_f32().iter().flat_map(|v| v.to_le_bytes()).collect();
+            let tensor = Tensor { addr: wb.as_ptr() as usize, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"blk.0.ffn_up.weight") };
+            if packed {
+                // What the CPU_REPACK buffer's set_tensor does with the bytes it is handed.
+                let data = WeightData { bytes: &wb, row_bytes: 4 * K, to_float: Some(F32_ROW) };
+                assert!(super::super::buffer::packed_weight(dev, &store, &tensor, &data, false).is_ok());
+            }
+            let weight = Weight { tensor, store: Some(&store), model_weight: false, repacked: true };
+            let node = mul_mat(0x100, M_NPU, Some(weight), &[]);
+            let took = supports(dev, &node);
+            let x = input(M_NPU);
+            let mut dst = vec![0f32; M_NPU * N];
+            let mut g = Fake { nodes: vec![node], weight: &[], io: vec![Some((&x, &mut dst))], cpu_runs: vec![], cpu_fails: false };
+            if took {
+                compute(dev, &Stream::default(), &mut g).expect("the walk runs");
+            }
+            let cpu_runs = std::mem::take(&mut g.cpu_runs);
+            drop(g);
+            (took, dst, cpu_runs)
+        };
+        let clean = sim_device();
+        let want = one_npu_matmul(&clean);
+        let (took, dst, cpu_runs) = run(&clean, true);
+        assert!(took && cpu_runs.is_empty());
+        assert_eq!(dst, want, "the tiles give the bits the weight gives from ORK's own buffer");
+        assert_eq!(clean.stats.npu_matmuls.load(Relaxed), 2);
+        assert!(!run(&sim_device(), false).0, "no tiles: ggml-cpu runs it from its own layout");
+        let dead = sim_device_with(Some("timeout_every:1"));
+        let (took, _, cpu_runs) = run(&dead, true);
+        assert!(took);
+        assert_eq!(cpu_runs, vec![0..1], "the failed MUL_MAT is ggml-cpu's to compute");
+        let s = &dead.stats;
+        assert_eq!((s.npu_matmuls.load(Relaxed), s.npu_fallbacks.load(Relaxed), s.cpu_ops.load(Relaxed)), (0, 1, 1));
+    }
+
     #[test]
     fn npu_failures_are_counted_apart_from_npu_runs() {
         let clean = sim_device();
@@ -968,7 +1038,7 @@ mod tests {
         let wb = vec![0u8; 4 * N * K];
         let tensor = Tensor { addr: wb.as_ptr() as usize, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"w") };
         // A weight outside any live ORK buffer runs on the CPU with the ops around it.
-        let loose = Weight { tensor, store: None, model_weight: false };
+        let loose = Weight { tensor, store: None, model_weight: false, repacked: false };
         let nodes = vec![mul_mat(0x100, 32, Some(loose), &[]), Node::Other];
         let mut g = Fake { nodes, weight: &wb, io: vec![None, None], cpu_runs: vec![], cpu_fails: false };
         compute(&dev, &stream, &mut g).unwrap();
@@ -997,7 +1067,7 @@ mod tests {
         let wb: Vec<u8> = weight_f32().iter().flat_map(|v| v.to_le_bytes()).collect();
         let tensor = Tensor { addr: wb.as_ptr() as usize, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"blk.0.ffn_up.weight") };
         for (model_weight, counted) in [(false, 0), (true, 1)] {
-            let w = Weight { tensor, store: Some(&store), model_weight };
+            let w = Weight { tensor, store: Some(&store), model_weight, repacked: false };
             store.clear();
             let nodes = vec![mul_mat(0x100, M_NPU, Some(w), &[])];
             let mut g = Fake { nodes, weight: &wb, io: vec![None], cpu_runs: vec![], cpu_fails: false };
@@ -1020,7 +1090,7 @@ mod tests {
         let store = WeightStore::default();
         let wb: Vec<u8> = weight_f32().iter().flat_map(|v| v.to_le_bytes()).collect();
         let tensor = Tensor { addr: wb.as_ptr() as usize, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"blk.0.ffn_up.weight") };
-        let w = Weight { tensor, store: Some(&store), model_weight: true };
+        let w = Weight { tensor, store: Some(&store), model_weight: true, repacked: false };
         let g = Fake { nodes: vec![mul_mat(0x100, M_NPU, Some(w), &[])], weight: &wb, io: vec![None], cpu_runs: vec![], cpu_fails: false };
         let Node::MulMat(mm) = g.nodes[0] else { unreachable!() };
         let mut walk = Walk { dev: &dev, stream: &stream, pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), last_act: Default::default(), hold: Some(dev.arbiter().hold()), scanned_to: 0, deferred: Default::default() };
@@ -1037,7 +1107,7 @@ mod tests {
         let dev = sim_device();
         let store = WeightStore::default();
         let tensor = Tensor { addr: 0x1000, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"w") };
-        let w = Weight { tensor, store: Some(&store), model_weight: false };
+        let w = Weight { tensor, store: Some(&store), model_weight: false, repacked: false };
         assert!(supports(&dev, &Node::View));
         assert!(!supports(&dev, &Node::Other));
         assert!(supports(&dev, &mul_mat(1, 32, Some(w), &[])));

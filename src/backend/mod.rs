@@ -598,6 +598,9 @@ pub struct MatMulShape {
     /// The weight is a leaf not allocated yet: no buffer, not a view, no op, not an input
     /// (test-backend-ops asks before allocating).
     pub weight_unallocated_leaf: bool,
+    /// llama.cpp asks where to place the weight (it sits in ORK's zero-size placement buffer)
+    /// and ggml-cpu's `CPU_REPACK` type is the first of ggml-cpu's own that would take it.
+    pub weight_cpu_repacks: bool,
     pub weight_has_to_float: bool,
     /// src1 (activations): f32, contiguous; M = all its rows.
     pub act_is_f32: bool,
@@ -616,6 +619,11 @@ pub fn mul_mat_unsupported(dev: &Device, s: &MatMulShape) -> Option<String> {
     // A leaf not allocated yet will be placed in the tested backend's own buffer type.
     if !s.weight_in_ork_buffer && !s.weight_unallocated_leaf {
         return Some("weight not in an ORK buffer".into());
+    }
+    // ggml-cpu keeps its repacked layout for decode: llama.cpp then places the weight in
+    // CPU_REPACK, where ORK packs its tiles as it is loaded (`Device::keeps_cpu_repack`).
+    if s.weight_cpu_repacks && dev.keeps_cpu_repack() {
+        return Some("ggml-cpu repacks this weight: it goes to CPU_REPACK, where ORK packs it as it is loaded".into());
     }
     if quant::types::weight_type(s.weight_type).is_none() || !s.weight_has_to_float {
         return Some(format!("weight type {} not supported", s.weight_type));
@@ -692,6 +700,14 @@ impl Device {
     /// Whether decode matmuls can go to the GPU.
     pub fn gpu_ready(&self) -> bool {
         self.vk.is_some()
+    }
+
+    /// Whether weights ggml-cpu repacks stay in its `CPU_REPACK` buffers, ORK packing its tiles
+    /// from their bytes as they are loaded (docs/design.md): wherever the CPU decodes, that is
+    /// whenever the GPU decode engine is not open (then ORK's buffer holds them, as the GPU copy
+    /// is made from the GGUF bytes at the first decode).
+    pub fn keeps_cpu_repack(&self) -> bool {
+        !self.gpu_ready()
     }
 
     /// The process's NPU arbiter (one per process, created on first use).

@@ -274,15 +274,28 @@ impl Drop for PendingOut<'_> {
     }
 }
 
+/// What a chained NPU MUL_MAT left ([`Device::run_mul_mat_chained`]): its last output pass, to
+/// run beside the next MUL_MAT's first piece, and whether ggml-cpu must compute it instead (a
+/// failed run of a weight whose GGUF bytes ORK no longer has).
+#[derive(Default)]
+pub(super) struct Chained<'g> {
+    pub pending: Option<PendingOut<'g>>,
+    pub redo: bool,
+}
+
 /// The one CPU fallback of a MUL_MAT's NPU runs: the int8 arithmetic the NPU does, exact (the
 /// same int32 results, so a row's bits do not depend on which engine computed it), against the
 /// weight's int8 terms quantized again from its source — once per MUL_MAT, and only when a run
 /// failed (the NPU's copy lives in device memory, tiled; the host keeps none).
 struct CpuFallback<'a> {
     w: &'a PackedWeight,
-    src: &'a WeightSource<'a>,
+    /// None: the weight's bytes are ggml-cpu's repacked layout (`CPU_REPACK`), which ORK never
+    /// reads; then a failed run leaves its rows unset and [`CpuFallback::missed`] tells the
+    /// caller to have ggml-cpu run the whole MUL_MAT.
+    src: Option<&'a WeightSource<'a>>,
     /// The weight's int8 terms (the second when it has one), made at the first failure.
     terms: std::sync::OnceLock<(Vec<i8>, Option<Vec<i8>>)>,
+    missed: std::sync::atomic::AtomicBool,
 }
 
 impl CpuFallback<'_> {
@@ -290,7 +303,12 @@ impl CpuFallback<'_> {
     /// weight term (`second`: the second), its time booked into `r`.
     fn run(&self, r: &mut PieceRun, a: &[i8], rows: usize, second: bool, out: &mut [i32]) {
         let t = Instant::now();
-        let (w, src, (n, k)) = (self.w, self.src, (self.w.n, self.w.k));
+        let (w, (n, k)) = (self.w, (self.w.n, self.w.k));
+        let Some(src) = self.src else {
+            self.missed.store(true, Relaxed);
+            out.fill(0);
+            return;
+        };
         let (hi, lo) = self.terms.get_or_init(|| {
             let rot = w.rot.as_deref();
             let (q, s, col) = crate::pack::quantize_source(src, n, k, rot);
@@ -320,7 +338,7 @@ impl Device {
     /// between that could write it — within one graph call, between two of ORK's own MUL_MATs).
     /// Then the int8 terms that MUL_MAT left are reused without hashing `x` to prove it.
     pub fn run_mul_mat_after(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32], same: bool) {
-        drop(self.run_mul_mat_chained(w, src, x, m, dst, same, None, false));
+        drop(self.run_mul_mat_chained(w, Some(src), x, m, dst, same, None, false));
     }
 
     /// [`Device::run_mul_mat_after`] in a chain of MUL_MATs reading one activation: `before`,
@@ -329,39 +347,47 @@ impl Device {
     /// same activation, right after this one) this one's last output pass is returned to be run
     /// so in turn — when the MUL_MAT was cut into pieces and its last piece came from the NPU;
     /// otherwise it is done before returning, as always.
+    ///
+    /// `src` None: the weight's bytes are ggml-cpu's repacked layout (its calibrated direction was
+    /// computed when it was packed, `backend::buffer`); where a run failed and its rows could not
+    /// be computed again without them, the result says `redo` and `dst` must be computed by
+    /// ggml-cpu (after the pending pass, if any, ran).
     #[allow(clippy::too_many_arguments)] // the MUL_MAT's operands, the reuse hint, the chain
     pub(super) fn run_mul_mat_chained<'g>(
         &self,
         w: &PackedWeight,
-        src: &WeightSource<'_>,
+        src: Option<&WeightSource<'_>>,
         x: &[f32],
         m: usize,
         dst: &'g mut [f32],
         same: bool,
         before: Option<PendingOut<'_>>,
         defer: bool,
-    ) -> Option<PendingOut<'g>> {
+    ) -> Chained<'g> {
         if m == 0 {
             self.finish_output(before, true);
-            return None;
+            return Chained::default();
         }
         // A key exists only for a rotated weight on a device with a calibration store, and the
         // store only with the rotation and ORK_MEAN_CORRECT on (`Store::from_config`).
         let fix = match (&self.calib, w.calib_key) {
             (Some(store), Some(key)) if store.recording() => {
                 self.finish_output(before, true);
-                let _ = self.run_mul_mat_npu(w, src, x, m, dst, None, same, None, false);
+                let r = self.run_mul_mat_npu(w, src, x, m, dst, None, same, None, false);
                 store.record(key, x, m, w.k);
-                return None;
+                return Chained { pending: None, redo: r.redo };
             }
-            (Some(store), Some(key)) => w.fix.get_or_init(|| self.fixed_direction(w, src, store, key)).as_ref(),
+            (Some(store), Some(key)) => match src {
+                Some(src) => w.fix.get_or_init(|| self.fixed_direction(w, src, store, key)).as_ref(),
+                None => w.fix.get().and_then(Option::as_ref),
+            },
             _ => None,
         };
-        let pending = self.run_mul_mat_npu(w, src, x, m, dst, fix, same, before, defer);
+        let r = self.run_mul_mat_npu(w, src, x, m, dst, fix, same, before, defer);
         if fix.is_some() {
             self.stats.mean_corrected.fetch_add(1, Relaxed);
         }
-        pending
+        r
     }
 
     /// Runs the output pass a MUL_MAT left (`PendingOut`), if any, and books it as output time;
@@ -435,7 +461,7 @@ impl Device {
     fn run_mul_mat_npu<'g>(
         &self,
         w: &PackedWeight,
-        src: &WeightSource<'_>,
+        src: Option<&WeightSource<'_>>,
         x: &[f32],
         m: usize,
         dst: &'g mut [f32],
@@ -443,7 +469,7 @@ impl Device {
         same: bool,
         before: Option<PendingOut<'_>>,
         defer: bool,
-    ) -> Option<PendingOut<'g>> {
+    ) -> Chained<'g> {
         let (k, n) = (w.k, w.n);
         assert_eq!(x.len(), m * k, "x is not [M, K]");
         assert_eq!(dst.len(), m * n, "dst is not [M, N]");
@@ -541,7 +567,7 @@ impl Device {
         };
         // The NPU runs of rows [r0, r1) (`a`: their int8 terms, term-major), each term's result
         // into `c` / `cl`; an NPU error computes the same int8 arithmetic on the CPU (`cpu`).
-        let cpu = CpuFallback { w, src, terms: std::sync::OnceLock::new() };
+        let cpu = CpuFallback { w, src, terms: std::sync::OnceLock::new(), missed: Default::default() };
         // One weight term's NPU run of `rows` activation rows, booked into `r`: its result left
         // in the NPU cores' buffers (`TermOut::Shares`), or on an error the same int8 arithmetic on
         // the CPU into `out` (`second`: the second weight term).
@@ -816,7 +842,7 @@ impl Device {
         self.stats.dequant_ns.fetch_add(out_ns, Relaxed);
         self.stats.npu_run_ns.fetch_add(runs.wall_ns, Relaxed);
         SCRATCH.with(|cell| cell.set(sc.kept()));
-        deferred
+        Chained { pending: deferred, redo: cpu.missed.load(Relaxed) }
     }
 
 }

@@ -470,6 +470,9 @@ pub struct WeightStore {
     failed: Mutex<HashMap<usize, (Range<usize>, String)>>,
     /// Weights past the residency budget that stream to the NPU for prefill (`super::stream`).
     streamed: Mutex<HashMap<usize, Arc<super::stream::StreamSrc>>>,
+    /// The store of a buffer whose bytes ORK reads only while they are loaded (ggml-cpu's
+    /// `CPU_REPACK`): a weight past the budget stays on the CPU instead of streaming.
+    resident_only: bool,
 }
 
 /// Where a weight the NPU runs lives.
@@ -479,6 +482,11 @@ pub enum Placed {
 }
 
 impl WeightStore {
+    /// A store whose weights are resident or stay on the CPU, never streamed.
+    pub fn resident_only() -> WeightStore {
+        WeightStore { resident_only: true, ..Default::default() }
+    }
+
     /// The packed weight at `addr`, packing it first if needed (or if the shape/type changed).
     /// `use_cache`: whether the weight may come from / go to the `.orkpack` cache ([`pack_with`]).
     pub fn get_or_pack(&self, dev: &Device, addr: usize, src: &WeightSource<'_>, n: usize, k: usize, use_cache: bool) -> Result<Arc<PackedWeight>, NpuError> {
@@ -499,7 +507,7 @@ impl WeightStore {
         }
         let mut r = get_or_make(&self.map, addr, src, n, k, || pack_with(dev, src, n, k, use_cache)).map(Placed::Resident);
         if let Err(NpuError::NoRoom { op: "pack", .. }) = &r {
-            if dev.stream.active(dev) {
+            if dev.stream.active(dev) && !self.resident_only {
                 let range = addr..addr + src.bytes.len();
                 r = stream_source(dev, src, n, k, use_cache, range).map(|s| {
                     let s = Arc::new(s);

@@ -60,6 +60,9 @@ pub(crate) struct CpuApi {
     pub reg_get_proc_address: unsafe extern "C" fn(ggml_backend_reg_t, *const std::ffi::c_char) -> *mut c_void,
     pub graph_compute: unsafe extern "C" fn(ggml_backend_t, *mut ggml_cgraph) -> ggml_status,
     pub backend_free: unsafe extern "C" fn(ggml_backend_t),
+    pub buft_name: unsafe extern "C" fn(ggml_backend_buffer_type_t) -> *const std::ffi::c_char,
+    pub buft_alloc_buffer: unsafe extern "C" fn(ggml_backend_buffer_type_t, usize) -> ggml_backend_buffer_t,
+    pub dev_supports_op: unsafe extern "C" fn(ggml_backend_dev_t, *const ggml_tensor) -> bool,
 }
 
 fn resolve_cpu() -> Result<CpuApi, String> {
@@ -82,6 +85,9 @@ fn resolve_cpu() -> Result<CpuApi, String> {
         reg_get_proc_address: sym!("ggml_backend_reg_get_proc_address"),
         graph_compute: sym!("ggml_backend_graph_compute"),
         backend_free: sym!("ggml_backend_free"),
+        buft_name: sym!("ggml_backend_buft_name"),
+        buft_alloc_buffer: sym!("ggml_backend_buft_alloc_buffer"),
+        dev_supports_op: sym!("ggml_backend_dev_supports_op"),
     })
 }
 

@@ -87,9 +87,10 @@ unsafe extern "C" fn dev_get_buffer_type(_dev: ggml_backend_dev_t) -> ggml_backe
 
 unsafe extern "C" fn dev_supports_buft(_dev: ggml_backend_dev_t, buft: ggml_backend_buffer_type_t) -> bool {
     guard("dev_supports_buft", false, || {
-        // Our own buffers, and any host buffer (activations live in the CPU's compute buffers).
+        // Our own buffers, any host buffer (activations live in the CPU's compute buffers), and
+        // ggml-cpu's CPU_REPACK weights ORK packed as they were loaded (`repack`).
         // SAFETY: ggml passes a live buffer type.
-        buft == registry().buft || unsafe { buffer::buft_is_host_any(buft) }
+        buft == registry().buft || unsafe { buffer::buft_is_host_any(buft) } || super::repack::is_watched_type(buft)
     })
 }
 

@@ -77,6 +77,7 @@ mod buffer;
 mod device;
 mod host;
 mod registry;
+mod repack;
 mod tensor;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -4,7 +4,8 @@ use super::abi::*;
 use super::api;
 use super::buffer::BufferCtx;
 use super::registry::built;
-use crate::backend::buffer::{Name, Tensor, ToFloat, WeightData};
+use super::repack;
+use crate::backend::buffer::{Buffer, Name, Tensor, ToFloat, WeightData};
 use crate::backend::graph::{MulMatNode, Node, Weight, MAX_SRC};
 use crate::backend::MatMulShape;
 use std::ffi::c_void;
@@ -42,19 +43,32 @@ unsafe fn base_of(t: &ggml_tensor) -> &ggml_tensor {
     unsafe { t.view_src.as_ref() }.unwrap_or(t)
 }
 
-/// Whether `t`'s memory is in an ORK buffer (directly or as a view), and that buffer's context
-/// when it has one (llama's weight-placement probe attaches a zero-size buffer of ORK's type
-/// with none).
+/// Where a tensor's memory is, as far as ORK is concerned.
+enum Home<'a> {
+    /// An ORK buffer (directly or as a view), with its context when it has one (llama's
+    /// weight-placement probe attaches a zero-size buffer of ORK's type with none).
+    Ork(Option<&'a BufferCtx>),
+    /// A CPU_REPACK buffer of ggml-cpu's that ORK watches (`repack`).
+    Repack(&'a Buffer),
+    Elsewhere,
+}
+
+/// `t`'s [`Home`].
 ///
 /// # Safety
 /// `t` is a live ggml tensor.
-unsafe fn ork_buffer(t: &ggml_tensor) -> (bool, Option<&BufferCtx>) {
+unsafe fn home(t: &ggml_tensor) -> Home<'_> {
     // SAFETY: a live tensor (caller).
     let base = unsafe { base_of(t) };
+    if base.buffer.is_null() {
+        return Home::Elsewhere;
+    }
     // SAFETY: a non-NULL buffer pointer of a live tensor is a live buffer.
-    let ours = !base.buffer.is_null() && built().is_some_and(|r| unsafe { (*base.buffer).buft } == r.buft);
-    // SAFETY: as above.
-    (ours, if ours { unsafe { BufferCtx::of(base.buffer) } } else { None })
+    if built().is_some_and(|r| unsafe { (*base.buffer).buft } == r.buft) {
+        // SAFETY: as above.
+        return Home::Ork(unsafe { BufferCtx::of(base.buffer) });
+    }
+    repack::watched(base.buffer).map_or(Home::Elsewhere, Home::Repack)
 }
 
 /// `node` as the graph walk sees it.
@@ -87,18 +101,21 @@ unsafe fn mul_mat(op: &ggml_tensor) -> MulMatNode<'_> {
     // SAFETY: non-NULL sources of a live node are live tensors.
     let (Some(w), Some(x)) = (unsafe { op.src[0].as_ref() }, unsafe { op.src[1].as_ref() }) else { return mm };
     // SAFETY: live tensors.
-    let (wt, (in_ork, ctx)) = unsafe { (tensor(w), ork_buffer(w)) };
+    let (wt, home) = unsafe { (tensor(w), home(w)) };
+    // SAFETY: a live node with a live weight.
+    let cpu_repacks = matches!(home, Home::Ork(None)) && unsafe { repack::first_taker_is_repack(op) };
     mm.shape = Some(MatMulShape {
         weight_type: wt.ggml_type,
         k: w.ne[0].max(0) as usize,
         n: w.ne[1].max(0) as usize,
         weight_is_2d: w.ne[2] == 1 && w.ne[3] == 1,
         weight_contiguous: wt.contiguous,
-        weight_in_ork_buffer: in_ork,
+        weight_in_ork_buffer: !matches!(home, Home::Elsewhere),
         weight_unallocated_leaf: w.buffer.is_null()
             && w.view_src.is_null()
             && w.op == GGML_OP_NONE
             && (w.flags as u32) & GGML_TENSOR_FLAG_INPUT == 0,
+        weight_cpu_repacks: cpu_repacks,
         weight_has_to_float: to_float(w.type_).is_some(),
         act_is_f32: x.type_ == GGML_TYPE_F32,
         // SAFETY: ggml helper on a live tensor.
@@ -112,14 +129,19 @@ unsafe fn mul_mat(op: &ggml_tensor) -> MulMatNode<'_> {
     });
     // SAFETY: a live tensor's non-NULL buffer pointer points to a live buffer.
     let model_weight = unsafe { w.buffer.as_ref() }.is_some_and(|b| b.usage == GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    let (buf, repacked) = match home {
+        Home::Ork(ctx) => (ctx.map(|c| &c.buf), false),
+        Home::Repack(b) => (Some(b), true),
+        Home::Elsewhere => (None, false),
+    };
     if model_weight {
         // With --no-mmap (`-lm none`) ggml reads the file straight into ORK's host buffer, with
         // no set_tensor: the first MUL_MAT naming one of its weights tells it holds the GGUF copy.
-        if let Some(c) = ctx {
-            c.buf.mark_weights();
+        if let Some(b) = buf {
+            b.mark_weights();
         }
     }
-    mm.weight = Some(Weight { tensor: wt, store: ctx.map(|c| &c.buf.weights), model_weight });
+    mm.weight = Some(Weight { tensor: wt, store: buf.map(|b| &b.weights), model_weight, repacked });
     mm
 }
 
@@ -153,15 +175,31 @@ pub(super) fn to_float(ty: ggml_type) -> Option<ToFloat> {
 ///
 /// # Safety
 /// `w` is a live ggml tensor; while the result lives nothing writes its memory.
+/// None where its bytes are ggml-cpu's repacked layout, not the GGUF's.
 pub(super) unsafe fn weight_data(w: &ggml_tensor) -> Option<WeightData<'_>> {
+    // SAFETY: a live tensor (caller).
+    if matches!(unsafe { home(w) }, Home::Repack(_)) {
+        return None;
+    }
+    // SAFETY: forwarded contract.
+    unsafe { weight_data_at(w, w.data as *const u8) }
+}
+
+/// Weight `w`'s bytes as ggml lays them out, read at `data` (its own, or the bytes ggml is
+/// writing into it), and its type's dequantizer.
+///
+/// # Safety
+/// `w` is a live ggml tensor; `data` is NULL or holds ggml_nbytes(w) bytes that nothing writes
+/// while the result lives.
+pub(super) unsafe fn weight_data_at<'a>(w: &ggml_tensor, data: *const u8) -> Option<WeightData<'a>> {
     let api = api::get().ok()?;
-    if w.data.is_null() {
+    if data.is_null() {
         return None;
     }
     // SAFETY: ggml helpers on a live tensor.
     let (row_bytes, nbytes) = unsafe { ((api.row_size)(w.type_, w.ne[0]), (api.nbytes)(w)) };
-    // SAFETY: the weight's bytes live in its buffer for the buffer's whole life (caller).
-    let bytes = unsafe { std::slice::from_raw_parts(w.data as *const u8, nbytes) };
+    // SAFETY: `data` holds that many bytes, unchanged while the result lives (caller).
+    let bytes = unsafe { std::slice::from_raw_parts(data, nbytes) };
     Some(WeightData { bytes, row_bytes, to_float: to_float(w.type_) })
 }
 
