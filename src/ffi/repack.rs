@@ -274,3 +274,39 @@ unsafe extern "C" fn clear(buffer: ggml_backend_buffer_t, value: u8) {
         unsafe { f(buffer, value) }
     }
 }
+
+/// A model weight in one of ggml-cpu's plain host buffers whose MUL_MAT ggml-cpu's CPU_REPACK
+/// would have taken first: ORK declined it at placement for CPU_REPACK, and llama.cpp left
+/// ggml-cpu's extra types out (`-nr` / `--no-repack`), so neither repacks nor ORK runs it. One
+/// warning per process; each weight shape is asked once.
+///
+/// # Safety
+/// As [`first_taker_is_repack`].
+pub(super) unsafe fn note_left_unrepacked(op: &ggml_tensor) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    static ASKED: std::sync::Mutex<Vec<(u32, [i64; 4])>> = std::sync::Mutex::new(Vec::new());
+    if SAID.load(std::sync::atomic::Ordering::Relaxed) || WATCH.get().and_then(Option::as_ref).is_none() {
+        return;
+    }
+    // SAFETY: a live weight (caller).
+    let w = unsafe { &*op.src[0] };
+    // A zero-size buffer holds no weight: llama.cpp's no-alloc pass that fits the model to memory.
+    // SAFETY: a live weight's non-NULL buffer is a live buffer.
+    if unsafe { w.buffer.as_ref() }.is_none_or(|b| b.size == 0) {
+        return;
+    }
+    {
+        let mut asked = ASKED.lock().unwrap_or_else(|p| p.into_inner());
+        if asked.contains(&(w.type_, w.ne)) {
+            return;
+        }
+        asked.push((w.type_, w.ne));
+    }
+    // SAFETY: forwarded contract.
+    if unsafe { first_taker_is_repack(op) } && !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        log::warn!(
+            "weight {} is in ggml-cpu's plain buffer, not CPU_REPACK (llama.cpp run with -nr / --no-repack?): ORK declined it for CPU_REPACK, so its MUL_MATs run on the CPU unrepacked; run without -nr to have its prefill on the NPU and ggml-cpu's repacked decode",
+            tensor::name(w)
+        );
+    }
+}

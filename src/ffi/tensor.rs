@@ -129,6 +129,10 @@ unsafe fn mul_mat(op: &ggml_tensor) -> MulMatNode<'_> {
     });
     // SAFETY: a live tensor's non-NULL buffer pointer points to a live buffer.
     let model_weight = unsafe { w.buffer.as_ref() }.is_some_and(|b| b.usage == GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    if model_weight && matches!(home, Home::Elsewhere) {
+        // SAFETY: a live node with a live weight.
+        unsafe { repack::note_left_unrepacked(op) };
+    }
     let (buf, repacked) = match home {
         Home::Ork(ctx) => (ctx.map(|c| &c.buf), false),
         Home::Repack(b) => (Some(b), true),
