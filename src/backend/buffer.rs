@@ -135,8 +135,8 @@ impl Buffer {
     /// ORK's view of one of ggml-cpu's `CPU_REPACK` buffers of `host_bytes` (docs/design.md):
     /// ggml-cpu owns the memory and re-lays each weight out as it is written; ORK packs its
     /// tiles from the GGUF bytes handed to that write ([`Buffer::tensor_set`]) and never reads
-    /// the buffer. Its weights are resident or stay on the CPU (never streamed), and a weight's
-    /// calibrated direction is computed as it is packed. Accounted like an ORK buffer holding
+    /// the buffer. A weight past the residency budget streams only from the `.orkpack` cache
+    /// (else it stays on the CPU), and a weight's calibrated direction is computed as it is packed. Accounted like an ORK buffer holding
     /// the GGUF copy.
     pub fn repacked(dev: Option<&'static Device>, host_bytes: usize) -> Buffer {
         Buffer::with(dev, host_bytes, false, true)
@@ -241,12 +241,21 @@ impl Buffer {
         match packed_weight(dev, &self.weights, t, data, true) {
             // The bytes of a repacked buffer are gone after this write: the weight's calibrated
             // direction, which reads them, is computed now rather than at its first MUL_MAT.
-            Ok(super::weights::Placed::Resident(pw)) if self.repacked => {
-                if let (Some(store), Some(key)) = (&dev.calib, pw.calib_key) {
-                    if !store.recording() {
-                        let name = t.name.to_str();
-                        if let Ok(src) = data.source(t, &name) {
+            Ok(placed) if self.repacked => {
+                let Some(store) = dev.calib.as_ref().filter(|s| !s.recording()) else { return };
+                let name = t.name.to_str();
+                let Ok(src) = data.source(t, &name) else { return };
+                match placed {
+                    super::weights::Placed::Resident(pw) => {
+                        if let Some(key) = pw.calib_key {
                             pw.fix.get_or_init(|| dev.fixed_direction(&pw, &src, store, key));
+                        }
+                    }
+                    // What its first corrected run would compute for the ring slot's copy.
+                    super::weights::Placed::Streamed(ss) => {
+                        if let Some(key) = ss.calib_key {
+                            let two = ss.precision.terms.weight > 1;
+                            ss.fix.get_or_init(|| dev.calibrated_direction(&src, ss.n, ss.k, ss.rot.as_deref(), two, store, key));
                         }
                     }
                 }

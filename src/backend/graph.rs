@@ -126,7 +126,8 @@ pub fn supports(dev: &Device, node: &Node<'_>) -> bool {
     let Some(s) = &mm.shape else { return false };
     // Weights known not to fit on the NPU stay on the CPU, and so do ggml-cpu's repacked weights
     // ORK holds no tiles of (their bytes are not the GGUF's any more).
-    if mm.weight.is_some_and(|w| w.store.is_some_and(|st| st.is_failed(w.tensor.addr) || (w.repacked && packed_of(&w, st).is_none()))) {
+    let no_tiles = |w: &Weight<'_>, st: &WeightStore| w.repacked && packed_of(w, st).is_none() && streamed_src(w).is_none();
+    if mm.weight.is_some_and(|w| w.store.is_some_and(|st| st.is_failed(w.tensor.addr) || no_tiles(&w, st))) {
         log::trace!("MUL_MAT {}x{}x{} declined: weight not resident on the NPU", s.m, s.k, s.n);
         return false;
     }

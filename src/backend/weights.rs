@@ -471,7 +471,8 @@ pub struct WeightStore {
     /// Weights past the residency budget that stream to the NPU for prefill (`super::stream`).
     streamed: Mutex<HashMap<usize, Arc<super::stream::StreamSrc>>>,
     /// The store of a buffer whose bytes ORK reads only while they are loaded (ggml-cpu's
-    /// `CPU_REPACK`): a weight past the budget stays on the CPU instead of streaming.
+    /// `CPU_REPACK`): a weight past the budget streams only from the `.orkpack` cache, else it
+    /// stays on the CPU.
     resident_only: bool,
 }
 
@@ -482,7 +483,7 @@ pub enum Placed {
 }
 
 impl WeightStore {
-    /// A store whose weights are resident or stay on the CPU, never streamed.
+    /// A store whose weights are resident, streamed from the `.orkpack` cache, or left on the CPU.
     pub fn resident_only() -> WeightStore {
         WeightStore { resident_only: true, ..Default::default() }
     }
@@ -507,7 +508,9 @@ impl WeightStore {
         }
         let mut r = get_or_make(&self.map, addr, src, n, k, || pack_with(dev, src, n, k, use_cache)).map(Placed::Resident);
         if let Err(NpuError::NoRoom { op: "pack", .. }) = &r {
-            if dev.stream.active(dev) && !self.resident_only {
+            // A resident-only store's weights stream where their tiles go to the `.orkpack`
+            // cache (a fill reads them there; the GGUF bytes are gone after the load).
+            if dev.stream.active(dev) && (!self.resident_only || (use_cache && dev.cache.is_some())) {
                 let range = addr..addr + src.bytes.len();
                 r = stream_source(dev, src, n, k, use_cache, range).map(|s| {
                     let s = Arc::new(s);
