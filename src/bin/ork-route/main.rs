@@ -1,20 +1,29 @@
 //! `ork-route MODEL.gguf`: the routing table of a model — per weight tensor, the engine for
 //! prefill and for decode and why — plus the cost model's predicted RK3588 rates next to the
-//! published anchors (see `src/route/mod.rs` for the model and its sources).
+//! published anchors (see `src/route/mod.rs` for the cost model and its sources).
 //!
 //! The GGUF tensor directory is read directly (header, KV pairs skipped by type, tensor infos):
 //! no llama.cpp needed. The same `ORK_*` variables as the plugin apply (`ORK_ROUTE`, `ORK_MINM`,
 //! `ORK_DECODE`, `ORK_ACT_TERMS`, ...); `--m N` sets the prefill ubatch rows (default 512).
 //!
-//! `--ram GB[,GB..]` plans a board instead (`route::board`): what stays resident on the NPU,
-//! what streams from the `.orkpack` cache, what stays on the CPU, the predicted peak RSS and
+//! `--ram GB[,GB..]` plans a board instead ([`board`]): what stays resident on the NPU, what
+//! streams from the `.orkpack` cache, what stays on the CPU, the predicted peak RSS and
 //! prefill/decode rates, for the GGUF given (its tensor directory only: no tensor data is read)
 //! or, with `--model NAME|all [--quant Q4_K_M|Q8_0]`, for built-in dense shapes
-//! (`route::board::DENSE_MODELS`), with the largest that fits each board.
+//! (`board::DENSE_MODELS`), with the largest that fits each board.
+//!
+//! The tool's own code, outside the library: the board planner ([`board`]), the GGUF header
+//! reader ([`gguf`]) and a whole model's predicted rates ([`model`]); the cost model it prices
+//! them with is the library's (`ggml_ork::route`).
+
+mod board;
+mod gguf;
+mod model;
 
 use ggml_ork::config::Config;
-use ggml_ork::route::{self, board, Availability, CostModel, Engine, MatMul, ModelShape};
-use ggml_ork::route::gguf::read_gguf;
+use ggml_ork::route::{self, Availability, CostModel, Engine, MatMul};
+use gguf::read_gguf;
+use model::{predict, prefill_work, ModelShape};
 
 fn type_name(t: u32) -> &'static str {
     ggml_ork::quant::types::weight_type(t).map_or("other", |w| w.name)
@@ -279,7 +288,7 @@ fn main() {
     let layers = tensors.iter().filter(|t| t.name.ends_with("attn_norm.weight")).count();
     if layers > 0 && !layer_shapes.is_empty() {
         let shape = ModelShape { layers, per_layer: layer_shapes, head, attn_dim: 0 };
-        let r = route::predict(&cfg, &model, &shape, m_prefill);
+        let r = predict(&cfg, &model, &shape, m_prefill);
         println!("\n# predicted for this model on {} with this policy: prefill {:.0} tok/s (M={m_prefill}), decode {:.1} tok/s (LM head on the CPU when tied; attention not modelled)", model.soc.id.name(), r.prefill_tok_s, r.decode_tok_s);
     }
     // The anchors' model, one-term W8A8 as they measured, with ork's own engine (no llama.cpp
@@ -294,7 +303,7 @@ fn main() {
     // The anchors ran their own engines' host paths: the NPU-only model is what they calibrate.
     let mut fused = CostModel::npu_only(ggml_ork::npu::soc::SocId::Rk3588);
     fused.split_s = 0.0;
-    let a = route::predict(&anchors_cfg, &fused, &q, 256);
+    let a = predict(&anchors_cfg, &fused, &q, 256);
     println!("\n# Qwen3-1.7B Q8_0 on RK3588, cost model vs published anchors (tok/s):");
     println!("#   predicted, W8A8 1 term, all on the NPU, no split overhead: prefill {:.0} (pp256), decode {:.1}", a.prefill_tok_s, a.decode_tok_s);
     // Each precision setting inside llama.cpp (this policy's routing; the environment's other
@@ -321,7 +330,7 @@ fn main() {
         // Each role's K in this model (a role it lacks has no work: its terms count for nothing).
         let k_of = |r: route::precision::Role| q.per_layer.iter().find(|e| e.3 == r).map(|e| e.0).or(q.head.map(|h| h.0)).unwrap_or(0);
         let terms = route::precision::Role::ALL.map(|r| route::precision::decide(&c, r, false, &work, k_of(r)).terms);
-        let b = route::predict(&c, &CostModel::for_soc(ggml_ork::npu::soc::SocId::Rk3588), &q, 256);
+        let b = predict(&c, &CostModel::for_soc(ggml_ork::npu::soc::SocId::Rk3588), &q, 256);
         println!(
             "#   predicted, {what} inside llama.cpp, with host: prefill {:.0}, decode {:.1} (the layers' NPU work {:.2}x plain W8A8; rows {:.2}x with the head)",
             b.prefill_tok_s,
@@ -334,8 +343,8 @@ fn main() {
     let here = Config::from_lookup(|k| std::env::var(k).ok()).0;
     let rk = ggml_ork::npu::soc::SocId::Rk3588;
     let (npu, host) = (CostModel::npu_only(rk), CostModel::for_soc(rk));
-    let (a, b) = (route::predict(&here, &npu, &q, 512), route::predict(&here, &host, &q, 512));
-    let w = route::prefill_work(&here, &host, &q, 512);
+    let (a, b) = (predict(&here, &npu, &q, 512), predict(&here, &host, &q, 512));
+    let w = prefill_work(&here, &host, &q, 512);
     let h = host.host;
     println!("#   Qwen3-1.7B Q8_0 pp512 on RK3588: NPU only {:.0} tok/s, with host {:.0} tok/s", a.prefill_tok_s, b.prefill_tok_s);
     println!(
