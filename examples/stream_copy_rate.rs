@@ -1,6 +1,6 @@
-//! The copy rate `route::board::STREAM_COPY_BPS_HERE` stands for: packed tiles copied from a
-//! mapped `.orkpack`-sized file (in the page cache) into an NPU-buffer-sized anonymous ring slot,
-//! one thread, as the streaming path does per weight.
+//! The copy rate `ork-route`'s `board::STREAM_COPY_BPS_HERE` stands for: packed tiles copied
+//! from a mapped `.orkpack`-sized file (in the page cache) into an NPU-buffer-sized anonymous ring
+//! slot, one thread, as the streaming path does per weight.
 //!
 //!   cargo run --release --example stream_copy_rate [MIB] [PASSES]     (default 256 MiB, 5 passes)
 //!

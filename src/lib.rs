@@ -18,7 +18,7 @@
 //! `unsafe` is denied crate-wide and allowed only where raw memory or foreign calls live:
 //! `npu::kif` (device mappings and ioctls), `vk` (Vulkan calls; not `vk::reference` or
 //! `vk::shaders`), `quant::simd` (SIMD intrinsics), `os` (file and shared mappings; not
-//! `os::meminfo`) and `ffi` (the C ABI).
+//! `os::meminfo` or `os::hostcpu`) and `ffi` (the C ABI).
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 

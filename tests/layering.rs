@@ -4,7 +4,7 @@
 //! | layer | modules | role |
 //! |---|---|---|
 //! | 0 | `logging` | the `log` facade's sink |
-//! | 1 | `config`, `os` | every `ORK_*` variable parsed once; OS file and shared mappings |
+//! | 1 | `config`, `os` | every `ORK_*` variable parsed once; OS file and shared mappings, host CPU topology |
 //! | 2 | `quant` | int8 quantizers and the ggml weight-type table |
 //! | 3 | `npu`, `vk` | the two engines' mechanism: NPU core and kernel interfaces; Mali via Vulkan |
 //! | 4 | `pack` | GGUF bytes → int8 terms, scales, NPU tiles |

@@ -29,7 +29,7 @@ impl Device {
             soc,
             card: cfg.npu_card.as_ref().map(Into::into),
             max_cores: cfg.max_cores,
-            pin_cpus: npu::hostcpu::big_cores_for_pinning(cfg.no_affinity),
+            pin_cpus: crate::os::hostcpu::big_cores_for_pinning(cfg.no_affinity),
             wcache_budget_bytes: cfg.wcache_budget_mb.map(|mb| mb << 20),
             timeout_ms: cfg.mm_timeout_ms,
             domain_cap_bytes: cfg.domain_cap_mb.map(|mb| mb << 20),

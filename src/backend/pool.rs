@@ -7,7 +7,7 @@
 //!   RK3588, the four A55s included. A row-parallel pass is as slow as its slowest thread, and an
 //!   A55 does this work at about half an A76's rate, so the little cores hold the pass back
 //!   instead of helping (seed 001: workers left on the little cores halved multi-core scaling;
-//!   `npu::hostcpu`). This pool has one thread per big core the process may run on
+//!   `os::hostcpu`). This pool has one thread per big core the process may run on
 //!   (`hostcpu::big_cores`, cpu4-7 on RK3588; every allowed CPU where all CPUs are alike).
 //! * **Placement.** Each worker is restricted to the big cluster (as a set: the scheduler still
 //!   balances the workers among the big cores) unless `ORK_NO_AFFINITY`.
@@ -22,7 +22,7 @@
 use std::sync::OnceLock;
 
 use crate::config::Config;
-use crate::npu::hostcpu;
+use crate::os::hostcpu;
 
 /// The CPUs the pool's workers run on and may be pinned to: the big cluster, restricted to the
 /// CPUs this process may use; empty when the topology is unknown.

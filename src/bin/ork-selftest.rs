@@ -30,7 +30,7 @@ use std::time::Instant;
 
 use ggml_ork::config::Config;
 use ggml_ork::npu::detect::{self, KifKind};
-use ggml_ork::npu::hostcpu;
+use ggml_ork::os::hostcpu;
 use ggml_ork::npu::kif::{self, DomainId, KernelInterface, SyncDir};
 use ggml_ork::npu::soc::{SocDesc, SocId};
 

@@ -18,7 +18,6 @@
 
 pub mod detect;
 pub mod domain;
-pub mod hostcpu;
 pub mod kif;
 pub mod layout;
 pub mod mm;
@@ -63,7 +62,7 @@ pub struct NpuConfig {
     pub card: Option<PathBuf>,
     /// Cap on NPU cores for every run (`ORK_NPU_MC`; default: all).
     pub max_cores: Option<u32>,
-    /// CPUs to pin the per-core workers to (empty = no pinning; see `hostcpu`).
+    /// CPUs to pin the per-core workers to (empty = no pinning; see `os::hostcpu`).
     pub pin_cpus: Vec<usize>,
     /// Residency budget for weights (`ORK_WCACHE_BUDGET_MB`; default: RAM − 1 GiB,
     /// [`domain::default_budget_bytes`]).

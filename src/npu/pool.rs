@@ -5,7 +5,7 @@
 //! pieces (`Npu::mm_run_pieces`) every core's on its worker. Workers are spawned once and fed boxed
 //! jobs over a channel. Each worker is pinned to a CPU from the list the pool is built with
 //! (big cores: seed 001 measured 2× slower workers on little cores); the big-core detection
-//! itself lives elsewhere (`hostcpu`), so the list is a plain parameter (empty = no pinning;
+//! itself lives elsewhere (`os::hostcpu`), so the list is a plain parameter (empty = no pinning;
 //! `ORK_NO_AFFINITY=1` leaves it empty).
 
 use std::sync::mpsc;

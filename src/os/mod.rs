@@ -1,7 +1,8 @@
 //! What the crate asks of the operating system that is neither a kernel interface nor a ggml
 //! object: a read-only mapping of a published file (the `.orkpack` cache), a counter in a shared
-//! file mapping (signals between the processes that share an NPU lock file), and the system RAM
-//! figures of `/proc/meminfo`. The two mappings each hold one `unsafe` call behind a safe
+//! file mapping (signals between the processes that share an NPU lock file), the system RAM
+//! figures of `/proc/meminfo`, and the host CPU topology (the big cluster, pinning a thread to
+//! it). The two mappings each hold one `unsafe` call behind a safe
 //! function, with the contract that makes it sound.
 #![allow(unsafe_code)]
 
@@ -12,3 +13,6 @@ pub mod shared;
 /// System RAM from `/proc/meminfo` (no `unsafe`).
 #[deny(unsafe_code)]
 pub mod meminfo;
+/// Host CPU topology: the big cluster, and pinning a thread to it (no `unsafe`).
+#[deny(unsafe_code)]
+pub mod hostcpu;

@@ -1,72 +1,101 @@
 //! `ork-route MODEL.gguf`: the routing table of a model — per weight tensor, the engine for
 //! prefill and for decode and why — plus the cost model's predicted RK3588 rates next to the
-//! published anchors (see `src/route/mod.rs` for the model and its sources).
+//! published anchors (see `src/route/mod.rs` for the cost model and its sources).
 //!
 //! The GGUF tensor directory is read directly (header, KV pairs skipped by type, tensor infos):
 //! no llama.cpp needed. The same `ORK_*` variables as the plugin apply (`ORK_ROUTE`, `ORK_MINM`,
 //! `ORK_DECODE`, `ORK_ACT_TERMS`, ...); `--m N` sets the prefill ubatch rows (default 512).
 //!
-//! `--ram GB[,GB..]` plans a board instead (`route::board`): what stays resident on the NPU,
-//! what streams from the `.orkpack` cache, what stays on the CPU, the predicted peak RSS and
+//! `--ram GB[,GB..]` plans a board instead ([`board`]): what stays resident on the NPU, what
+//! streams from the `.orkpack` cache, what stays on the CPU, the predicted peak RSS and
 //! prefill/decode rates, for the GGUF given (its tensor directory only: no tensor data is read)
 //! or, with `--model NAME|all [--quant Q4_K_M|Q8_0]`, for built-in dense shapes
-//! (`route::board::DENSE_MODELS`), with the largest that fits each board.
+//! (`board::DENSE_MODELS`), with the largest that fits each board.
+//!
+//! The tool's own code, outside the library: the board planner ([`board`]), the GGUF header
+//! reader ([`gguf`]) and a whole model's predicted rates ([`model`]); the cost model it prices
+//! them with is the library's (`ggml_ork::route`).
 
+mod board;
+mod gguf;
+mod model;
+
+use clap::Parser;
 use ggml_ork::config::Config;
-use ggml_ork::route::{self, board, Availability, CostModel, Engine, MatMul, ModelShape};
-use ggml_ork::route::gguf::read_gguf;
+use ggml_ork::route::{self, Availability, CostModel, Engine, MatMul};
+use gguf::read_gguf;
+use model::{predict, prefill_work, ModelShape};
 
 fn type_name(t: u32) -> &'static str {
     ggml_ork::quant::types::weight_type(t).map_or("other", |w| w.name)
 }
 
-/// Command line: `MODEL.gguf` and `--flag VALUE` pairs.
+/// Command line: `MODEL.gguf` and `--flag VALUE` pairs (a flag given twice: the last one counts).
+#[derive(Parser)]
+#[command(
+    name = "ork-route",
+    about = "The routing table of a GGUF model (per weight: prefill and decode engine, and why), or a board plan (--ram)",
+    override_usage = "ork-route MODEL.gguf [--m ROWS] [--npu-mhz MHz]\n       ork-route MODEL.gguf --ram GB[,GB..] [--ctx TOKENS] [--disk-mbps MB/s] [--npu-mhz MHz]\n       ork-route --model NAME|all [--quant Q4_K_M|Q8_0] --ram GB[,GB..] [--ctx TOKENS] [--disk-mbps MB/s] [--npu-mhz MHz]",
+    args_override_self = true
+)]
 struct Args {
+    /// The model file (its GGUF header only is read).
+    #[arg(value_name = "MODEL.gguf", required_unless_present = "model")]
     path: Option<String>,
+    /// Prefill ubatch rows, 1..=1048576.
+    #[arg(long = "m", value_name = "ROWS", default_value = "512", value_parser = in_range::<usize>(1, 1 << 20))]
     m_prefill: usize,
-    /// Board RAM sizes in GiB (`--ram 16,32`).
-    ram: Vec<f64>,
-    /// A built-in dense shape (`--model Qwen3-32B`) and its file type (`--quant Q4_K_M`).
+    /// Board RAM sizes in GiB (`--ram 16,32`): plan a board instead.
+    #[arg(long, value_name = "GB[,GB..]", value_parser = ram_sizes)]
+    ram: Option<RamSizes>,
+    /// A built-in dense shape (`--model Qwen3-32B`, or `all`) instead of a GGUF; needs --ram.
+    #[arg(long, value_name = "NAME|all", requires = "ram")]
     model: Option<String>,
-    quant: Vec<board::Quant>,
+    /// The built-in shape's file type (default: each of them).
+    #[arg(long, value_name = "Q4_K_M|Q8_0", value_parser = quant)]
+    quant: Option<board::Quant>,
+    /// Context (KV cache) tokens of the board plan, 1..=16777216.
+    #[arg(long, value_name = "TOKENS", default_value = "4096", value_parser = in_range::<usize>(1, 1 << 24))]
     ctx: usize,
+    /// The board disk's read rate in MB/s (default 1500: an NVMe SSD, an assumption).
+    #[arg(long, value_name = "MB/s", value_parser = positive)]
     disk_mbps: Option<f64>,
-    /// The NPU clock in MHz the board runs at (`--npu-mhz`; the rates are modelled at 1000).
+    /// The NPU clock in MHz the board runs at, 1..=10000 (the rates are modelled at 1000).
+    #[arg(long, value_name = "MHz", value_parser = in_range::<u64>(1, 10_000))]
     npu_mhz: Option<u64>,
 }
 
-const USAGE: &str = "usage: ork-route MODEL.gguf [--m ROWS] [--npu-mhz MHz]\n       ork-route MODEL.gguf --ram GB[,GB..] [--ctx TOKENS] [--disk-mbps MB/s] [--npu-mhz MHz]\n       ork-route --model NAME|all [--quant Q4_K_M|Q8_0] --ram GB[,GB..] [--ctx TOKENS] [--disk-mbps MB/s] [--npu-mhz MHz]";
+/// `--ram`'s list (a type of its own: one value, not one flag per size).
+#[derive(Clone)]
+struct RamSizes(Vec<f64>);
 
-fn parse_args(args: &[String]) -> Result<Args, String> {
-    let mut a = Args { path: None, m_prefill: 512, ram: Vec::new(), model: None, quant: board::Quant::ALL.to_vec(), ctx: 4096, disk_mbps: None, npu_mhz: None };
-    let mut it = args.iter().skip(1);
-    while let Some(x) = it.next() {
-        if !x.starts_with("--") {
-            a.path = Some(x.clone());
-            continue;
-        }
-        let v = it.next().ok_or_else(|| format!("{x} needs a value"))?;
-        let bad = || format!("{x}: bad value {v:?}");
-        match x.as_str() {
-            "--m" => a.m_prefill = v.parse().ok().filter(|m| (1..=1 << 20).contains(m)).ok_or("--m must be 1..=1048576 rows")?,
-            "--ram" => a.ram = v.split(',').map(|g| g.parse::<f64>().ok().filter(|g| *g > 0.0 && *g < 1e6)).collect::<Option<_>>().ok_or_else(bad)?,
-            "--model" => a.model = Some(v.clone()),
-            "--quant" => {
-                a.quant = vec![board::Quant::ALL.into_iter().find(|q| q.name().eq_ignore_ascii_case(v)).ok_or_else(bad)?];
-            }
-            "--ctx" => a.ctx = v.parse().ok().filter(|c| (1..=1 << 24).contains(c)).ok_or_else(bad)?,
-            "--npu-mhz" => a.npu_mhz = Some(v.parse().ok().filter(|m| (1..=10_000).contains(m)).ok_or_else(bad)?),
-            "--disk-mbps" => a.disk_mbps = Some(v.parse().ok().filter(|d: &f64| *d > 0.0).ok_or_else(bad)?),
-            _ => return Err(format!("unknown option {x}")),
-        }
+impl Args {
+    /// Board RAM sizes in GiB (empty: no board plan).
+    fn ram(&self) -> &[f64] {
+        self.ram.as_ref().map_or(&[], |r| &r.0)
     }
-    if a.path.is_none() && a.model.is_none() {
-        return Err("give a GGUF or --model".into());
+
+    /// The file types of the built-in shapes to plan.
+    fn quants(&self) -> Vec<board::Quant> {
+        self.quant.map_or(board::Quant::ALL.to_vec(), |q| vec![q])
     }
-    if a.model.is_some() && a.ram.is_empty() {
-        return Err("--model needs --ram".into());
-    }
-    Ok(a)
+}
+
+/// A parser of an integer flag in `lo..=hi`.
+fn in_range<T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy>(lo: T, hi: T) -> impl Fn(&str) -> Result<T, String> + Clone {
+    move |v| v.parse().ok().filter(|x| (lo..=hi).contains(x)).ok_or_else(|| format!("bad value {v:?}: must be {lo}..={hi}"))
+}
+
+fn ram_sizes(v: &str) -> Result<RamSizes, String> {
+    v.split(',').map(|g| g.parse::<f64>().ok().filter(|g| *g > 0.0 && *g < 1e6)).collect::<Option<_>>().map(RamSizes).ok_or_else(|| format!("bad value {v:?}"))
+}
+
+fn quant(v: &str) -> Result<board::Quant, String> {
+    board::Quant::ALL.into_iter().find(|q| q.name().eq_ignore_ascii_case(v)).ok_or_else(|| format!("bad value {v:?}"))
+}
+
+fn positive(v: &str) -> Result<f64, String> {
+    v.parse().ok().filter(|d: &f64| *d > 0.0).ok_or_else(|| format!("bad value {v:?}"))
 }
 
 /// The cost model at the board's NPU clock (`--npu-mhz`: a mainline port's fixed 200 MHz, a
@@ -144,7 +173,7 @@ fn board_mode(a: &Args, file_model: Option<board::BoardModel>) {
     let id = cfg.soc.as_deref().and_then(ggml_ork::npu::soc::SocId::parse).unwrap_or(ggml_ork::npu::soc::SocId::Rk3588);
     let model = with_clock(CostModel::for_soc(id), a.npu_mhz);
     let stream = board::StreamRate { disk_bps: a.disk_mbps.map_or(board::BOARD_DISK_BPS, |d| d * 1e6), ..board::StreamRate::BOARD };
-    let boards: Vec<board::Board> = a.ram.iter().map(|&g| board::Board { ctx: a.ctx, ubatch: a.m_prefill, stream, ..board::Board::new(g) }).collect();
+    let boards: Vec<board::Board> = a.ram().iter().map(|&g| board::Board { ctx: a.ctx, ubatch: a.m_prefill, stream, ..board::Board::new(g) }).collect();
     println!(
         "# board plan, SoC {}; memory: GGUF mapped (ggml-cpu reads it in place), int8 tiles resident up to RAM - {:.0} GiB OS reserve - the rest, the remainder streamed from the .orkpack cache (disk {:.0} MB/s, copy {:.0} MB/s); vendor driver (one tile copy)",
         model.soc.id.name(),
@@ -165,7 +194,7 @@ fn board_mode(a: &Args, file_model: Option<board::BoardModel>) {
         std::process::exit(2);
     }
     for b in &boards {
-        for &q in &a.quant {
+        for &q in &a.quants() {
             for d in &descs {
                 let bm = board::BoardModel::from_desc(d, q);
                 print_plan(&bm, b, &board::plan(&cfg, &model, &bm, b));
@@ -175,7 +204,7 @@ fn board_mode(a: &Args, file_model: Option<board::BoardModel>) {
     if name == "all" {
         println!("\n# the largest built-in dense model per board with every prefill MUL_MAT on the NPU (resident or streamed):");
         for b in &boards {
-            for &q in &a.quant {
+            for &q in &a.quants() {
                 match board::largest_fitting(&cfg, &model, b, q) {
                     Some((d, bm, p)) => println!(
                         "#   {:>3.0} GiB, {:<6}: {:<14} GGUF {:5.2} GiB, resident {:5.2} GiB, streamed {:5.2} GiB, peak RSS {:5.2} GiB; pp{} {:6.1} tok/s vs CPU {:5.1} ({:.1}x), decode {:.2} tok/s  [{}]",
@@ -202,14 +231,7 @@ fn board_mode(a: &Args, file_model: Option<board::BoardModel>) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let a = match parse_args(&args) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("ork-route: {e}\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    let a = Args::parse();
     let m_prefill = a.m_prefill;
     let Some(path) = a.path.clone() else {
         board_mode(&a, None);
@@ -223,7 +245,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if !a.ram.is_empty() {
+    if !a.ram().is_empty() {
         let infos: Vec<board::TensorInfo<'_>> = tensors.iter().map(|t| (t.name.as_str(), t.dims.as_slice(), t.ggml_type)).collect();
         let lookup = |k: &str| kv.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
         let name = std::path::Path::new(path).file_name().map_or(path.to_string(), |f| f.to_string_lossy().into_owned());
@@ -279,7 +301,7 @@ fn main() {
     let layers = tensors.iter().filter(|t| t.name.ends_with("attn_norm.weight")).count();
     if layers > 0 && !layer_shapes.is_empty() {
         let shape = ModelShape { layers, per_layer: layer_shapes, head, attn_dim: 0 };
-        let r = route::predict(&cfg, &model, &shape, m_prefill);
+        let r = predict(&cfg, &model, &shape, m_prefill);
         println!("\n# predicted for this model on {} with this policy: prefill {:.0} tok/s (M={m_prefill}), decode {:.1} tok/s (LM head on the CPU when tied; attention not modelled)", model.soc.id.name(), r.prefill_tok_s, r.decode_tok_s);
     }
     // The anchors' model, one-term W8A8 as they measured, with ork's own engine (no llama.cpp
@@ -294,7 +316,7 @@ fn main() {
     // The anchors ran their own engines' host paths: the NPU-only model is what they calibrate.
     let mut fused = CostModel::npu_only(ggml_ork::npu::soc::SocId::Rk3588);
     fused.split_s = 0.0;
-    let a = route::predict(&anchors_cfg, &fused, &q, 256);
+    let a = predict(&anchors_cfg, &fused, &q, 256);
     println!("\n# Qwen3-1.7B Q8_0 on RK3588, cost model vs published anchors (tok/s):");
     println!("#   predicted, W8A8 1 term, all on the NPU, no split overhead: prefill {:.0} (pp256), decode {:.1}", a.prefill_tok_s, a.decode_tok_s);
     // Each precision setting inside llama.cpp (this policy's routing; the environment's other
@@ -321,7 +343,7 @@ fn main() {
         // Each role's K in this model (a role it lacks has no work: its terms count for nothing).
         let k_of = |r: route::precision::Role| q.per_layer.iter().find(|e| e.3 == r).map(|e| e.0).or(q.head.map(|h| h.0)).unwrap_or(0);
         let terms = route::precision::Role::ALL.map(|r| route::precision::decide(&c, r, false, &work, k_of(r)).terms);
-        let b = route::predict(&c, &CostModel::for_soc(ggml_ork::npu::soc::SocId::Rk3588), &q, 256);
+        let b = predict(&c, &CostModel::for_soc(ggml_ork::npu::soc::SocId::Rk3588), &q, 256);
         println!(
             "#   predicted, {what} inside llama.cpp, with host: prefill {:.0}, decode {:.1} (the layers' NPU work {:.2}x plain W8A8; rows {:.2}x with the head)",
             b.prefill_tok_s,
@@ -334,8 +356,8 @@ fn main() {
     let here = Config::from_lookup(|k| std::env::var(k).ok()).0;
     let rk = ggml_ork::npu::soc::SocId::Rk3588;
     let (npu, host) = (CostModel::npu_only(rk), CostModel::for_soc(rk));
-    let (a, b) = (route::predict(&here, &npu, &q, 512), route::predict(&here, &host, &q, 512));
-    let w = route::prefill_work(&here, &host, &q, 512);
+    let (a, b) = (predict(&here, &npu, &q, 512), predict(&here, &host, &q, 512));
+    let w = prefill_work(&here, &host, &q, 512);
     let h = host.host;
     println!("#   Qwen3-1.7B Q8_0 pp512 on RK3588: NPU only {:.0} tok/s, with host {:.0} tok/s", a.prefill_tok_s, b.prefill_tok_s);
     println!(

@@ -1,5 +1,6 @@
 //! The GGUF header of a model file: its key/value pairs (scalars and strings as text) and its
 //! tensor directory (names, dimensions, types). No tensor data is read.
+// Own reader, no crate: gguf-rs-lib needs Rust 1.87 (this crate: 1.85); gguf, gguf-rs, ggus are pre-1.0 one-project crates.
 
 use std::io::{BufReader, Read};
 

@@ -21,19 +21,19 @@
 //! The output head runs with M = 1 in generation (llama.cpp computes the logits of the last
 //! token only), so it stays on ggml-cpu and holds no tiles; the token embedding is a GET_ROWS.
 //!
-//! **Rates** are modelled, not measured: the route cost model ([`super::CostModel`], RK3588
-//! figures, the host's work scaled by the A76 assumption [`super::A76_OVER_HERE`]). Prefill of a
+//! **Rates** are modelled, not measured: the route cost model ([`route::CostModel`], RK3588
+//! figures, the host's work scaled by the A76 assumption [`route::A76_OVER_HERE`]). Prefill of a
 //! `ubatch`-row ubatch from an empty context: the NPU MUL_MATs (with their host work) overlapped
 //! with the streamed bytes' reads (the ring lets the next weight's read run under the NPU's
 //! current one), then the CPU's attention and the head's one row. The CPU-only figure runs every
 //! MUL_MAT at ggml-cpu's rate. Decode is the CPU's (ORK leaves M = 1 to ggml-cpu): every GGUF
 //! weight byte read once per token.
 
-use super::precision::{self, Role};
-use super::{CostModel, HostCost};
-use crate::config::{Config, DecodeSelect};
-use crate::npu::layout::WeightGeometry;
-use crate::quant::types::{self, bytes_per_weight};
+use ggml_ork::config::{Config, DecodeSelect};
+use ggml_ork::npu::layout::WeightGeometry;
+use ggml_ork::quant::types::{self, bytes_per_weight};
+use ggml_ork::route::precision::{self, Role};
+use ggml_ork::route::{self, CostModel, HostCost};
 
 /// OS reserve kept free of the process: kernel, page tables, CMA, other services (the 1 GiB the
 /// plugin's default residency budget leaves: `npu::domain`, RAM − 1 GiB).
@@ -46,11 +46,11 @@ pub const PROCESS_BASE_BYTES: u64 = 200 << 20;
 /// weights of up to two terms).
 pub const STREAM_RING_WEIGHTS: u64 = 2;
 /// Copy rate of packed tiles from a mapped, page-cached `.orkpack` entry into a ring slot on
-/// **this machine** (B/s): the streaming path's measured rate ([`super::StreamCost::MEASURED`],
+/// **this machine** (B/s): the streaming path's measured rate ([`route::StreamCost::MEASURED`],
 /// `bench-scripts/stream_pp512.sh`: 5.9–6.4 GB/s; `cargo run --release --example
 /// stream_copy_rate`, a plain copy from a mapped file, gave 6.32 GB/s). Scaled to the board by
-/// [`super::A76_OVER_HERE`] (an assumption for this kind of work too).
-pub const STREAM_COPY_BPS_HERE: f64 = 1.0 / super::StreamCost::MEASURED.copy_s_per_byte;
+/// [`route::A76_OVER_HERE`] (an assumption for this kind of work too).
+pub const STREAM_COPY_BPS_HERE: f64 = 1.0 / route::StreamCost::MEASURED.copy_s_per_byte;
 /// **Assumption**: sequential read rate of the board's disk where the `.orkpack` cache lives (an
 /// NVMe SSD on the RK3588's PCIe 3.0 ×4 M.2 slot; no measured figure in the shared sources).
 /// `ork-route --disk-mbps` replaces it (an eMMC module reads ~250 MB/s).
@@ -66,7 +66,7 @@ pub struct StreamRate {
 }
 
 impl StreamRate {
-    pub const BOARD: StreamRate = StreamRate { disk_bps: BOARD_DISK_BPS, copy_bps: STREAM_COPY_BPS_HERE / super::A76_OVER_HERE };
+    pub const BOARD: StreamRate = StreamRate { disk_bps: BOARD_DISK_BPS, copy_bps: STREAM_COPY_BPS_HERE / route::A76_OVER_HERE };
 
     pub fn bps(&self) -> f64 {
         self.disk_bps.min(self.copy_bps)
@@ -251,9 +251,10 @@ const fn desc(name: &'static str, source: &'static str, dims: [usize; 7], tied: 
 
 /// Well-known dense shapes, smallest first: `[layers, hidden, heads, kv heads, head dim, FFN,
 /// vocab]`. Qwen3's from the Qwen/Qwen3-* `config.json` files (0.6B, 4B, 8B and 32B checked
-/// against copies of them in this session's reference search; 1.7B is `ModelShape::qwen3_1_7b`
-/// and the synthetic GGUF). Qwen3.6-27B is not here: its dimensions are not in the shared
-/// sources (and its family mixes linear-attention layers: not a plain dense stack).
+/// against copies of them in this session's reference search; 1.7B is
+/// `model::ModelShape::qwen3_1_7b` and the synthetic GGUF). Qwen3.6-27B is not here: its
+/// dimensions are not in the shared sources (and its family mixes linear-attention layers: not a
+/// plain dense stack).
 pub const DENSE_MODELS: &[DenseDesc] = &[
     desc("Qwen3-0.6B", "huggingface.co/Qwen/Qwen3-0.6B config.json", [28, 1024, 16, 8, 128, 3072, 151936], true, true),
     desc("Qwen3-1.7B", "huggingface.co/Qwen/Qwen3-1.7B config.json", [28, 2048, 16, 8, 128, 6144, 151936], true, true),
@@ -300,7 +301,9 @@ pub enum Place {
 pub struct BoardPlan {
     /// Per `BoardModel::matmuls` entry.
     pub place: Vec<Place>,
-    /// ORK's bytes of each matmul (int8 tiles of every term + scales).
+    /// ORK's bytes of each matmul (int8 tiles of every term + scales): the tests check them; the
+    /// tool prints their sums.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub npu_bytes: Vec<u64>,
     pub gguf_bytes: u64,
     pub kv_bytes: u64,
@@ -344,8 +347,8 @@ pub fn compute_bytes(m: &BoardModel, ubatch: usize) -> u64 {
 pub fn npu_bytes(cfg: &Config, model: &CostModel, w: &Weight, work: &precision::RoleWork) -> u64 {
     let soc = &model.soc;
     let smallest_m = if cfg.decode == DecodeSelect::Npu { 1 } else { cfg.min_m.max(1) };
-    let sets = crate::npu::plan::tile_sets(soc, w.n, w.k, smallest_m);
-    let tiles = crate::npu::kif::page_round(WeightGeometry::with_sets(soc, w.n, w.k, sets).total_bytes) as u64;
+    let sets = ggml_ork::npu::plan::tile_sets(soc, w.n, w.k, smallest_m);
+    let tiles = ggml_ork::npu::kif::page_round(WeightGeometry::with_sets(soc, w.n, w.k, sets).total_bytes) as u64;
     let t = precision::decide(cfg, w.role, types::is_float(w.ggml_type), work, w.k).terms;
     let scales = 4 * (w.n + w.k + if t.weight > 1 { w.n } else { 0 }) as u64;
     tiles * t.weight as u64 + scales
@@ -506,5 +509,114 @@ pub fn from_gguf(name: &str, kv: &dyn Fn(&str) -> Option<String>, tensors: &[Ten
         head,
         head_tied,
         other_bytes,
+    }
+}
+
+/// Real values of the planner's plans (`ork-route --ram`); `tests/board_plan.rs` runs the binary.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ggml_ork::npu::soc::SocId;
+
+    fn cfg() -> Config {
+        Config::from_lookup(|_| None).0
+    }
+
+    fn desc(name: &str) -> &'static DenseDesc {
+        DENSE_MODELS.iter().find(|d| d.name == name).expect(name)
+    }
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn every_dense_weight_is_resident_or_streamed_and_the_peak_fits() {
+        let (c, model) = (cfg(), CostModel::for_soc(SocId::Rk3588));
+        // Qwen3-8B Q8_0: 36 layers × 7 MUL_MATs; its int8 tiles (~7 GiB) do not all fit a 16 GiB
+        // board beside its 8 GiB GGUF mapping.
+        let m = BoardModel::from_desc(desc("Qwen3-8B"), Quant::Q8_0);
+        assert_eq!(m.matmuls.len(), 36 * 7);
+        let b = Board::new(16.0);
+        let p = plan(&c, &model, &m, &b);
+        // One weight's ORK bytes by hand: attn_q 4096 × 4096, K in the full-K envelope (one tile
+        // set), no padding at this shape, one int8 term, f32 row and column scales.
+        let q = m.matmuls.iter().position(|w| w.name == "blk.0.attn_q.weight").unwrap();
+        assert_eq!(p.npu_bytes[q], 4096 * 4096 + 4 * (4096 + 4096));
+        let all: u64 = p.npu_bytes.iter().sum();
+        assert_eq!(p.resident_bytes + p.streamed_bytes, all, "resident + streamed = every dense weight's tiles");
+        assert!(p.streamed_bytes > 0 && p.resident_bytes > 0, "{p:?}");
+        assert!(p.place.iter().all(|&x| x != Place::Cpu));
+        assert!(p.resident_bytes <= p.resident_budget);
+        assert!(p.fits && p.peak_rss + OS_RESERVE_BYTES <= b.ram_bytes, "peak {} of {}", p.peak_rss, b.ram_bytes);
+        // The peak is its parts: fixed (GGUF, KV, compute, scratch and ring, process) + tiles.
+        assert_eq!(p.peak_rss, p.gguf_bytes + p.kv_bytes + p.compute_bytes + p.scratch_bytes + PROCESS_BASE_BYTES + p.resident_bytes);
+        // KV: 36 layers × 8 heads × 128 × 4096 tokens × K and V × f16.
+        assert_eq!(p.kv_bytes, 36 * 8 * 128 * 4096 * 2 * 2);
+        // Residency is filled in graph order, first fit: what is left of the budget is smaller than
+        // any weight that streams.
+        let smallest_streamed = p.npu_bytes.iter().zip(&p.place).filter(|(_, &x)| x == Place::Streamed).map(|(b, _)| *b).min().unwrap();
+        assert!(p.resident_budget - p.resident_bytes < smallest_streamed, "{} left, a {smallest_streamed}-byte weight streams", p.resident_budget - p.resident_bytes);
+        // More RAM: more resident, less streamed, same total; enough RAM: nothing streams.
+        let p32 = plan(&c, &model, &m, &Board::new(32.0));
+        assert_eq!(p32.streamed_bytes, 0);
+        assert_eq!(p32.resident_bytes, all);
+        assert!(p32.pp_npu > p.pp_npu, "streamed bytes cost time: {} vs {}", p32.pp_npu, p.pp_npu);
+        // The NPU prefill beats the CPU's, decode is ggml-cpu's in both plans.
+        assert!(p.pp_npu > 3.0 * p.pp_cpu, "{} vs {}", p.pp_npu, p.pp_cpu);
+        assert_eq!(p.decode, p32.decode);
+    }
+
+    #[test]
+    fn a_model_bigger_than_ram_does_not_fit() {
+        let (c, model) = (cfg(), CostModel::for_soc(SocId::Rk3588));
+        let m = BoardModel::from_desc(desc("Llama-3.1-70B"), Quant::Q8_0);
+        let p = plan(&c, &model, &m, &Board::new(32.0));
+        assert!(!p.fits && m.gguf_bytes() > 32 * GIB, "{p:?}");
+        assert_eq!(p.resident_bytes, 0);
+    }
+
+    #[test]
+    fn the_largest_model_per_board() {
+        let (c, model) = (cfg(), CostModel::for_soc(SocId::Rk3588));
+        let big = |ram: f64, q: Quant| largest_fitting(&c, &model, &Board::new(ram), q).expect("something fits");
+        // 32 GiB: at least a 27B Q4_K_M with every prefill MUL_MAT on the NPU.
+        let (d, m, p) = big(32.0, Quant::Q4KM);
+        assert!(m.params() >= 27_000_000_000, "{} {}", d.name, m.params());
+        assert!(p.place.iter().all(|&x| x != Place::Cpu) && p.fits && p.pp_npu > p.pp_cpu);
+        // A bigger board never holds a smaller largest model; Q8_0 never a bigger one than Q4_K_M.
+        for q in Quant::ALL {
+            assert!(big(32.0, q).1.params() >= big(16.0, q).1.params());
+        }
+        assert!(big(16.0, Quant::Q8_0).1.params() <= big(16.0, Quant::Q4KM).1.params());
+    }
+
+    #[test]
+    fn a_gguf_header_and_its_description_agree() {
+        // The synthetic Qwen3-1.7B shape of the environment cache (vocab 49152), quantized by
+        // llama-quantize: its tensor directory gives the same weights and types as the description
+        // with the Q4_K_M rule, and its tensor bytes are the file's less the header and alignment.
+        let env = std::env::var("ORK_ENV").unwrap_or_else(|_| format!("{}/.cache/ggml-ork-env", std::env::var("HOME").unwrap_or_default()));
+        let path = format!("{env}/synth/synth-qwen3-1.7b-Q4_K_M.gguf");
+        let Ok((kv, tensors)) = crate::gguf::read_gguf(&path) else {
+            eprintln!("skipped: no {path} (tests/setup-env.sh makes it)");
+            return;
+        };
+        let infos: Vec<TensorInfo<'_>> = tensors.iter().map(|t| (t.name.as_str(), t.dims.as_slice(), t.ggml_type)).collect();
+        let lookup = |k: &str| kv.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        let from_file = from_gguf("synth", &lookup, &infos);
+        let base = desc("Qwen3-1.7B");
+        let d = DenseDesc { dims: Dims { vocab: 49152, ..base.dims }, ..*base };
+        let from_desc = BoardModel::from_desc(&d, Quant::Q4KM);
+        let key = |m: &BoardModel| {
+            let mut v: Vec<_> = m.matmuls.iter().map(|w| (w.name.clone(), w.k, w.n, w.ggml_type)).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(key(&from_file), key(&from_desc));
+        let f = &from_file.dims;
+        assert_eq!((f.layers, f.hidden, f.kv_heads, f.head_dim, f.ffn, f.vocab), (28, 2048, 8, 128, 6144, 49152));
+        assert!(from_file.head_tied && from_file.head.as_ref().map(|h| h.ggml_type) == from_desc.head.as_ref().map(|h| h.ggml_type));
+        assert_eq!(from_file.gguf_bytes(), from_desc.gguf_bytes());
+        let file = std::fs::metadata(&path).unwrap().len();
+        assert!(file > from_file.gguf_bytes() && file - from_file.gguf_bytes() < 8 << 20, "file {file}, tensors {}", from_file.gguf_bytes());
     }
 }
