@@ -82,7 +82,13 @@ def say(s=""):
     lines.append(s)
 
 
-say(f"load average at start: {open('/proc/loadavg').read().split()[:3]}")
+load = open('/proc/loadavg').read().split()[:3]
+say(f"load average at start: {load}")
+if not OMP_WAIT and float(load[0]) > 1.0:
+    # llama.cpp's OpenMP threads spin between graphs by default; on shared, busy cores that
+    # spinning swamps what is measured (seen here: 100 t/s idle, 5 t/s at load 3)
+    say("warning: OMP_WAIT_POLICY unset on a loaded host: the figures below are mostly the other load's; "
+        "measure on an idle host, or with BENCH_OMP_WAIT=passive")
 
 # (a) llama-bench decode, ORK loaded vs ggml-cpu alone, alternating which goes first
 say()

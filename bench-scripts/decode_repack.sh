@@ -18,6 +18,9 @@
 #
 # A benchmark, never a test (tests/run-all.sh does not call it). All times are wall time on this
 # machine: on a loaded, shared host every figure moves; the load average is printed before and after.
+# With OMP_WAIT_POLICY unset llama.cpp's threads spin between graphs, and on 2 busy shared cores
+# that makes the figures the other load's (SmolLM2 Q4_0 tg64: ~100 t/s idle, ~5 t/s at load 3):
+# take the headline rows on an idle host; BENCH_OMP_WAIT=passive gives usable ratios on a busy one.
 #
 #   bash bench-scripts/decode_repack.sh
 #   PAIRS=1 MODELS="smollm2-135m-Q4_0 smollm2-135m-Q4_K_M smollm2-135m-Q8_0" bash bench-scripts/decode_repack.sh
