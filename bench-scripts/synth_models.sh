@@ -4,12 +4,14 @@
 # (hidden 4096, FFN 12288, 36 layers, 32 heads, 8 KV heads, head dim 128), with seeded random
 # weights (bench-scripts/synth_model.py: the same file every time) and the set-up's SmolLM2
 # tokenizer (vocabulary 49152, so the embedding is 49152 rows, not Qwen's 151936). Written as F16
-# by the pinned llama.cpp tree's gguf-py, then Q8_0 and Q4_K_M by the set-up's llama-quantize,
+# by the pinned llama.cpp tree's gguf-py, then Q8_0, Q4_K_M and Q4_0 by the set-up's llama-quantize,
 # into $ORK_ENV/synth (outside the repo; never committed, never run by a test). Made once each.
 #
-#   bash bench-scripts/synth_models.sh            # Qwen3-1.7B shape: F16 3.1 GB, Q8_0, Q4_K_M
+#   bash bench-scripts/synth_models.sh            # Qwen3-1.7B shape: F16 3.1 GB, Q8_0, Q4_K_M, Q4_0
 #   SYNTH="1.7b 8b" bash bench-scripts/synth_models.sh   # also Qwen3-8B shape (F16 16 GB, removed
 #                                                         # after quantizing unless KEEP_F16=1)
+#   SYNTH_TYPES="Q4_0" ...                        # other types (default: Q8_0 Q4_K_M Q4_0 for 1.7b,
+#                                                 # Q8_0 Q4_K_M for 8b, whose F16 is not kept)
 # Prints the paths of the quantized files. numpy and pyyaml (gguf-py's imports) come from PyPI into
 # a venv in $ORK_ENV/synth/venv.
 source "$(dirname "$0")/lib.sh"
@@ -24,12 +26,12 @@ fi
 TOK=$ORK_MODELS/smollm2-135m-Q8_0.gguf
 for size in ${SYNTH:-1.7b}; do
   case $size in
-    1.7b) shape=qwen3-1.7b keep=1 ;;
-    8b) shape=qwen3-8b keep=${KEEP_F16:-0} ;;
+    1.7b) shape=qwen3-1.7b keep=1 types=${SYNTH_TYPES:-Q8_0 Q4_K_M Q4_0} ;;
+    8b) shape=qwen3-8b keep=${KEEP_F16:-0} types=${SYNTH_TYPES:-Q8_0 Q4_K_M} ;;
     *) echo "synth_models: SYNTH names 1.7b and/or 8b, not $size" >&2; exit 2 ;;
   esac
   f16=$OUT/synth-$shape-F16.gguf
-  for t in Q8_0 Q4_K_M; do
+  for t in $types; do
     out=$OUT/synth-$shape-$t.gguf
     [ -s "$out" ] && { echo "$out"; continue; }
     if [ ! -s "$f16" ]; then

