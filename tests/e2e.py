@@ -132,7 +132,8 @@ if want(name):
 # kernels read) are kept with ORK loaded: llama.cpp's load log (-lv 4) shows the same CPU_REPACK
 # model buffer size with ORK as with the CPU alone, on the two types ggml-cpu repacks here (Q4_0,
 # and the Q4_K tensors of Q4_K_M; SmolLM2's Q8_0 has none on x86-64), while the prefill MUL_MATs
-# still run on the NPU (live, nothing fell back) and the 16 greedy tokens are the CPU's.
+# still run on the NPU (live, nothing fell back) and the 16 greedy tokens are the CPU's; with every
+# NPU run failing, ggml-cpu computes the repacked weights' MUL_MATs and the text is still the CPU's.
 REPACK = re.compile(r"CPU_REPACK model buffer size\s*=\s*([0-9.]+) MiB")
 name = "memory/cpu-repack"
 if want(name):
@@ -152,6 +153,16 @@ if want(name):
                      f"NPU {'live' if npu_live(c) else 'NOT live'} ({c['npu'] if c else 0} MUL_MAT, "
                      f"{c['fell'] if c else '?'} fell back){'' if ok else ' (WRONG)'}")
         figures.append(f"| CPU_REPACK smollm2-135m {t} (-lv 4) | ORK {mib(ro)}, CPU alone {mib(rc)} |")
+        if t == "Q4_0":
+            # Every NPU run failing: a repacked weight's int8 terms cannot be made again on the
+            # host (its GGUF bytes are gone), so ggml-cpu computes each such MUL_MAT: counted as
+            # fallen back, the text still the CPU's.
+            f, ef, _ = generate(model(t), 16, ork(ORK_SIM_FAULT="timeout_every:1"))
+            cf = exit_counters(ef)
+            ok = f is not None and f == b and cf is not None and cf["npu"] == 0 and cf["fell"] > 0
+            oks.append(ok)
+            words.append(f"{t} with every NPU run failing: {npu_words(cf)}, text "
+                         f"{'= CPU' if f is not None and f == b else 'DIFFERS from the CPU'}{'' if ok else ' (WRONG)'}")
     check(name, all(oks), "; ".join(words))
 
 # 2a. NPU faults (the simulator's ORK_SIM_FAULT). Every submit failing: the text is still the CPU's
