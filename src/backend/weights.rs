@@ -235,7 +235,10 @@ fn calib_key(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, p: &preci
 /// Makes a weight that does not fit the residency budget a streamed one (`super::stream`): its
 /// scales in memory, its tiles in its `.orkpack` entry (written now if absent: packed once) or,
 /// without a cache, packed again at every use.
-pub fn stream_source(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_cache: bool, range: Range<usize>) -> Result<super::stream::StreamSrc, NpuError> {
+///
+/// `cached_only`: the GGUF bytes are gone after this call (a repacked buffer's): the tiles must
+/// come from, or go to, the cache, else it fails (the weight stays on the CPU).
+pub fn stream_source(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_cache: bool, cached_only: bool, range: Range<usize>) -> Result<super::stream::StreamSrc, NpuError> {
     use super::stream::{StreamSrc, Tiles};
     dev.npu.check_shape(n, k)?;
     let cache = if use_cache { dev.cache.as_ref() } else { None };
@@ -276,6 +279,9 @@ pub fn stream_source(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, u
                     }
                     Err(e) => log::debug!("orkpack {}: not cached ({e}); streamed from the GGUF bytes", src.name),
                 }
+            }
+            if cached_only && matches!(tiles_of, Tiles::Gguf) {
+                return Err(NpuError::NoDevice("past the residency budget, and its tiles could not be cached to stream from (its GGUF bytes are ggml-cpu's repacked layout after the load)".into()));
             }
             (tiles_of, (scales, col_scale, lo_scales))
         }
@@ -512,7 +518,7 @@ impl WeightStore {
             // cache (a fill reads them there; the GGUF bytes are gone after the load).
             if dev.stream.active(dev) && (!self.resident_only || (use_cache && dev.cache.is_some())) {
                 let range = addr..addr + src.bytes.len();
-                r = stream_source(dev, src, n, k, use_cache, range).map(|s| {
+                r = stream_source(dev, src, n, k, use_cache, self.resident_only, range).map(|s| {
                     let s = Arc::new(s);
                     self.streamed.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, s.clone());
                     Placed::Streamed(s)

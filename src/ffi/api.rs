@@ -63,6 +63,10 @@ pub(crate) struct CpuApi {
     pub buft_name: unsafe extern "C" fn(ggml_backend_buffer_type_t) -> *const std::ffi::c_char,
     pub buft_alloc_buffer: unsafe extern "C" fn(ggml_backend_buffer_type_t, usize) -> ggml_backend_buffer_t,
     pub dev_supports_op: unsafe extern "C" fn(ggml_backend_dev_t, *const ggml_tensor) -> bool,
+    pub dev_count: unsafe extern "C" fn() -> usize,
+    pub dev_get: unsafe extern "C" fn(usize) -> ggml_backend_dev_t,
+    pub dev_type: unsafe extern "C" fn(ggml_backend_dev_t) -> ggml_backend_dev_type,
+    pub dev_host_buffer_type: unsafe extern "C" fn(ggml_backend_dev_t) -> ggml_backend_buffer_type_t,
 }
 
 fn resolve_cpu() -> Result<CpuApi, String> {
@@ -88,6 +92,10 @@ fn resolve_cpu() -> Result<CpuApi, String> {
         buft_name: sym!("ggml_backend_buft_name"),
         buft_alloc_buffer: sym!("ggml_backend_buft_alloc_buffer"),
         dev_supports_op: sym!("ggml_backend_dev_supports_op"),
+        dev_count: sym!("ggml_backend_dev_count"),
+        dev_get: sym!("ggml_backend_dev_get"),
+        dev_type: sym!("ggml_backend_dev_type"),
+        dev_host_buffer_type: sym!("ggml_backend_dev_host_buffer_type"),
     })
 }
 

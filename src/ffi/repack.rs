@@ -15,8 +15,10 @@
 //!   from them (or finds them in the `.orkpack` cache) before ggml-cpu re-lays them out; after
 //!   that ORK never reads the buffer.
 //!
-//! Nothing is wrapped without an ORK device, or where the GPU decode engine is open
-//! (`Device::keeps_cpu_repack`), or where ggml-cpu has no CPU_REPACK type.
+//! Nothing is wrapped without an ORK device, where the GPU decode engine is open
+//! (`Device::keeps_cpu_repack`), where ggml-cpu has no CPU_REPACK type, or where a GPU device has
+//! a host buffer type (llama.cpp lists it before ggml-cpu's extra types: a declined weight would
+//! land there, where ggml-cpu does not repack it either).
 
 use super::abi::*;
 use super::registry::device;
@@ -48,8 +50,6 @@ struct Watch {
     extras: Vec<(usize, usize)>,
     /// The CPU device (its address).
     cpu_dev: usize,
-    /// CPU_REPACK's own `alloc_buffer`.
-    alloc: AllocFn,
 }
 
 /// ggml-cpu's own callbacks of a CPU_REPACK buffer (the same in every one).
@@ -63,6 +63,8 @@ struct Own {
 }
 
 static WATCH: OnceLock<Option<Watch>> = OnceLock::new();
+/// CPU_REPACK's own `alloc_buffer` (also in [`Watch`]), set before the wrapper is installed.
+static OWN_ALLOC: OnceLock<AllocFn> = OnceLock::new();
 static OWN: OnceLock<Own> = OnceLock::new();
 /// ORK's part of each live CPU_REPACK buffer, by the buffer's address. Boxed: a reference to one
 /// stays valid until `free_buffer` takes it out (ggml frees no weight buffer while a graph that
@@ -97,6 +99,19 @@ fn watch() -> Option<&'static Watch> {
 /// Called once (behind `WATCH`), while no CPU_REPACK buffer is being allocated.
 unsafe fn start() -> Result<Watch, String> {
     let cpu = api::cpu()?;
+    // llama.cpp's list puts a GPU device's host buffer type between ORK's and ggml-cpu's extra
+    // types: there, a weight ORK declined would land in that host buffer, repacked by nobody.
+    // SAFETY: ggml's registry accessors; devices live for the process.
+    let gpu_host = unsafe {
+        (0..(cpu.dev_count)()).map(|i| (cpu.dev_get)(i)).find(|&d| {
+            !d.is_null()
+                && matches!((cpu.dev_type)(d), GGML_BACKEND_DEVICE_TYPE_GPU | GGML_BACKEND_DEVICE_TYPE_IGPU)
+                && !(cpu.dev_host_buffer_type)(d).is_null()
+        })
+    };
+    if gpu_host.is_some() {
+        return Err("a GPU device's host buffer type comes before ggml-cpu's in llama.cpp's weight list (ggml-cpu does not repack there either); ORK's buffer holds the weights".into());
+    }
     // SAFETY: ggml's registry accessors; the CPU device and its reg live for the process.
     let (cpu_dev, extra) = unsafe {
         let cpu_dev = (cpu.dev_by_type)(GGML_BACKEND_DEVICE_TYPE_CPU);
@@ -131,14 +146,15 @@ unsafe fn start() -> Result<Watch, String> {
     let buft = repack.ok_or("ggml-cpu has no CPU_REPACK buffer type")?;
     // SAFETY: CPU_REPACK's type is a static, writable struct of ggml-cpu's; its second member is
     // `alloc_buffer` in every supported release (asserted above); nothing allocates from it now.
-    let alloc = unsafe {
+    unsafe {
         let slot = std::ptr::addr_of_mut!((*buft).iface.alloc_buffer);
         let own = (*slot).ok_or("CPU_REPACK has no alloc_buffer")?;
+        // Known before the wrapper can be called.
+        let _ = OWN_ALLOC.set(own);
         *slot = Some(alloc_buffer);
-        own
-    };
+    }
     log::debug!("CPU_REPACK watched: ORK packs the weights ggml-cpu repacks as they are loaded");
-    Ok(Watch { repack: buft as usize, extras, cpu_dev: cpu_dev as usize, alloc })
+    Ok(Watch { repack: buft as usize, extras, cpu_dev: cpu_dev as usize })
 }
 
 /// Whether ggml-cpu's first extra buffer type that takes MUL_MAT `op` (its weight placed in a
@@ -182,9 +198,9 @@ pub(super) fn watched<'a>(buffer: ggml_backend_buffer_t) -> Option<&'a Buffer> {
 }
 
 unsafe extern "C" fn alloc_buffer(buft: ggml_backend_buffer_type_t, size: usize) -> ggml_backend_buffer_t {
-    let Some(w) = WATCH.get().and_then(Option::as_ref) else { return std::ptr::null_mut() };
+    let Some(alloc) = OWN_ALLOC.get() else { return std::ptr::null_mut() };
     // SAFETY: ggml-cpu's own callback, with ggml's arguments.
-    let buffer = unsafe { (w.alloc)(buft, size) };
+    let buffer = unsafe { alloc(buft, size) };
     if buffer.is_null() {
         return buffer;
     }
@@ -203,8 +219,9 @@ unsafe extern "C" fn alloc_buffer(buft: ggml_backend_buffer_type_t, size: usize)
     buffer
 }
 
+/// ggml-cpu's own callbacks (taken before any buffer's are wrapped; all None before that).
 fn own() -> Own {
-    *OWN.get().expect("a wrapped CPU_REPACK buffer was made after its callbacks were taken")
+    OWN.get().copied().unwrap_or(Own { free: None, init: None, memset: None, set: None, clear: None })
 }
 
 unsafe extern "C" fn free_buffer(buffer: ggml_backend_buffer_t) {
@@ -275,10 +292,10 @@ unsafe extern "C" fn clear(buffer: ggml_backend_buffer_t, value: u8) {
     }
 }
 
-/// A model weight in one of ggml-cpu's plain host buffers whose MUL_MAT ggml-cpu's CPU_REPACK
-/// would have taken first: ORK declined it at placement for CPU_REPACK, and llama.cpp left
-/// ggml-cpu's extra types out (`-nr` / `--no-repack`), so neither repacks nor ORK runs it. One
-/// warning per process; each weight shape is asked once.
+/// A model weight in a plain host buffer whose MUL_MAT ggml-cpu's CPU_REPACK would have taken
+/// first: ORK declined it at placement for CPU_REPACK, and llama.cpp put it elsewhere (its `-nr` /
+/// `--no-repack` leaves ggml-cpu's extra types out; `-ot` overrides), so neither repacks nor ORK
+/// runs it. One warning per process; each weight shape is asked once.
 ///
 /// # Safety
 /// As [`first_taker_is_repack`].
@@ -305,7 +322,7 @@ pub(super) unsafe fn note_left_unrepacked(op: &ggml_tensor) {
     // SAFETY: forwarded contract.
     if unsafe { first_taker_is_repack(op) } && !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
         log::warn!(
-            "weight {} is in ggml-cpu's plain buffer, not CPU_REPACK (llama.cpp run with -nr / --no-repack?): ORK declined it for CPU_REPACK, so its MUL_MATs run on the CPU unrepacked; run without -nr to have its prefill on the NPU and ggml-cpu's repacked decode",
+            "weight {} is in a plain host buffer, not CPU_REPACK (llama.cpp's -nr / --no-repack, or a buffer-type override?): ORK declined it for CPU_REPACK, so its MUL_MATs run on the CPU unrepacked; without -nr its prefill runs on the NPU and its decode in ggml-cpu's repacked kernels",
             tensor::name(w)
         );
     }
