@@ -100,6 +100,10 @@ pub struct Stats {
     /// MUL_MATs sent to the CPU because their weight could not be made resident.
     pub not_resident: AtomicU64,
     pub declined_small_m: AtomicU64,
+    /// ggml's scheduler asking ORK whether it takes a node (`supports_op`, at every graph split):
+    /// the calls and the time ORK took to answer them.
+    pub split_calls: AtomicU64,
+    pub split_ns: AtomicU64,
     /// Weights packed from their source (cold), and weights loaded from the `.orkpack` cache.
     pub packed: AtomicU64,
     pub cache_hits: AtomicU64,
@@ -545,6 +549,11 @@ impl Stats {
             self.declined_small_m.load(Relaxed),
             self.cpu_ops.load(Relaxed),
             ms(&self.cpu_ns)
+        );
+        out += &format!(
+            "\n  graph split: ORK answered the scheduler's supports_op {} times in {:.3} ms",
+            self.split_calls.load(Relaxed),
+            ms(&self.split_ns)
         );
         for (i, name) in ["batches", "single-row"].iter().enumerate() {
             let g = &self.graph[i];

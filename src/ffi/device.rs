@@ -100,9 +100,13 @@ unsafe extern "C" fn dev_supports_op(_dev: ggml_backend_dev_t, op: *const ggml_t
         if op.is_null() {
             return false;
         }
+        let t0 = std::time::Instant::now();
         // SAFETY: ggml passes a live tensor whose sources are live or NULL.
         let node = unsafe { tensor::node(&*op) };
-        crate::backend::graph::supports(dev, &node)
+        let yes = crate::backend::graph::supports(dev, &node);
+        dev.stats.split_calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        dev.stats.split_ns.fetch_add(t0.elapsed().as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
+        yes
     })
 }
 
