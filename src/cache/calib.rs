@@ -109,11 +109,68 @@ pub fn encode(entries: &HashMap<u64, Entry>) -> Vec<u8> {
     b
 }
 
-/// A process's calibration: the file's entries as read at start, and, when recording, the rows
-/// this process saw.
+/// Where the file's entries are, read at start: each key's sums offset, K and rows. The sums are
+/// read from the file when a weight asks for its direction (the file holds every calibrated
+/// model's weights; a process needs its own model's).
+#[derive(Default)]
+struct Index {
+    file: Option<std::fs::File>,
+    at: HashMap<u64, (u64, usize, u64)>,
+}
+
+impl Index {
+    /// The index of the file at `path` (empty where there is none).
+    fn of(path: &Path) -> Result<Index, String> {
+        use std::os::unix::fs::FileExt;
+        let file = match std::fs::File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Index::default()),
+            Err(e) => return Err(e.to_string()),
+        };
+        let len = file.metadata().map_err(|e| e.to_string())?.len();
+        let read = |at: u64, n: usize| -> Result<Vec<u8>, String> {
+            let mut b = vec![0u8; n];
+            file.read_exact_at(&mut b, at).map_err(|_| format!("truncated at byte {at}"))?;
+            Ok(b)
+        };
+        let head = read(0, 16)?;
+        if &head[..8] != MAGIC {
+            return Err("not a calibration file (magic)".into());
+        }
+        let count = u64::from_le_bytes(head[8..16].try_into().expect("8 bytes"));
+        let (mut at, mut index) = (16u64, HashMap::new());
+        for _ in 0..count {
+            let h = read(at, 20)?;
+            let key = u64::from_le_bytes(h[..8].try_into().expect("8 bytes"));
+            let k = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
+            let rows = u64::from_le_bytes(h[12..20].try_into().expect("8 bytes"));
+            index.insert(key, (at + 20, k, rows));
+            at += 20 + 8 * k as u64;
+            if at > len {
+                return Err(format!("truncated at byte {len}"));
+            }
+        }
+        if at != len {
+            return Err(format!("{} bytes after the last entry", len - at));
+        }
+        Ok(Index { file: Some(file), at: index })
+    }
+
+    /// Entry `key` if it has width `k`, read from the file.
+    fn entry(&self, key: u64, k: usize) -> Option<Entry> {
+        use std::os::unix::fs::FileExt;
+        let &(at, kk, rows) = self.at.get(&key).filter(|e| e.1 == k)?;
+        let mut b = vec![0u8; 8 * kk];
+        self.file.as_ref()?.read_exact_at(&mut b, at).ok()?;
+        Some(Entry { rows, sums: b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect() })
+    }
+}
+
+/// A process's calibration: where the file's entries are, as read at start, and, when recording,
+/// the rows this process saw.
 pub struct Store {
     path: PathBuf,
-    read: HashMap<u64, Entry>,
+    read: Index,
     /// `Some` when recording (`ORK_CALIBRATE=1`).
     recorded: Option<Mutex<HashMap<u64, Entry>>>,
     /// Rows recorded, and rows recorded at the last write (a second flush with nothing new
@@ -125,17 +182,10 @@ pub struct Store {
 impl Store {
     /// The store at `path`; `record`: this process adds its rows to it.
     pub fn open(path: &Path, record: bool) -> Store {
-        let read = match std::fs::read(path) {
-            Ok(b) => decode(&b).unwrap_or_else(|why| {
-                log::warn!("calibration file {}: {why}; no row is corrected along a calibrated direction", path.display());
-                HashMap::new()
-            }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => HashMap::new(),
-            Err(e) => {
-                log::warn!("calibration file {}: {e}; no row is corrected along a calibrated direction", path.display());
-                HashMap::new()
-            }
-        };
+        let read = Index::of(path).unwrap_or_else(|why| {
+            log::warn!("calibration file {}: {why}; no row is corrected along a calibrated direction", path.display());
+            Index::default()
+        });
         Store { path: path.to_owned(), read, recorded: record.then(Default::default), rows: AtomicU64::new(0), flushed: AtomicU64::new(0) }
     }
 
@@ -159,16 +209,16 @@ impl Store {
 
     /// Weights the file holds.
     pub fn len(&self) -> usize {
-        self.read.len()
+        self.read.at.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.read.is_empty()
+        self.read.at.is_empty()
     }
 
     /// The calibrated direction of weight `key` of width `k`: the mean of its recorded rows.
     pub fn direction(&self, key: u64, k: usize) -> Option<Vec<f32>> {
-        self.read.get(&key).filter(|e| e.sums.len() == k).and_then(Entry::mean)
+        self.read.entry(key, k).as_ref().and_then(Entry::mean)
     }
 
     /// Adds rows `x: [M, K]` to weight `key`'s sums (recording only).
@@ -256,6 +306,16 @@ mod tests {
         assert_eq!(c.flush().unwrap(), 0, "a reading store writes nothing");
         std::fs::write(&path, b"ORKCAL01\x05").unwrap();
         assert!(Store::open(&path, false).is_empty(), "a damaged file corrects nothing");
+        // The store reads entries from the file as weights ask: the index refuses what decode does.
+        let mut m = HashMap::new();
+        m.insert(7u64, Entry { rows: 2, sums: vec![1.0, 4.0] });
+        let good = encode(&m);
+        std::fs::write(&path, &good).unwrap();
+        assert_eq!(Store::open(&path, false).direction(7, 2), Some(vec![0.5, 2.0]));
+        for bad in [&good[..good.len() - 1], &[good.as_slice(), &[0]].concat()[..]] {
+            std::fs::write(&path, bad).unwrap();
+            assert!(Store::open(&path, false).is_empty(), "truncated or trailing bytes: nothing read");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
