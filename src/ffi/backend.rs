@@ -129,7 +129,14 @@ unsafe extern "C" fn backend_graph_compute(b: ggml_backend_t, g: *mut ggml_cgrap
         // SAFETY: a live graph from the scheduler.
         let n = unsafe { (api.graph_n_nodes)(g) }.max(0) as usize;
         let mut graph = GgmlGraph { g, n, api, ctx, _graph: PhantomData };
-        match graph::compute(dev, &ctx.stream, &mut graph) {
+        let packs = dev.stats.packed.load(std::sync::atomic::Ordering::Relaxed);
+        let r = graph::compute(dev, &ctx.stream, &mut graph);
+        // Weights packed at their first MUL_MAT (over the model file's mapping): their transient
+        // memory goes back to the system, as after a load (`device::give_back_load_memory`).
+        if dev.stats.packed.load(std::sync::atomic::Ordering::Relaxed) != packs {
+            super::device::give_back_load_memory();
+        }
+        match r {
             Ok(()) => GGML_STATUS_SUCCESS,
             Err(e) => {
                 log::error!("{e}");
