@@ -136,8 +136,8 @@ impl Buffer {
     /// ggml-cpu owns the memory and re-lays each weight out as it is written; ORK packs its
     /// tiles from the GGUF bytes handed to that write ([`Buffer::tensor_set`]) and never reads
     /// the buffer. A weight past the residency budget streams only from the `.orkpack` cache
-    /// (else it stays on the CPU), and a weight's calibrated direction is computed as it is packed. Accounted like an ORK buffer holding
-    /// the GGUF copy.
+    /// (else it stays on the CPU), and a weight's calibrated direction is computed as it is
+    /// packed. Accounted like an ORK buffer holding the GGUF copy.
     pub fn repacked(dev: Option<&'static Device>, host_bytes: usize) -> Buffer {
         Buffer::with(dev, host_bytes, false, true)
     }

@@ -5,7 +5,7 @@
 use super::abi::*;
 use super::host::{self, BackendFns};
 use super::registry::{device, layout, registry, GUID};
-use super::{api, guard, tensor, Poison};
+use super::{api, guard, node, tensor, Poison};
 use crate::backend::graph::{self, Graph, Node, Stream, WeightData};
 use std::ffi::{c_char, c_void};
 use std::marker::PhantomData;
@@ -171,13 +171,13 @@ impl<'g> Graph<'g> for GgmlGraph<'g> {
 
     fn node(&self, i: usize) -> Node<'g> {
         // SAFETY: a live node whose sources are live or NULL.
-        unsafe { tensor::node(self.tensor(i)) }
+        unsafe { node::node(self.tensor(i)) }
     }
 
     fn weight_data(&self, i: usize) -> Option<WeightData<'_>> {
         // SAFETY: a non-NULL source of a live node is a live tensor; the result borrows the
         // graph, so it is gone before `run_cpu` lets ggml-cpu write any memory.
-        unsafe { self.tensor(i).src[0].as_ref().and_then(|w| tensor::weight_data(w)) }
+        unsafe { self.tensor(i).src[0].as_ref().and_then(|w| node::weight_data(w)) }
     }
 
     fn mul_mat_io(&mut self, i: usize) -> Option<(&'g [f32], &'g mut [f32])> {

@@ -247,8 +247,9 @@ impl BufferCtx {
             std::ptr::copy_nonoverlapping(data as *const u8, p, size);
             p as usize
         };
-        // SAFETY: a live tensor of this buffer, just written, with its data allocated.
-        let (tv, data) = unsafe { (tensor::tensor(&*t), tensor::weight_data(&*t)) };
+        // SAFETY: a live tensor of this buffer (ORK's own bytes, as ggml lays them out), just
+        // written, with its data allocated.
+        let (tv, data) = unsafe { (tensor::tensor(&*t), tensor::weight_data_at(&*t, (*t).data as *const u8)) };
         self.buf.tensor_set(&tv, data.as_ref(), offset, p..p + size, model_weights);
     }
 

@@ -2,7 +2,7 @@
 
 use super::abi::*;
 use super::registry::{device, registry, DEVICE};
-use super::{backend, buffer, guard, tensor};
+use super::{backend, buffer, guard, node};
 use crate::backend::Device;
 use std::ffi::c_char;
 use std::ptr::{null, null_mut};
@@ -102,7 +102,7 @@ unsafe extern "C" fn dev_supports_op(_dev: ggml_backend_dev_t, op: *const ggml_t
         }
         let t0 = std::time::Instant::now();
         // SAFETY: ggml passes a live tensor whose sources are live or NULL.
-        let node = unsafe { tensor::node(&*op) };
+        let node = unsafe { node::node(&*op) };
         let yes = crate::backend::graph::supports(dev, &node);
         dev.stats.split_calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         dev.stats.split_ns.fetch_add(t0.elapsed().as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);

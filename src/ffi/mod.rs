@@ -76,6 +76,7 @@ mod backend;
 mod buffer;
 mod device;
 mod host;
+mod node;
 mod registry;
 mod repack;
 mod tensor;

@@ -3,7 +3,7 @@
 //! ggml-cpu re-lays the weights of the types its SIMD kernels prefer out in its `CPU_REPACK`
 //! buffer type, and llama.cpp puts a weight there only when no buffer type before it in its list
 //! takes it — ORK's comes first. So ORK declines those weights at llama.cpp's placement probe
-//! (`tensor::mul_mat`: [`first_taker_is_repack`]) and ggml-cpu keeps its layout for decode; ORK
+//! (`node::mul_mat`: [`first_taker_is_repack`]) and ggml-cpu keeps its layout for decode; ORK
 //! still runs their prefill MUL_MATs, from tiles packed while the weights are loaded:
 //!
 //! - the CPU_REPACK type's `alloc_buffer` is wrapped (the type's table is one process-wide,
