@@ -64,31 +64,48 @@ pub fn path_of(cfg: &Config) -> Option<PathBuf> {
     super::resolve_dir(cfg.cache_dir.as_deref(), cfg.xdg_cache_home.as_deref(), cfg.home.as_deref()).map(|d| d.join("calibration.orkcal"))
 }
 
-/// Decodes a calibration file's bytes.
-pub fn decode(b: &[u8]) -> Result<HashMap<u64, Entry>, String> {
-    let take = |at: &mut usize, n: usize| -> Result<&[u8], String> {
-        let s = b.get(*at..*at + n).ok_or_else(|| format!("truncated at byte {at}"))?;
-        *at += n;
-        Ok(s)
-    };
-    let mut at = 0;
-    if take(&mut at, 8)? != MAGIC {
+/// Where a calibration file's entries are: each key with the offset of its sums, its K and its
+/// rows, for a file of `len` bytes read through `read(at, out)` (fills `out` from byte `at`).
+/// Checks the magic, and refuses a truncated file or bytes after the last entry.
+fn entries_of(len: u64, read: impl Fn(u64, &mut [u8]) -> Result<(), String>) -> Result<Vec<(u64, u64, usize, u64)>, String> {
+    let mut head = [0u8; 16];
+    read(0, &mut head)?;
+    if &head[..8] != MAGIC {
         return Err("not a calibration file (magic)".into());
     }
-    let u64_at = |s: &[u8]| u64::from_le_bytes(s.try_into().expect("8 bytes"));
-    let count = u64_at(take(&mut at, 8)?);
-    let mut out = HashMap::new();
+    let count = u64::from_le_bytes(head[8..].try_into().expect("8 bytes"));
+    let (mut at, mut out) = (16u64, Vec::new());
     for _ in 0..count {
-        let key = u64_at(take(&mut at, 8)?);
-        let k = u32::from_le_bytes(take(&mut at, 4)?.try_into().expect("4 bytes")) as usize;
-        let rows = u64_at(take(&mut at, 8)?);
-        let sums = take(&mut at, k.checked_mul(8).ok_or("K overflows")?)?.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
-        out.insert(key, Entry { rows, sums });
+        let mut h = [0u8; 20];
+        read(at, &mut h)?;
+        let key = u64::from_le_bytes(h[..8].try_into().expect("8 bytes"));
+        let k = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
+        let rows = u64::from_le_bytes(h[12..].try_into().expect("8 bytes"));
+        out.push((key, at + 20, k, rows));
+        at += 20 + 8 * k as u64;
+        if at > len {
+            return Err(format!("truncated at byte {len}"));
+        }
     }
-    if at != b.len() {
-        return Err(format!("{} bytes after the last entry", b.len() - at));
+    if at != len {
+        return Err(format!("{} bytes after the last entry", len - at));
     }
     Ok(out)
+}
+
+/// `k` f64 sums at byte `at` of `b` (in bounds: [`entries_of`] checked them).
+fn sums_at(b: &[u8], at: u64, k: usize) -> Vec<f64> {
+    b[at as usize..at as usize + 8 * k].chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()
+}
+
+/// Decodes a calibration file's bytes.
+pub fn decode(b: &[u8]) -> Result<HashMap<u64, Entry>, String> {
+    let read = |at: u64, out: &mut [u8]| {
+        let s = b.get(at as usize..at as usize + out.len()).ok_or_else(|| format!("truncated at byte {at}"))?;
+        out.copy_from_slice(s);
+        Ok(())
+    };
+    Ok(entries_of(b.len() as u64, read)?.into_iter().map(|(key, at, k, rows)| (key, Entry { rows, sums: sums_at(b, at, k) })).collect())
 }
 
 /// Encodes entries, in key order (the same entries give the same bytes).
@@ -128,32 +145,9 @@ impl Index {
             Err(e) => return Err(e.to_string()),
         };
         let len = file.metadata().map_err(|e| e.to_string())?.len();
-        let read = |at: u64, n: usize| -> Result<Vec<u8>, String> {
-            let mut b = vec![0u8; n];
-            file.read_exact_at(&mut b, at).map_err(|_| format!("truncated at byte {at}"))?;
-            Ok(b)
-        };
-        let head = read(0, 16)?;
-        if &head[..8] != MAGIC {
-            return Err("not a calibration file (magic)".into());
-        }
-        let count = u64::from_le_bytes(head[8..16].try_into().expect("8 bytes"));
-        let (mut at, mut index) = (16u64, HashMap::new());
-        for _ in 0..count {
-            let h = read(at, 20)?;
-            let key = u64::from_le_bytes(h[..8].try_into().expect("8 bytes"));
-            let k = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
-            let rows = u64::from_le_bytes(h[12..20].try_into().expect("8 bytes"));
-            index.insert(key, (at + 20, k, rows));
-            at += 20 + 8 * k as u64;
-            if at > len {
-                return Err(format!("truncated at byte {len}"));
-            }
-        }
-        if at != len {
-            return Err(format!("{} bytes after the last entry", len - at));
-        }
-        Ok(Index { file: Some(file), at: index })
+        let entries = entries_of(len, |at, out| file.read_exact_at(out, at).map_err(|_| format!("truncated at byte {at}")))?;
+        let at = entries.into_iter().map(|(key, at, k, rows)| (key, (at, k, rows))).collect();
+        Ok(Index { file: Some(file), at })
     }
 
     /// Entry `key` if it has width `k`, read from the file.
@@ -162,7 +156,7 @@ impl Index {
         let &(at, kk, rows) = self.at.get(&key).filter(|e| e.1 == k)?;
         let mut b = vec![0u8; 8 * kk];
         self.file.as_ref()?.read_exact_at(&mut b, at).ok()?;
-        Some(Entry { rows, sums: b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect() })
+        Some(Entry { rows, sums: sums_at(&b, 0, kk) })
     }
 }
 
