@@ -15,6 +15,7 @@ use super::weights::Placed;
 use super::{mul_mat_unsupported, Device, MatMulShape, PackedWeight, WeightStore};
 use crate::config::RoutePolicy;
 use crate::route::arbiter::Hold;
+use crate::route::activation::{self, Act, Link, Step};
 use crate::route::{Availability, Engine, MatMul, Phase};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -34,8 +35,24 @@ pub enum Node<'g> {
     /// An op that only reinterprets memory (NONE, RESHAPE, VIEW, PERMUTE, TRANSPOSE): no work.
     View,
     MulMat(MulMatNode<'g>),
-    /// Any other op: ggml's CPU backend runs it.
-    Other,
+    /// Any other op: ggml's CPU backend runs it. It writes the memory of the tensor at this
+    /// address (the node itself, or the tensor it is a view of).
+    Other(usize),
+}
+
+impl Node<'_> {
+    /// The node as the activation rule reads it (`route::activation`).
+    pub fn step(&self) -> Step {
+        match self {
+            Node::View => Step::View,
+            Node::Other(writes) => Step::Work { writes: *writes, act: None },
+            Node::MulMat(mm) => {
+                let (x, view_of) = mm.srcs[1];
+                let act = (x != 0).then_some(Act { tensor: x, base: if view_of != 0 { view_of } else { x } });
+                Step::Work { writes: mm.addr, act }
+            }
+        }
+    }
 }
 
 /// A MUL_MAT node.
@@ -74,6 +91,10 @@ pub trait Graph<'g> {
     }
     /// Node `i` as plain values.
     fn node(&self, i: usize) -> Node<'g>;
+    /// Node `i` as the activation rule reads it (what it writes, what a MUL_MAT reads).
+    fn step(&self, i: usize) -> Step {
+        self.node(i).step()
+    }
     /// The bytes and dequantizer of the weight of MUL_MAT node `i` (None: no weight data).
     fn weight_data(&self, i: usize) -> Option<WeightData<'_>>;
     /// The activations `[M, K]` and output `[M, N]` of MUL_MAT node `i` (None unless both are
@@ -120,7 +141,7 @@ pub fn engine_for(dev: &Device, s: &MatMulShape, at_split: bool) -> Engine {
 pub fn supports(dev: &Device, node: &Node<'_>) -> bool {
     let mm = match node {
         Node::View => return true,
-        Node::Other => return false,
+        Node::Other(_) => return false,
         Node::MulMat(mm) => mm,
     };
     let Some(s) = &mm.shape else { return false };
@@ -226,9 +247,9 @@ struct Walk<'d, 'g> {
     /// The addresses of the pending jobs' nodes.
     pending_dst: Vec<usize>,
     cpu: CpuRun,
-    /// The activation (address, length) of the last NPU MUL_MAT of this call while nothing that
-    /// could write it has run since (no CPU nodes, no GPU batch): the next MUL_MAT reading it
-    /// reuses its int8 terms without hashing it (`Device::run_mul_mat_after`).
+    /// The activation (address, length) of the MUL_MAT just run, where it ran on the NPU: the
+    /// next MUL_MAT reads the int8 terms it left where the graph shows it reads the same
+    /// activation, nothing writing it between (`route::activation`), without hashing it.
     last_act: std::cell::Cell<Option<(usize, usize)>>,
     /// The cross-process NPU lock is kept between the NPU matmuls of this call (one flock +
     /// unlock per call, not per matmul) and let go before ggml-cpu runs and on return; taking
@@ -268,14 +289,16 @@ impl<'g> Walk<'_, 'g> {
         // does not run itself are collected into runs and handed to ggml's CPU backend.
         let npu_before = dev.stats.npu_matmuls.load(Relaxed);
         let n = graph.len();
+        // What the graph proves of each MUL_MAT's activation: one pass before the walk.
+        let links = activation::links(&(0..n).map(|i| graph.step(i)).collect::<Vec<_>>());
         // The first streamed weight's fill starts before the walk reaches it.
         if dev.stream.weights.load(Relaxed) > 0 {
             self.prefetch_from(&*graph, 0);
         }
-        for i in 0..n {
+        for (i, &link) in links.iter().enumerate() {
             let mm = match graph.node(i) {
                 Node::View => continue,
-                Node::Other => {
+                Node::Other(_) => {
                     self.cpu.add(i);
                     continue;
                 }
@@ -298,6 +321,8 @@ impl<'g> Walk<'_, 'g> {
             };
             let (s, npu_w) = match ours {
                 Err(m) => {
+                    // The MUL_MAT after this one holds no terms of its activation.
+                    self.last_act.set(None);
                     let ph = Phase::of(dev.cfg, m);
                     dev.stats.cpu_mm[(ph == Phase::Decode) as usize].fetch_add(1, Relaxed);
                     self.cpu.add(i);
@@ -317,19 +342,19 @@ impl<'g> Walk<'_, 'g> {
             // A streamed weight's calibrated direction, computed at its first corrected run, is
             // kept with its source for the next fill.
             let fix_to = npu_w.as_ref().filter(|w| w.resident.is_streamed()).and_then(|pw| Some((pw.clone(), mm.weight.and_then(|w| streamed_src(&w))?)));
-            // The next node that does work is a MUL_MAT reading the same activation (V then K,
-            // gate then up): this one's last output pass may wait for it.
-            // ORK accepts it and routes it to the NPU (memoised); a next one that still ends on
-            // the CPU (its weight not resident) gets the pass run before ggml-cpu runs it.
-            let next_reads_same = (i + 1..n).map(|j| graph.node(j)).find(|nd| !matches!(nd, Node::View)).is_some_and(|nd| match nd {
-                Node::MulMat(next) => {
-                    next.srcs[1].0 != 0
-                        && next.srcs[1].0 == mm.srcs[1].0
-                        && walk_engine(dev, next.shape).is_some_and(|(_, e)| e == Engine::Npu)
-                }
-                _ => false,
-            });
-            let r = self.mul_mat(graph, i, &mm, &s, npu_w, next_reads_same);
+            // The next node that does work is a MUL_MAT reading the same activation (the graph
+            // says so) and ORK routes it to the NPU (memoised): this one's last output pass may
+            // wait for it. A next one that still ends on the CPU (its weight not resident) gets
+            // the pass run before ggml-cpu runs it.
+            let link = Link {
+                next_reads_same: link.next_reads_same
+                    && (i + 1..n).map(|j| graph.node(j)).find(|nd| !matches!(nd, Node::View)).is_some_and(|nd| match nd {
+                        Node::MulMat(next) => walk_engine(dev, next.shape).is_some_and(|(_, e)| e == Engine::Npu),
+                        _ => false,
+                    }),
+                ..link
+            };
+            let r = self.mul_mat(graph, i, &mm, &s, npu_w, link);
             if let Some((pw, ss)) = fix_to {
                 if let Some(f) = pw.fix.get() {
                     let _ = ss.fix.set(f.clone());
@@ -455,7 +480,7 @@ impl<'g> Walk<'_, 'g> {
         mm: &MulMatNode<'_>,
         s: &MatMulShape,
         npu_w: Option<Arc<PackedWeight>>,
-        next_reads_same: bool,
+        link: Link,
     ) -> Result<Option<GpuJob<'g>>, String> {
         // The output pass the MUL_MAT before left runs beside this one's first piece only where
         // this one reads the same, unchanged activation (then it cannot read the other's
@@ -463,7 +488,10 @@ impl<'g> Walk<'_, 'g> {
         let before = self.deferred.take();
         let io = graph.mul_mat_io(i);
         let act = io.as_ref().map(|(x, _)| (x.as_ptr() as usize, x.len()));
-        let same = act.is_some() && self.last_act.get() == act;
+        // The same activation as the MUL_MAT before (the graph's word), which ran on the NPU
+        // with it (the walk's): its int8 terms are this one's.
+        let same = link.held && act.is_some() && self.last_act.replace(None) == act;
+        let link = Link { held: same, ..link };
         let before = match before {
             Some(p) if same && npu_w.is_some() => Some(p),
             p => {
@@ -486,7 +514,7 @@ impl<'g> Walk<'_, 'g> {
             let gw = store.get_or_upload_gpu(self.dev, w.tensor.addr, src, s.n, s.k).map_err(|e| e.to_string())?;
             return Ok(Some(GpuJob { w: gw, x, m: s.m, dst }));
         };
-        let r = self.dev.run_mul_mat_chained(pw, src.as_ref(), x, s.m, dst, same, before, next_reads_same);
+        let r = self.dev.run_mul_mat_chained(pw, src.as_ref(), x, s.m, dst, link, before);
         if r.redo {
             // A run failed and its rows cannot be computed again from the GGUF bytes: ggml-cpu
             // computes the whole MUL_MAT from its repacked weight (counted as fallen back).
@@ -509,7 +537,6 @@ impl<'g> Walk<'_, 'g> {
             return Ok(());
         }
         self.dev.finish_output(self.deferred.take(), true);
-        self.last_act.set(None);
         let dev = self.dev;
         let t0 = Instant::now();
         let r = gpu::run_batch(dev, &mut self.pending);
@@ -538,7 +565,6 @@ impl<'g> Walk<'_, 'g> {
     fn run_cpu(&mut self, graph: &mut dyn Graph<'g>, to: usize) -> Result<(), String> {
         let Some((nodes, ops)) = self.cpu.take(to) else { return Ok(()) };
         self.dev.finish_output(self.deferred.take(), true);
-        self.last_act.set(None);
         self.release();
         self.flush()?;
         if !self.stream.logged_whole_graph.swap(true, Relaxed) {
@@ -716,7 +742,7 @@ mod tests {
         let stream = Stream::default();
         // other, view, NPU MUL_MAT (M = ORK_MINM), other, decode MUL_MAT (M = 1: the CPU)
         let (dst, cpu_runs) = walk(&dev, &stream, |npu, weight| {
-            (vec![Node::Other, Node::View, npu, Node::Other, mul_mat(0x300, 1, Some(weight), &[0x100])], 2)
+            (vec![Node::Other(0x900), Node::View, npu, Node::Other(0x901), mul_mat(0x300, 1, Some(weight), &[0x100])], 2)
         });
         assert_eq!(cpu_runs, vec![0..2, 3..5], "the view stays inside the first run; the decode MUL_MAT joins the second");
         let (m, w) = (M_NPU, weight_f32());
@@ -774,15 +800,25 @@ mod tests {
         walk(dev, &Stream::default(), |npu, _| (vec![npu], 0)).0
     }
 
-    /// Two NPU MUL_MATs of one call reading the same activation with nothing run between them:
-    /// the second reuses the first's int8 terms on the walk's word, without hashing it; with a CPU
-    /// node between them (it could have written the activation) the hash decides. Either way the
-    /// two outputs are the same bits (the same weight, the same activation).
+    /// Three NPU MUL_MATs of one call reading the same activation, whatever their names and
+    /// order: the second and third reuse the first's int8 terms on the graph's word, without
+    /// hashing it, also across a node between that writes another tensor. A node between that
+    /// writes the activation leaves the MUL_MAT after it to the hash: after the first, the hash
+    /// finds nothing held (the first took no key: the graph showed its activation written before
+    /// anyone read it again) and the third reuses the second's terms; after the second, the hash
+    /// finds the same values (the test's node writes nothing). Every output is the same bits.
     #[test]
-    fn an_activation_read_twice_in_a_row_is_vouched_for_by_the_walk() {
-        // A gate projection's activation is read again (by up): its int8 terms are kept with their
-        // key. A down projection's is not: no key is taken, and nothing is reused after it.
-        for (name, between, reused, vouched) in [("ffn_gate", false, 1, 1), ("ffn_gate", true, 1, 0), ("ffn_down", false, 0, 0), ("ffn_down", true, 0, 0)] {
+    fn the_activation_rule_follows_the_graph() {
+        const ACT: usize = 0x50;
+        // (a weight name, a node between the first and second MUL_MAT and one between the second
+        // and third: the tensor each writes, reused, of those on the graph's word)
+        let cases = [
+            ("attn_k", [None, None], 2, 2),
+            ("mystery", [Some(0x9000), Some(ACT + 1)], 2, 2),
+            ("ffn_down", [Some(ACT), None], 1, 1),
+            ("attn_v", [None, Some(ACT)], 2, 1),
+        ];
+        for (name, between, reused, vouched) in cases {
             // Each case on a thread of its own: the held activation lives in the thread's
             // scratch, and this case's input may land where the last case's was (same bytes,
             // same hash: a reuse the case does not count on).
@@ -795,24 +831,26 @@ mod tests {
                     let tensor = Tensor { addr: wb.as_ptr() as usize, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(full.as_bytes()) };
                     let weight = Weight { tensor, store: Some(&store), model_weight: false, repacked: false };
                     let x = input(M_NPU);
-                    let (mut d1, mut d2) = (vec![0f32; M_NPU * N], vec![0f32; M_NPU * N]);
-                    let mut nodes = vec![mul_mat(0x100, M_NPU, Some(weight), &[])];
-                    if between {
-                        nodes.push(Node::Other);
-                    }
-                    nodes.push(mul_mat(0x200, M_NPU, Some(weight), &[]));
-                    let last = nodes.len() - 1;
+                    let mut d: Vec<Vec<f32>> = (0..3).map(|_| vec![0f32; M_NPU * N]).collect();
+                    let mut nodes = vec![mul_mat(0x100, M_NPU, Some(weight), &[tensor.addr, ACT])];
+                    nodes.extend(between[0].map(Node::Other));
+                    nodes.push(Node::View);
+                    nodes.push(mul_mat(0x200, M_NPU, Some(weight), &[tensor.addr, ACT]));
+                    nodes.extend(between[1].map(Node::Other));
+                    nodes.push(mul_mat(0x300, M_NPU, Some(weight), &[tensor.addr, ACT]));
                     let mut io: Vec<Option<(&[f32], &mut [f32])>> = (0..nodes.len()).map(|_| None).collect();
-                    io[0] = Some((&x, &mut d1));
-                    io[last] = Some((&x, &mut d2));
+                    let at: Vec<usize> = (0..nodes.len()).filter(|&i| matches!(nodes[i], Node::MulMat(_))).collect();
+                    for (&i, d) in at.iter().zip(d.iter_mut()) {
+                        io[i] = Some((&x, d));
+                    }
                     let mut g = Fake { nodes, weight: &wb, io, cpu_runs: vec![], cpu_fails: false };
                     compute(&dev, &Stream::default(), &mut g).expect("the walk runs");
                     drop(g);
                     let s = &dev.stats;
-                    assert_eq!(s.npu_matmuls.load(Relaxed), 2);
-                    assert_eq!(s.act_reused.load(Relaxed), reused, "the second MUL_MAT reuses the int8 terms ({name}, between: {between})");
-                    assert_eq!(s.act_vouched.load(Relaxed), vouched, "vouched for by the walk only with nothing between ({name}, between: {between})");
-                    assert!(d1.iter().zip(&d2).all(|(a, b)| a.to_bits() == b.to_bits()), "the same bits");
+                    assert_eq!(s.npu_matmuls.load(Relaxed), 3);
+                    assert_eq!(s.act_reused.load(Relaxed), reused, "MUL_MATs reusing the int8 terms ({name}, between: {between:?})");
+                    assert_eq!(s.act_vouched.load(Relaxed), vouched, "reused on the graph's word ({name}, between: {between:?})");
+                    assert!(d.iter().all(|o| o.iter().zip(&d[0]).all(|(a, b)| a.to_bits() == b.to_bits())), "the same bits");
                 })
                 .join()
                 .expect("the case runs");
@@ -873,7 +911,7 @@ mod tests {
         };
         let mut nodes = vec![node(0, 0x100), Node::View];
         if between {
-            nodes.push(Node::Other);
+            nodes.push(Node::Other(x.as_ptr() as usize));
         }
         nodes.push(node(1, 0x200));
         let last = nodes.len() - 1;
@@ -1040,13 +1078,13 @@ mod tests {
         let tensor = Tensor { addr: wb.as_ptr() as usize, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"w") };
         // A weight outside any live ORK buffer runs on the CPU with the ops around it.
         let loose = Weight { tensor, store: None, model_weight: false, repacked: false };
-        let nodes = vec![mul_mat(0x100, 32, Some(loose), &[]), Node::Other];
+        let nodes = vec![mul_mat(0x100, 32, Some(loose), &[]), Node::Other(0x900)];
         let mut g = Fake { nodes, weight: &wb, io: vec![None, None], cpu_runs: vec![], cpu_fails: false };
         compute(&dev, &stream, &mut g).unwrap();
         assert_eq!(g.cpu_runs, vec![0..2]);
         assert_eq!(dev.stats.npu_matmuls.load(Relaxed), 0);
         // A failed CPU run fails the call with ggml-cpu's line.
-        let nodes = vec![Node::Other, mul_mat(0x100, 32, Some(Weight { store: Some(&store), ..loose }), &[])];
+        let nodes = vec![Node::Other(0x900), mul_mat(0x100, 32, Some(Weight { store: Some(&store), ..loose }), &[])];
         let mut g = Fake { nodes, weight: &wb, io: vec![None, None], cpu_runs: vec![], cpu_fails: true };
         assert_eq!(compute(&dev, &stream, &mut g), Err("ggml-cpu returned status -1 for nodes 0..1".to_string()));
         // A MUL_MAT ORK takes without its activations fails the call naming the node.
@@ -1110,7 +1148,7 @@ mod tests {
         let tensor = Tensor { addr: 0x1000, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"w") };
         let w = Weight { tensor, store: Some(&store), model_weight: false, repacked: false };
         assert!(supports(&dev, &Node::View));
-        assert!(!supports(&dev, &Node::Other));
+        assert!(!supports(&dev, &Node::Other(0x900)));
         assert!(supports(&dev, &mul_mat(1, 32, Some(w), &[])));
         assert!(!supports(&dev, &mul_mat(1, 1, Some(w), &[])), "decode stays on the CPU (ORK_DECODE=auto)");
         assert_eq!(dev.stats.declined_small_m.load(Relaxed), 1);

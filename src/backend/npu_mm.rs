@@ -9,12 +9,14 @@
 //! it was packed and travels with it (`PackedWeight`); nothing here decides it again.
 
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::pool;
 use super::{Device, PackedWeight, WeightSource};
 use crate::npu::{Budget, NpuError};
 use crate::quant;
+use crate::route::activation::{Again, Link, Seen};
 use crate::route::precision::LO_ACT_TERMS;
 
 /// Per-thread buffers of [`Device::run_mul_mat`], reused from one matmul to the next so a decode
@@ -30,6 +32,8 @@ struct Scratch {
     cl: Vec<i32>,
     /// What `a` / `a_scale` hold: the rotated activation they were quantized from.
     act: Option<ActKey>,
+    /// What the weight that quantized `act` learns of its activation (read again or not).
+    act_seen: Option<Arc<Seen>>,
     /// The direction `dots` were taken with (of the activation `act`); empty: none.
     dot_dir: Vec<f32>,
 }
@@ -92,6 +96,7 @@ impl Scratch {
         cap(&mut self.dots);
         if self.a.is_empty() || self.a_scale.is_empty() {
             self.act = None;
+            self.act_seen = None;
         }
         if self.dots.is_empty() {
             self.dot_dir.clear();
@@ -338,21 +343,22 @@ impl Device {
     /// between that could write it — within one graph call, between two of ORK's own MUL_MATs).
     /// Then the int8 terms that MUL_MAT left are reused without hashing `x` to prove it.
     pub fn run_mul_mat_after(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32], same: bool) {
-        drop(self.run_mul_mat_chained(w, Some(src), x, m, dst, same, None, false));
+        drop(self.run_mul_mat_chained(w, Some(src), x, m, dst, Link { held: same, ..Link::default() }, None));
     }
 
-    /// [`Device::run_mul_mat_after`] in a chain of MUL_MATs reading one activation: `before`,
-    /// the output pass the MUL_MAT before this one left (its last piece's), runs beside this
-    /// one's first piece on the NPU; with `defer` (the caller runs the next MUL_MAT, reading the
-    /// same activation, right after this one) this one's last output pass is returned to be run
-    /// so in turn — when the MUL_MAT was cut into pieces and its last piece came from the NPU;
-    /// otherwise it is done before returning, as always.
+    /// [`Device::run_mul_mat_after`] in a chain of MUL_MATs reading one activation (`link`, what
+    /// the graph walk knows of it: `held` as `same` there; whether a later MUL_MAT reads it
+    /// again): `before`, the output pass the MUL_MAT before this one left (its last piece's), runs
+    /// beside this one's first piece on the NPU; with `link.next_reads_same` (the caller runs the
+    /// next MUL_MAT, reading the same activation, right after this one) this one's last output
+    /// pass is returned to be run so in turn — when the MUL_MAT was cut into pieces and its last
+    /// piece came from the NPU; otherwise it is done before returning, as always.
     ///
     /// `src` None: the weight's bytes are ggml-cpu's repacked layout (its calibrated direction was
     /// computed when it was packed, `backend::buffer`); where a run failed and its rows could not
     /// be computed again without them, the result says `redo` and `dst` must be computed by
     /// ggml-cpu (after the pending pass, if any, ran).
-    #[allow(clippy::too_many_arguments)] // the MUL_MAT's operands, the reuse hint, the chain
+    #[allow(clippy::too_many_arguments)] // the MUL_MAT's operands, the graph's link, the chain
     pub(super) fn run_mul_mat_chained<'g>(
         &self,
         w: &PackedWeight,
@@ -360,9 +366,8 @@ impl Device {
         x: &[f32],
         m: usize,
         dst: &'g mut [f32],
-        same: bool,
+        link: Link,
         before: Option<PendingOut<'_>>,
-        defer: bool,
     ) -> Chained<'g> {
         if m == 0 {
             self.finish_output(before, true);
@@ -373,7 +378,7 @@ impl Device {
         let fix = match (&self.calib, w.calib_key) {
             (Some(store), Some(key)) if store.recording() => {
                 self.finish_output(before, true);
-                let r = self.run_mul_mat_npu(w, src, x, m, dst, None, same, None, false);
+                let r = self.run_mul_mat_npu(w, src, x, m, dst, None, Link { next_reads_same: false, ..link }, None);
                 store.record(key, x, m, w.k);
                 return Chained { pending: None, redo: r.redo };
             }
@@ -383,7 +388,7 @@ impl Device {
             },
             _ => None,
         };
-        let r = self.run_mul_mat_npu(w, src, x, m, dst, fix, same, before, defer);
+        let r = self.run_mul_mat_npu(w, src, x, m, dst, fix, link, before);
         if fix.is_some() {
             self.stats.mean_corrected.fetch_add(1, Relaxed);
         }
@@ -457,7 +462,7 @@ impl Device {
     /// piece i + 1 and finishes piece i − 1. Every row goes through the same arithmetic as
     /// uncut (rows are independent, the NPU's int32 results exact), so the bits do not depend on
     /// the cut.
-    #[allow(clippy::too_many_arguments)] // the MUL_MAT's operands, its correction, the reuse hint, the chain
+    #[allow(clippy::too_many_arguments)] // the MUL_MAT's operands, its correction, the graph's link, the chain
     fn run_mul_mat_npu<'g>(
         &self,
         w: &PackedWeight,
@@ -466,10 +471,10 @@ impl Device {
         m: usize,
         dst: &'g mut [f32],
         fix: Option<&quant::mean::Direction>,
-        same: bool,
+        link: Link,
         before: Option<PendingOut<'_>>,
-        defer: bool,
     ) -> Chained<'g> {
+        let (same, defer) = (link.held, link.next_reads_same);
         let (k, n) = (w.k, w.n);
         assert_eq!(x.len(), m * k, "x is not [M, K]");
         assert_eq!(dst.len(), m * n, "dst is not [M, N]");
@@ -501,10 +506,15 @@ impl Device {
             let reused = key.is_some() && key == held_act;
             (key, reused, reused && dir.is_some_and(|d| d != held_dir.as_slice()))
         };
-        // The rows' hashes (the key of the int8 terms this pass makes) where the MUL_MAT after
-        // this one may read the same activation (not after the attention output or the down
-        // projection: their keys would never be asked for).
-        let mut hashes = vec![0u64; if w.rot.is_some() && vouched.is_none() && !candidate && w.role.is_read_again() { m } else { 0 }];
+        // The rows' hashes (the key of the int8 terms this pass makes) where a later MUL_MAT may
+        // read the same activation: the graph shows one, or the graph ends first and the
+        // activations this weight read were read again before (or it has not run yet).
+        let again = match link.read_again {
+            Again::Yes => true,
+            Again::No => false,
+            Again::Unknown => w.act_seen.may_be_read_again(),
+        };
+        let mut hashes = vec![0u64; if w.rot.is_some() && vouched.is_none() && !candidate && again { m } else { 0 }];
         let t1 = Instant::now();
         let lease = self.arbiter().acquire(phase, want);
         let ta = Instant::now();
@@ -790,9 +800,19 @@ impl Device {
                 self.stats.act_vouched.fetch_add(1, Relaxed);
             }
         }
+        // What the weight whose terms were held learns: its activation was read again, or (this
+        // one being another) not.
+        if let Some(seen) = &sc.act_seen {
+            if reused {
+                seen.read_again();
+            } else if !candidate {
+                seen.read_once();
+            }
+        }
         sc.dot_dir = held_dir;
         if !reused || redot {
             sc.act = key;
+            sc.act_seen = key.map(|_| w.act_seen.clone());
             sc.dot_dir.clear();
             sc.dot_dir.extend_from_slice(dir.unwrap_or_default());
         }

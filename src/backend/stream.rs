@@ -60,8 +60,9 @@ pub struct StreamSrc {
     pub rot: Option<Arc<Rotation>>,
     /// Its precision (`route::precision::decide`, when it became a streamed weight).
     pub precision: crate::route::precision::Precision,
-    /// Its role by name (`route::precision::Role::of`).
-    pub role: crate::route::precision::Role,
+    /// Whether the activations it reads were read again (`route::activation::Seen`), kept
+    /// across its fills.
+    pub act_seen: Arc<crate::route::activation::Seen>,
     pub calib_key: Option<u64>,
     pub fix: OnceLock<Option<crate::quant::mean::Direction>>,
 }
@@ -330,7 +331,7 @@ fn fill(ring: &StreamRing, ledger: &Arc<MemLedger>, src: &StreamSrc, gguf: Optio
         lo,
         rot: src.rot.clone(),
         precision: src.precision,
-        role: src.role,
+        act_seen: src.act_seen.clone(),
         calib_key: src.calib_key,
         fix,
         held: super::Held::new(ledger, [0, 0], 0),

@@ -16,6 +16,7 @@ use crate::cache::{self, CacheError};
 use crate::npu::{NpuError, ResidentWeight};
 use crate::pack::{pack_source_sets, PackedSource, WeightSource};
 use crate::quant::rotate::Rotation;
+use crate::route::activation::Seen;
 use crate::route::precision::{self, Role};
 use std::collections::HashMap;
 use std::ops::Range;
@@ -44,9 +45,9 @@ pub struct PackedWeight {
     /// (`terms.weight` as resident: 1 where the budget left no room for the second), rotation
     /// (`rot` is that rotation), correction. The NPU run and the GPU copy read it.
     pub precision: precision::Precision,
-    /// Its role by name (`Role::of`): whether the activation it reads is likely read again by
-    /// the MUL_MAT after it (`Role::is_read_again`).
-    pub role: Role,
+    /// Whether the activations it reads were read again by the MUL_MAT after it, where the
+    /// graph does not tell (`route::activation::Seen`).
+    pub act_seen: Arc<Seen>,
     /// The weight's key in the calibration file (`cache::calib::key`), where the device has one
     /// and the weight's precision corrects its rows.
     pub calib_key: Option<u64>,
@@ -302,7 +303,7 @@ pub fn stream_source(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, u
         lo_scales,
         rot,
         precision,
-        role: Role::of(src.name),
+        act_seen: Default::default(),
         calib_key,
         fix: Default::default(),
     })
@@ -358,7 +359,7 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
                         dev.stats.cache_hits.fetch_add(1, Relaxed);
                         dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
                         let held = held(dev, &resident, lo.as_ref(), scales.len(), col_scale.len());
-                        return Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, precision: resident_as(lo.is_some()), role: Role::of(src.name), lo, rot, calib_key, fix: Default::default(), held });
+                        return Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, precision: resident_as(lo.is_some()), act_seen: Default::default(), lo, rot, calib_key, fix: Default::default(), held });
                     }
                     Err(why) => log::debug!("orkpack {}: {why}; repacking", src.name),
                 }
@@ -417,7 +418,7 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
     dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
     PROGRESS.packed(src.bytes.len() as u64, cached);
     let held = held(dev, &resident, lo.as_ref(), scales.len(), col_scale.len());
-    Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, precision: resident_as(lo.is_some()), role: Role::of(src.name), lo, rot, calib_key, fix: Default::default(), held })
+    Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, precision: resident_as(lo.is_some()), act_seen: Default::default(), lo, rot, calib_key, fix: Default::default(), held })
 }
 
 /// One resident copy (NPU or GPU) and the source bytes it was made from.

@@ -41,6 +41,7 @@
 //!   (rknpu-facts §4) to 278 tok/s pp256 (seed 002), decode 12.8 tok/s (seed 002; 11.0 in seed
 //!   000); librkllmrt 184 / 11.71 (seed 002). `ork-route` prints them next to the predictions.
 
+pub mod activation;
 pub mod arbiter;
 pub mod precision;
 

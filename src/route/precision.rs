@@ -40,6 +40,7 @@
 //! `ORK_ROTATE=0`, which keeps the unrotated multi-term scheme: two weight terms, two activation
 //! terms, three for float weights).
 
+use super::activation::Link;
 use crate::config::Config;
 
 /// Activation terms that meet a weight's second int8 term (its cross terms with later activation
@@ -206,35 +207,13 @@ pub struct Precision {
     pub mean_correct: bool,
 }
 
-/// The roles that read one activation, in the order llama.cpp's graphs run them (b11549: Q, then
-/// its norm and RoPE, then V and K one after the other; gate and up one after the other): the
-/// one order [`Role::is_read_again`], [`reads_held`] and [`chain`] are read from.
-const SHARED_INPUT: [&[Role]; 2] = [&[Role::AttnQ, Role::AttnV, Role::AttnK], &[Role::FfnGate, Role::FfnUp]];
-/// Of [`SHARED_INPUT`], the roles whose next one runs right after them, nothing between (V → K,
-/// gate → up; Q's norm and RoPE run between Q and V).
-const FOLLOWED_AT_ONCE: [Role; 2] = [Role::AttnV, Role::FfnGate];
-
-impl Role {
-    /// Whether the activation a weight of this role reads is likely read again by a MUL_MAT
-    /// after it (Q's by V and K, V's by K, gate's by up; unknown roles may be): the backend then
-    /// keeps the key of its int8 terms (the rows' hashes, taken in its activation pass).
-    pub fn is_read_again(self) -> bool {
-        self == Role::Other || SHARED_INPUT.iter().any(|g| g[..g.len() - 1].contains(&self))
-    }
-
-    /// Whether a MUL_MAT before this role's reads the same activation (V and K after Q, up after
-    /// gate).
-    fn reads_after_another(self) -> bool {
-        SHARED_INPUT.iter().any(|g| g[1..].contains(&self))
-    }
-}
-
-/// Whether a weight of `role` with precision `p` reads the activation the MUL_MAT before it
-/// quantized (V and K after Q, up after gate; rotated weights of one K share one rotation and
-/// no column scales): the backend reuses those int8 terms (`backend::npu_mm`, the held
+/// Whether a weight with precision `p` whose activation the graph shows held (`link.held`: the
+/// MUL_MAT before it read the same activation, nothing writing it between) reads it as the int8
+/// terms that one made: rotated weights of one K share one rotation and no column scales, and
+/// only one activation term is held. The backend reuses those terms (`backend::npu_mm`, the held
 /// activation), so its MUL_MAT has no activation pass and its first piece is not cut short.
-pub fn reads_held(role: Role, p: Precision) -> bool {
-    p.rotated && p.terms.act == 1 && role.reads_after_another()
+pub fn reads_held(link: Link, p: Precision) -> bool {
+    p.rotated && p.terms.act == 1 && link.held
 }
 
 /// Where a MUL_MAT stands among the MUL_MATs that read its activation, as the cost model and
@@ -249,9 +228,9 @@ pub struct Chain {
     pub beside_next: bool,
 }
 
-/// [`Chain`] of a weight of `role` with precision `p`.
-pub fn chain(role: Role, p: Precision) -> Chain {
-    Chain { held: reads_held(role, p), beside_next: p.terms == Terms::PLAIN && FOLLOWED_AT_ONCE.contains(&role) }
+/// [`Chain`] of a weight with precision `p` whose place in the graph is `link`.
+pub fn chain(link: Link, p: Precision) -> Chain {
+    Chain { held: reads_held(link, p), beside_next: p.terms == Terms::PLAIN && link.next_reads_same }
 }
 
 /// The precision of one `[N, K]` weight of `role` (`float_source`: an F16/BF16/F32 source;
@@ -299,25 +278,14 @@ mod tests {
     }
 
     #[test]
-    fn the_roles_that_share_an_activation_hold_it_for_the_next_one() {
+    fn what_the_graph_shows_held_is_reused_in_one_rotated_term() {
         let p = |rotated: bool, act: usize| Precision { terms: Terms { weight: 1, act }, rotated, mean_correct: rotated };
-        // llama.cpp's order: Q (its norm and RoPE), V, K; gate, up.
-        for (role, again, held, beside_next) in [
-            (Role::Head, false, false, false),
-            (Role::AttnQ, true, false, false),
-            (Role::AttnV, true, true, true),
-            (Role::AttnK, false, true, false),
-            (Role::AttnOut, false, false, false),
-            (Role::FfnGate, true, false, true),
-            (Role::FfnUp, false, true, false),
-            (Role::FfnDown, false, false, false),
-            (Role::Other, true, false, false),
-        ] {
-            assert_eq!((role.is_read_again(), reads_held(role, p(true, 1))), (again, held), "{role:?}");
-            assert_eq!(chain(role, p(true, 1)), Chain { held, beside_next }, "{role:?}");
-            assert!(!reads_held(role, p(false, 1)) && !reads_held(role, p(true, 2)), "{role:?}: only one rotated activation term is held");
-            assert_eq!(chain(role, p(false, 1)).beside_next, beside_next, "{role:?}: unrotated, one term each");
-            assert!(!chain(role, p(true, 2)).beside_next, "{role:?}: two activation terms are not cut");
+        for (held, next_reads_same) in [(false, false), (true, false), (false, true), (true, true)] {
+            let l = Link { held, next_reads_same, read_again: super::super::activation::Again::Unknown };
+            assert_eq!(chain(l, p(true, 1)), Chain { held, beside_next: next_reads_same });
+            assert!(!reads_held(l, p(false, 1)) && !reads_held(l, p(true, 2)), "only one rotated activation term is held");
+            assert_eq!(chain(l, p(false, 1)).beside_next, next_reads_same, "unrotated, one term each");
+            assert!(!chain(l, p(true, 2)).beside_next, "two activation terms are not cut");
         }
     }
 

@@ -4,6 +4,7 @@
 //! coefficients are divided by ([`prefill_work`]).
 
 use ggml_ork::config::Config;
+use ggml_ork::route::activation::layer_link;
 use ggml_ork::route::precision::{self, Role};
 use ggml_ork::route::{decide_precision, Availability, CostModel, Engine, MatMul};
 
@@ -80,7 +81,7 @@ pub fn predict(cfg: &Config, model: &CostModel, shape: &ModelShape, m: usize) ->
     let work = shape.role_work();
     let t = |rows: usize, k: usize, n: usize, ty: u32, role: precision::Role| {
         let p = precision::decide(cfg, role, ggml_ork::quant::types::is_float(ty), &work, k);
-        let d = decide_precision(cfg, model, &MatMul { m: rows, k, n, ggml_type: ty }, p, precision::chain(role, p), Availability::default());
+        let d = decide_precision(cfg, model, &MatMul { m: rows, k, n, ggml_type: ty }, p, precision::chain(layer_link(role), p), Availability::default());
         match d.engine {
             Engine::Npu => d.predicted.0,
             Engine::Cpu => d.predicted.1,
@@ -121,7 +122,7 @@ pub fn prefill_work(cfg: &Config, model: &CostModel, shape: &ModelShape, m: usiz
         if s != usize::MAX {
             submits += s as f64 / m as f64;
             rk += (terms.act * k) as f64;
-            if !precision::reads_held(role, p) {
+            if !precision::reads_held(layer_link(role), p) {
                 ark += (terms.act * k) as f64;
             }
             rn += (terms.rows() * n) as f64;
@@ -209,7 +210,7 @@ mod tests {
         // less) nor waits for the check, so it costs less than the same MUL_MAT quantizing its
         // own activation, by at least that pass's first piece.
         let p1 = precision::decide(&c, precision::Role::AttnK, false, &q.role_work(), 2048);
-        assert!(precision::reads_held(precision::Role::AttnK, p1) && !precision::reads_held(precision::Role::AttnQ, p1));
+        assert!(precision::reads_held(layer_link(precision::Role::AttnK), p1) && !precision::reads_held(layer_link(precision::Role::AttnQ), p1));
         assert_eq!(h.host_parts(512, 2048, 1024, p1.terms, true).1 .0, h.a76 * (h.check_s * (512 * 2048) as f64), "its pass is the reuse check");
         let held_chain = precision::Chain { held: true, beside_next: false };
         let (held, own) = (host.npu_host_s(512, 2048, 1024, p1.terms, 3, held_chain), host.npu_host_s(512, 2048, 1024, p1.terms, 3, precision::Chain::default()));
@@ -218,7 +219,7 @@ mod tests {
         // V right before K (llama.cpp's order): its last output pass runs beside K's first piece,
         // so its last piece is not cut short (one weight feed less) and it costs less than with
         // nothing after it; K, with nothing after it, still cuts its last piece short.
-        let v = precision::chain(precision::Role::AttnV, p1);
+        let v = precision::chain(layer_link(precision::Role::AttnV), p1);
         assert_eq!(v, precision::Chain { held: true, beside_next: true });
         assert_eq!(host.pipeline_ends(512, 2048, 1024, p1.terms, 3, v), ggml_ork::npu::plan::Ends { first: false, last: false });
         assert_eq!(host.pipeline_ends(512, 2048, 1024, p1.terms, 3, held_chain), ggml_ork::npu::plan::Ends { first: false, last: true });

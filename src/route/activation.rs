@@ -1,0 +1,235 @@
+//! Which MUL_MATs read an activation another MUL_MAT quantized, read from the graph itself.
+//!
+//! Weights of one K that share a rotation (Q/K/V, gate/up) turn one activation into the same
+//! int8 terms: the second MUL_MAT reading it may reuse the first's terms. Whether it does is a
+//! fact of the graph, not of a release's node order or a weight's name: the same activation
+//! tensor, and no node between the two that writes its memory. [`links`] reads that from a list
+//! of [`Step`]s — the backend's pre-pass makes them from the live graph, the cost model from a
+//! synthetic layer — and says for each MUL_MAT what the graph proves. What it does not prove
+//! (a reader in another graph call, an activation the call ends with) is left to the
+//! activation's hash (`backend::npu_mm`).
+
+use super::precision::Role;
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+
+/// One graph node as the rule needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// A node that does no work (a view, a reshape): it writes nothing.
+    View,
+    /// A node that computes: `writes`, the tensor owning the memory it writes (itself, or the
+    /// tensor it is a view of); `act`, for a MUL_MAT, its activation tensor and the tensor owning
+    /// that one's memory.
+    Work { writes: usize, act: Option<Act> },
+}
+
+/// A MUL_MAT's activation: the tensor (`src[1]`) and the tensor owning its memory (itself, or the
+/// tensor it is a view of).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Act {
+    pub tensor: usize,
+    pub base: usize,
+}
+
+/// What the graph proves of one MUL_MAT's activation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Link {
+    /// The MUL_MAT before it reads the same activation and no node between them writes its
+    /// memory: the int8 terms that one made are this one's, if it ran them.
+    pub held: bool,
+    /// The next node that computes is a MUL_MAT reading the same activation.
+    pub next_reads_same: bool,
+    /// Whether a later MUL_MAT reads the activation again.
+    pub read_again: Again,
+}
+
+/// Whether a later MUL_MAT reads an activation again, as far as the graph shows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Again {
+    /// A later MUL_MAT of the graph reads it, nothing writing it between.
+    Yes,
+    /// A node of the graph writes its memory before any MUL_MAT reads it again.
+    No,
+    /// The graph ends first: a later graph call may read it.
+    #[default]
+    Unknown,
+}
+
+/// What a weight's MUL_MATs showed of the activations it reads, for where the graph does not tell
+/// ([`Again::Unknown`]: the graph call ends first): whether the next MUL_MAT after one of its runs
+/// reused that run's int8 terms. Until a run says otherwise a weight's activation may be read
+/// again; once a run was followed by one on another activation, it is not (unless a run was
+/// reused before: read again stays).
+#[derive(Debug, Default)]
+pub struct Seen(AtomicU8);
+
+const UNSEEN: u8 = 0;
+const AGAIN: u8 = 1;
+const ONCE: u8 = 2;
+
+impl Seen {
+    /// Whether the activation this weight reads may be read again by a later MUL_MAT.
+    pub fn may_be_read_again(&self) -> bool {
+        self.0.load(Relaxed) != ONCE
+    }
+
+    /// The next MUL_MAT reused the terms of this weight's run.
+    pub fn read_again(&self) {
+        self.0.store(AGAIN, Relaxed);
+    }
+
+    /// The next MUL_MAT read another activation.
+    pub fn read_once(&self) {
+        let _ = self.0.compare_exchange(UNSEEN, ONCE, Relaxed, Relaxed);
+    }
+}
+
+/// One transformer layer as llama.cpp's graphs compute it — the attention block: Q, then Q's norm
+/// and RoPE, then V and K; its output projection; the FFN: gate and up, their product, down —
+/// and the head, as [`Step`]s: the synthetic graph the cost model and `ork-route` read a role's
+/// [`Link`] from. A role it does not name reads an activation of its own. (The backend reads the
+/// live graph instead.)
+pub fn layer_link(role: Role) -> Link {
+    let x = |t: usize| Act { tensor: t, base: t };
+    let (attn_in, q_out, attn_out, ffn_in, ffn_act, head_in, own) = (1, 2, 3, 4, 5, 6, 7);
+    let op = |t: usize| Step::Work { writes: t, act: None };
+    let mm = |out: usize, t: usize| Step::Work { writes: out, act: Some(x(t)) };
+    let g = [
+        op(attn_in),
+        mm(0x10, attn_in),
+        op(q_out),
+        Step::View,
+        op(q_out),
+        mm(0x11, attn_in),
+        mm(0x12, attn_in),
+        op(attn_out),
+        mm(0x13, attn_out),
+        op(ffn_in),
+        mm(0x14, ffn_in),
+        mm(0x15, ffn_in),
+        op(ffn_act),
+        mm(0x16, ffn_act),
+        op(head_in),
+        mm(0x17, head_in),
+        op(own),
+        mm(0x18, own),
+        // The next layer writes them anew.
+        op(attn_in),
+        op(attn_out),
+        op(ffn_in),
+        op(ffn_act),
+        op(head_in),
+        op(own),
+    ];
+    let at = match role {
+        Role::AttnQ => 1,
+        Role::AttnV => 5,
+        Role::AttnK => 6,
+        Role::AttnOut => 8,
+        Role::FfnGate => 10,
+        Role::FfnUp => 11,
+        Role::FfnDown => 13,
+        Role::Head => 15,
+        Role::Other => 17,
+    };
+    links(&g)[at]
+}
+
+/// The [`Link`] of every step (the default for a step that is not a MUL_MAT).
+pub fn links(steps: &[Step]) -> Vec<Link> {
+    let mut out = vec![Link::default(); steps.len()];
+    let writes = |s: &Step, a: &Act| matches!(s, Step::Work { writes, .. } if *writes == a.base || *writes == a.tensor);
+    let mut before: Option<(usize, Act)> = None;
+    for (i, s) in steps.iter().enumerate() {
+        let Step::Work { act, .. } = s else { continue };
+        if let Some((j, held)) = before.filter(|_| act.is_some()) {
+            let a = act.expect("a MUL_MAT");
+            out[i].held = held.tensor == a.tensor && !steps[j + 1..i].iter().any(|s| writes(s, &a));
+        }
+        if let Some(a) = act {
+            let mut later = steps[i + 1..].iter().filter(|s| matches!(s, Step::Work { .. }));
+            out[i].next_reads_same = matches!(later.next(), Some(Step::Work { act: Some(n), .. }) if n.tensor == a.tensor);
+            out[i].read_again = steps[i + 1..]
+                .iter()
+                .find_map(|s| match s {
+                    Step::Work { act: Some(n), .. } if n.tensor == a.tensor => Some(Again::Yes),
+                    s if writes(s, a) => Some(Again::No),
+                    _ => None,
+                })
+                .unwrap_or(Again::Unknown);
+            before = Some((i, *a));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const X: Act = Act { tensor: 0x10, base: 0x10 };
+
+    fn mm(out: usize, act: Act) -> Step {
+        Step::Work { writes: out, act: Some(act) }
+    }
+
+    fn op(writes: usize) -> Step {
+        Step::Work { writes, act: None }
+    }
+
+    #[test]
+    fn the_rule_follows_the_graph_not_an_order() {
+        // Q, its norm and RoPE (writing Q's output, not X), then K before V: both after Q hold its
+        // terms; the norm between Q and K writes another tensor.
+        let g = [mm(0x100, X), op(0x100), Step::View, op(0x100), mm(0x200, X), mm(0x300, X)];
+        let l = links(&g);
+        assert_eq!(l[0], Link { held: false, next_reads_same: false, read_again: Again::Yes });
+        assert_eq!(l[4], Link { held: true, next_reads_same: true, read_again: Again::Yes });
+        assert_eq!(l[5], Link { held: true, next_reads_same: false, read_again: Again::Unknown });
+        assert_eq!(l[1], Link::default(), "not a MUL_MAT");
+        // A node between that writes X (in place, through a view of it): nothing held, and the
+        // first MUL_MAT's activation is not read again.
+        let v = Act { tensor: 0x11, base: 0x10 };
+        let g = [mm(0x100, v), op(0x10), mm(0x200, v)];
+        let l = links(&g);
+        assert_eq!((l[0].read_again, l[2].held), (Again::No, false));
+        // Writing the view itself counts too.
+        assert!(!links(&[mm(0x100, v), op(0x11), mm(0x200, v)])[2].held);
+        // Another activation's MUL_MAT between: its terms, not X's, are the held ones.
+        let y = Act { tensor: 0x20, base: 0x20 };
+        let l = links(&[mm(0x100, X), mm(0x200, y), mm(0x300, X)]);
+        assert_eq!((l[1].held, l[2].held, l[0].read_again, l[0].next_reads_same), (false, false, Again::Yes, false));
+        // Another tensor viewing the same memory is not the same activation.
+        assert!(!links(&[mm(0x100, X), mm(0x200, Act { tensor: 0x12, base: 0x10 })])[1].held);
+    }
+
+    #[test]
+    fn a_weight_learns_whether_its_activation_is_read_again() {
+        let s = Seen::default();
+        assert!(s.may_be_read_again(), "until a run says otherwise");
+        s.read_once();
+        assert!(!s.may_be_read_again());
+        let s = Seen::default();
+        s.read_again();
+        s.read_once();
+        assert!(s.may_be_read_again(), "read again stays");
+    }
+
+    #[test]
+    fn a_layer_as_llama_cpp_computes_it() {
+        use Again::*;
+        for (role, held, next_reads_same, read_again) in [
+            (Role::Head, false, false, No),
+            (Role::AttnQ, false, false, Yes),
+            (Role::AttnV, true, true, Yes),
+            (Role::AttnK, true, false, No),
+            (Role::AttnOut, false, false, No),
+            (Role::FfnGate, false, true, Yes),
+            (Role::FfnUp, true, false, No),
+            (Role::FfnDown, false, false, No),
+            (Role::Other, false, false, No),
+        ] {
+            assert_eq!(layer_link(role), Link { held, next_reads_same, read_again }, "{role:?}");
+        }
+    }
+}
