@@ -54,6 +54,13 @@ struct ActKey {
     hash: u64,
 }
 
+impl ActKey {
+    /// The key of `x` (`m` rows quantized to `terms` int8 terms) with hash `hash`.
+    fn of(x: &[f32], m: usize, terms: usize, hash: u64) -> ActKey {
+        ActKey { addr: x.as_ptr() as usize, len: x.len(), rows: m, terms, hash }
+    }
+}
+
 /// The hash of [`ActKey`]: XXH3-64 of the rows' [`quant::row_hash`]es (`x: [M, K]`, rows on
 /// the current pool). The activation pass takes the same row hashes while it reads the rows
 /// ([`quant::prepare_rows_hashed`], combined by [`rows_hash`]), so only an activation that may be
@@ -455,13 +462,11 @@ impl Device {
     /// (dequantization of every term, the second weight term, `fix`'s correction), each row from
     /// its own values only.
     ///
-    /// Pipelined where the NPU says a cut pays (`Npu::pipeline_bounds`: whole M-tiles, each piece
-    /// long enough on the NPU, the first and last pieces short) and the activation has one int8
-    /// term: the rows are cut into
-    /// pieces, and while the NPU runs piece i (on a thread of its own) this thread prepares
-    /// piece i + 1 and finishes piece i − 1. Every row goes through the same arithmetic as
-    /// uncut (rows are independent, the NPU's int32 results exact), so the bits do not depend on
-    /// the cut.
+    /// [`Device::plan_matmul`] decides everything first (the held activation, the NPU lease, the
+    /// pieces); [`Passes::run_whole`] or [`Passes::run_cut`] carries it out;
+    /// [`Device::book_matmul`] folds what happened into the counters.
+    /// Every row goes through the same arithmetic whatever the cut (rows are independent, the
+    /// NPU's int32 results exact), so the bits do not depend on it.
     #[allow(clippy::too_many_arguments)] // the MUL_MAT's operands, its correction, the graph's link, the chain
     fn run_mul_mat_npu<'g>(
         &self,
@@ -474,7 +479,6 @@ impl Device {
         link: Link,
         before: Option<PendingOut<'_>>,
     ) -> Chained<'g> {
-        let (same, defer) = (link.held, link.next_reads_same);
         let (k, n) = (w.k, w.n);
         assert_eq!(x.len(), m * k, "x is not [M, K]");
         assert_eq!(dst.len(), m * n, "dst is not [M, N]");
@@ -482,30 +486,90 @@ impl Device {
         // The per-thread buffers of the last call (taken out, so a re-entered call on this thread
         // simply allocates its own); none of them needs zeroing: each is fully written below.
         let mut sc = SCRATCH.with(|c| c.take());
-        let terms = w.precision.terms.act;
-        let rows = terms * m;
-        let lt = LO_ACT_TERMS.min(terms);
+        let mut plan = self.plan_matmul(w, x, m, link, &mut sc);
+        let (terms, lt) = (plan.terms, plan.lt);
         let dir = fix.map(|d| d.dir.as_slice());
+        let mut hashes = vec![0u64; if plan.hashed { m } else { 0 }];
+        let (a, a_scale, dots, coef, c, cl) = sc.split(terms * m * k, terms * m, if dir.is_some() { m } else { 0 }, if fix.is_some() { m } else { 0 }, terms * m * n, if w.lo.is_some() { lt * m * n } else { 0 });
+        let passes = Passes {
+            dev: self,
+            w,
+            x,
+            terms,
+            lt,
+            // Rotated weights have no column equalisation: the activation rows are rotated by
+            // the same R instead.
+            prep: w.rot.as_ref().map_or(quant::RowPrep::Columns(&w.col_scale), |rot| quant::RowPrep::Rotate(rot)),
+            dir,
+            fix,
+            busy: plan.lease.as_ref().err().map(|e| e.to_string()),
+            budget: plan.budget,
+            first: plan.first,
+            cpu: CpuFallback { w, src, terms: std::sync::OnceLock::new(), missed: Default::default() },
+        };
+        let mut rep = Report::default();
+        let mut before = before;
+        // The MUL_MAT — reuse decision, activation pass, NPU runs, output pass; cut into pieces
+        // or not — goes to the host pool in one hand-off, and its passes run on the pool thread it
+        // landed on and the pool's other threads without a hand-off each; those are kept awake
+        // meanwhile (`pool::keep_awake`). A hand-off is a wake-up of a sleeping thread, 50–100 µs
+        // here; woken per pass, the second thread came too late to take its share, and a pass ran
+        // at about one thread's rate (the Qwen3-1.7B shape at pp512, `bash
+        // bench-scripts/prefill_host_table.sh`, two runs each: act-quant 358–369 → 189–200 ms,
+        // dequant 529–549 → 264–287 ms, the passes handed off each from the calling thread with
+        // the pool asleep between them → this).
+        pool::on_host(self.cfg, terms * m * k, || {
+            pool::keep_awake(self.cfg, || {
+                let bufs = Bufs { a, a_scale, dots, coef, c, cl, hashes: &mut hashes, dst };
+                if plan.bounds.len() == 1 {
+                    passes.run_whole(&plan, bufs, &mut before, &mut rep);
+                } else {
+                    passes.run_cut(&plan, bufs, &mut before, &mut rep);
+                }
+            })
+        });
+        // The key of an activation not hashed before its pass: from the row hashes it took.
+        let (key, reused, redot) = rep.decided;
+        let key = if hashes.is_empty() { key } else { Some(ActKey::of(x, m, terms, rows_hash(&hashes))) };
+        // What the weight whose terms were held learns: its activation was read again, or (this
+        // one being another) not.
+        if let Some(seen) = &sc.act_seen {
+            if reused {
+                seen.read_again();
+            } else if !plan.candidate {
+                seen.read_once();
+            }
+        }
+        sc.dot_dir = std::mem::take(&mut plan.held_dir);
+        if !reused || redot {
+            sc.act = key;
+            sc.act_seen = key.map(|_| w.act_seen.clone());
+            sc.dot_dir.clear();
+            sc.dot_dir.extend_from_slice(dir.unwrap_or_default());
+        }
+        SCRATCH.with(|cell| cell.set(sc.kept()));
+        let missed = passes.cpu.missed.load(Relaxed);
+        self.book_matmul(plan, &rep, m, t0);
+        Chained { pending: rep.deferred, redo: missed }
+    }
+
+    /// How one NPU MUL_MAT of `m` rows of `x` runs, decided before anything runs: whether the
+    /// int8 terms `sc` holds are its activation's (the graph walk vouches, `link.held`, or its
+    /// address and size say it may be: then its hash decides), whether its pass takes the row
+    /// hashes a later MUL_MAT may ask for, the NPU lease, and the pieces its rows are cut into —
+    /// the one place the cut is decided (the cost model's ends for this shape, memoised).
+    fn plan_matmul(&self, w: &PackedWeight, x: &[f32], m: usize, link: Link, sc: &mut Scratch) -> Plan<'_> {
+        let (k, n) = (w.k, w.n);
+        let terms = w.precision.terms.act;
         let phase = crate::route::Phase::of(self.cfg, m);
-        let phase_i = (phase == crate::route::Phase::Decode) as usize;
-        let ps = &self.stats.phase[phase_i];
         let want = self.cfg.max_cores.unwrap_or(self.npu.soc().cores);
         // The activation's identity and whether its int8 terms are still in `sc.a`: the caller
-        // vouches for an unchanged activation (`same`), else its hash says so (taken in the same
-        // hand-off to the host pool as the activation pass where the MUL_MAT is not cut).
+        // vouches for an unchanged activation (`link.held`), else its hash says so (taken in the
+        // same hand-off to the host pool as the activation pass where the MUL_MAT is not cut).
         let (held_act, held_dir) = (sc.act, std::mem::take(&mut sc.dot_dir));
-        let vouched = held_act.filter(|a| same && (a.addr, a.len, a.rows, a.terms) == (x.as_ptr() as usize, x.len(), m, terms));
-        // (key, reused, redot): the dots are taken again when the int8 terms are reused but
-        // this weight's direction is not the one they were taken with (Q/K/V and gate/up share it).
-        // An activation that cannot be the held one (another address or size) is not hashed
-        // here: its activation pass takes the row hashes (`hashes`), and its key after it.
-        let this = |hash: u64| ActKey { addr: x.as_ptr() as usize, len: x.len(), rows: m, terms, hash };
-        let candidate = held_act.is_some_and(|a| (a.addr, a.len, a.rows, a.terms) == (x.as_ptr() as usize, x.len(), m, terms));
-        let decide = || {
-            let key = w.rot.as_ref().and_then(|_| vouched.or_else(|| candidate.then(|| this(act_hash(x, k)))));
-            let reused = key.is_some() && key == held_act;
-            (key, reused, reused && dir.is_some_and(|d| d != held_dir.as_slice()))
-        };
+        let here = |a: &ActKey| (a.addr, a.len, a.rows, a.terms) == (x.as_ptr() as usize, x.len(), m, terms);
+        let vouched = held_act.filter(|a| link.held && here(a));
+        let candidate = held_act.is_some_and(|a| here(&a));
         // The rows' hashes (the key of the int8 terms this pass makes) where a later MUL_MAT may
         // read the same activation: the graph shows one, or the graph ends first and the
         // activations this weight read were read again before (or it has not run yet).
@@ -514,11 +578,10 @@ impl Device {
             Again::No => false,
             Again::Unknown => w.act_seen.may_be_read_again(),
         };
-        let mut hashes = vec![0u64; if w.rot.is_some() && vouched.is_none() && !candidate && again { m } else { 0 }];
-        let t1 = Instant::now();
+        let hashed = w.rot.is_some() && vouched.is_none() && !candidate && again;
+        let t_ask = Instant::now();
         let lease = self.arbiter().acquire(phase, want);
-        let ta = Instant::now();
-        ps.arb_ns.fetch_add((ta - t1).as_nanos() as u64, Relaxed);
+        let t_got = Instant::now();
         let (budget, first) = match &lease {
             Ok(l) => (Budget { max_cores: l.count }, l.first),
             Err(_) => (Budget { max_cores: want }, 0),
@@ -533,295 +596,41 @@ impl Device {
             }
             let t = w.precision.terms;
             // A last output pass left for the next MUL_MAT needs no short last piece to hide it.
-            let beside_next = defer && w.lo.is_none();
+            let beside_next = link.next_reads_same && w.lo.is_none();
             let key = (m, k, n, t.weight, t.act, budget.max_cores, candidate, beside_next);
             let ends = super::remembered(&ENDS, key, || crate::route::pipeline_ends(self.npu.soc(), m, k, n, t, budget.max_cores, crate::route::precision::Chain { held: candidate, beside_next }));
             self.npu.pipeline_bounds(&w.resident, m, budget, ends)
         } else {
             vec![(0, m)]
         };
-        let (a, a_scale, dots, coef, c, cl) = sc.split(rows * k, rows, if dir.is_some() { m } else { 0 }, if fix.is_some() { m } else { 0 }, rows * n, if w.lo.is_some() { lt * m * n } else { 0 });
-        let prep = match &w.rot {
-            // Rotated weights have no column equalisation: the activation rows are rotated by
-            // the same R instead.
-            Some(rot) => quant::RowPrep::Rotate(rot),
-            None => quant::RowPrep::Columns(&w.col_scale),
-        };
-        // The activation pass of rows [r0, r1) (all of M when uncut: then the slices hold every
-        // term, term-major). Returns its time and the time of dots taken again.
-        let act = |(r0, r1): (usize, usize), reuse: (bool, bool), a: &mut [i8], a_scale: &mut [f32], dots: &mut [f32], coef: &mut [Option<f32>], hashes: &mut [u64]| -> (u64, u64) {
-            let t = Instant::now();
-            let mut dot_ns = 0;
-            let xr = &x[r0 * k..r1 * k];
-            let (reused, redot) = reuse;
-            pool::on_host(self.cfg, terms * (r1 - r0) * k, || {
-                if !reused {
-                    quant::prepare_rows_hashed(xr, r1 - r0, k, terms, prep, dir, a, a_scale, dots, hashes);
-                } else if let Some(d) = dir.filter(|_| redot) {
-                    use rayon::prelude::*;
-                    let td = Instant::now();
-                    if xr.len() >= quant::PAR_MIN_ELEMS {
-                        xr.par_chunks_exact(k).zip(dots.par_iter_mut()).for_each(|(r, o)| *o = quant::mean::dot16(r, d));
-                    } else {
-                        xr.chunks_exact(k).zip(dots.iter_mut()).for_each(|(r, o)| *o = quant::mean::dot16(r, d));
-                    }
-                    dot_ns = td.elapsed().as_nanos() as u64;
-                }
-            });
-            if let Some(d) = fix {
-                for (c, &dot) in coef.iter_mut().zip(dots.iter()) {
-                    *c = d.coefficient(dot);
-                }
-            }
-            (t.elapsed().as_nanos() as u64, dot_ns)
-        };
-        // The NPU runs of rows [r0, r1) (`a`: their int8 terms, term-major), each term's result
-        // into `c` / `cl`; an NPU error computes the same int8 arithmetic on the CPU (`cpu`).
-        let cpu = CpuFallback { w, src, terms: std::sync::OnceLock::new(), missed: Default::default() };
-        // One weight term's NPU run of `rows` activation rows, booked into `r`: its result left
-        // in the NPU cores' buffers (`TermOut::Shares`), or on an error the same int8 arithmetic on
-        // the CPU into `out` (`second`: the second weight term).
-        let term = |r: &mut PieceRun, rw: &crate::npu::ResidentWeight, second: bool, a: &[i8], rows: usize, out: &mut [i32]| -> TermOut {
-            let mut held_by = TermOut::Dense;
-            let run = match &lease {
-                Ok(_) => self.npu.mm_run_shares(rw, a, rows, budget, first).map(|(sh, rs)| {
-                    held_by = TermOut::Shares(sh);
-                    rs
-                }),
-                Err(e) => Err(NpuError::NoDevice(e.to_string())),
-            };
-            r.book(run, rows, lease.is_ok(), self, |r| cpu.run(r, a, rows, second, out));
-            held_by
-        };
-        let npu = |a: &[i8], mr: usize, c: &mut [i32], cl: &mut [i32]| -> (PieceRun, TermOut, TermOut) {
-            let mut r = PieceRun::default();
-            let t = Instant::now();
-            let hc = term(&mut r, &w.resident, false, a, terms * mr, c);
-            // The second weight term against the first activation term only: the cross terms
-            // with later activation terms sit below both terms' resolution (SmolLM2: NMSE ≤ 3e-8
-            // with them, ≤ 1.2e-6 without, against 1e-4 for one weight term) and would cost T·M
-            // more NPU rows.
-            let mut hl = TermOut::Dense;
-            if let Some((lo, _)) = &w.lo {
-                hl = term(&mut r, lo, true, &a[..lt * mr * k], lt * mr, cl);
-                // The output pass walks the first term's segments: a dense first term (computed
-                // on the CPU) takes a dense second one.
-                if let (TermOut::Dense, TermOut::Shares(_)) = (&hc, &hl) {
-                    if let TermOut::Shares(sh) = std::mem::replace(&mut hl, TermOut::Dense) {
-                        sh.copy_to(cl);
-                        self.npu.give_back(sh);
-                    }
-                }
-            }
-            r.wall_ns = t.elapsed().as_nanos() as u64;
-            (r, hc, hl)
-        };
-        // The output pass of rows [r0, r1): every term, the second weight term, the correction,
-        // reading the NPU cores' buffers in place; then hands them back to the NPU.
-        let out = |(r0, r1): (usize, usize), c: (&[i32], TermOut), a_scale: &[f32], cl: (&[i32], TermOut), coef: &[Option<f32>], dst: &mut [f32]| -> u64 {
-            let t = Instant::now();
-            let (pc, pcl) = (c.1.parts(), cl.1.parts());
-            let o = quant::Output {
-                c: c.1.rows(c.0, &pc),
-                a_scale,
-                terms,
-                w_scale: &w.scales,
-                lo: w.lo.as_ref().map(|(_, ls)| (cl.1.rows(cl.0, &pcl), ls.as_slice())),
-                corr: fix.map(|d| (coef, d.err.as_slice())),
-            };
-            pool::on_host(self.cfg, (terms + lt + 1) * (r1 - r0) * n, || quant::dequantize_fused(&o, dst));
-            drop((pc, pcl));
-            for h in [c.1, cl.1] {
-                if let TermOut::Shares(sh) = h {
-                    self.npu.give_back(sh);
-                }
-            }
-            t.elapsed().as_nanos() as u64
-        };
-        let (mut act_ns, mut dot_ns, mut out_ns) = (0u64, 0u64, 0u64);
-        let mut runs = PieceRun::default();
-        let (mut key, mut reused, mut redot) = (None, false, false);
-        // The MUL_MAT — reuse decision, activation pass, NPU runs, output pass; cut into pieces
-        // or not — goes to the host pool in one hand-off, and its passes run on the pool thread it
-        // landed on and the pool's other threads without a hand-off each; those are kept awake
-        // meanwhile (`pool::keep_awake`). A hand-off is a wake-up of a sleeping thread, 50–100 µs
-        // here; woken per pass, the second thread came too late to take its share, and a pass ran
-        // at about one thread's rate (the Qwen3-1.7B shape at pp512, `bash
-        // bench-scripts/prefill_host_table.sh`, two runs each: act-quant 358–369 → 189–200 ms,
-        // dequant 529–549 → 264–287 ms, the passes handed off each from the calling thread with
-        // the pool asleep between them → this).
-        let whole = bounds.len() == 1;
-        let mut check_ns = 0u64;
-        let mut before = before;
-        let mut deferred: Option<PendingOut<'g>> = None;
-        pool::on_host(self.cfg, rows * k, || pool::keep_awake(self.cfg, || { let dst = dst; if whole {
-            self.finish_output(before.take(), false);
-            let th = Instant::now();
-            let decided = decide();
-            check_ns = th.elapsed().as_nanos() as u64;
-            let d = act((0, m), (decided.1, decided.2), a, a_scale, dots, coef, &mut hashes).1;
-            (key, reused, redot) = decided;
-            (act_ns, dot_ns) = (th.elapsed().as_nanos() as u64, d);
-            let (r, hc, hl) = npu(a, m, c, cl);
-            runs.add(&r);
-            out_ns += out((0, m), (c, hc), a_scale, (cl, hl), coef, dst);
-        } else {
-            // One int8 term: row r of every buffer is at r times its row length.
-            let cut = |len: usize| bounds.iter().map(|&(r0, r1)| (r0 * len, r1 * len)).collect::<Vec<_>>();
-            let (mut a_p, c_p, cl_p) = (pieces(a, &cut(k)), pieces(c, &cut(n)), pieces(cl, &cut(if w.lo.is_some() { n } else { 0 })));
-            let (mut as_p, mut dots_p, mut coef_p, mut dst_p) =
-                (pieces(a_scale, &cut(1)), pieces(dots, &cut(usize::from(dir.is_some()))), pieces(coef, &cut(usize::from(fix.is_some()))), pieces(dst, &cut(n)));
-            let hashed = usize::from(!hashes.is_empty());
-            let mut hashes_p = pieces(&mut hashes, &cut(hashed));
-            // One weight term: the cores run the pieces one after the other as their rows come
-            // (`Npu::mm_run_pieces`), each core without waiting for the others between pieces;
-            // this thread writes each piece's rows after its activation pass and finishes the
-            // piece before with its output pass meanwhile.
-            let new_run = || if w.lo.is_none() && lease.is_ok() { self.npu.mm_run_pieces(&w.resident, &bounds, budget, first).ok() } else { None };
-            let mut run = new_run();
-            // An activation that may be the held one (K/V after Q, up after gate) is most likely
-            // it: its first piece goes to the NPU with the held int8 terms (still in `a`) before
-            // the check (its hash), which then runs beside that piece's NPU run instead of before
-            // it. Where the check says otherwise, the run is let go (it waits for that piece) and
-            // made again; the activation pass then writes the rows anew.
-            let bet = candidate && vouched.is_none() && w.rot.is_some() && run.is_some();
-            if bet {
-                if let Some(run) = run.as_mut() {
-                    // A failed fill fails the piece's take (booked there).
-                    let _ = run.fill(0, a_p[0]);
-                }
-            }
-            let tc = Instant::now();
-            (key, reused, redot) = decide();
-            check_ns = tc.elapsed().as_nanos() as u64;
-            act_ns += check_ns;
-            let bet_won = bet && reused;
-            if bet && !reused {
-                drop(run.take());
-                run = new_run();
-            }
-            if let Some(run) = run.as_mut() {
-                let mut c_p = c_p;
-                // Piece i back from the NPU (or computed on the CPU after an error), booked.
-                let mut land = |i: usize, run: &mut crate::npu::PieceRun<'_>, a: &[i8], c: &mut [i32]| -> TermOut {
-                    let (r0, r1) = bounds[i];
-                    let mut r = PieceRun::default();
-                    let mut hc = TermOut::Dense;
-                    let got = run.take(i).map(|(sh, rs)| {
-                        hc = TermOut::Shares(sh);
-                        rs
-                    });
-                    let host_ns = got.as_ref().map_or(0, |rs| rs.host_ns);
-                    r.book(got, r1 - r0, true, self, |r| cpu.run(r, a, r1 - r0, false, c));
-                    // The NPU part of the piece: its longest core run (or the CPU's instead).
-                    r.wall_ns = host_ns + r.cpu_ns;
-                    runs.add(&r);
-                    hc
-                };
-                for i in 0..bounds.len() {
-                    let (t, d) = act(bounds[i], (reused, redot), a_p[i], as_p[i], dots_p[i], coef_p[i], hashes_p[i]);
-                    act_ns += t;
-                    dot_ns += d;
-                    // A piece whose rows could not be written fails its take (booked there).
-                    if !(i == 0 && bet_won) {
-                        let _ = run.fill(i, a_p[i]);
-                    }
-                    if i == 0 {
-                        // The MUL_MAT before's last output pass, while the NPU runs this piece.
-                        if before.is_some() {
-                            self.stats.outputs_beside.fetch_add(1, Relaxed);
-                        }
-                        self.finish_output(before.take(), false);
-                    } else {
-                        let hc = land(i - 1, run, a_p[i - 1], c_p[i - 1]);
-                        out_ns += out(bounds[i - 1], (c_p[i - 1], hc), as_p[i - 1], (&[], TermOut::Dense), coef_p[i - 1], dst_p[i - 1]);
-                    }
-                }
-                let last = bounds.len() - 1;
-                match land(last, run, a_p[last], c_p[last]) {
-                    // Left for the next MUL_MAT: the piece's results stay in the NPU's buffers.
-                    TermOut::Shares(sh) if defer => {
-                        deferred = Some(PendingOut {
-                            shares: Some(sh),
-                            a_scale: as_p[last].to_vec(),
-                            coef: coef_p[last].to_vec(),
-                            w_scale: w.scales.clone(),
-                            err: fix.map(|d| d.err.clone()),
-                            dst: dst_p.pop().expect("a piece per range"),
-                            cfg: self.cfg,
-                            phase: phase_i,
-                        });
-                        self.stats.outputs_deferred.fetch_add(1, Relaxed);
-                    }
-                    hc => out_ns += out(bounds[last], (c_p[last], hc), as_p[last], (&[], TermOut::Dense), coef_p[last], dst_p[last]),
-                }
-                return;
-            }
-            self.finish_output(before.take(), false);
-            std::thread::scope(|s| {
-                let (to_npu, npu_rx) = std::sync::mpsc::channel::<(usize, &[i8])>();
-                let (npu_tx, from_npu) = std::sync::mpsc::channel::<Landed<'_>>();
-                let bounds = &bounds;
-                let npu = &npu;
-                let npu_thread = s.spawn(move || {
-                    for ((c, cl), (i, a)) in c_p.into_iter().zip(cl_p).zip(npu_rx) {
-                        let (r0, r1) = bounds[i];
-                        let (r, hc, hl) = npu(a, r1 - r0, c, cl);
-                        if npu_tx.send((&*c, &*cl, r, hc, hl)).is_err() {
-                            return;
-                        }
-                    }
-                });
-                let mut finish = |i: usize, got: Option<Landed<'_>>, a_scale: &[f32], coef: &[Option<f32>], dst: &mut [f32]| {
-                    let (c, cl, r, hc, hl) = got.expect("the NPU thread ran every piece");
-                    runs.add(&r);
-                    out_ns += out(bounds[i], (c, hc), a_scale, (cl, hl), coef, dst);
-                };
-                for (i, a) in a_p.into_iter().enumerate() {
-                    let (t, d) = act(bounds[i], (reused, redot), a, as_p[i], dots_p[i], coef_p[i], hashes_p[i]);
-                    act_ns += t;
-                    dot_ns += d;
-                    let _ = to_npu.send((i, &*a));
-                    if i > 0 {
-                        finish(i - 1, from_npu.recv().ok(), as_p[i - 1], coef_p[i - 1], dst_p[i - 1]);
-                    }
-                }
-                drop(to_npu);
-                let last = bounds.len() - 1;
-                finish(last, from_npu.recv().ok(), as_p[last], coef_p[last], dst_p[last]);
-                let _ = npu_thread.join();
-            });
-        }}));
-        // The key of an activation not hashed before its pass: from the row hashes it took.
-        let key = if hashes.is_empty() { key } else { Some(this(rows_hash(&hashes))) };
+        let phase_i = (phase == crate::route::Phase::Decode) as usize;
+        Plan { terms, lt: LO_ACT_TERMS.min(terms), phase_i, held_act, held_dir, vouched, candidate, hashed, lease, budget, first, bounds, defer: link.next_reads_same, t_ask, t_got }
+    }
+
+    /// Folds one NPU MUL_MAT's report into the counters, once: its runs (or why it fell back),
+    /// the reuse of its activation, and where its wall time since `t0` went.
+    fn book_matmul(&self, plan: Plan<'_>, rep: &Report<'_>, m: usize, t0: Instant) {
+        let (ps, runs) = (&self.stats.phase[plan.phase_i], &rep.runs);
+        let (_, reused, _) = rep.decided;
         if reused {
             self.stats.act_reused.fetch_add(1, Relaxed);
-            if vouched.is_some() {
+            if plan.vouched.is_some() {
                 self.stats.act_vouched.fetch_add(1, Relaxed);
             }
         }
-        // What the weight whose terms were held learns: its activation was read again, or (this
-        // one being another) not.
-        if let Some(seen) = &sc.act_seen {
-            if reused {
-                seen.read_again();
-            } else if !candidate {
-                seen.read_once();
-            }
+        if rep.beside {
+            self.stats.outputs_beside.fetch_add(1, Relaxed);
         }
-        sc.dot_dir = held_dir;
-        if !reused || redot {
-            sc.act = key;
-            sc.act_seen = key.map(|_| w.act_seen.clone());
-            sc.dot_dir.clear();
-            sc.dot_dir.extend_from_slice(dir.unwrap_or_default());
+        if rep.deferred.is_some() {
+            self.stats.outputs_deferred.fetch_add(1, Relaxed);
         }
         let t3 = Instant::now();
         // Releasing the lease (and, for the last one, the cross-process flock) is arbiter time.
-        let busy = lease.is_err();
-        drop(lease);
-        let arb_ns = (ta - t1).as_nanos() as u64 + t3.elapsed().as_nanos() as u64;
-        self.stats.arb_ns.fetch_add(arb_ns, Relaxed);
+        let busy = plan.lease.is_err();
+        drop(plan.lease);
+        let lease_ns = (plan.t_got - plan.t_ask).as_nanos() as u64;
+        ps.arb_ns.fetch_add(lease_ns, Relaxed);
+        self.stats.arb_ns.fetch_add(lease_ns + t3.elapsed().as_nanos() as u64, Relaxed);
         // Time the NPU path took, without what was computed on the CPU instead; the NPU's device
         // time (each run's busiest core's); and what of the MUL_MAT's wall time the NPU did not
         // cover.
@@ -838,8 +647,8 @@ impl Device {
             ps.runs.fetch_add(1, Relaxed);
             ps.rows.fetch_add(m as u64, Relaxed);
             ps.rows_sent.fetch_add(runs.sent, Relaxed);
-            ps.critical_ns.fetch_add(wall.saturating_sub(wait + (ta - t1).as_nanos() as u64), Relaxed);
-            ps.pieces.fetch_add(bounds.len() as u64, Relaxed);
+            ps.critical_ns.fetch_add(wall.saturating_sub(wait + lease_ns), Relaxed);
+            ps.pieces.fetch_add(plan.bounds.len() as u64, Relaxed);
             self.stats.npu_matmuls.fetch_add(1, Relaxed);
             self.stats.npu_rows.fetch_add(m as u64, Relaxed);
             self.stats.npu_rows_sent.fetch_add(runs.sent, Relaxed);
@@ -848,21 +657,388 @@ impl Device {
         ps.synced_bytes.fetch_add(runs.synced_bytes, Relaxed);
         ps.io_bytes.fetch_add(runs.io_bytes, Relaxed);
         self.stats.fallback_ns.fetch_add(runs.cpu_ns, Relaxed);
-        let quant_ns = (t1 - t0).as_nanos() as u64 + act_ns;
+        let quant_ns = (plan.t_ask - t0).as_nanos() as u64 + rep.act_ns;
         ps.quant_ns.fetch_add(quant_ns, Relaxed);
-        self.stats.mean_ns.fetch_add(dot_ns, Relaxed);
-        ps.check_ns.fetch_add(check_ns, Relaxed);
+        self.stats.mean_ns.fetch_add(rep.dot_ns, Relaxed);
+        ps.check_ns.fetch_add(rep.check_ns, Relaxed);
         ps.submit_ns.fetch_add(npu_ns - wait, Relaxed);
         ps.core_host_ns.fetch_add(runs.core_host_ns, Relaxed);
         ps.late_ns.fetch_add(runs.late_ns, Relaxed);
         ps.wait_ns.fetch_add(wait, Relaxed);
-        ps.dequant_ns.fetch_add(out_ns, Relaxed);
+        ps.dequant_ns.fetch_add(rep.out_ns, Relaxed);
         self.stats.quant_ns.fetch_add(quant_ns, Relaxed);
         self.stats.npu_ns.fetch_add(npu_ns, Relaxed);
-        self.stats.dequant_ns.fetch_add(out_ns, Relaxed);
+        self.stats.dequant_ns.fetch_add(rep.out_ns, Relaxed);
         self.stats.npu_run_ns.fetch_add(runs.wall_ns, Relaxed);
-        SCRATCH.with(|cell| cell.set(sc.kept()));
-        Chained { pending: deferred, redo: cpu.missed.load(Relaxed) }
+    }
+}
+
+/// One NPU MUL_MAT as [`Device::plan_matmul`] decided it.
+struct Plan<'d> {
+    /// Int8 terms of the activation, and of those the ones the second weight term meets.
+    terms: usize,
+    lt: usize,
+    /// Index of its phase in `Stats::phase` (prefill 0, decode 1).
+    phase_i: usize,
+    /// What the scratch held (its activation and the direction its dots were taken with), and
+    /// whether that is this activation on the walk's word (`vouched`) or may be (`candidate`).
+    held_act: Option<ActKey>,
+    held_dir: Vec<f32>,
+    vouched: Option<ActKey>,
+    candidate: bool,
+    /// The activation pass takes the rows' hashes (the key a later MUL_MAT may ask for).
+    hashed: bool,
+    lease: Result<crate::route::arbiter::Lease<'d>, crate::route::arbiter::ArbError>,
+    budget: Budget,
+    first: u32,
+    /// The pieces: row ranges, one for an uncut MUL_MAT.
+    bounds: Vec<(usize, usize)>,
+    /// The last output pass may be left for the next MUL_MAT (it reads the same activation).
+    defer: bool,
+    /// When the lease was asked for and when it came.
+    t_ask: Instant,
+    t_got: Instant,
+}
+
+impl Plan<'_> {
+    /// Whether the held int8 terms are this activation's, and with it the key of its terms:
+    /// (key, reused, redot). The dots are taken again when the int8 terms are reused but this
+    /// weight's direction is not the one they were taken with (Q/K/V and gate/up share it). An
+    /// activation that cannot be the held one (another address or size) is not hashed here: its
+    /// activation pass takes the row hashes, and its key after it.
+    fn decide(&self, p: &Passes<'_>, m: usize) -> (Option<ActKey>, bool, bool) {
+        let key = p.w.rot.as_ref().and_then(|_| self.vouched.or_else(|| self.candidate.then(|| ActKey::of(p.x, m, self.terms, act_hash(p.x, p.w.k)))));
+        let reused = key.is_some() && key == self.held_act;
+        (key, reused, reused && p.dir.is_some_and(|d| d != self.held_dir.as_slice()))
+    }
+}
+
+/// What one NPU MUL_MAT's run did, for [`Device::book_matmul`].
+#[derive(Default)]
+struct Report<'g> {
+    act_ns: u64,
+    dot_ns: u64,
+    out_ns: u64,
+    check_ns: u64,
+    runs: PieceRun,
+    /// [`Plan::decide`]'s answer.
+    decided: (Option<ActKey>, bool, bool),
+    /// The output pass the MUL_MAT before left ran beside this one's first piece.
+    beside: bool,
+    /// This one's last output pass, left for the next MUL_MAT.
+    deferred: Option<PendingOut<'g>>,
+}
+
+/// The scratch buffers of one MUL_MAT (all of its rows) and its output.
+struct Bufs<'s, 'g> {
+    a: &'s mut [i8],
+    a_scale: &'s mut [f32],
+    dots: &'s mut [f32],
+    coef: &'s mut [Option<f32>],
+    c: &'s mut [i32],
+    cl: &'s mut [i32],
+    hashes: &'s mut [u64],
+    dst: &'g mut [f32],
+}
+
+/// The host's passes and the NPU runs of one MUL_MAT, for a piece of its rows at a time.
+struct Passes<'a> {
+    dev: &'a Device,
+    w: &'a PackedWeight,
+    x: &'a [f32],
+    terms: usize,
+    lt: usize,
+    prep: quant::RowPrep<'a>,
+    dir: Option<&'a [f32]>,
+    fix: Option<&'a quant::mean::Direction>,
+    /// Why the NPU was not leased (another context or process holds it), else None.
+    busy: Option<String>,
+    budget: Budget,
+    first: u32,
+    /// The runs' one CPU fallback.
+    cpu: CpuFallback<'a>,
+}
+
+impl<'a> Passes<'a> {
+    /// The activation pass of rows [r0, r1) (all of M when uncut: then the slices hold every
+    /// term, term-major). Returns its time and the time of dots taken again.
+    #[allow(clippy::too_many_arguments)] // a piece of each scratch buffer
+    fn act(&self, (r0, r1): (usize, usize), (reused, redot): (bool, bool), a: &mut [i8], a_scale: &mut [f32], dots: &mut [f32], coef: &mut [Option<f32>], hashes: &mut [u64]) -> (u64, u64) {
+        let (k, terms, dir) = (self.w.k, self.terms, self.dir);
+        let t = Instant::now();
+        let mut dot_ns = 0;
+        let xr = &self.x[r0 * k..r1 * k];
+        pool::on_host(self.dev.cfg, terms * (r1 - r0) * k, || {
+            if !reused {
+                quant::prepare_rows_hashed(xr, r1 - r0, k, terms, self.prep, dir, a, a_scale, dots, hashes);
+            } else if let Some(d) = dir.filter(|_| redot) {
+                use rayon::prelude::*;
+                let td = Instant::now();
+                if xr.len() >= quant::PAR_MIN_ELEMS {
+                    xr.par_chunks_exact(k).zip(dots.par_iter_mut()).for_each(|(r, o)| *o = quant::mean::dot16(r, d));
+                } else {
+                    xr.chunks_exact(k).zip(dots.iter_mut()).for_each(|(r, o)| *o = quant::mean::dot16(r, d));
+                }
+                dot_ns = td.elapsed().as_nanos() as u64;
+            }
+        });
+        if let Some(d) = self.fix {
+            for (c, &dot) in coef.iter_mut().zip(dots.iter()) {
+                *c = d.coefficient(dot);
+            }
+        }
+        (t.elapsed().as_nanos() as u64, dot_ns)
     }
 
+    /// One weight term's NPU run of `rows` activation rows (`a`: their int8 terms, term-major),
+    /// booked into `r`: its result left in the NPU cores' buffers (`TermOut::Shares`), or on an
+    /// error the same int8 arithmetic on the CPU into `out` (`second`: the second weight term).
+    fn term(&self, r: &mut PieceRun, rw: &crate::npu::ResidentWeight, second: bool, a: &[i8], rows: usize, out: &mut [i32]) -> TermOut {
+        let mut held_by = TermOut::Dense;
+        let run = match &self.busy {
+            None => self.dev.npu.mm_run_shares(rw, a, rows, self.budget, self.first).map(|(sh, rs)| {
+                held_by = TermOut::Shares(sh);
+                rs
+            }),
+            Some(e) => Err(NpuError::NoDevice(e.clone())),
+        };
+        r.book(run, rows, self.busy.is_none(), self.dev, |r| self.cpu.run(r, a, rows, second, out));
+        held_by
+    }
+
+    /// The NPU runs of `mr` rows (`a`: their int8 terms, term-major), each weight term's result
+    /// into `c` / `cl` where it fell back to the CPU.
+    fn npu(&self, a: &[i8], mr: usize, c: &mut [i32], cl: &mut [i32]) -> (PieceRun, TermOut, TermOut) {
+        let (k, terms) = (self.w.k, self.terms);
+        let mut r = PieceRun::default();
+        let t = Instant::now();
+        let hc = self.term(&mut r, &self.w.resident, false, a, terms * mr, c);
+        // The second weight term against the first activation term only: the cross terms
+        // with later activation terms sit below both terms' resolution (SmolLM2: NMSE ≤ 3e-8
+        // with them, ≤ 1.2e-6 without, against 1e-4 for one weight term) and would cost T·M
+        // more NPU rows.
+        let mut hl = TermOut::Dense;
+        if let Some((lo, _)) = &self.w.lo {
+            hl = self.term(&mut r, lo, true, &a[..self.lt * mr * k], self.lt * mr, cl);
+            // The output pass walks the first term's segments: a dense first term (computed
+            // on the CPU) takes a dense second one.
+            if let (TermOut::Dense, TermOut::Shares(_)) = (&hc, &hl) {
+                if let TermOut::Shares(sh) = std::mem::replace(&mut hl, TermOut::Dense) {
+                    sh.copy_to(cl);
+                    self.dev.npu.give_back(sh);
+                }
+            }
+        }
+        r.wall_ns = t.elapsed().as_nanos() as u64;
+        (r, hc, hl)
+    }
+
+    /// The output pass of rows [r0, r1): every term, the second weight term, the correction,
+    /// reading the NPU cores' buffers in place; then hands them back to the NPU.
+    fn out(&self, (r0, r1): (usize, usize), c: (&[i32], TermOut), a_scale: &[f32], cl: (&[i32], TermOut), coef: &[Option<f32>], dst: &mut [f32]) -> u64 {
+        let w = self.w;
+        let t = Instant::now();
+        let (pc, pcl) = (c.1.parts(), cl.1.parts());
+        let o = quant::Output {
+            c: c.1.rows(c.0, &pc),
+            a_scale,
+            terms: self.terms,
+            w_scale: &w.scales,
+            lo: w.lo.as_ref().map(|(_, ls)| (cl.1.rows(cl.0, &pcl), ls.as_slice())),
+            corr: self.fix.map(|d| (coef, d.err.as_slice())),
+        };
+        pool::on_host(self.dev.cfg, (self.terms + self.lt + 1) * (r1 - r0) * w.n, || quant::dequantize_fused(&o, dst));
+        drop((pc, pcl));
+        for h in [c.1, cl.1] {
+            if let TermOut::Shares(sh) = h {
+                self.dev.npu.give_back(sh);
+            }
+        }
+        t.elapsed().as_nanos() as u64
+    }
+
+    /// An uncut MUL_MAT: the pass the MUL_MAT before left, the reuse decision, the activation
+    /// pass, the NPU runs, the output pass, one after the other.
+    fn run_whole(&self, plan: &Plan<'_>, b: Bufs<'_, '_>, before: &mut Option<PendingOut<'_>>, rep: &mut Report<'_>) {
+        let m = b.dst.len() / self.w.n;
+        self.dev.finish_output(before.take(), false);
+        let th = Instant::now();
+        let decided = plan.decide(self, m);
+        rep.check_ns = th.elapsed().as_nanos() as u64;
+        let d = self.act((0, m), (decided.1, decided.2), b.a, b.a_scale, b.dots, b.coef, b.hashes).1;
+        rep.decided = decided;
+        (rep.act_ns, rep.dot_ns) = (th.elapsed().as_nanos() as u64, d);
+        let (r, hc, hl) = self.npu(b.a, m, b.c, b.cl);
+        rep.runs.add(&r);
+        rep.out_ns += self.out((0, m), (b.c, hc), b.a_scale, (b.cl, hl), b.coef, b.dst);
+    }
+
+    /// A MUL_MAT cut into pieces (one int8 activation term: row r of every buffer is at r times
+    /// its row length): the reuse decision, then the pieces on the NPU while this thread prepares
+    /// the next and finishes the one before — on the cores one after the other as their rows
+    /// come ([`Passes::on_cores`], one weight term), else on a thread of their own
+    /// ([`Passes::on_thread`]).
+    fn run_cut<'g>(&self, plan: &Plan<'_>, b: Bufs<'_, 'g>, before: &mut Option<PendingOut<'_>>, rep: &mut Report<'g>) {
+        let (k, n, w) = (self.w.k, self.w.n, self.w);
+        let m = b.dst.len() / n;
+        let bounds = &plan.bounds;
+        let cut = |len: usize| bounds.iter().map(|&(r0, r1)| (r0 * len, r1 * len)).collect::<Vec<_>>();
+        let hashed = usize::from(!b.hashes.is_empty());
+        let p = Cut {
+            a: pieces(b.a, &cut(k)),
+            c: pieces(b.c, &cut(n)),
+            cl: pieces(b.cl, &cut(if w.lo.is_some() { n } else { 0 })),
+            a_scale: pieces(b.a_scale, &cut(1)),
+            dots: pieces(b.dots, &cut(usize::from(self.dir.is_some()))),
+            coef: pieces(b.coef, &cut(usize::from(self.fix.is_some()))),
+            dst: pieces(b.dst, &cut(n)),
+            hashes: pieces(b.hashes, &cut(hashed)),
+        };
+        // One weight term: the cores run the pieces one after the other as their rows come
+        // (`Npu::mm_run_pieces`), each core without waiting for the others between pieces.
+        let new_run = || if w.lo.is_none() && self.busy.is_none() { self.dev.npu.mm_run_pieces(&w.resident, bounds, self.budget, self.first).ok() } else { None };
+        let mut run = new_run();
+        // An activation that may be the held one (K/V after Q, up after gate) is most likely
+        // it: its first piece goes to the NPU with the held int8 terms (still in `a`) before
+        // the check (its hash), which then runs beside that piece's NPU run instead of before
+        // it. Where the check says otherwise, the run is let go (it waits for that piece) and
+        // made again; the activation pass then writes the rows anew.
+        let bet = plan.candidate && plan.vouched.is_none() && w.rot.is_some() && run.is_some();
+        if bet {
+            if let Some(run) = run.as_mut() {
+                // A failed fill fails the piece's take (booked there).
+                let _ = run.fill(0, p.a[0]);
+            }
+        }
+        let tc = Instant::now();
+        rep.decided = plan.decide(self, m);
+        rep.check_ns = tc.elapsed().as_nanos() as u64;
+        rep.act_ns += rep.check_ns;
+        let reused = rep.decided.1;
+        if bet && !reused {
+            drop(run.take());
+            run = new_run();
+        }
+        match run.as_mut() {
+            Some(run) => self.on_cores(plan, p, run, bet && reused, before, rep),
+            None => {
+                self.dev.finish_output(before.take(), false);
+                self.on_thread(plan, p, rep);
+            }
+        }
+    }
+
+    /// [`Passes::run_cut`]'s pieces on the cores as their rows come (`run`; `first_sent`: the
+    /// first piece's rows went with the held terms): the pass the MUL_MAT before left beside
+    /// the first piece, each piece's output pass beside the next one's NPU run, the last one's
+    /// left for the next MUL_MAT where the plan says it reads the same activation.
+    fn on_cores<'g>(&self, plan: &Plan<'_>, mut p: Cut<'_, 'g>, run: &mut crate::npu::PieceRun<'_>, first_sent: bool, before: &mut Option<PendingOut<'_>>, rep: &mut Report<'g>) {
+        let bounds = &plan.bounds;
+        let (reused, redot) = (rep.decided.1, rep.decided.2);
+        // Piece i back from the NPU (or computed on the CPU after an error), booked.
+        let land = |i: usize, run: &mut crate::npu::PieceRun<'_>, a: &[i8], c: &mut [i32], runs: &mut PieceRun| -> TermOut {
+            let (r0, r1) = bounds[i];
+            let mut r = PieceRun::default();
+            let mut hc = TermOut::Dense;
+            let got = run.take(i).map(|(sh, rs)| {
+                hc = TermOut::Shares(sh);
+                rs
+            });
+            let host_ns = got.as_ref().map_or(0, |rs| rs.host_ns);
+            r.book(got, r1 - r0, true, self.dev, |r| self.cpu.run(r, a, r1 - r0, false, c));
+            // The NPU part of the piece: its longest core run (or the CPU's instead).
+            r.wall_ns = host_ns + r.cpu_ns;
+            runs.add(&r);
+            hc
+        };
+        for i in 0..bounds.len() {
+            let (t, d) = self.act(bounds[i], (reused, redot), p.a[i], p.a_scale[i], p.dots[i], p.coef[i], p.hashes[i]);
+            rep.act_ns += t;
+            rep.dot_ns += d;
+            // A piece whose rows could not be written fails its take (booked there).
+            if !(i == 0 && first_sent) {
+                let _ = run.fill(i, p.a[i]);
+            }
+            if i == 0 {
+                // The MUL_MAT before's last output pass, while the NPU runs this piece.
+                rep.beside = before.is_some();
+                self.dev.finish_output(before.take(), false);
+            } else {
+                let hc = land(i - 1, run, p.a[i - 1], p.c[i - 1], &mut rep.runs);
+                rep.out_ns += self.out(bounds[i - 1], (p.c[i - 1], hc), p.a_scale[i - 1], (&[], TermOut::Dense), p.coef[i - 1], p.dst[i - 1]);
+            }
+        }
+        let last = bounds.len() - 1;
+        match land(last, run, p.a[last], p.c[last], &mut rep.runs) {
+            // Left for the next MUL_MAT: the piece's results stay in the NPU's buffers.
+            TermOut::Shares(sh) if plan.defer => {
+                rep.deferred = Some(PendingOut {
+                    shares: Some(sh),
+                    a_scale: p.a_scale[last].to_vec(),
+                    coef: p.coef[last].to_vec(),
+                    w_scale: self.w.scales.clone(),
+                    err: self.fix.map(|d| d.err.clone()),
+                    dst: p.dst.pop().expect("a piece per range"),
+                    cfg: self.dev.cfg,
+                    phase: plan.phase_i,
+                });
+            }
+            hc => rep.out_ns += self.out(bounds[last], (p.c[last], hc), p.a_scale[last], (&[], TermOut::Dense), p.coef[last], p.dst[last]),
+        }
+    }
+
+    /// [`Passes::run_cut`]'s pieces on an NPU thread of their own (two weight terms, or no
+    /// piece run to be had): while it runs piece i this thread prepares piece i + 1 and
+    /// finishes piece i − 1.
+    fn on_thread(&self, plan: &Plan<'_>, p: Cut<'_, '_>, rep: &mut Report<'_>) {
+        let bounds = &plan.bounds;
+        let (reused, redot) = (rep.decided.1, rep.decided.2);
+        let Cut { a: a_p, c: c_p, cl: cl_p, a_scale: mut as_p, dots: mut dots_p, coef: mut coef_p, dst: mut dst_p, hashes: mut hashes_p } = p;
+        std::thread::scope(|s| {
+            let (to_npu, npu_rx) = std::sync::mpsc::channel::<(usize, &[i8])>();
+            let (npu_tx, from_npu) = std::sync::mpsc::channel::<Landed<'_>>();
+            let npu_thread = s.spawn(move || {
+                for ((c, cl), (i, a)) in c_p.into_iter().zip(cl_p).zip(npu_rx) {
+                    let (r0, r1) = bounds[i];
+                    let (r, hc, hl) = self.npu(a, r1 - r0, c, cl);
+                    if npu_tx.send((&*c, &*cl, r, hc, hl)).is_err() {
+                        return;
+                    }
+                }
+            });
+            let (mut runs, mut out_ns) = (PieceRun::default(), 0);
+            let mut finish = |i: usize, got: Option<Landed<'_>>, a_scale: &[f32], coef: &[Option<f32>], dst: &mut [f32]| {
+                let (c, cl, r, hc, hl) = got.expect("the NPU thread ran every piece");
+                runs.add(&r);
+                out_ns += self.out(bounds[i], (c, hc), a_scale, (cl, hl), coef, dst);
+            };
+            for (i, a) in a_p.into_iter().enumerate() {
+                let (t, d) = self.act(bounds[i], (reused, redot), a, as_p[i], dots_p[i], coef_p[i], hashes_p[i]);
+                rep.act_ns += t;
+                rep.dot_ns += d;
+                let _ = to_npu.send((i, &*a));
+                if i > 0 {
+                    finish(i - 1, from_npu.recv().ok(), as_p[i - 1], coef_p[i - 1], dst_p[i - 1]);
+                }
+            }
+            drop(to_npu);
+            let last = bounds.len() - 1;
+            finish(last, from_npu.recv().ok(), as_p[last], coef_p[last], dst_p[last]);
+            let _ = npu_thread.join();
+            rep.runs.add(&runs);
+            rep.out_ns += out_ns;
+        });
+    }
+}
+
+/// [`Passes::run_cut`]'s buffers cut at the pieces' rows.
+struct Cut<'s, 'g> {
+    a: Vec<&'s mut [i8]>,
+    c: Vec<&'s mut [i32]>,
+    cl: Vec<&'s mut [i32]>,
+    a_scale: Vec<&'s mut [f32]>,
+    dots: Vec<&'s mut [f32]>,
+    coef: Vec<&'s mut [Option<f32>]>,
+    dst: Vec<&'g mut [f32]>,
+    hashes: Vec<&'s mut [u64]>,
 }
