@@ -27,8 +27,8 @@ pub use super::buffer::{Name, WeightData};
 /// Sources per node (ggml's `GGML_MAX_SRC`).
 pub const MAX_SRC: usize = 10;
 
-/// One graph node as the walk sees it. (Made one at a time and not stored, so the MUL_MAT
-/// variant's size costs nothing.)
+/// One graph node as the walk sees it. (A graph call's nodes are read once into the walk's
+/// view: a few hundred bytes a node, made only for graphs ORK computes.)
 #[derive(Clone, Copy)]
 #[allow(clippy::large_enum_variant)]
 pub enum Node<'g> {
@@ -91,10 +91,6 @@ pub trait Graph<'g> {
     }
     /// Node `i` as plain values.
     fn node(&self, i: usize) -> Node<'g>;
-    /// Node `i` as the activation rule reads it (what it writes, what a MUL_MAT reads).
-    fn step(&self, i: usize) -> Step {
-        self.node(i).step()
-    }
     /// The bytes and dequantizer of the weight of MUL_MAT node `i` (None: no weight data).
     fn weight_data(&self, i: usize) -> Option<WeightData<'_>>;
     /// The activations `[M, K]` and output `[M, N]` of MUL_MAT node `i` (None unless both are
@@ -242,6 +238,8 @@ impl Drop for Record<'_> {
 struct Walk<'d, 'g> {
     dev: &'d Device,
     stream: &'d Stream,
+    /// The graph's nodes, read through the skin once before the walk.
+    nodes: Vec<Node<'g>>,
     /// GPU decode matmuls are batched into one submit until a node needs one of their results.
     pending: Vec<GpuJob<'g>>,
     /// The addresses of the pending jobs' nodes.
@@ -271,6 +269,7 @@ pub fn compute<'g>(dev: &Device, stream: &Stream, graph: &mut dyn Graph<'g>) -> 
     let mut w = Walk {
         dev,
         stream,
+        nodes: Vec::new(),
         pending: Vec::new(),
         pending_dst: Vec::new(),
         cpu: CpuRun::default(),
@@ -289,14 +288,15 @@ impl<'g> Walk<'_, 'g> {
         // does not run itself are collected into runs and handed to ggml's CPU backend.
         let npu_before = dev.stats.npu_matmuls.load(Relaxed);
         let n = graph.len();
-        // What the graph proves of each MUL_MAT's activation: one pass before the walk.
-        let links = activation::links(&(0..n).map(|i| graph.step(i)).collect::<Vec<_>>());
+        // The graph read through the skin once; what it proves of each MUL_MAT's activation.
+        self.nodes = (0..n).map(|i| graph.node(i)).collect();
+        let links = activation::links(&self.nodes.iter().map(Node::step).collect::<Vec<_>>());
         // The first streamed weight's fill starts before the walk reaches it.
         if dev.stream.weights.load(Relaxed) > 0 {
-            self.prefetch_from(&*graph, 0);
+            self.prefetch_from(0);
         }
         for (i, &link) in links.iter().enumerate() {
-            let mm = match graph.node(i) {
+            let mm = match self.nodes[i] {
                 Node::View => continue,
                 Node::Other(_) => {
                     self.cpu.add(i);
@@ -348,7 +348,7 @@ impl<'g> Walk<'_, 'g> {
             // the pass run before ggml-cpu runs it.
             let link = Link {
                 next_reads_same: link.next_reads_same
-                    && (i + 1..n).map(|j| graph.node(j)).find(|nd| !matches!(nd, Node::View)).is_some_and(|nd| match nd {
+                    && self.nodes[i + 1..].iter().find(|nd| !matches!(nd, Node::View)).is_some_and(|nd| match nd {
                         Node::MulMat(next) => walk_engine(dev, next.shape).is_some_and(|(_, e)| e == Engine::Npu),
                         _ => false,
                     }),
@@ -445,20 +445,20 @@ impl<'g> Walk<'_, 'g> {
             None => st.take(dev, addr, &ss, None),
         };
         // The next streamed weight of this graph, else the one that came next last time.
-        self.prefetch_from(graph, i + 1);
+        self.prefetch_from(i + 1);
         st.prefetch_successor(dev, addr);
         r.ok()
     }
 
     /// Hands the fill of the first streamed MUL_MAT at or after node `from` to the stream worker
     /// (where it pays at its M), unless a fill runs ahead already.
-    fn prefetch_from(&mut self, graph: &dyn Graph<'g>, from: usize) {
+    fn prefetch_from(&mut self, from: usize) {
         let dev = self.dev;
         if dev.stream.has_pending() {
             return;
         }
-        for j in from.max(self.scanned_to)..graph.len() {
-            let Node::MulMat(mm) = graph.node(j) else { continue };
+        for j in from.max(self.scanned_to)..self.nodes.len() {
+            let Node::MulMat(mm) = self.nodes[j] else { continue };
             let (Some(s), Some(ss)) = (mm.shape, mm.weight.and_then(|w| streamed_src(&w))) else { continue };
             if mul_mat_unsupported(dev, &s).is_some() || !ss.pays(dev, s.m) {
                 continue;
@@ -466,7 +466,7 @@ impl<'g> Walk<'_, 'g> {
             dev.stream.prefetch(dev, mm.weight.map_or(0, |w| w.tensor.addr), ss);
             return;
         }
-        self.scanned_to = graph.len();
+        self.scanned_to = self.nodes.len();
     }
 
     /// Runs one MUL_MAT on the NPU now (`npu_w`: its resident weight), or returns it as a GPU
@@ -1132,7 +1132,7 @@ mod tests {
         let w = Weight { tensor, store: Some(&store), model_weight: true, repacked: false };
         let g = Fake { nodes: vec![mul_mat(0x100, M_NPU, Some(w), &[])], weight: &wb, io: vec![None], cpu_runs: vec![], cpu_fails: false };
         let Node::MulMat(mm) = g.nodes[0] else { unreachable!() };
-        let mut walk = Walk { dev: &dev, stream: &stream, pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), last_act: Default::default(), hold: Some(dev.arbiter().hold()), scanned_to: 0, deferred: Default::default() };
+        let mut walk = Walk { dev: &dev, stream: &stream, nodes: Vec::new(), pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), last_act: Default::default(), hold: Some(dev.arbiter().hold()), scanned_to: 0, deferred: Default::default() };
         assert!(walk.npu_weight(&g, 0, &mm, M_NPU).is_some(), "packed");
         assert!(walk.hold.is_none(), "let go before packing");
         walk.hold = Some(dev.arbiter().hold());

@@ -7,7 +7,6 @@ use super::host::{self, BackendFns};
 use super::registry::{device, layout, registry, GUID};
 use super::{api, guard, node, tensor, Poison};
 use crate::backend::graph::{self, Graph, Node, Stream, WeightData};
-use crate::route::activation::Step;
 use std::ffi::{c_char, c_void};
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -173,11 +172,6 @@ impl<'g> Graph<'g> for GgmlGraph<'g> {
     fn node(&self, i: usize) -> Node<'g> {
         // SAFETY: a live node whose sources are live or NULL.
         unsafe { node::node(self.tensor(i)) }
-    }
-
-    fn step(&self, i: usize) -> Step {
-        // SAFETY: a live node whose sources are live or NULL.
-        unsafe { node::step(self.tensor(i)) }
     }
 
     fn weight_data(&self, i: usize) -> Option<WeightData<'_>> {

@@ -11,7 +11,6 @@ use super::tensor::{name, tensor, to_float, weight_data_at};
 use crate::backend::buffer::{Buffer, WeightData};
 use crate::backend::graph::{MulMatNode, Node, Weight, MAX_SRC};
 use crate::backend::MatMulShape;
-use crate::route::activation::{Act, Step};
 
 const _: () = assert!(GGML_MAX_SRC as usize == MAX_SRC);
 
@@ -63,27 +62,6 @@ pub(super) unsafe fn node(node: &ggml_tensor) -> Node<'_> {
         GGML_OP_MUL_MAT => Node::MulMat(unsafe { mul_mat(node) }),
         // SAFETY: forwarded contract.
         _ => Node::Other(unsafe { base_of(node) } as *const ggml_tensor as usize),
-    }
-}
-
-/// `node` as the activation rule reads it ([`Node::step`]), without reading a MUL_MAT's weight.
-///
-/// # Safety
-/// As [`node`].
-pub(super) unsafe fn step(node: &ggml_tensor) -> Step {
-    match node.op {
-        GGML_OP_NONE | GGML_OP_RESHAPE | GGML_OP_VIEW | GGML_OP_PERMUTE | GGML_OP_TRANSPOSE => Step::View,
-        GGML_OP_MUL_MAT => {
-            // SAFETY: a non-NULL source of a live node is a live tensor.
-            let act = unsafe { node.src[1].as_ref() }.map(|x| Act {
-                tensor: x as *const ggml_tensor as usize,
-                // SAFETY: a live tensor.
-                base: unsafe { base_of(x) } as *const ggml_tensor as usize,
-            });
-            Step::Work { writes: node as *const ggml_tensor as usize, act }
-        }
-        // SAFETY: forwarded contract.
-        _ => Step::Work { writes: unsafe { base_of(node) } as *const ggml_tensor as usize, act: None },
     }
 }
 
