@@ -257,13 +257,27 @@ fn main() {
     let model = with_clock(CostModel::for_soc(id), a.npu_mhz);
     let arch = kv.iter().find(|(k, _)| k == "general.architecture").map_or("?", |(_, v)| v.as_str());
     println!("# {path} ({arch}, {} tensors); policy ORK_ROUTE={:?}, ORK_MINM={}, ORK_DECODE={:?}; SoC {}", tensors.len(), cfg.route, cfg.min_m, cfg.decode, model.soc.id.name());
+    let (layer_shapes, head) = route_table(&cfg, &model, &tensors, m_prefill);
+    let layers = tensors.iter().filter(|t| t.name.ends_with("attn_norm.weight")).count();
+    if layers > 0 && !layer_shapes.is_empty() {
+        let shape = ModelShape { layers, per_layer: layer_shapes, head, attn_dim: 0 };
+        let r = predict(&cfg, &model, &shape, m_prefill);
+        println!("\n# predicted for this model on {} with this policy: prefill {:.0} tok/s (M={m_prefill}), decode {:.1} tok/s (LM head on the CPU when tied; attention not modelled)", model.soc.id.name(), r.prefill_tok_s, r.decode_tok_s);
+    }
+    print_anchors();
+}
+
+/// One line per tensor of the model (`tensors`): the engine of its prefill (`m_prefill` rows) and
+/// decode MUL_MATs under `cfg` and why, then the count of each pair. Returns the shapes of the
+/// first layer's MUL_MATs and the head's, for [`predict`].
+fn route_table(cfg: &Config, model: &CostModel, tensors: &[gguf::Tensor], m_prefill: usize) -> (Vec<(usize, usize, u32, route::precision::Role)>, Option<(usize, usize, u32)>) {
     println!("{:<28} {:>14} {:>7} | {:<8} {:<8} | why (prefill M={m_prefill}; decode M=1)", "tensor", "K x N", "type", "prefill", "decode");
     let has_output = tensors.iter().any(|t| t.name == "output.weight");
     let av = Availability { gpu: cfg.decode == ggml_ork::config::DecodeSelect::Gpu, npu_busy: false };
     let mut counts = std::collections::BTreeMap::<(&str, &str), usize>::new();
     let mut layer_shapes: Vec<(usize, usize, u32, route::precision::Role)> = Vec::new();
     let mut head = None;
-    for t in &tensors {
+    for t in tensors {
         let (k, n) = (t.dims.first().copied().unwrap_or(0) as usize, t.dims.get(1).copied().unwrap_or(1) as usize);
         let fixed = |why: &str| (Engine::Cpu, Engine::Cpu, why.to_string());
         let (pre, dec, why) = if t.dims.len() < 2 {
@@ -298,12 +312,12 @@ fn main() {
     for ((p, d), c) in &counts {
         println!("#   ({p}, {d}): {c}");
     }
-    let layers = tensors.iter().filter(|t| t.name.ends_with("attn_norm.weight")).count();
-    if layers > 0 && !layer_shapes.is_empty() {
-        let shape = ModelShape { layers, per_layer: layer_shapes, head, attn_dim: 0 };
-        let r = predict(&cfg, &model, &shape, m_prefill);
-        println!("\n# predicted for this model on {} with this policy: prefill {:.0} tok/s (M={m_prefill}), decode {:.1} tok/s (LM head on the CPU when tied; attention not modelled)", model.soc.id.name(), r.prefill_tok_s, r.decode_tok_s);
-    }
+    (layer_shapes, head)
+}
+
+/// The cost model on the Qwen3-1.7B shape against the published anchors: NPU only, each
+/// precision setting inside llama.cpp, and the host's modelled work (what each assumes).
+fn print_anchors() {
     // The anchors' model, one-term W8A8 as they measured, with ork's own engine (no llama.cpp
     // split overhead) and with this plugin's defaults inside llama.cpp.
     let q = ModelShape::qwen3_1_7b();
