@@ -257,10 +257,10 @@ fn main() {
     let model = with_clock(CostModel::for_soc(id), a.npu_mhz);
     let arch = kv.iter().find(|(k, _)| k == "general.architecture").map_or("?", |(_, v)| v.as_str());
     println!("# {path} ({arch}, {} tensors); policy ORK_ROUTE={:?}, ORK_MINM={}, ORK_DECODE={:?}; SoC {}", tensors.len(), cfg.route, cfg.min_m, cfg.decode, model.soc.id.name());
-    let (layer_shapes, head) = route_table(&cfg, &model, &tensors, m_prefill);
+    let table = route_table(&cfg, &model, &tensors, m_prefill);
     let layers = tensors.iter().filter(|t| t.name.ends_with("attn_norm.weight")).count();
-    if layers > 0 && !layer_shapes.is_empty() {
-        let shape = ModelShape { layers, per_layer: layer_shapes, head, attn_dim: 0 };
+    if layers > 0 && !table.per_layer.is_empty() {
+        let shape = ModelShape { layers, ..table };
         let r = predict(&cfg, &model, &shape, m_prefill);
         println!("\n# predicted for this model on {} with this policy: prefill {:.0} tok/s (M={m_prefill}), decode {:.1} tok/s (LM head on the CPU when tied; attention not modelled)", model.soc.id.name(), r.prefill_tok_s, r.decode_tok_s);
     }
@@ -269,8 +269,8 @@ fn main() {
 
 /// One line per tensor of the model (`tensors`): the engine of its prefill (`m_prefill` rows) and
 /// decode MUL_MATs under `cfg` and why, then the count of each pair. Returns the shapes of the
-/// first layer's MUL_MATs and the head's, for [`predict`].
-fn route_table(cfg: &Config, model: &CostModel, tensors: &[gguf::Tensor], m_prefill: usize) -> (Vec<(usize, usize, u32, route::precision::Role)>, Option<(usize, usize, u32)>) {
+/// first layer's MUL_MATs and the head's, for [`predict`] (its layers left to the caller).
+fn route_table(cfg: &Config, model: &CostModel, tensors: &[gguf::Tensor], m_prefill: usize) -> ModelShape {
     println!("{:<28} {:>14} {:>7} | {:<8} {:<8} | why (prefill M={m_prefill}; decode M=1)", "tensor", "K x N", "type", "prefill", "decode");
     let has_output = tensors.iter().any(|t| t.name == "output.weight");
     let av = Availability { gpu: cfg.decode == ggml_ork::config::DecodeSelect::Gpu, npu_busy: false };
@@ -295,8 +295,8 @@ fn route_table(cfg: &Config, model: &CostModel, tensors: &[gguf::Tensor], m_pref
         } else if k % model.soc.k_align as usize != 0 || n % model.soc.n_align as usize != 0 {
             fixed("K or N not a multiple of 32: the NPU layout cannot hold it")
         } else {
-            let p = route::decide_with(&cfg, &model, &MatMul { m: m_prefill, k, n, ggml_type: t.ggml_type }, av);
-            let d = route::decide_with(&cfg, &model, &MatMul { m: 1, k, n, ggml_type: t.ggml_type }, av);
+            let p = route::decide_with(cfg, model, &MatMul { m: m_prefill, k, n, ggml_type: t.ggml_type }, av);
+            let d = route::decide_with(cfg, model, &MatMul { m: 1, k, n, ggml_type: t.ggml_type }, av);
             if t.name.starts_with("blk.0.") {
                 layer_shapes.push((k, n, t.ggml_type, route::precision::Role::of(&t.name)));
             }
@@ -312,7 +312,7 @@ fn route_table(cfg: &Config, model: &CostModel, tensors: &[gguf::Tensor], m_pref
     for ((p, d), c) in &counts {
         println!("#   ({p}, {d}): {c}");
     }
-    (layer_shapes, head)
+    ModelShape { layers: 0, per_layer: layer_shapes, head, attn_dim: 0 }
 }
 
 /// The cost model on the Qwen3-1.7B shape against the published anchors: NPU only, each
