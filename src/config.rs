@@ -3,8 +3,9 @@
 //!
 //! Nothing else in the library reads the environment: the mechanism modules (`npu`, `vk`,
 //! `cache`) receive these values as parameters (`NpuConfig` fields, function arguments) from the
-//! code that builds them out of a [`Config`]. The README's table is rendered from [`VARS`]
-//! ([`markdown_table`]; a test keeps the two equal). Bad values are reported once (log line) and
+//! code that builds them out of a [`Config`]. `docs/settings.md`'s tables hold exactly the rows
+//! of [`VARS`] ([`markdown_row`]), grouped by who sets them, and README.md's board-owner settings
+//! are a subset of them; tests keep both so. Bad values are reported once (log line) and
 //! replaced by the default: configuration never aborts a host process.
 
 use std::sync::OnceLock;
@@ -73,8 +74,8 @@ pub struct VarDoc {
     pub meaning: &'static str,
 }
 
-/// The table of every `ORK_*` variable the plugin reads, in README order (README.md's
-/// configuration table is [`markdown_table`] of it). `XDG_CACHE_HOME`, `HOME` and
+/// The table of every `ORK_*` variable the plugin reads (each is one row of `docs/settings.md`,
+/// [`markdown_row`] of it, under the heading of who sets it). `XDG_CACHE_HOME`, `HOME` and
 /// `XDG_RUNTIME_DIR` appear in the defaults they feed.
 pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_NPU", default: "auto", meaning: "NPU interface: auto (probe rknpu, then rocket), sim (bit-exact simulator), rknpu, rocket" },
@@ -107,18 +108,24 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_CACHE_DIR", default: "$XDG_CACHE_HOME/ggml-ork or ~/.cache/ggml-ork", meaning: "where .orkpack files live" },
     VarDoc { name: "ORK_VK_DEVICE", default: "(first Mali)", meaning: "Vulkan device for GPU decode, by index or name substring" },
     VarDoc { name: "ORK_PROFILE", default: "0", meaning: "1 = print per-engine counts and time split when the backend is freed" },
-    VarDoc { name: "ORK_UNVERIFIED_GGML", default: "newer", meaning: "a llama.cpp whose exported symbols and op/type enums match a layout this libggml-ork.so knows, but whose ggml version lies outside the releases verified with it (README \"Releases\"): newer (register, with one warning line, when it is newer than every verified release; refuse any other), register (register any such), refuse (register only within the verified releases)" },
+    VarDoc { name: "ORK_UNVERIFIED_GGML", default: "newer", meaning: "a llama.cpp whose exported symbols and op/type enums match a layout this libggml-ork.so knows, but whose ggml version lies outside the releases verified with it (docs/releases.md): newer (register, with one warning line, when it is newer than every verified release; refuse any other), register (register any such), refuse (register only within the verified releases)" },
     VarDoc { name: "ORK_LOG", default: "info", meaning: "log level: error, warn, info, debug, trace" },
     VarDoc { name: "ORK_SIM_TIMING", default: "compute", meaning: "the simulator's timing: compute (every program computed bit-exactly, the host's own time) or board (programs not computed, only each program's last output word written, each submit completing at the hardware time modelled for a board's NPU core: src/npu/soc.rs NpuTiming; for benchmarks of the host path, the text is meaningless)" },
     VarDoc { name: "ORK_SIM_FAULT", default: "(none)", meaning: "simulator fault injection (tests): timeout_every, reset_every, sync_fail_every, never_run_every, hole_every, short_count_every (:N, comma-separated), efault_after_mb:N; a bad value makes the simulator fail to open" },
 ];
 
-/// README.md's configuration table, rendered from [`VARS`]: the header, the separator and one
-/// row per variable, each line ending in a newline (the text between the `config-table` markers).
+/// One variable's row of `docs/settings.md`: `| \`name\` | default | meaning |`, without a newline.
+pub fn markdown_row(v: &VarDoc) -> String {
+    format!("| `{}` | {} | {} |", v.name, v.default, v.meaning)
+}
+
+/// Every variable's row, in [`VARS`] order: the header, the separator and one row per variable,
+/// each line ending in a newline.
 pub fn markdown_table() -> String {
     let mut t = String::from("| variable | default | meaning |\n|---|---|---|\n");
     for v in VARS {
-        t.push_str(&format!("| `{}` | {} | {} |\n", v.name, v.default, v.meaning));
+        t.push_str(&markdown_row(v));
+        t.push('\n');
     }
     t
 }
@@ -503,16 +510,40 @@ mod tests {
         }
     }
 
+    /// The lines between a file's `<!-- {marker}:begin -->` and `<!-- {marker}:end -->` lines that
+    /// are a variable's table row (they start with "| `ORK_").
+    fn variable_rows<'a>(file: &str, text: &'a str, marker: &str) -> Vec<&'a str> {
+        let (begin, end) = (format!("<!-- {marker}:begin -->\n"), format!("<!-- {marker}:end -->"));
+        let start = text.find(&begin).unwrap_or_else(|| panic!("{file} has the {marker}:begin marker")) + begin.len();
+        let len = text[start..].find(&end).unwrap_or_else(|| panic!("{file} has the {marker}:end marker"));
+        text[start..start + len].lines().filter(|l| l.starts_with("| `ORK_")).collect()
+    }
+
     #[test]
-    fn readme_table_is_vars() {
-        let readme = include_str!("../README.md");
-        let (begin, end) = ("<!-- config-table:begin -->\n", "<!-- config-table:end -->");
-        let start = readme.find(begin).expect("README.md has the config-table:begin marker") + begin.len();
-        let len = readme[start..].find(end).expect("README.md has the config-table:end marker");
-        let expected = markdown_table();
-        assert!(
-            readme[start..start + len] == expected,
-            "README.md's configuration table differs from config::VARS; replace the lines between the markers with:\n{expected}"
-        );
+    fn settings_doc_is_vars() {
+        let rows = variable_rows("docs/settings.md", include_str!("../docs/settings.md"), "config-table");
+        for r in &rows {
+            assert!(
+                VARS.iter().any(|v| markdown_row(v) == *r),
+                "docs/settings.md's row differs from every row of config::VARS:\n{r}\nconfig::VARS renders to:\n{}",
+                markdown_table()
+            );
+        }
+        for v in VARS {
+            let n = rows.iter().filter(|r| **r == markdown_row(v)).count();
+            assert!(n == 1, "docs/settings.md holds {}'s row {n} times (once, under one heading); the row:\n{}", v.name, markdown_row(v));
+        }
+    }
+
+    #[test]
+    fn readme_settings_are_vars() {
+        let rows = variable_rows("README.md", include_str!("../README.md"), "user-settings");
+        assert!(!rows.is_empty(), "README.md lists the board owner's settings");
+        for r in rows {
+            let cells: Vec<&str> = r.split(" | ").collect();
+            let name = cells[0].trim_start_matches("| ").trim_matches('`');
+            let v = VARS.iter().find(|v| v.name == name).unwrap_or_else(|| panic!("README.md's {name} is not in config::VARS"));
+            assert!(cells.len() >= 3 && cells[1] == v.default, "README.md's {name}: default {:?}, config::VARS says {:?}", cells.get(1), v.default);
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! RK3588 / RK3576 NPU (W8A8, weights packed once and resident), with the rest of the graph left
 //! to ggml's CPU backend.
 //!
-//! Layout (mechanism vs policy, see README):
+//! Layout (mechanism vs policy, see docs/design.md):
 //! * [`npu`] — mechanism: SoC table, register table, regcmd synthesis, tiled layouts, planner,
 //!   multi-core pool, IOMMU domains, and the kernel interfaces (vendor rknpu, mainline rocket,
 //!   simulator).

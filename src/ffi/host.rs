@@ -70,7 +70,7 @@ impl Layout {
 /// at the ends of its range, newest layout first. A host whose marks match a layout and whose
 /// `ggml_version()` lies within that layout's range registers; the releases inside it were run
 /// by `tests/e2e_wheels.py` (MUL_MAT graphs through the scheduler against each release's own CPU
-/// backend) and the three built ones by `tests/e2e_releases.py` (README "Releases").
+/// backend) and the three built ones by `tests/e2e_releases.py` (docs/releases.md).
 pub(crate) const VERIFIED: [Range; 3] = [
     Range { layout: Layout::B11549, first: (11352, "0.25.3"), last: (11739, "0.27.0") },
     Range { layout: Layout::B10809, first: (10809, "0.23.0"), last: (11327, "0.25.3") },
