@@ -97,6 +97,7 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_NPU_MC", default: "(all cores)", meaning: "cap on NPU cores per matmul (the core budget); the planner picks within it" },
     VarDoc { name: "ORK_MM_TIMEOUT", default: "60000", meaning: "NPU submit timeout in ms; a submit past it fails (the NPU is soft-reset) and the matmul runs on the CPU" },
     VarDoc { name: "ORK_HOST_THREADS", default: "(big cores)", meaning: "threads of the host pool that runs the passes around an NPU matmul (rotation and int8 terms of the activations, the output's dequantization): one per big core the process may use by default (4 on RK3588); fewer leaves cores to other work" },
+    VarDoc { name: "ORK_KEEP_AWAKE", default: "1", meaning: "1 = while an NPU matmul runs, the host pool's other threads stay awake between its passes (they yield their CPU instead of sleeping), so each pass starts on every thread at once; 0 = they sleep between passes and are woken for each (not yet measured on a board: bench-scripts/keep_awake.sh measures both)" },
     VarDoc { name: "ORK_NO_AFFINITY", default: "0", meaning: "1 (or true, yes, on) = do not pin NPU worker threads and the host pool (the passes around an NPU matmul, one thread per big core) to the big CPU cores" },
     VarDoc { name: "ORK_DOMAIN_CAP_MB", default: "3072", meaning: "weight bytes placed in one IOMMU domain before the next is opened (MiB; on `rocket`, per core's address space: a domain there is one file descriptor per core, each holding that core's part of every weight); lower it below the kernel's per-domain window (the fake kernel's ORK_FK_DOMAIN_MB) so weights span several domains" },
     VarDoc { name: "ORK_WCACHE_BUDGET_MB", default: "RAM - 1024 - ORK buffers", meaning: "resident weight budget (MiB); weights past it are streamed to the NPU for prefill (ORK_STREAM), else keep one int8 term, then stay on the CPU" },
@@ -153,6 +154,8 @@ pub struct Config {
     /// `ORK_MM_TIMEOUT`: NPU submit timeout in ms (None = the NPU core's default).
     pub mm_timeout_ms: Option<u32>,
     pub no_affinity: bool,
+    /// `ORK_KEEP_AWAKE`: the host pool's other threads stay awake through an NPU matmul.
+    pub keep_awake: bool,
     /// `ORK_HOST_THREADS`: the host pool's threads (None = one per big core).
     pub host_threads: Option<usize>,
     pub wcache_budget_mb: Option<u64>,
@@ -289,9 +292,9 @@ impl Config {
             },
         };
         let is_flag = |v: &str| matches!(v.trim().to_ascii_lowercase().as_str(), "" | "0" | "1" | "true" | "false" | "yes" | "no" | "on" | "off");
-        for name in ["ORK_OFF", "ORK_NO_AFFINITY", "ORK_PROFILE", "ORK_ROTATE", "ORK_MEAN_CORRECT", "ORK_CALIBRATE", "ORK_MAP_WEIGHTS", "ORK_STREAM"] {
+        for name in ["ORK_OFF", "ORK_NO_AFFINITY", "ORK_PROFILE", "ORK_ROTATE", "ORK_MEAN_CORRECT", "ORK_CALIBRATE", "ORK_MAP_WEIGHTS", "ORK_STREAM", "ORK_KEEP_AWAKE"] {
             if let Some(v) = get(name).filter(|v| !is_flag(v)) {
-                let taken = if matches!(name, "ORK_ROTATE" | "ORK_MEAN_CORRECT" | "ORK_MAP_WEIGHTS" | "ORK_STREAM") { 1 } else { 0 };
+                let taken = if matches!(name, "ORK_ROTATE" | "ORK_MEAN_CORRECT" | "ORK_MAP_WEIGHTS" | "ORK_STREAM" | "ORK_KEEP_AWAKE") { 1 } else { 0 };
                 bad.push(format!("{name}={v:?} is not 0 or 1; taken as {taken}"));
             }
         }
@@ -325,6 +328,7 @@ impl Config {
             max_cores,
             mm_timeout_ms,
             no_affinity: flag(get("ORK_NO_AFFINITY").as_deref()),
+            keep_awake: on_unless_off("ORK_KEEP_AWAKE"),
             host_threads,
             wcache_budget_mb,
             domain_cap_mb,
@@ -392,6 +396,9 @@ mod tests {
         assert!(!c.map_weights && bad.is_empty());
         let (c, bad) = parse(&[("ORK_MAP_WEIGHTS", "maybe")]);
         assert!(c.map_weights && bad.len() == 1, "{bad:?}");
+        assert!(parse(&[]).0.keep_awake, "the host pool stays awake through a matmul by default");
+        let (c, bad) = parse(&[("ORK_KEEP_AWAKE", "off")]);
+        assert!(!c.keep_awake && bad.is_empty());
     }
 
     #[test]

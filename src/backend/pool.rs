@@ -86,7 +86,8 @@ pub(crate) fn on_host<R: Send>(cfg: &Config, elems: usize, f: impl FnOnce() -> R
 /// anything else, so two at once could each leave a thread waiting in the other's waiter above
 /// its own work; a second caller meanwhile runs `f` plainly. A waiter on `f`'s own thread returns
 /// at once, and the waiters stop when `f` returns or panics. Off the host pool (another
-/// rayon pool's thread, or none) or on a pool of one thread, `f` simply runs.
+/// rayon pool's thread, or none), on a pool of one thread or with `ORK_KEEP_AWAKE=0`, `f` simply
+/// runs.
 pub(crate) fn keep_awake<R>(cfg: &Config, f: impl FnOnce() -> R) -> R {
     use std::sync::atomic::{AtomicBool, Ordering};
     static ACTIVE: AtomicBool = AtomicBool::new(false);
@@ -98,7 +99,7 @@ pub(crate) fn keep_awake<R>(cfg: &Config, f: impl FnOnce() -> R) -> R {
         }
     }
     let pool = host_pool(cfg);
-    let Some(me) = pool.current_thread_index() else { return f() };
+    let Some(me) = pool.current_thread_index().filter(|_| cfg.keep_awake) else { return f() };
     if pool.current_num_threads() < 2 || ACTIVE.swap(true, Ordering::AcqRel) {
         return f();
     }
