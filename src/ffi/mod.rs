@@ -1,8 +1,12 @@
-//! The C ABI skin: every `extern "C"` entry point the ggml loader and scheduler call, one file
-//! per ggml object: `registry.rs` (`ggml_backend_init`, `reg_*`), `device.rs` (`dev_*`),
-//! `buffer.rs` (the buffer type and its buffers), `backend.rs` (`backend_*`, graph compute);
-//! `tensor.rs` turns a `ggml_tensor` into the plain values of `crate::backend`, and `api.rs`
-//! holds the ggml functions the plugin calls.
+//! The C ABI skin: every `extern "C"` entry point the ggml loader and scheduler call, from the top
+//! down: `entry.rs` (`ggml_backend_init`, which builds the registry, and `reg_*`), then one file
+//! per ggml object: `device.rs` (`dev_*`), `backend.rs` (`backend_*`, graph compute), `buffer.rs`
+//! (the buffer type and its buffers), with `repack.rs` for ggml-cpu's CPU_REPACK buffers ORK
+//! watches; `node.rs` turns a graph node into what the walk sees and `tensor.rs` a `ggml_tensor`
+//! into the plain values of `crate::backend`; `registry.rs` is what the plugin registered, read
+//! by every callback; `host.rs` recognises the host's ggml and lays ORK's objects out in its
+//! layout; `api.rs` holds the ggml functions the plugin calls. A file names only files
+//! below it (`tests/layering.rs`).
 //!
 //! Each callback converts raw pointers into plain values and slices, calls safe code in
 //! `crate::backend`, which makes every decision, and maps the outcome to ggml's return
@@ -75,6 +79,7 @@ mod api;
 mod backend;
 mod buffer;
 mod device;
+mod entry;
 mod host;
 mod node;
 mod registry;
