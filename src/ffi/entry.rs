@@ -1,10 +1,10 @@
 //! The entry point `ggml_backend_init`, which builds the registry (`registry.rs`) in the layout of
-//! the ggml the plugin finds itself in (`host.rs`), and the registry's callbacks
+//! the ggml the plugin finds itself in (`release.rs`, `host.rs`), and the registry's callbacks
 //! (`reg_*`).
 
 use super::abi::*;
 use super::registry::{get_or_build, Registry};
-use super::{api, backend, buffer, device, guard, host};
+use super::{api, backend, buffer, device, guard, host, release};
 use crate::backend::Device;
 use crate::config::Config;
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -17,7 +17,7 @@ fn registry() -> &'static Registry {
 
 fn build_registry() -> Registry {
     let cfg = Config::get();
-    let layout = match host::classify(&host::facts(), cfg.unverified_ggml) {
+    let layout = match release::classify(&release::facts(), cfg.unverified_ggml) {
         Ok(r) => {
             if let Some(w) = r.warning {
                 log::warn!("{w}");

@@ -1,9 +1,9 @@
 //! The registry ("ORK", zero or one device) as every callback reads it: what the plugin
-//! registered in the layout of the ggml it finds itself in (`host.rs`), built once by the entry
+//! registered in the layout of the ggml it finds itself in (`release.rs`), built once by the entry
 //! point (`entry.rs`, `ggml_backend_init`); none in a ggml it does not know.
 
 use super::abi::*;
-use super::host::Layout;
+use super::release::Layout;
 use super::Poison;
 use crate::backend::Device;
 use std::ffi::CString;
