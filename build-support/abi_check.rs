@@ -9,7 +9,7 @@
 //!    interface tables renamed by `ORK_TAG`): every member of every interface table must have the
 //!    same type as the tree's, and every function we declare must exist in the tree with the same
 //!    prototype, or it does not compile.
-//! 3. How the plugin recognises the release at load (`src/ffi/host.rs`): `ORK_HAS_*` against
+//! 3. How the plugin recognises the release at load (`src/ffi/release.rs`): `ORK_HAS_*` against
 //!    whether the tree declares `ggml_backend_buft_alloc_buffer_n` / `ggml_op_alloc_size_may_expand`,
 //!    and the op and type names (`ORK_OP_NAMES`, `ORK_TYPE_NAMES`) against the tree's `ggml.c` and
 //!    `ggml.h`. Only for a release's own tree (`exact`): `ORK_GGML_VERSION` against

@@ -37,7 +37,7 @@ extern "C" {
 /* The op and type enums, every id in order: what ggml_op_name(id) / ggml_type_name(id) return
  * (GGML_OP_NAME and the type traits' type_name in ggml.c), '|'-separated; 101 ops
  * (GGML_OP_COUNT), 43 types (GGML_TYPE_COUNT). The same in every supported release. The plugin
- * reads the host's names for every id listed here at load (src/ffi/host.rs); tests/abi_drift.rs
+ * reads the host's names for every id listed here at load (src/ffi/release.rs); tests/abi_drift.rs
  * checks both lists against each release's ggml.c and ggml.h. */
 #define ORK_OP_COUNT 101
 #define ORK_TYPE_COUNT 43

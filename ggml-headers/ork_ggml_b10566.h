@@ -9,7 +9,7 @@
 
 #include "ork_ggml_abi.h"
 
-/* How the plugin recognises this release in its host process (src/ffi/host.rs); the drift test
+/* How the plugin recognises this release in its host process (src/ffi/release.rs); the drift test
  * checks each against the release's tree: ggml_version() (ggml/CMakeLists.txt) and whether the
  * headers declare ggml_backend_buft_alloc_buffer_n and ggml_op_alloc_size_may_expand. */
 #define ORK_LLAMA_BUILD 10566

@@ -48,7 +48,7 @@ pub enum LockMode {
 }
 
 /// What to do in a host whose symbols and op/type enums match a layout but whose ggml version
-/// lies outside every verified range (`ORK_UNVERIFIED_GGML`; `src/ffi/host.rs`).
+/// lies outside every verified range (`ORK_UNVERIFIED_GGML`; `src/ffi/release.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum UnverifiedGgml {
     /// Register when the host is newer than every verified release and matches the newest

@@ -8,7 +8,7 @@
 //!    interface tables renamed by `ORK_TAG`): every member of every interface table must have the
 //!    same type as upstream's, and every function we declare must exist upstream with the same
 //!    prototype, or it does not compile.
-//! 3. How the plugin recognises the release at load (`src/ffi/host.rs`) is checked against the
+//! 3. How the plugin recognises the release at load (`src/ffi/release.rs`) is checked against the
 //!    tree: `ORK_GGML_VERSION` against `ggml/CMakeLists.txt`, `ORK_HAS_*` against whether the
 //!    release declares `ggml_backend_buft_alloc_buffer_n` / `ggml_op_alloc_size_may_expand`, and
 //!    `ORK_OP_NAMES` / `ORK_TYPE_NAMES` against its `ggml.c` and `ggml.h`.

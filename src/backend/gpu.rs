@@ -50,7 +50,7 @@ pub fn upload(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, p: Preci
         quant::types::Q4_0 => (vk.upload(VkWeightData::Q4_0(src.bytes), n, k)?, None, None, None),
         quant::types::Q4_K => (vk.upload(VkWeightData::Q4K(src.bytes), n, k)?, None, None, None),
         _ => {
-            let rot = if p.rotated { super::weights::rotation(k) } else { None };
+            let rot = if p.rotated { super::packed::rotation(k) } else { None };
             let (q, rs, col) = quantize_source(src, n, k, rot.as_deref());
             let hi = vk.upload(VkWeightData::I8 { w: &q, scale: &rs }, n, k)?;
             let lo = if p.terms.weight > 1 {

@@ -22,6 +22,7 @@ mod pool;
 pub mod gpu;
 pub mod graph;
 mod npu_mm;
+pub mod packed;
 pub mod stream;
 pub mod weights;
 
@@ -51,7 +52,8 @@ fn remembered<K: std::hash::Hash + Eq, V: Copy>(memo: &'static std::thread::Loca
     v
 }
 pub use crate::pack::WeightSource;
-pub use weights::{PackedWeight, WeightStore};
+pub use packed::PackedWeight;
+pub use weights::WeightStore;
 
 
 /// Counters for the profile / summary line: telemetry only (what the precision plan and the

@@ -18,7 +18,7 @@
 //! Not streamed: interfaces whose cores each have their own address space (`rocket`; the ring
 //! is refused there, `npu::stream`), and `ORK_STREAM=0`.
 
-use super::weights::PackedWeight;
+use super::packed::PackedWeight;
 use super::{Device, MemLedger};
 use crate::cache;
 use crate::npu::layout::TileSets;

@@ -83,6 +83,19 @@ pub(super) fn new(dev: ggml_backend_dev_t) -> ggml_backend_t {
     host::new_backend(l, &BACKEND_FNS, &GUID as *const ggml_guid as *mut ggml_guid, dev, Box::into_raw(ctx) as *mut c_void)
 }
 
+/// llama.cpp makes a context (and ORK's backend) once a model's weights are loaded. Packing a
+/// weight (as it loads, `repack`, or at its first MUL_MAT) allocates and frees a few MiB per
+/// weight; glibc keeps such freed blocks in its heaps, where they would count in the process's
+/// memory for good. They are handed back to the system once per context, and after a graph that
+/// packed weights.
+pub(super) fn give_back_load_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: glibc's malloc_trim only releases free memory of its own heaps.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// The `ggml_backend_set_n_threads` proc ORK's registry hands out.
 pub(super) unsafe extern "C" fn backend_set_n_threads(b: ggml_backend_t, n: i32) -> bool {
     // SAFETY: the proc is handed out by our reg, so ggml calls it with a live backend; `of`
@@ -132,9 +145,9 @@ unsafe extern "C" fn backend_graph_compute(b: ggml_backend_t, g: *mut ggml_cgrap
         let packs = dev.stats.packed.load(std::sync::atomic::Ordering::Relaxed);
         let r = graph::compute(dev, &ctx.stream, &mut graph);
         // Weights packed at their first MUL_MAT (over the model file's mapping): their transient
-        // memory goes back to the system, as after a load (`device::give_back_load_memory`).
+        // memory goes back to the system, as after a load (`give_back_load_memory`).
         if dev.stats.packed.load(std::sync::atomic::Ordering::Relaxed) != packs {
-            super::device::give_back_load_memory();
+            give_back_load_memory();
         }
         match r {
             Ok(()) => GGML_STATUS_SUCCESS,

@@ -115,20 +115,7 @@ unsafe extern "C" fn dev_init_backend(dev: ggml_backend_dev_t, _params: *const c
         if device().is_none() {
             return null_mut();
         }
-        give_back_load_memory();
+        backend::give_back_load_memory();
         backend::new(dev)
     })
-}
-
-/// llama.cpp makes a context (and ORK's backend) once a model's weights are loaded. Packing a
-/// weight (as it loads, `repack`, or at its first MUL_MAT) allocates and frees a few MiB per
-/// weight; glibc keeps such freed blocks in its heaps, where they would count in the process's
-/// memory for good. They are handed back to the system once per context, and after a graph that
-/// packed weights.
-pub(super) fn give_back_load_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: glibc's malloc_trim only releases free memory of its own heaps.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }

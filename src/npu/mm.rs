@@ -305,8 +305,9 @@ pub(crate) struct WeightInner {
     pub domain: DomainId,
     pub reserved_bytes: u64,
     pub shared: Arc<Shared>,
-    /// The stream ring whose slot this is (`super::stream`): the buffer goes back to it on drop.
-    pub ring: Option<Arc<crate::npu::stream::RingInner>>,
+    /// The stream ring whose slot this is (`super::stream`, its free slots `super::slots`): the
+    /// buffer goes back to it on drop.
+    pub ring: Option<Arc<crate::npu::slots::RingInner>>,
 }
 
 impl WeightInner {
@@ -319,7 +320,7 @@ impl WeightInner {
 impl Drop for WeightInner {
     fn drop(&mut self) {
         if let Some(ring) = self.ring.take() {
-            let slot = crate::npu::stream::Slot { bo: self.bo.take().map(|bo| (bo, self.domain)) };
+            let slot = crate::npu::slots::Slot { bo: self.bo.take().map(|bo| (bo, self.domain)) };
             if let Some((bo, d)) = ring.give_back(slot).and_then(|s| s.bo) {
                 let size = bo.size_bytes as u64;
                 if let Err(e) = self.shared.kif.mem_destroy(bo) {

@@ -25,6 +25,7 @@ pub mod plan;
 pub mod pool;
 pub mod regcmd;
 pub mod regs;
+mod slots;
 pub mod soc;
 pub mod stream;
 

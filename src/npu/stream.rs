@@ -25,38 +25,11 @@
 
 use std::sync::{Arc, Condvar, Mutex};
 
-use super::kif::{mem_flags, page_round, Bo, DomainId, SyncDir};
+use super::kif::{mem_flags, page_round, SyncDir};
 use super::layout::{self, WeightGeometry};
 use super::mm::{Shared, WeightInner};
+use super::slots::{RingInner, Slot};
 use super::{Npu, NpuError, ResidentWeight};
-
-/// One slot: its buffer (None until first filled) and the domain its IOVA was reserved in.
-pub(crate) struct Slot {
-    pub bo: Option<(Bo, DomainId)>,
-}
-
-pub(crate) struct RingInner {
-    free: Mutex<Vec<Slot>>,
-    ready: Condvar,
-    /// Bytes of the slots' buffers now.
-    bytes: Mutex<u64>,
-    /// The ring was dropped: slots that come back are freed.
-    closed: std::sync::atomic::AtomicBool,
-}
-
-impl RingInner {
-    /// A slot comes back (a fill failed, or its weight was dropped). Returns it when the ring is
-    /// gone, for the caller to free.
-    pub(crate) fn give_back(&self, slot: Slot) -> Option<Slot> {
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
-            return Some(slot);
-        }
-        free.push(slot);
-        self.ready.notify_one();
-        None
-    }
-}
 
 /// A fixed set of NPU buffers that weights are streamed through.
 pub struct StreamRing {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Release artifact for boards: the aarch64 libggml-ork.so that a board owner drops beside the
 # llama.cpp tools of any supported release (one file for all of them: the plugin recognises the
-# host's ggml at load, src/ffi/host.rs):
+# host's ggml at load, src/ffi/release.rs):
 #   dist/libggml-ork-aarch64.so      (debug info stripped; symbols kept)
 #   dist/libggml-ork-aarch64.txt     (manifest: the supported llama.cpp/ggml releases, commit, toolchain, sha256)
 # The manifest is also embedded in the .so as the ELF section .ork_build
