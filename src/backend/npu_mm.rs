@@ -598,7 +598,7 @@ impl Device {
             // A last output pass left for the next MUL_MAT needs no short last piece to hide it.
             let beside_next = link.next_reads_same && w.lo.is_none();
             let key = (m, k, n, t.weight, t.act, budget.max_cores, candidate, beside_next);
-            let ends = super::remembered(&ENDS, key, || crate::route::pipeline_ends(self.npu.soc(), m, k, n, t, budget.max_cores, crate::route::precision::Chain { held: candidate, beside_next }));
+            let ends = super::remembered(&ENDS, key, || crate::route::pipeline_ends(self.npu.soc(), m, k, n, t, budget.max_cores, crate::route::activation::Chain { held: candidate, beside_next }));
             self.npu.pipeline_bounds(&w.resident, m, budget, ends)
         } else {
             vec![(0, m)]

@@ -9,7 +9,7 @@
 //! (a reader in another graph call, an activation the call ends with) is left to the
 //! activation's hash (`backend::npu_mm`).
 
-use super::precision::Role;
+use super::precision::{Precision, Role, Terms};
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 
 /// One graph node as the rule needs it.
@@ -163,6 +163,32 @@ pub fn links(steps: &[Step]) -> Vec<Link> {
     out
 }
 
+/// Whether a weight with precision `p` whose activation the graph shows held (`link.held`: the
+/// MUL_MAT before it read the same activation, nothing writing it between) reads it as the int8
+/// terms that one made: rotated weights of one K share one rotation and no column scales, and
+/// only one activation term is held. The backend reuses those terms (`backend::npu_mm`, the held
+/// activation), so its MUL_MAT has no activation pass and its first piece is not cut short.
+pub fn reads_held(link: Link, p: Precision) -> bool {
+    p.rotated && p.terms.act == 1 && link.held
+}
+
+/// Where a MUL_MAT stands among the MUL_MATs that read its activation, as the cost model and
+/// the backend's cut see it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Chain {
+    /// It reads the activation the MUL_MAT before it quantized ([`reads_held`]).
+    pub held: bool,
+    /// The MUL_MAT right after it reads the same activation: its last piece's output pass runs
+    /// beside that one's first piece on the NPU (`backend::graph`, `Device::run_mul_mat_chained`;
+    /// a cut MUL_MAT of one weight term and one activation term).
+    pub beside_next: bool,
+}
+
+/// [`Chain`] of a weight with precision `p` whose place in the graph is `link`.
+pub fn chain(link: Link, p: Precision) -> Chain {
+    Chain { held: reads_held(link, p), beside_next: p.terms == Terms::PLAIN && link.next_reads_same }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -230,6 +256,18 @@ mod tests {
             (Role::Other, false, false, No),
         ] {
             assert_eq!(layer_link(role), Link { held, next_reads_same, read_again }, "{role:?}");
+        }
+    }
+
+    #[test]
+    fn what_the_graph_shows_held_is_reused_in_one_rotated_term() {
+        let p = |rotated: bool, act: usize| Precision { terms: Terms { weight: 1, act }, rotated, mean_correct: rotated };
+        for (held, next_reads_same) in [(false, false), (true, false), (false, true), (true, true)] {
+            let l = Link { held, next_reads_same, read_again: Again::Unknown };
+            assert_eq!(chain(l, p(true, 1)), Chain { held, beside_next: next_reads_same });
+            assert!(!reads_held(l, p(false, 1)) && !reads_held(l, p(true, 2)), "only one rotated activation term is held");
+            assert_eq!(chain(l, p(false, 1)).beside_next, next_reads_same, "unrotated, one term each");
+            assert!(!chain(l, p(true, 2)).beside_next, "two activation terms are not cut");
         }
     }
 }

@@ -115,7 +115,7 @@ pub struct Availability {
 pub struct HostCost {
     /// The activation pass (reuse key, rotation, int8 terms, the correction's dots) per
     /// activation row × K of the MUL_MATs that quantize their activation (K, V and up read the
-    /// one Q and gate quantized: `precision::reads_held`, no pass of their own).
+    /// one Q and gate quantized: `activation::reads_held`, no pass of their own).
     pub act_quant_s: f64,
     /// The output pass (int32 → f32 with the scales, second term, correction) per output row × N.
     pub output_s: f64,
@@ -157,7 +157,7 @@ impl HostCost {
     /// Host seconds on the board for one MUL_MAT of `m` rows, `k`, `n`, with `terms`: the part
     /// that always adds to the NPU's time (the NPU runs' host part, the arbiter) and the
     /// activation and output passes (where it reads the held activation, `held`:
-    /// [`precision::reads_held`], the reuse check in place of the activation pass).
+    /// [`activation::reads_held`], the reuse check in place of the activation pass).
     pub fn host_parts(&self, m: usize, k: usize, n: usize, terms: precision::Terms, held: bool) -> (f64, (f64, f64)) {
         let serial = self.npu_io_s * (terms.rows() * m * (k + n)) as f64 + self.matmul_s;
         let act = if held { self.check_s * (m * k) as f64 } else { self.act_quant_s * (terms.act * m * k) as f64 };
@@ -194,7 +194,7 @@ pub const A76_OVER_HERE: f64 = 2.5;
 // / 0.0266 ns, and ork-route then prints 330 with host instead of 335.
 /// act-quant 201 µs per token less its reuse check (17), / 344064 row·K per token quantized: Σ K
 /// of the layer's MUL_MATs that quantize their activation (Q, attention output, gate, down; K, V
-/// and up read the held one, `precision::reads_held`) × 28.
+/// and up read the held one, `activation::reads_held`) × 28.
 const ACT_QUANT_S: f64 = 0.535e-9;
 /// The reuse check 17 µs per token / 172032 row·K per token of K, V and up.
 const CHECK_S: f64 = 0.099e-9;
@@ -260,7 +260,7 @@ pub fn stream_pays(cfg: &Config, soc: &SocDesc, mm: &MatMul, terms: precision::T
     }
     let model = cost_model_for(soc);
     let cores = cfg.max_cores.unwrap_or(model.soc.cores);
-    let t_npu = model.npu_host_s(mm.m, mm.k, mm.n, terms, cores, precision::Chain::default());
+    let t_npu = model.npu_host_s(mm.m, mm.k, mm.n, terms, cores, activation::Chain::default());
     let t = if overlapped { t_npu.max(fill_s) } else { t_npu + fill_s };
     t < model.cpu_s(mm.m, mm.k, mm.n, mm.ggml_type)
 }
@@ -338,12 +338,12 @@ impl CostModel {
     /// and [`HostCost::host_parts`], in the pieces the backend cuts it into: one activation term
     /// and `npu::plan::pipeline_bounds`, the ends [`Self::pipeline_ends`] cuts short); the
     /// calibrated correction is not in it (`mean_correct_s`). `chain`: where it stands among
-    /// the MUL_MATs reading its activation ([`precision::chain`]) — held: it reads the
+    /// the MUL_MATs reading its activation ([`activation::chain`]) — held: it reads the
     /// activation the MUL_MAT before quantized, no activation pass, and the first piece is not
     /// cut short; beside the next: its last piece's output pass runs beside the next MUL_MAT's
     /// first piece, taken as long as this one's first piece on the NPU (V → K and gate → up
     /// have one shape each), and what of it that does not cover adds.
-    pub fn npu_host_s(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, chain: precision::Chain) -> f64 {
+    pub fn npu_host_s(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, chain: activation::Chain) -> f64 {
         self.npu_host_ends(m, k, n, terms, cores, chain).0
     }
 
@@ -352,12 +352,12 @@ impl CostModel {
     /// `held`), the one this model gives the least time. A short end takes its piece's pass off
     /// the critical path and costs the NPU one more feed of the weight; the cheaper the host's
     /// passes against that feed, the fewer ends pay.
-    pub fn pipeline_ends(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, chain: precision::Chain) -> crate::npu::plan::Ends {
+    pub fn pipeline_ends(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, chain: activation::Chain) -> crate::npu::plan::Ends {
         self.npu_host_ends(m, k, n, terms, cores, chain).1
     }
 
     /// [`Self::npu_host_s`] and [`Self::pipeline_ends`]: the least time over the cuts.
-    fn npu_host_ends(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, chain: precision::Chain) -> (f64, crate::npu::plan::Ends) {
+    fn npu_host_ends(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, chain: activation::Chain) -> (f64, crate::npu::plan::Ends) {
         use crate::npu::plan::Ends;
         let held = chain.held;
         let plain = Ends { first: !held, last: true };
@@ -514,7 +514,7 @@ fn cost_model_for(soc: &SocDesc) -> CostModel {
 
 /// The ends of a pipelined MUL_MAT the backend cuts short ([`CostModel::pipeline_ends`] of the
 /// configured SoC's model), where it stands among the MUL_MATs reading its activation (`chain`).
-pub fn pipeline_ends(soc: &SocDesc, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, chain: precision::Chain) -> crate::npu::plan::Ends {
+pub fn pipeline_ends(soc: &SocDesc, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, chain: activation::Chain) -> crate::npu::plan::Ends {
     cost_model_for(soc).pipeline_ends(m, k, n, terms, cores, chain)
 }
 
@@ -528,12 +528,12 @@ pub fn decide(cfg: &Config, soc: &SocDesc, mm: &MatMul, av: Availability) -> Dec
 /// (`precision::Role::Other`).
 pub fn decide_with(cfg: &Config, model: &CostModel, mm: &MatMul, av: Availability) -> Decision {
     let p = precision::decide(cfg, precision::Role::Other, crate::quant::types::is_float(mm.ggml_type), &precision::one_of(precision::Role::Other, (mm.k * mm.n) as u64), mm.k);
-    decide_precision(cfg, model, mm, p, precision::Chain::default(), av)
+    decide_precision(cfg, model, mm, p, activation::Chain::default(), av)
 }
 
 /// [`decide_with`] for a weight of precision `p` (`precision::decide`), standing as `chain`
-/// among the MUL_MATs that read its activation ([`precision::chain`]).
-pub fn decide_precision(cfg: &Config, model: &CostModel, mm: &MatMul, p: precision::Precision, chain: precision::Chain, av: Availability) -> Decision {
+/// among the MUL_MATs that read its activation ([`activation::chain`]).
+pub fn decide_precision(cfg: &Config, model: &CostModel, mm: &MatMul, p: precision::Precision, chain: activation::Chain, av: Availability) -> Decision {
     let terms = p.terms;
     let phase = Phase::of(cfg, mm.m);
     let cores = cfg.max_cores.unwrap_or(model.soc.cores);
@@ -620,7 +620,7 @@ mod tests {
         assert!(!stream_pays(&c, &SocDesc::get(SocId::Rk3588), &mm(32), terms, packed, false), "the pack costs more than the CPU's run");
         // Overlap matters: the same fill, not run ahead, costs the sum.
         let model = cost_model_for(&SocDesc::get(SocId::Rk3588));
-        let npu = model.npu_host_s(512, k, n, terms, 3, precision::Chain::default());
+        let npu = model.npu_host_s(512, k, n, terms, 3, activation::Chain::default());
         let cpu = model.cpu_s(512, k, n, crate::quant::types::Q8_0);
         let fill = cpu - npu / 2.0;
         assert!(stream_pays(&c, &SocDesc::get(SocId::Rk3588), &mm(512), terms, fill, true) && !stream_pays(&c, &SocDesc::get(SocId::Rk3588), &mm(512), terms, fill, false));
@@ -693,7 +693,7 @@ mod tests {
         let (a, b) = (CostModel::for_device(nominal), CostModel::for_device(port));
         assert!((b.npu_ops * 15.0 / a.npu_ops - 1.0).abs() < 1e-9, "a fifth of the clock on a third of the cores");
         assert_eq!(b.npu_feed_bps, a.npu_feed_bps);
-        let (t, chain) = (precision::Terms::PLAIN, precision::Chain::default());
+        let (t, chain) = (precision::Terms::PLAIN, activation::Chain::default());
         let (fast, slow) = (a.npu_host_s(512, 2048, 2048, t, 3, chain), b.npu_host_s(512, 2048, 2048, t, 1, chain));
         assert!(slow > 5.0 * fast, "a compute-bound prefill MUL_MAT: {slow} s vs {fast} s");
     }

@@ -40,7 +40,6 @@
 //! `ORK_ROTATE=0`, which keeps the unrotated multi-term scheme: two weight terms, two activation
 //! terms, three for float weights).
 
-use super::activation::Link;
 use crate::config::Config;
 
 /// Activation terms that meet a weight's second int8 term (its cross terms with later activation
@@ -207,32 +206,6 @@ pub struct Precision {
     pub mean_correct: bool,
 }
 
-/// Whether a weight with precision `p` whose activation the graph shows held (`link.held`: the
-/// MUL_MAT before it read the same activation, nothing writing it between) reads it as the int8
-/// terms that one made: rotated weights of one K share one rotation and no column scales, and
-/// only one activation term is held. The backend reuses those terms (`backend::npu_mm`, the held
-/// activation), so its MUL_MAT has no activation pass and its first piece is not cut short.
-pub fn reads_held(link: Link, p: Precision) -> bool {
-    p.rotated && p.terms.act == 1 && link.held
-}
-
-/// Where a MUL_MAT stands among the MUL_MATs that read its activation, as the cost model and
-/// the backend's cut see it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Chain {
-    /// It reads the activation the MUL_MAT before it quantized ([`reads_held`]).
-    pub held: bool,
-    /// The MUL_MAT right after it reads the same activation: its last piece's output pass runs
-    /// beside that one's first piece on the NPU (`backend::graph`, `Device::run_mul_mat_chained`;
-    /// a cut MUL_MAT of one weight term and one activation term).
-    pub beside_next: bool,
-}
-
-/// [`Chain`] of a weight with precision `p` whose place in the graph is `link`.
-pub fn chain(link: Link, p: Precision) -> Chain {
-    Chain { held: reads_held(link, p), beside_next: p.terms == Terms::PLAIN && link.next_reads_same }
-}
-
 /// The precision of one `[N, K]` weight of `role` (`float_source`: an F16/BF16/F32 source;
 /// `work`: the model's announced work per role): rotated where `ORK_ROTATE` asks and K has a
 /// rotation, its terms from [`terms_for`] under that, corrected where it is rotated and
@@ -275,18 +248,6 @@ mod tests {
 
     fn cfg(pairs: &[(&str, &str)]) -> Config {
         Config::from_lookup(|k| pairs.iter().find(|(a, _)| *a == k).map(|(_, b)| b.to_string())).0
-    }
-
-    #[test]
-    fn what_the_graph_shows_held_is_reused_in_one_rotated_term() {
-        let p = |rotated: bool, act: usize| Precision { terms: Terms { weight: 1, act }, rotated, mean_correct: rotated };
-        for (held, next_reads_same) in [(false, false), (true, false), (false, true), (true, true)] {
-            let l = Link { held, next_reads_same, read_again: super::super::activation::Again::Unknown };
-            assert_eq!(chain(l, p(true, 1)), Chain { held, beside_next: next_reads_same });
-            assert!(!reads_held(l, p(false, 1)) && !reads_held(l, p(true, 2)), "only one rotated activation term is held");
-            assert_eq!(chain(l, p(false, 1)).beside_next, next_reads_same, "unrotated, one term each");
-            assert!(!chain(l, p(true, 2)).beside_next, "two activation terms are not cut");
-        }
     }
 
     /// Work per role of a model of `layers` layers of the usual seven matmuls (K·N of q, k, v,

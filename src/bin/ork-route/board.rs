@@ -410,7 +410,7 @@ pub fn plan(cfg: &Config, model: &CostModel, m: &BoardModel, board: &Board) -> B
             Place::Cpu => cpu,
             _ => {
                 let host = if prec.mean_correct && model.host != HostCost::NONE { model.mean_correct_s(ub, w.k, w.n) } else { 0.0 };
-                model.npu_host_s(ub, w.k, w.n, prec.terms, cores, precision::chain(ggml_ork::route::activation::layer_link(w.role), prec)) + host
+                model.npu_host_s(ub, w.k, w.n, prec.terms, cores, ggml_ork::route::activation::chain(ggml_ork::route::activation::layer_link(w.role), prec)) + host
             }
         };
     }

@@ -4,7 +4,7 @@
 //! coefficients are divided by ([`prefill_work`]).
 
 use ggml_ork::config::Config;
-use ggml_ork::route::activation::layer_link;
+use ggml_ork::route::activation::{self, layer_link};
 use ggml_ork::route::precision::{self, Role};
 use ggml_ork::route::{decide_precision, Availability, CostModel, Engine, MatMul};
 
@@ -81,7 +81,7 @@ pub fn predict(cfg: &Config, model: &CostModel, shape: &ModelShape, m: usize) ->
     let work = shape.role_work();
     let t = |rows: usize, k: usize, n: usize, ty: u32, role: precision::Role| {
         let p = precision::decide(cfg, role, ggml_ork::quant::types::is_float(ty), &work, k);
-        let d = decide_precision(cfg, model, &MatMul { m: rows, k, n, ggml_type: ty }, p, precision::chain(layer_link(role), p), Availability::default());
+        let d = decide_precision(cfg, model, &MatMul { m: rows, k, n, ggml_type: ty }, p, activation::chain(layer_link(role), p), Availability::default());
         match d.engine {
             Engine::Npu => d.predicted.0,
             Engine::Cpu => d.predicted.1,
@@ -99,7 +99,7 @@ pub fn predict(cfg: &Config, model: &CostModel, shape: &ModelShape, m: usize) ->
 /// The work per prompt token of a prefill in ubatches of `m` rows that the host coefficients
 /// ([`ggml_ork::route::HostCost`]) are divided by: submits on the busiest core, activation row·K (all, and of the
 /// MUL_MATs that quantize their activation: not those reading the held one,
-/// [`precision::reads_held`]) and output row·N, summed over the layers' NPU MUL_MATs (one term
+/// [`activation::reads_held`]) and output row·N, summed over the layers' NPU MUL_MATs (one term
 /// each unless the plan adds some).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PrefillWork {
@@ -122,7 +122,7 @@ pub fn prefill_work(cfg: &Config, model: &CostModel, shape: &ModelShape, m: usiz
         if s != usize::MAX {
             submits += s as f64 / m as f64;
             rk += (terms.act * k) as f64;
-            if !precision::reads_held(layer_link(role), p) {
+            if !activation::reads_held(layer_link(role), p) {
                 ark += (terms.act * k) as f64;
             }
             rn += (terms.rows() * n) as f64;
@@ -210,17 +210,17 @@ mod tests {
         // less) nor waits for the check, so it costs less than the same MUL_MAT quantizing its
         // own activation, by at least that pass's first piece.
         let p1 = precision::decide(&c, precision::Role::AttnK, false, &q.role_work(), 2048);
-        assert!(precision::reads_held(layer_link(precision::Role::AttnK), p1) && !precision::reads_held(layer_link(precision::Role::AttnQ), p1));
+        assert!(activation::reads_held(layer_link(precision::Role::AttnK), p1) && !activation::reads_held(layer_link(precision::Role::AttnQ), p1));
         assert_eq!(h.host_parts(512, 2048, 1024, p1.terms, true).1 .0, h.a76 * (h.check_s * (512 * 2048) as f64), "its pass is the reuse check");
-        let held_chain = precision::Chain { held: true, beside_next: false };
-        let (held, own) = (host.npu_host_s(512, 2048, 1024, p1.terms, 3, held_chain), host.npu_host_s(512, 2048, 1024, p1.terms, 3, precision::Chain::default()));
+        let held_chain = activation::Chain { held: true, beside_next: false };
+        let (held, own) = (host.npu_host_s(512, 2048, 1024, p1.terms, 3, held_chain), host.npu_host_s(512, 2048, 1024, p1.terms, 3, activation::Chain::default()));
         let act = h.host_parts(512, 2048, 1024, p1.terms, false).1 .0;
         assert!(held + act * 16.0 / 512.0 <= own, "held {held:e}, own {own:e}");
         // V right before K (llama.cpp's order): its last output pass runs beside K's first piece,
         // so its last piece is not cut short (one weight feed less) and it costs less than with
         // nothing after it; K, with nothing after it, still cuts its last piece short.
-        let v = precision::chain(layer_link(precision::Role::AttnV), p1);
-        assert_eq!(v, precision::Chain { held: true, beside_next: true });
+        let v = activation::chain(layer_link(precision::Role::AttnV), p1);
+        assert_eq!(v, activation::Chain { held: true, beside_next: true });
         assert_eq!(host.pipeline_ends(512, 2048, 1024, p1.terms, 3, v), ggml_ork::npu::plan::Ends { first: false, last: false });
         assert_eq!(host.pipeline_ends(512, 2048, 1024, p1.terms, 3, held_chain), ggml_ork::npu::plan::Ends { first: false, last: true });
         let beside = host.npu_host_s(512, 2048, 1024, p1.terms, 3, v);
@@ -228,7 +228,7 @@ mod tests {
         // One MUL_MAT, by hand: cut into 4 pieces, passes 4 ms against 10 ms of NPU: the ends.
         // No rows: the NPU's time alone (nothing cut, nothing to pass), not a panic.
         let model = CostModel::for_soc(SocId::Rk3588);
-        assert_eq!(model.npu_host_s(0, 2048, 2048, precision::Terms::PLAIN, 3, precision::Chain::default()), model.npu_s(0, 2048, 2048, precision::Terms::PLAIN, 3));
+        assert_eq!(model.npu_host_s(0, 2048, 2048, precision::Terms::PLAIN, 3, activation::Chain::default()), model.npu_s(0, 2048, 2048, precision::Terms::PLAIN, 3));
         assert!((h.combine(10e-3, 1e-3, (2e-3, 2e-3), 4, 0.25, 0.25) - 12e-3).abs() < 1e-12);
         // Short ends: only their rows' passes add.
         assert!((h.combine(10e-3, 1e-3, (2e-3, 2e-3), 6, 1.0 / 32.0, 1.0 / 16.0) - (11e-3 + 2e-3 * 3.0 / 32.0)).abs() < 1e-12);
