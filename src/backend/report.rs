@@ -1,7 +1,9 @@
 //! The reports of the counters (`counters`): the exit summary a backend prints when it is freed
 //! (a few lines, in the manner of llama.cpp's `llama_perf_context_print`: what ran where, the
 //! fallbacks, memory, time) and, with `ORK_PROFILE=1`, the full breakdown after it (one long
-//! line) and the per-op-kind profile table. Printing only: nothing here books or decides.
+//! line) and the per-op-kind profile table. Nothing here decides: [`finish`], run when a backend
+//! is freed, copies the NPU's health counts and the memory in before it prints, and flushes the
+//! calibration store after.
 
 use super::stream::Streamer;
 use super::{Device, Memory, PhaseStats, Stats};
