@@ -38,9 +38,9 @@ QEMU_CPU=cortex-a76 GGML_BACKEND_PATH=$SO_A64 ORK_NPU=sim ORK_PROFILE=1 \
 t2=$(date +%s.%N)
 
 grep -E "^ork: " "$OUT/aarch64.log" | head -5 || true
-grep -qE "ORK ran [1-9][0-9]* MUL_MAT on the NPU \([0-9]+ rows sent = [0-9.]+x plain W8A8, [1-9][0-9]* submits\)" "$OUT/aarch64.log" || { echo "aarch64 run: no MUL_MAT ran on ORK (log: $OUT/aarch64.log)"; exit 1; }
+grep -qE "ORK ran: npu [1-9][0-9]* MUL_MAT \([1-9][0-9]* submits, [0-9]+ rows sent = [0-9.]+x plain W8A8\)" "$OUT/aarch64.log" || { echo "aarch64 run: no MUL_MAT ran on ORK (log: $OUT/aarch64.log)"; exit 1; }
 # a live NPU: nothing fell back to the CPU (an NPU whose every run failed gives the CPU's text too)
-grep -qE "; 0 MUL_MAT fell back to the CPU after NPU errors \(0 failed NPU runs" "$OUT/aarch64.log" || { echo "aarch64 run: NPU errors fell back to the CPU (log: $OUT/aarch64.log)"; exit 1; }
+grep -qE "fallbacks: 0 after NPU errors \(0 failed runs\)" "$OUT/aarch64.log" || { echo "aarch64 run: NPU errors fell back to the CPU (log: $OUT/aarch64.log)"; exit 1; }
 if cmp -s "$OUT/x86_64.txt" "$OUT/aarch64.txt"; then same=equal; else same=DIFFERENT; diff "$OUT/x86_64.txt" "$OUT/aarch64.txt" || true; fi
 printf 'aarch64 e2e (%s tokens, %s): text %s to x86-64; wall x86-64 %.1f s, aarch64 under qemu %.1f s\n' \
   "$N" "$(basename "$SO_A64")" "$same" "$(awk "BEGIN{print $t1 - $t0}")" "$(awk "BEGIN{print $t2 - $t1}")" | tee "$OUT/result.txt"
@@ -65,8 +65,8 @@ for t in Q8_0 Q4_0; do
   so=$(repack_sizes "$OUT/repack-$t-ork.log")
   sc=$(repack_sizes "$OUT/repack-$t-cpu.log")
   live=no
-  if grep -qE "ORK ran [1-9][0-9]* MUL_MAT on the NPU \([0-9]+ rows sent = [0-9.]+x plain W8A8, [1-9][0-9]* submits\)" "$OUT/repack-$t-ork.log" \
-     && grep -qE "; 0 MUL_MAT fell back to the CPU after NPU errors \(0 failed NPU runs" "$OUT/repack-$t-ork.log"; then
+  if grep -qE "ORK ran: npu [1-9][0-9]* MUL_MAT \([1-9][0-9]* submits, [0-9]+ rows sent = [0-9.]+x plain W8A8\)" "$OUT/repack-$t-ork.log" \
+     && grep -qE "fallbacks: 0 after NPU errors \(0 failed runs\)" "$OUT/repack-$t-ork.log"; then
     live=yes
   fi
   if [ -n "$sc" ] && [ "$so" = "$sc" ] && awk -v s="$sc" 'BEGIN { n = split(s, a, "+"); t = 0; for (i = 1; i <= n; i++) t += a[i]; exit !(t > 0) }' \

@@ -18,6 +18,6 @@ for p in ${P:-128 512}; do
   b=$(env GGML_BACKEND_PATH="$ORK_LIB" ORK_NPU=sim ORK_SIM_TIMING=board ORK_PROFILE=1 "$LLAMA_BIN/llama-bench" -m "$M" -p "$p" -n 0 -t 2 -r 2 2>&1)
   c=$(env GGML_BACKEND_PATH="$ORK_LIB" ORK_NPU=sim "$LLAMA_BIN/llama-bench" -m "$M" -p "$p" -n 0 -t 2 -r 2 2>&1 | rate)
   o=$(env GGML_BACKEND_PATH="$ORK_LIB" ORK_OFF=1 "$LLAMA_BIN/llama-bench" -m "$M" -p "$p" -n 0 -t 2 -r 2 2>&1 | rate)
-  prof=$(echo "$b" | grep -E "^ +prefill MUL_MAT:" | sed -E 's/.*act-quant ([0-9.]+) ms \(the reuse check [0-9.]+ ms\), submit ([0-9.]+) ms \(the cores. host work ([0-9.]+) ms, past the hardware time ([0-9.]+) ms\), wait ([0-9.]+) ms, dequant ([0-9.]+) ms, arbiter ([0-9.]+) ms.*/wait \5 ms \/ act-quant \1, submit \2 (cores \3, late \4), dequant \6, arbiter \7 ms/')
+  prof=$(echo "$b" | grep -E "^(ork: )? +prefill MUL_MAT:" | sed -E 's/.*act-quant ([0-9.]+) ms \(the reuse check [0-9.]+ ms\), submit ([0-9.]+) ms \(the cores. host work ([0-9.]+) ms, past the hardware time ([0-9.]+) ms\), wait ([0-9.]+) ms, dequant ([0-9.]+) ms, arbiter ([0-9.]+) ms.*/wait \5 ms \/ act-quant \1, submit \2 (cores \3, late \4), dequant \6, arbiter \7 ms/')
   echo "| pp$p | $(echo "$b" | rate) | $c | $o | ${prof:--} |"
 done

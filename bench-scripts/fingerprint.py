@@ -31,8 +31,8 @@ def run(args, extra):
 
 
 def counters(err):
-    # the exit line without its timings (ms figures vary run to run)
-    m = re.search(r"ork: ORK ran[^\n\r]*", err)
+    # the full breakdown (ORK_PROFILE=1) without its timings (ms figures vary run to run)
+    m = re.search(r"ork: ORK ran \d[^\n\r]*", err)
     line = m.group(0) if m else ""
     return re.sub(r"[0-9.]+ ?(ms|s|µs)\b", "<t>", line)
 
@@ -42,7 +42,7 @@ with tempfile.TemporaryDirectory() as cache:
                      ("Q8_0", {"ORK_DECODE": "gpu", "ORK_VK_DEVICE": "llvmpipe"}),
                      ("Q4_K_M", {"ORK_DECODE": "gpu", "ORK_VK_DEVICE": "llvmpipe"})):
         p = run([f"{BIN}/llama-completion", "-m", model(t), "-p", PROMPT, "-n", "16", "--temp", "0", "-no-cnv",
-                 "-t", "2", "--no-warmup", "--seed", "1"], ork(ORK_CACHE_DIR=cache, **extra))
+                 "-t", "2", "--no-warmup", "--seed", "1"], ork(ORK_CACHE_DIR=cache, ORK_PROFILE=1, **extra))
         text = p.stdout[len(PROMPT):] if p.stdout.startswith(PROMPT) else p.stdout
         tag = t + ("+gpu" if extra else "")
         print(f"greedy {tag}: rc {p.returncode} {text!r}")

@@ -39,12 +39,12 @@ few decades printing shops had spread across Europe, and books became far cheape
 run() {
     local tag=$1
     local t0=$(date +%s.%N)
-    GGML_BACKEND_PATH="$CARGO_TARGET_DIR/release/libggml-ork.so" ORK_NPU=$NPU ORK_CACHE_DIR="$WORK/cache" \
+    GGML_BACKEND_PATH="$CARGO_TARGET_DIR/release/libggml-ork.so" ORK_NPU=$NPU ORK_PROFILE=1 ORK_CACHE_DIR="$WORK/cache" \
         $TASKSET "$LLAMA_BIN/llama-completion" -m "$MODEL" -p "$PROMPT" -n 16 --temp 0 -no-cnv -t "$THREADS" \
         >"$WORK/$tag.out" 2>"$WORK/$tag.err" </dev/null
     local t1=$(date +%s.%N)
     local line
-    line=$(grep -m1 'cache hits' "$WORK/$tag.err" || { echo "no ork: summary in $tag run" >&2; tail -20 "$WORK/$tag.err" >&2; exit 1; })
+    line=$(grep -m1 'cache hits.*prepared in' "$WORK/$tag.err" || { echo "no ork: summary in $tag run" >&2; tail -20 "$WORK/$tag.err" >&2; exit 1; })
     local hits packs ms split
     hits=$(sed -E 's/.*weights: ([0-9]+) cache hits.*/\1/' <<<"$line")
     packs=$(sed -E 's/.* ([0-9]+) packs .*/\1/' <<<"$line")

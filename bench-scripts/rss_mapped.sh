@@ -36,7 +36,7 @@ run() {
   kb=$(sed -n 's/.*Maximum resident set size (kbytes): //p' "$err")
   md5=$(md5sum <"$out" | cut -c1-8)
   res=$(grep -o 'weights: [0-9]* cache hits, [0-9]* packs' "$err" | tail -1 || true)
-  res="$res; $(grep -o 'resident [0-9.]* MiB (GGUF copy [0-9.]*.*' "$err" | tail -1 | sed 's/, compute buffers.*peak/ ... peak/' || true)"
+  res="$res; $(grep -o 'memory (MiB): resident .*' "$err" | tail -1 || true)"
   printf '| %s | %s | %d MiB | %s | %s |\n' "$(basename "$MODEL" .gguf)" "$tag" $((kb / 1024)) "$md5" "$res"
 }
 

@@ -16,7 +16,7 @@ P=$(sed -nE 's/^PROMPT=\$\{1:-"([^"]+)"\}.*/\1/p' "$ROOT/tests/demo.sh")
 PP=$P; for _ in $(seq 9); do PP="$PP $P"; done
 gen() {  # out-prefix env...
   local o=$1; shift
-  env "$@" GGML_BACKEND_PATH="$ORK_LIB" ORK_NPU=sim "$LLAMA_BIN/llama-completion" -m "$M" -p "$PP" -n "$N" \
+  env "$@" GGML_BACKEND_PATH="$ORK_LIB" ORK_NPU=sim ORK_PROFILE=1 "$LLAMA_BIN/llama-completion" -m "$M" -p "$PP" -n "$N" \
     --temp 0 -no-cnv -t 2 --no-warmup --seed 1 -b 512 -ub 512 2>"$o.err" >"$o.out" || true
 }
 d=$(mktemp -d)

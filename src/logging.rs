@@ -1,4 +1,5 @@
-//! A small `log` backend: one line per record on stderr, prefixed `ork:`, level from `ORK_LOG`.
+//! A small `log` backend: each record on stderr, every line of it prefixed `ork:`, level from
+//! `ORK_LOG`.
 //! (llama.cpp tools print their own logs on stderr too, so ours interleave in order.)
 
 use std::io::Write;
@@ -16,12 +17,26 @@ impl log::Log for StderrLog {
                 log::Level::Warn => "warning: ",
                 _ => "",
             };
-            // One write per line, so lines from several threads and from the host do not interleave.
-            let line = format!("ork: {lvl}{}\n", r.args());
-            let _ = std::io::stderr().lock().write_all(line.as_bytes());
+            // One write per record, so lines from several threads and from the host do not
+            // interleave; each line of a record of several is prefixed too.
+            let _ = std::io::stderr().lock().write_all(prefixed(lvl, &r.args().to_string()).as_bytes());
         }
     }
     fn flush(&self) {}
+}
+
+/// `msg` as the logger writes it: every line prefixed `ork: `, the first with the level's word.
+fn prefixed(lvl: &str, msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len() + 16);
+    for (i, line) in msg.split('\n').enumerate() {
+        out += "ork: ";
+        if i == 0 {
+            out += lvl;
+        }
+        out += line;
+        out.push('\n');
+    }
+    out
 }
 
 static LOGGER: StderrLog = StderrLog;
@@ -40,5 +55,14 @@ pub fn warn_first(first: bool, msg: &str, more: &str) {
         log::warn!("{msg}{more}");
     } else {
         log::debug!("{msg}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_line_of_a_record_is_prefixed() {
+        assert_eq!(super::prefixed("", "one"), "ork: one\n");
+        assert_eq!(super::prefixed("warning: ", "one\n  two"), "ork: warning: one\nork:   two\n");
     }
 }

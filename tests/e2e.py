@@ -97,15 +97,15 @@ for t in ("Q8_0", "F16"):
         common = len(os.path.commonprefix([a32, b32]))
         figures.append(f"| greedy {t} | 32 tokens: common prefix {common}/{max(len(a32), len(b32))} chars |")
 
-# 2a'. `-dev ORK` (two backends freed, one after the other): one exit line, not one per backend.
+# 2a'. `-dev ORK` (two backends freed, one after the other): one exit summary, not one per backend.
 name = "exit-line/once"
 if want(name):
     p, _ = run([f"{BIN}/llama-completion", "-dev", "ORK", "-m", model("Q8_0"), "-p", PROMPT, "-n", "4", "--temp", "0",
                 "-no-cnv", "-t", "2", "--no-warmup"], ork())
     # Counted anywhere in the output, not at line starts: llama.cpp's own logger writes from a
     # thread of its own, and its lines may share one with ORK's.
-    n = p.stderr.count("ork: ORK ran ")
-    check(name, p.returncode == 0 and n == 1, f"llama-completion -dev ORK: {n} exit line(s), rc {p.returncode}"
+    n = p.stderr.count("ork: ORK ran: ")
+    check(name, p.returncode == 0 and n == 1, f"llama-completion -dev ORK: {n} exit summaries, rc {p.returncode}"
                                               + ("" if n == 1 else f"; stderr ends {p.stderr[-1500:]!r}"))
 
 # 2a''. ORK's weight buffers over llama.cpp's mapping of the model file (buffer_from_host_ptr, the
@@ -118,10 +118,10 @@ if want(name):
     seen = []
     for arm, env, extra in (("mapped", ork(), ()), ("ORK_MAP_WEIGHTS=0", ork(ORK_MAP_WEIGHTS=0), ()), ("-lm none", ork(), ("-lm", "none"))):
         a, ea, _ = generate(model("Q8_0"), 16, env, extra)
-        m = re.findall(r"resident [0-9.]+ MiB \(GGUF copy ([0-9.]+),.*?GGUF file-backed ([0-9.]+) MiB", ea or "")
-        copy, mapped = (float(m[-1][0]), float(m[-1][1])) if m else (None, None)
+        c = exit_counters(ea)
+        copy, mapped = (c["gguf_copy"], c["gguf_mapped"]) if c else (None, None)
         want_copy = arm != "mapped"
-        ok = (a is not None and a == ref and npu_live(exit_counters(ea)) and copy is not None
+        ok = (a is not None and a == ref and npu_live(c) and copy is not None
               and (copy > 100) == want_copy and (mapped > 100) != want_copy and min(copy, mapped) == 0.0)
         seen.append((arm, ok, copy, mapped))
     check(name, all(ok for _, ok, _, _ in seen) and len(seen) == 3,
@@ -214,12 +214,12 @@ name = "fallback/no-budget"
 if want(name):
     a, ea, _ = generate(model("Q8_0"), 8, ork(ORK_WCACHE_BUDGET_MB=0, ORK_CACHE=0, ORK_STREAM=0))
     b, _, _ = generate(model("Q8_0"), 8, cpu())
-    # One warning for the first weight; the count of all of them in the summary line.
+    # One warning for the first weight; the count of all of them in the exit summary.
     warned = len(re.findall(r"stays on the CPU", ea or ""))
-    left = re.search(r"(\d+) were not made resident", ea or "")
-    check(name, a is not None and a == b and warned == 1 and left is not None and int(left.group(1)) > 1,
+    left = (exit_counters(ea) or {}).get("not_resident")
+    check(name, a is not None and a == b and warned == 1 and left is not None and left > 1,
           f"ORK_WCACHE_BUDGET_MB=0: text {'equals' if a == b else 'differs from'} the CPU's, "
-          f"{left.group(1) if left else '?'} weights left on the CPU, {warned} warning line(s)")
+          f"{left if left is not None else '?'} weights left on the CPU, {warned} warning line(s)")
 name = "fallback/test-backend-ops-no-budget"
 if want(name):
     p, dt = run([f"{BIN}/test-backend-ops", "-b", "ORK", "-o", "MUL_MAT"], ork(ORK_MINM=1, ORK_WCACHE_BUDGET_MB=0, ORK_CACHE=0, ORK_STREAM=0))
@@ -245,11 +245,12 @@ if want(name):
         # the first run writes the cache entries; the two compared runs read them
         gen_long(ork(ORK_CACHE_DIR=d))
         a, ea = gen_long(ork(ORK_CACHE_DIR=d))
-        b, eb = gen_long(ork(ORK_CACHE_DIR=d, ORK_WCACHE_BUDGET_MB=24))
+        # the stream's fills and times are in the full breakdown (ORK_PROFILE=1)
+        b, eb = gen_long(ork(ORK_CACHE_DIR=d, ORK_WCACHE_BUDGET_MB=24, ORK_PROFILE=1))
         st = re.search(r"streamed: (\d+) weights, (\d+) fills \(\d+ run ahead\), (\d+) MiB, fill ([\d.]+) ms of which exposed ([\d.]+) ms, (\d+) failed, (\d+) left to the CPU by cost", eb or "")
         cb = exit_counters(eb)
         ok = (a is not None and a == b and st is not None and int(st.group(1)) > 0 and int(st.group(2)) > 0
-              and int(st.group(6)) == 0 and npu_live(cb) and "not made resident" not in (eb or ""))
+              and int(st.group(6)) == 0 and npu_live(cb) and cb["streamed"] == int(st.group(1)) and cb["not_resident"] == 0)
         check(name, ok, f"ORK_WCACHE_BUDGET_MB=24: text {'equals' if a == b else 'DIFFERS from'} the all-resident run's; "
                         f"{st.group(0) if st else 'no streaming in the exit line'}; {npu_words(cb)}")
 
@@ -266,8 +267,9 @@ if want(name):
         starts = []
         for _ in range(3):
             a, ea, _ = generate(model("Q8_0"), 8, ork(ORK_CACHE_DIR=d, ORK_CACHE_MAX_MB=60))
-            m = re.search(r"weights: (\d+) cache hits, (\d+) packs \((\d+) cache writes\)", ea or "")
-            starts.append((a, tuple(int(g) for g in m.groups()) if m else None, len(re.findall(r"orkpack cache full", ea or ""))))
+            c = exit_counters(ea)
+            starts.append((a, (c["cache_hits"], c["packs"], c["cache_writes"]) if c else None,
+                           len(re.findall(r"orkpack cache full", ea or ""))))
         (a1, s1, w1), (a2, s2, w2), (a3, s3, w3) = starts
         ok = (None not in (s1, s2, s3) and a1 is not None and a1 == a2 == a3
               and s1[0] == 0 and 0 < s1[2] < s1[1] and w1 == 1

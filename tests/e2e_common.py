@@ -74,16 +74,26 @@ def run_tool(args, env_extra, timeout=1800):
     return p
 
 
-# ORK's exit line (src/backend/mod.rs Stats::summary). "ORK ran N MUL_MAT on the NPU" counts only
-# MUL_MATs whose results came from the NPU; the ones computed on the CPU instead are counted apart.
+# ORK's exit summary (src/backend/report.rs Stats::summary): six lines, each prefixed "ork: ".
+# "npu N MUL_MAT" counts only MUL_MATs whose results came from the NPU; the ones computed on the
+# CPU instead are counted apart ("fallbacks"). Memory in MiB; the budget's outcome and the streamed
+# weights only when there are any (0 here then). The full breakdown (ORK_PROFILE=1) follows it.
 EXIT_LINE = re.compile(
-    r"ORK ran (?P<npu>\d+) MUL_MAT on the NPU \((?P<rows_sent>\d+) rows sent = (?P<ratio>[0-9.]+)x plain W8A8, "
-    r"(?P<submits>\d+) submits\) and (?P<gpu>\d+) on the GPU \((?P<gpu_submits>\d+) submits, [0-9.]+ ms\); "
-    r"(?P<left>\d+) MUL_MAT graph nodes were left to the CPU \(M < ORK_MINM\) at graph split; "
-    r"(?P<fell>\d+) MUL_MAT fell back to the CPU after NPU errors \((?P<errors>\d+) failed NPU runs, [0-9.]+ ms on the CPU\) "
-    r"and (?P<busy>\d+) while another process held the NPU; "
-    r"NPU jobs that reported done but never ran: (?P<never_ran>\d+) detected, (?P<retried>\d+) resubmitted; "
-    r"[^\n]*?correction [0-9.]+ ms on the host for (?P<mean_corrected>\d+) MUL_MAT")
+    r"ORK ran: npu (?P<npu>\d+) MUL_MAT \((?P<submits>\d+) submits, (?P<rows_sent>\d+) rows sent = "
+    r"(?P<ratio>[0-9.]+)x plain W8A8\)\n"
+    r"ork:   gpu: (?P<gpu>\d+) MUL_MAT \((?P<gpu_submits>\d+) submits, [0-9.]+ ms\); "
+    r"cpu: (?P<left>\d+) MUL_MAT left at graph split \(M < ORK_MINM\)\n"
+    r"ork:   fallbacks: (?P<fell>\d+) after NPU errors \((?P<errors>\d+) failed runs\), (?P<busy>\d+) NPU busy; "
+    r"never-ran jobs: (?P<never_ran>\d+) \((?P<retried>\d+) resubmitted\)\n"
+    r"ork:   memory \(MiB\): resident (?P<resident>[0-9.]+) \(GGUF copy (?P<gguf_copy>[0-9.]+), "
+    r"int8 tiles (?P<tiles>[0-9.]+) \+ (?P<tiles2>[0-9.]+)(?:, per-core copies (?P<copies>[0-9.]+))?\), "
+    r"peak (?P<peak>[0-9.]+); GGUF mapped (?P<gguf_mapped>[0-9.]+)\n"
+    r"ork:   weights: (?P<cache_hits>\d+) cache hits, (?P<packs>\d+) packs \((?P<cache_writes>\d+) cache writes\) "
+    r"in [0-9.]+ ms(?:, (?P<streamed>\d+) streamed)?"
+    r"(?:; budget: (?P<not_resident>\d+) not resident, (?P<one_term>\d+) one int8 term)?\n"
+    r"ork:   time \(ms\): [^\n]*?correction [0-9.]+ for (?P<mean_corrected>\d+) MUL_MAT")
+# The figures of the exit summary in MiB (floats); the others are counts (ints).
+_MIB = {"resident", "gguf_copy", "tiles", "tiles2", "copies", "peak", "gguf_mapped"}
 # The simulator's line on what ORK_SIM_FAULT injected.
 INJECTED = re.compile(r"sim fault injection \(ORK_SIM_FAULT\): (?P<never_run>\d+) submits never ran, (?P<holes>\d+) holes, "
                       r"(?P<short>\d+) short task counts, (?P<timeouts>\d+) timeouts, (?P<resets>\d+) resets, "
@@ -96,8 +106,9 @@ def _last(rx, text, conv):
 
 
 def exit_counters(text):
-    """The counters of the last exit line in `text` (a dict of ints, `ratio` a float), or None."""
-    return _last(EXIT_LINE, text, lambda k, v: float(v) if k == "ratio" else int(v))
+    """The counters of the last exit summary in `text` (a dict of ints; `ratio` and the memory
+    figures in MiB floats; a part the summary leaves out when there is none, 0), or None."""
+    return _last(EXIT_LINE, text, lambda k, v: (0.0 if k in _MIB else 0) if v is None else float(v) if k == "ratio" or k in _MIB else int(v))
 
 
 def injected(text):

@@ -93,9 +93,9 @@ for rel, bin_dir, ggml_v, api in RELEASES:
     a, ea, dta = generate(bin_dir, 16, ork())
     b, eb, dtb = generate(bin_dir, 16, cpu())
     cpu_text[rel] = b
-    ran = re.search(r"ORK ran (\d+) MUL_MAT on the NPU", ea or "")
-    ok = a is not None and b is not None and a == b and ran is not None and int(ran.group(1)) > 0
-    check(f"releases/{rel}/greedy", ok, f"ORK {a!r} vs CPU {b!r}; NPU matmuls: {ran.group(1) if ran else 'none'}"
+    ran = exit_counters(ea)
+    ok = a is not None and b is not None and a == b and ran is not None and ran["npu"] > 0
+    check(f"releases/{rel}/greedy", ok, f"ORK {a!r} vs CPU {b!r}; NPU matmuls: {ran['npu'] if ran else 'none'}"
                                         + ("" if a is not None else f"; ORK stderr ends {ea!r}"))
 
     # 3. test-backend-ops MUL_MAT against this release's CPU backend
@@ -116,7 +116,7 @@ for rel, bin_dir, ggml_v, api in RELEASES:
         continue
     po, dto, pr = ppl(bin_dir, ork())
     pc, dtc, _ = ppl(bin_dir, cpu())
-    ok = po is not None and pc is not None and abs(po - pc) / pc <= PPL_BOUND and "ORK ran" in pr.stderr
+    ok = po is not None and pc is not None and abs(po - pc) / pc <= PPL_BOUND and exit_counters(pr.stderr) is not None
     rel_d = abs(po - pc) / pc * 100 if po and pc else float("nan")
     check(f"releases/{rel}/perplexity", ok, f"ORK {po} vs CPU {pc} (|dPPL| {rel_d:.3f}% <= {PPL_BOUND*100:.0f}%), "
                                             f"{CHUNKS}x128 tokens, {dto:.0f}s vs {dtc:.0f}s"

@@ -116,7 +116,8 @@ fn the_plan_sends_its_terms_and_the_counters_count_them() {
     assert_eq!(dev.stats.npu_rows_sent.load(Relaxed), 7 * M as u64, "the head: two activation terms and a second weight term");
     assert_eq!(dev.stats.npu_rows.load(Relaxed), 4 * M as u64);
     assert!(v < other && head < v, "extra terms lower the error: {other:e} {v:e} {head:e}");
-    assert!(dev.summary().contains(&format!("({} rows sent = 1.75x plain W8A8, ", 7 * M)), "{}", dev.summary());
+    assert!(dev.breakdown().contains(&format!("({} rows sent = 1.75x plain W8A8, ", 7 * M)), "{}", dev.breakdown());
+    assert!(dev.summary()[0].ends_with(&format!(" submits, {} rows sent = 1.75x plain W8A8)", 7 * M)), "{:?}", dev.summary());
     // A float weight gets two weight and two activation terms whatever its role.
     nmse(&dev, "blk.3.ffn_up.weight");
     assert_eq!(dev.stats.npu_rows_sent.load(Relaxed), 10 * M as u64, "F32: two weight terms, two activation terms");
@@ -262,7 +263,7 @@ fn the_calibrated_correction_removes_the_common_error_row_by_row() {
         assert_eq!(d.stats.npu_fallbacks.load(Relaxed), 0, "nothing fell back to the CPU");
         assert_eq!(d.stats.mean_corrected.load(Relaxed), corrected);
     }
-    assert!(on.summary().contains("correction") && on.summary().contains("for 1 MUL_MAT"), "{}", on.summary());
+    assert!(on.breakdown().contains("correction") && on.breakdown().contains("for 1 MUL_MAT"), "{}", on.breakdown());
     // Batch invariance: each row's output is the same bits alone, behind 35 other rows, beside
     // rows unlike it (another seed, scaled) and at M = 1.
     let all = run_rows(&on, &x);

@@ -146,12 +146,15 @@ static bool captured_line(const char *needle, char *out, size_t outsz) {
     return true;
 }
 
-// The last captured line containing `needle`.
-static bool captured_last_line(const char *needle, char *out, size_t outsz) {
+// The captured text from the last occurrence of `needle` on (several lines; cut to outsz - 1 bytes).
+static bool captured_last_from(const char *needle, char *out, size_t outsz) {
     const char *s = captured, *last = NULL;
     while (s && (s = strstr(s, needle))) last = s++;
     if (!last) return false;
-    copy_line_at(last, out, outsz);
+    size_t n = strlen(last);
+    if (n >= outsz) n = outsz - 1;
+    memcpy(out, last, n);
+    out[n] = 0;
     return true;
 }
 
@@ -461,19 +464,14 @@ int main(int argc, char **argv) {
     capture_poll();
     char exitl[2048] = "";
     long npu = -1, fell = -1, left = -1;
-    if (captured_last_line("ORK ran ", exitl, sizeof exitl)) {
-        const char *s = strstr(exitl, "ORK ran ");
-        npu = strtol(s + 8, NULL, 10);
-        const char *f = strstr(exitl, " MUL_MAT fell back");
-        if (f) {
-            while (f > exitl && f[-1] >= '0' && f[-1] <= '9') f--;
-            fell = strtol(f, NULL, 10);
-        }
-        const char *l = strstr(exitl, " MUL_MAT graph nodes were left to the CPU");
-        if (l) {
-            while (l > exitl && l[-1] >= '0' && l[-1] <= '9') l--;
-            left = strtol(l, NULL, 10);
-        }
+    // ORK's exit summary (src/backend/report.rs): "ORK ran: npu N MUL_MAT (...)", then the lines
+    // "  gpu: ...; cpu: N MUL_MAT left at graph split" and "  fallbacks: N after NPU errors ...".
+    if (captured_last_from("ORK ran: npu ", exitl, sizeof exitl)) {
+        npu = strtol(exitl + strlen("ORK ran: npu "), NULL, 10);
+        const char *l = strstr(exitl, "; cpu: ");
+        if (l) left = strtol(l + strlen("; cpu: "), NULL, 10);
+        const char *f = strstr(exitl, "  fallbacks: ");
+        if (f) fell = strtol(f + strlen("  fallbacks: "), NULL, 10);
     }
     p_backend_free(be_cpu);
     capture_end();

@@ -40,7 +40,8 @@ fn ork_buffers_lower_the_default_budget() {
     let second = pack(&dev, &source("blk.0.attn_k.weight", &w2, K), N, K);
     assert!(matches!(second, Err(NpuError::NoRoom { .. })), "{:?}", second.err());
     assert_eq!(dev.stats.one_term_for_budget.load(Relaxed), 1);
-    assert!(dev.summary().contains("1 weights kept one int8 term"), "{}", dev.summary());
+    assert!(dev.breakdown().contains("1 weights kept one int8 term"), "{}", dev.breakdown());
+    assert!(dev.summary()[4].ends_with("; budget: 0 not resident, 1 one int8 term"), "{:?}", dev.summary());
 
     // The buffers freed: the budget is back, and a weight gets both terms.
     dev.host_buffers_changed(-(buffers as i64));
@@ -187,7 +188,7 @@ fn memory_is_counted_by_kind() {
     };
     assert_eq!(m, want);
     assert_eq!(dev.npu.resident_bytes(), 2 * 401_408, "what the budget bounds: both terms, one copy");
-    let line = dev.summary();
+    let line = dev.breakdown();
     assert!(line.contains(&want.line()), "{line}");
     assert!(line.contains("GGUF copy 11.8, compute buffers 1.0, int8 tiles 0.4 + 0.4 (terms 1 + 2)"), "{line}");
     assert!(dev.profile().contains(&want.line()));
@@ -323,9 +324,11 @@ fn a_mapped_weight_buffer_is_file_backed_not_a_copy() {
     let m = dev.memory();
     assert_eq!((m.gguf, m.buffers, m.gguf_mapped), (0, 0, 50_000_000), "file-backed, not a copy");
     assert_eq!((m.total, m.peak), (before.total, before.peak), "not ORK's memory");
-    let line = dev.summary();
+    let line = dev.breakdown();
     assert!(line.contains("(GGUF copy 0.0, compute buffers 0.0,"), "{line}");
     assert!(line.contains("; GGUF file-backed 47.7 MiB (read in place from llama.cpp's mapping of the model file, not in the total)"), "{line}");
+    let memory = &dev.summary()[3];
+    assert!(memory.contains(" (GGUF copy 0.0, ") && memory.ends_with("; GGUF mapped 47.7"), "{memory}");
     mapped.mark_weights();
     assert_eq!(dev.memory().gguf, 0, "marking a mapped buffer's weights makes no copy");
     // A copy beside it (--no-mmap, ORK_MAP_WEIGHTS=0) is ORK's memory.

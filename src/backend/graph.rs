@@ -578,38 +578,6 @@ impl<'g> Walk<'_, 'g> {
     }
 }
 
-/// A backend (stream) is freed: the summary line, and the profile with `ORK_PROFILE=1`.
-pub fn finish(dev: &Device) {
-    let s = &dev.stats;
-    // Whenever there is something to report: NPU work, or weights prepared (packed, loaded from
-    // the cache, or left on the CPU) even if no ubatch reached ORK_MINM.
-    let weights = s.packed.load(Relaxed) + s.cache_hits.load(Relaxed) + s.not_resident_weights.load(Relaxed);
-    s.absorb_health(dev.npu.health());
-    dev.note_memory();
-    let fell = s.npu_fallbacks.load(Relaxed) + s.busy_fallbacks() + s.npu_never_ran.load(Relaxed);
-    let line = dev.summary();
-    let mut last = s.reported.lock().unwrap_or_else(|p| p.into_inner());
-    let new = *last != line;
-    if new && (s.npu_matmuls.load(Relaxed) > 0 || fell > 0 || dev.cfg.profile || weights > 0) {
-        log::info!("{line}");
-        *last = line;
-        if let Some(line) = dev.npu.fault_report() {
-            log::info!("{line}");
-        }
-    }
-    if dev.cfg.profile && new {
-        log::info!("{}", dev.profile());
-    }
-    drop(last);
-    if let Some(c) = &dev.calib {
-        match c.flush() {
-            Ok(0) => {}
-            Ok(n) => log::info!("calibration: the activation rows of {n} weights written to {}", c.path().display()),
-            Err(e) => log::warn!("calibration: {} not written: {e}", c.path().display()),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::buffer::ToFloat;
@@ -1043,7 +1011,7 @@ mod tests {
         assert_eq!(s.phase[0].runs.load(Relaxed), 0);
         assert_eq!(s.phase[0].npu_failed.load(Relaxed), 1);
         assert_eq!(s.submits.load(Relaxed), 0);
-        let line = dead.summary();
+        let line = dead.breakdown();
         assert!(line.starts_with("ORK ran 0 MUL_MAT on the NPU (0 rows sent = 0.00x plain W8A8, 0 submits)"), "{line}");
         assert!(line.contains("; 1 MUL_MAT fell back to the CPU after NPU errors (2 failed NPU runs, "), "{line}");
         assert!(dead.profile().contains("prefill MUL_MAT: npu 0 runs"), "{}", dead.profile());
@@ -1056,7 +1024,7 @@ mod tests {
         s.absorb_health(flaky.npu.health());
         assert_eq!((s.npu_matmuls.load(Relaxed), s.npu_fallbacks.load(Relaxed)), (1, 0));
         assert_eq!((s.npu_never_ran.load(Relaxed), s.npu_retries.load(Relaxed)), (1, 1));
-        assert!(flaky.summary().contains("NPU jobs that reported done but never ran: 1 detected, 1 resubmitted;"), "{}", flaky.summary());
+        assert!(flaky.breakdown().contains("NPU jobs that reported done but never ran: 1 detected, 1 resubmitted;"), "{}", flaky.breakdown());
         assert_eq!(flaky.npu.fault_report().as_deref().map(|l| l.contains(": 1 submits never ran,")), Some(true));
 
         // Every submit reports done without running: after the resubmit the run gives up and
@@ -1117,7 +1085,7 @@ mod tests {
             assert!(!supports(&dev, &mul_mat(0x100, M_NPU, Some(w), &[])), "declined once known not resident");
         }
         assert_eq!(dev.stats.not_resident.load(Relaxed), 2);
-        assert!(dev.summary().contains("; 0 weights kept one int8 term for want of resident budget and 1 were not made resident"), "{}", dev.summary());
+        assert!(dev.breakdown().contains("; 0 weights kept one int8 term for want of resident budget and 1 were not made resident"), "{}", dev.breakdown());
     }
 
     /// Packing a weight at its first MUL_MAT lets the NPU arbiter's hold go first (no other

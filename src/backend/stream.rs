@@ -12,8 +12,8 @@
 //! Prefetch: the graph walk (`graph.rs`) hands the fill of the next streamed MUL_MAT of the graph
 //! to this module's worker thread while the NPU runs the current one; the ring has slots for two
 //! weights of two terms, so at most one fill runs ahead. What the walk waits for a fill is the
-//! exposed stream time in the exit line. A fill that fails leaves that MUL_MAT to the CPU,
-//! counted (`stream_failed`).
+//! exposed stream time in the full breakdown (`ORK_PROFILE=1`). A fill that fails leaves that
+//! MUL_MAT to the CPU, counted (`stream_failed`).
 //!
 //! Not streamed: interfaces whose cores each have their own address space (`rocket`; the ring
 //! is refused there, `npu::stream`), and `ORK_STREAM=0`.
@@ -170,7 +170,7 @@ impl Streamer {
         self.ring.get().and_then(|r| r.as_ref()).map_or(0, |r| r.bytes())
     }
 
-    /// The part of the exit line on streaming ("" when nothing streamed).
+    /// The part of the full breakdown (`ORK_PROFILE=1`) on streaming ("" when nothing streamed).
     pub fn line(&self) -> String {
         let w = self.weights.load(Relaxed);
         if w == 0 {

@@ -7,6 +7,7 @@ use super::host::{self, BackendFns};
 use super::registry::{device, layout, registry, GUID};
 use super::{api, guard, node, tensor, Poison};
 use crate::backend::graph::{self, Graph, Node, Stream, WeightData};
+use crate::backend::report;
 use std::ffi::{c_char, c_void};
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -118,7 +119,7 @@ unsafe extern "C" fn backend_get_name(_b: ggml_backend_t) -> *const c_char {
 unsafe extern "C" fn backend_free(b: ggml_backend_t) {
     guard("backend_free", (), || {
         if let Some(dev) = device() {
-            graph::finish(dev);
+            report::finish(dev);
         }
         // SAFETY: ggml calls this with one of its live backends; `of` checks it is ORK's.
         if unsafe { BackendCtx::of(b) }.is_none() {

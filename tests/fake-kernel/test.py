@@ -146,11 +146,9 @@ def skip_fake_only(name, why):
 
 def ork_line(err):
     """(MUL_MATs the NPU ran, MUL_MATs that fell back to the CPU after NPU errors) from the exit
-    line (both wordings: "N NPU errors fell back" and "N MUL_MAT fell back to the CPU after NPU
-    errors")."""
-    m = re.search(r"ORK ran (\d+) MUL_MAT on the NPU.*?(\d+) (?:NPU errors fell back|MUL_MAT fell back to the CPU after NPU errors)",
-                  err or "", re.S)
-    return (int(m.group(1)), int(m.group(2))) if m else (0, -1)
+    summary."""
+    x = exit_counters(err)
+    return (x["npu"], x["fell"]) if x else (0, -1)
 
 
 def generate(npu, extra=None):
@@ -188,13 +186,13 @@ else:
     check("fake-kernel/rocket-3-cores", len(per) == 3 and all(n > 0 for n in per) and int(c.get("opens", "0")) >= 3,
           f"jobs per core {per} on {c.get('opens') if c else '?'} opened fds")
 
-# 2b. rocket holds every weight once: no per-core copies in the exit line, the int8 tiles no more
+# 2b. rocket holds every weight once: no per-core copies in the exit summary, the int8 tiles no more
 # than rknpu's (one tile set; rocket's parts leave the tiles' padding out), and the fake kernel's
 # peak of live buffer bytes (every object once) within 1.1x of rknpu's, where the three cores
 # read one buffer (before the per-core parts, rocket mirrored each weight onto every core's fd).
 def resident_words(err):
-    m = re.search(r"int8 tiles ([0-9.]+) .*?per-core copies ([0-9.]+)", err or "")
-    return (float(m.group(1)), float(m.group(2))) if m else (None, None)
+    x = exit_counters(err)
+    return (x["tiles"], x["copies"]) if x else (None, None)
 
 
 if REAL:
