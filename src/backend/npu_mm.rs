@@ -348,9 +348,10 @@ impl Device {
     /// [`Device::run_mul_mat`] where the caller knows whether `x` is the activation of this
     /// thread's previous MUL_MAT, unchanged since (`same`: the same tensor, and nothing ran in
     /// between that could write it — within one graph call, between two of ORK's own MUL_MATs).
-    /// Then the int8 terms that MUL_MAT left are reused without hashing `x` to prove it.
+    /// Then the int8 terms that MUL_MAT left are reused without hashing `x` to prove it. Outside
+    /// a graph nobody can tell whether a later MUL_MAT reads `x` again: its key is always taken.
     pub fn run_mul_mat_after(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32], same: bool) {
-        drop(self.run_mul_mat_chained(w, Some(src), x, m, dst, Link { held: same, ..Link::default() }, None));
+        drop(self.run_mul_mat_chained(w, Some(src), x, m, dst, Link { held: same, next_reads_same: false, read_again: Again::Yes }, None));
     }
 
     /// [`Device::run_mul_mat_after`] in a chain of MUL_MATs reading one activation (`link`, what

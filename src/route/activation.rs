@@ -55,11 +55,13 @@ pub enum Again {
     Unknown,
 }
 
-/// What a weight's MUL_MATs showed of the activations it reads, for where the graph does not tell
-/// ([`Again::Unknown`]: the graph call ends first): whether the next MUL_MAT after one of its runs
-/// reused that run's int8 terms. Until a run says otherwise a weight's activation may be read
-/// again; once a run was followed by one on another activation, it is not (unless a run was
-/// reused before: read again stays).
+/// What a weight's MUL_MATs in graph walks showed of the activations it reads, for where the graph
+/// does not tell ([`Again::Unknown`]: the graph call ends first): whether the next NPU MUL_MAT
+/// after one of its runs reused that run's int8 terms (only the next one can: the thread holds
+/// one activation's terms). Until a run says otherwise a weight's activation may be read again;
+/// once a run was followed by one on another activation, it is not (unless a run was reused
+/// before: read again stays). A model's graphs repeat their order, so what the first graph shows
+/// holds for the next; where it does not, a key is missed (a reuse lost), never a value.
 #[derive(Debug, Default)]
 pub struct Seen(AtomicU8);
 
