@@ -490,7 +490,8 @@ impl<'g> Walk<'_, 'g> {
         let act = io.as_ref().map(|(x, _)| (x.as_ptr() as usize, x.len()));
         // The same activation as the MUL_MAT before (the graph's word), which ran on the NPU
         // with it (the walk's): its int8 terms are this one's.
-        let same = link.held && act.is_some() && self.last_act.replace(None) == act;
+        let last = self.last_act.take();
+        let same = link.held && act.is_some() && last == act;
         let link = Link { held: same, ..link };
         let before = match before {
             Some(p) if same && npu_w.is_some() => Some(p),

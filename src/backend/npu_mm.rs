@@ -532,12 +532,11 @@ impl Device {
         // The key of an activation not hashed before its pass: from the row hashes it took.
         let (key, reused, redot) = rep.decided;
         let key = if hashes.is_empty() { key } else { Some(ActKey::of(x, m, terms, rows_hash(&hashes))) };
-        // What the weight whose terms were held learns: its activation was read again, or (this
-        // one being another) not.
+        // What the weight whose terms were held learns: its activation was read again, or not.
         if let Some(seen) = &sc.act_seen {
             if reused {
                 seen.read_again();
-            } else if !plan.candidate {
+            } else {
                 seen.read_once();
             }
         }
@@ -548,9 +547,9 @@ impl Device {
             sc.dot_dir.clear();
             sc.dot_dir.extend_from_slice(dir.unwrap_or_default());
         }
-        SCRATCH.with(|cell| cell.set(sc.kept()));
         let missed = passes.cpu.missed.load(Relaxed);
         self.book_matmul(plan, &rep, m, t0);
+        SCRATCH.with(|cell| cell.set(sc.kept()));
         Chained { pending: rep.deferred, redo: missed }
     }
 

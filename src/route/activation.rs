@@ -10,7 +10,7 @@
 //! activation's hash (`backend::npu_mm`).
 
 use super::precision::{Precision, Role, Terms};
-use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 /// One graph node as the rule needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,20 +59,37 @@ pub enum Again {
 /// does not tell ([`Again::Unknown`]: the graph call ends first): whether the next NPU MUL_MAT
 /// after one of its runs reused that run's int8 terms (only the next one can: the thread holds
 /// one activation's terms). Until a run says otherwise a weight's activation may be read again;
-/// once a run was followed by one on another activation, it is not (unless a run was reused
-/// before: read again stays). A model's graphs repeat their order, so what the first graph shows
-/// holds for the next; where it does not, a key is missed (a reuse lost), never a value.
+/// once a run was not followed by a reuse, it is taken not to be, except every
+/// [`Seen::PROBE_EVERY`]th run (a graph of another shape, a weight routed elsewhere at another M,
+/// may have shown it wrong), until a reuse shows otherwise. Where it is wrong, a key is missed (a
+/// reuse lost), never a value.
 #[derive(Debug, Default)]
-pub struct Seen(AtomicU8);
+pub struct Seen(AtomicU32);
 
-const UNSEEN: u8 = 0;
-const AGAIN: u8 = 1;
-const ONCE: u8 = 2;
+/// [`Seen`]'s states: not seen yet, read again, and from `ONCE` up "not read again" with the runs
+/// left before the next probe.
+const UNSEEN: u32 = 0;
+const AGAIN: u32 = 1;
+const ONCE: u32 = 2;
 
 impl Seen {
-    /// Whether the activation this weight reads may be read again by a later MUL_MAT.
+    /// Runs between two probes of a weight whose activation was not read again.
+    pub const PROBE_EVERY: u32 = 64;
+
+    /// Whether this run of the weight takes the key of its activation: it may be read again by
+    /// the next MUL_MAT (not seen yet, seen read again, or a probe).
     pub fn may_be_read_again(&self) -> bool {
-        self.0.load(Relaxed) != ONCE
+        match self.0.load(Relaxed) {
+            UNSEEN | AGAIN => true,
+            ONCE => {
+                self.0.store(UNSEEN, Relaxed);
+                true
+            }
+            _ => {
+                self.0.fetch_sub(1, Relaxed);
+                false
+            }
+        }
     }
 
     /// The next MUL_MAT reused the terms of this weight's run.
@@ -80,9 +97,9 @@ impl Seen {
         self.0.store(AGAIN, Relaxed);
     }
 
-    /// The next MUL_MAT read another activation.
+    /// The next MUL_MAT did not reuse them.
     pub fn read_once(&self) {
-        let _ = self.0.compare_exchange(UNSEEN, ONCE, Relaxed, Relaxed);
+        let _ = self.0.compare_exchange(UNSEEN, ONCE + Self::PROBE_EVERY, Relaxed, Relaxed);
     }
 }
 
@@ -236,7 +253,11 @@ mod tests {
         let s = Seen::default();
         assert!(s.may_be_read_again(), "until a run says otherwise");
         s.read_once();
-        assert!(!s.may_be_read_again());
+        let runs: Vec<bool> = (0..=Seen::PROBE_EVERY).map(|_| s.may_be_read_again()).collect();
+        let probes: Vec<usize> = (0..runs.len()).filter(|&i| runs[i]).collect();
+        assert_eq!(probes, [Seen::PROBE_EVERY as usize], "a probe after PROBE_EVERY runs without a key");
+        s.read_once();
+        assert!(!s.may_be_read_again(), "the probe was not reused either");
         let s = Seen::default();
         s.read_again();
         s.read_once();
