@@ -520,7 +520,6 @@ impl<'g> Walk<'_, 'g> {
             // A run failed and its rows cannot be computed again from the GGUF bytes: ggml-cpu
             // computes the whole MUL_MAT from its repacked weight (counted as fallen back).
             self.dev.finish_output(r.pending, true);
-            self.last_act.set(None);
             let t0 = Instant::now();
             graph.run_cpu(i..i + 1)?;
             self.dev.stats.cpu_ops.fetch_add(1, Relaxed);
