@@ -154,30 +154,43 @@ pub fn layer_link(role: Role) -> Link {
     links(&g)[at]
 }
 
-/// The [`Link`] of every step (the default for a step that is not a MUL_MAT).
+/// The [`Link`] of every step (the default for a step that is not a MUL_MAT). Linear in the
+/// steps: one pass forward (the MUL_MAT before, the next node that computes) and one backward
+/// (the nearest later reader of each activation tensor and writer of each tensor's memory).
 pub fn links(steps: &[Step]) -> Vec<Link> {
     let mut out = vec![Link::default(); steps.len()];
     let writes = |s: &Step, a: &Act| matches!(s, Step::Work { writes, .. } if *writes == a.base || *writes == a.tensor);
     let mut before: Option<(usize, Act)> = None;
+    let mut last_work: Option<usize> = None;
     for (i, s) in steps.iter().enumerate() {
         let Step::Work { act, .. } = s else { continue };
-        if let Some((j, held)) = before.filter(|_| act.is_some()) {
-            let a = act.expect("a MUL_MAT");
-            out[i].held = held.tensor == a.tensor && !steps[j + 1..i].iter().any(|s| writes(s, &a));
-        }
         if let Some(a) = act {
-            let mut later = steps[i + 1..].iter().filter(|s| matches!(s, Step::Work { .. }));
-            out[i].next_reads_same = matches!(later.next(), Some(Step::Work { act: Some(n), .. }) if n.tensor == a.tensor);
-            out[i].read_again = steps[i + 1..]
-                .iter()
-                .find_map(|s| match s {
-                    Step::Work { act: Some(n), .. } if n.tensor == a.tensor => Some(Again::Yes),
-                    s if writes(s, a) => Some(Again::No),
-                    _ => None,
-                })
-                .unwrap_or(Again::Unknown);
+            if let Some((j, held)) = before {
+                out[i].held = held.tensor == a.tensor && !steps[j + 1..i].iter().any(|s| writes(s, a));
+            }
+            if let Some((j, held)) = before.filter(|&(j, _)| Some(j) == last_work) {
+                out[j].next_reads_same = held.tensor == a.tensor;
+            }
             before = Some((i, *a));
         }
+        last_work = Some(i);
+    }
+    // Backward: for each MUL_MAT, whether a later MUL_MAT reads its tensor before a later node
+    // writes its memory (the tensor or its base); neither: the graph ends first.
+    let (mut read_at, mut written_at) = (std::collections::HashMap::new(), std::collections::HashMap::new());
+    for (i, s) in steps.iter().enumerate().rev() {
+        let Step::Work { writes, act } = s else { continue };
+        if let Some(a) = act {
+            let read = read_at.get(&a.tensor).copied();
+            let written = [a.base, a.tensor].iter().filter_map(|t| written_at.get(t).copied()).min();
+            out[i].read_again = match (read, written) {
+                (Some(r), w) if w.is_none_or(|w| r <= w) => Again::Yes,
+                (_, Some(_)) => Again::No,
+                _ => Again::Unknown,
+            };
+            read_at.insert(a.tensor, i);
+        }
+        written_at.insert(*writes, i);
     }
     out
 }
