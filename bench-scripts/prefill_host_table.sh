@@ -17,9 +17,8 @@
 #     with the NPU), the pieces per MUL_MAT, and the modelled NPU device time (`wait`);
 #   - host / device: the critical-path host time over the modelled device time.
 # ORK_LOCK_DIR is a fresh directory (below) unless set: only this script's processes arbitrate.
-# Every arm runs with OMP_WAIT_POLICY=passive (ORK_BENCH_OMP_WAIT overrides): llama.cpp's OpenMP
-# threads otherwise spin for a while after each CPU split, on the cores ORK's host passes need
-# (24 % of the process's CPU time in libgomp's wait loop in a pp512 run here, `perf record`).
+# Every arm runs with llama.cpp's default OpenMP policy (OMP_WAIT_POLICY unset: its threads spin
+# for a while after each CPU split), the headline; ORK_BENCH_OMP_WAIT=passive gives the tuned row.
 # ORK_BASE_LIB=/path/to/an/older/libggml-ork.so adds a "before" row per M, run right before the
 # current build's row (the same machine state, for a before/after table); several paths
 # (space-separated) add a row each, tagged with the file's name.
@@ -38,11 +37,11 @@ M=${1:-$BENCH_MODEL}
 # would otherwise hold the cross-process NPU lock and their work would show as arbiter time.
 export ORK_LOCK_DIR=${ORK_LOCK_DIR:-$(mktemp -d)}
 P=${P:-512} R=${R:-1} T=${T:-2}
-echo "# $(basename "$M"), llama-bench -p $P -n 0 -r $R -t $T; µs per prompt token (tokens = (1 + $R) × $P per process)"
+echo "# $(basename "$M"), llama-bench -p $P -n 0 -r $R -t $T, OMP_WAIT_POLICY=${ORK_BENCH_OMP_WAIT:-unset, the default of llama.cpp}; µs per prompt token (tokens = (1 + $R) × $P per process)"
 echo "| M (-ub) | ORK, board timing (t/s) | CPU alone (t/s) | act-quant (reuse check) | submit (cores, late) | dequant | arbiter | host work | host, critical path | pieces per MUL_MAT | modelled NPU device | host critical / device |"
 echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 rate() { grep -E " pp$P " | tail -1 | awk -F'|' '{print $(NF-1)}' | sed -E 's/ //g; s/±.*//'; }
-export OMP_WAIT_POLICY=${ORK_BENCH_OMP_WAIT:-passive}
+if [ -n "${ORK_BENCH_OMP_WAIT:-}" ]; then export OMP_WAIT_POLICY=$ORK_BENCH_OMP_WAIT; else unset OMP_WAIT_POLICY; fi
 for ub in ${UB:-32 128 512}; do
  o=$(env GGML_BACKEND_PATH="$ORK_LIB" ORK_OFF=1 nice "$LLAMA_BIN/llama-bench" -m "$M" -p "$P" -ub "$ub" -n 0 -t "$T" -r "$R" 2>&1 | rate)
  nbase=$(echo ${ORK_BASE_LIB:-} | wc -w)

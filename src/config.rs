@@ -96,9 +96,9 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "ORK_NPU_CARD", default: "(scan /dev/dri/card*)", meaning: "the vendor rknpu DRM node to use, e.g. /dev/dri/card1, instead of the first /dev/dri/card* whose driver is rknpu" },
     VarDoc { name: "ORK_NPU_MC", default: "(all cores)", meaning: "cap on NPU cores per matmul (the core budget); the planner picks within it" },
     VarDoc { name: "ORK_MM_TIMEOUT", default: "60000", meaning: "NPU submit timeout in ms; a submit past it fails (the NPU is soft-reset) and the matmul runs on the CPU" },
-    VarDoc { name: "ORK_HOST_THREADS", default: "(big cores)", meaning: "threads of the host pool that runs the passes around an NPU matmul (rotation and int8 terms of the activations, the output's dequantization): one per big core the process may use by default (4 on RK3588); fewer leaves cores to other work" },
-    VarDoc { name: "ORK_KEEP_AWAKE", default: "1", meaning: "1 = while an NPU matmul runs, the host pool's other threads stay awake between its passes (they yield their CPU instead of sleeping), so each pass starts on every thread at once; 0 = they sleep between passes and are woken for each (not yet measured on a board: bench-scripts/paired_prefill.sh measures both)" },
-    VarDoc { name: "ORK_NO_AFFINITY", default: "0", meaning: "1 (or true, yes, on) = do not pin NPU worker threads and the host pool (the passes around an NPU matmul, one thread per big core) to the big CPU cores" },
+    VarDoc { name: "ORK_HOST_THREADS", default: "(ggml-cpu's threads)", meaning: "threads of the host team that runs the passes around an NPU matmul (rotation and int8 terms of the activations, the output's dequantization). Unset: ggml-cpu's own OpenMP team (its -t threads) where llama.cpp runs on OpenMP, else one per big core (4 on RK3588); set: a pool of ORK's own of this size (the calling thread among them); fewer leaves cores to other work" },
+    VarDoc { name: "ORK_KEEP_AWAKE", default: "1", meaning: "1 = while an NPU matmul runs, the host team's other threads wait for its next pass spinning (they yield their CPU) instead of sleeping, so each pass starts on every thread at once; 0 = each pass starts the team anew (not yet measured on a board: bench-scripts/paired_prefill.sh measures both)" },
+    VarDoc { name: "ORK_NO_AFFINITY", default: "0", meaning: "1 (or true, yes, on) = do not pin NPU worker threads and ORK's own host pool (where there is no OpenMP team) to the big CPU cores" },
     VarDoc { name: "ORK_DOMAIN_CAP_MB", default: "3072", meaning: "weight bytes placed in one IOMMU domain before the next is opened (MiB; on `rocket`, per core's address space: a domain there is one file descriptor per core, each holding that core's part of every weight); lower it below the kernel's per-domain window (the fake kernel's ORK_FK_DOMAIN_MB) so weights span several domains" },
     VarDoc { name: "ORK_WCACHE_BUDGET_MB", default: "RAM - 1024 - ORK buffers", meaning: "resident weight budget (MiB); weights past it are streamed to the NPU for prefill (ORK_STREAM), else keep one int8 term, then stay on the CPU" },
     VarDoc { name: "ORK_STREAM", default: "1", meaning: "1 = weights past the resident budget run prefill on the NPU through a ring of NPU buffers filled from the .orkpack cache (or packed again) while the NPU runs the previous weight, where the cost model says it beats the CPU; 0 = they keep one int8 term, then stay on the CPU" },
@@ -154,9 +154,9 @@ pub struct Config {
     /// `ORK_MM_TIMEOUT`: NPU submit timeout in ms (None = the NPU core's default).
     pub mm_timeout_ms: Option<u32>,
     pub no_affinity: bool,
-    /// `ORK_KEEP_AWAKE`: the host pool's other threads stay awake through an NPU matmul.
+    /// `ORK_KEEP_AWAKE`: the host team's other threads stay awake through an NPU matmul.
     pub keep_awake: bool,
-    /// `ORK_HOST_THREADS`: the host pool's threads (None = one per big core).
+    /// `ORK_HOST_THREADS`: a host pool of ORK's own of this size (None = ggml-cpu's OpenMP team, else one per big core).
     pub host_threads: Option<usize>,
     pub wcache_budget_mb: Option<u64>,
     /// `ORK_DOMAIN_CAP_MB`: weight bytes per IOMMU domain in MiB (None = the SoC's default).
@@ -396,7 +396,7 @@ mod tests {
         assert!(!c.map_weights && bad.is_empty());
         let (c, bad) = parse(&[("ORK_MAP_WEIGHTS", "maybe")]);
         assert!(c.map_weights && bad.len() == 1, "{bad:?}");
-        assert!(parse(&[]).0.keep_awake, "the host pool stays awake through a matmul by default");
+        assert!(parse(&[]).0.keep_awake, "the host team stays awake through a matmul by default");
         let (c, bad) = parse(&[("ORK_KEEP_AWAKE", "off")]);
         assert!(!c.keep_awake && bad.is_empty());
     }

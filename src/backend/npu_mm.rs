@@ -66,8 +66,8 @@ impl ActKey {
 /// ([`quant::prepare_rows_hashed`], combined by [`rows_hash`]), so only an activation that may be
 /// the previous one (same address and size) is read for its hash alone.
 fn act_hash(x: &[f32], k: usize) -> u64 {
-    use rayon::prelude::*;
-    let rows: Vec<u64> = if x.len() >= quant::PAR_MIN_ELEMS { x.par_chunks(k).map(quant::row_hash).collect() } else { x.chunks(k).map(quant::row_hash).collect() };
+    let mut rows = vec![0u64; x.len() / k];
+    quant::map_rows(x, k, &mut rows, quant::row_hash);
     rows_hash(&rows)
 }
 
@@ -511,23 +511,15 @@ impl Device {
         let mut rep = Report::default();
         let mut before = before;
         // The MUL_MAT — reuse decision, activation pass, NPU runs, output pass; cut into pieces
-        // or not — goes to the host pool in one hand-off, and its passes run on the pool thread it
-        // landed on and the pool's other threads without a hand-off each; those are kept awake
-        // meanwhile (`pool::keep_awake`). A hand-off is a wake-up of a sleeping thread, 50–100 µs
-        // here; woken per pass, the second thread came too late to take its share, and a pass ran
-        // at about one thread's rate (the Qwen3-1.7B shape at pp512, `bash
-        // bench-scripts/prefill_host_table.sh`, two runs each: act-quant 358–369 → 189–200 ms,
-        // dequant 529–549 → 264–287 ms, the passes handed off each from the calling thread with
-        // the pool asleep between them → this).
+        // or not — runs on this thread as the lead of the host's team (`pool::on_host`), whose
+        // other threads take each pass's rows as it comes and wait for the next in between.
         pool::on_host(self.cfg, terms * m * k, || {
-            pool::keep_awake(self.cfg, || {
-                let bufs = Bufs { a, a_scale, dots, coef, c, cl, hashes: &mut hashes, dst };
-                if plan.bounds.len() == 1 {
-                    passes.run_whole(&plan, bufs, &mut before, &mut rep);
-                } else {
-                    passes.run_cut(&plan, bufs, &mut before, &mut rep);
-                }
-            })
+            let bufs = Bufs { a, a_scale, dots, coef, c, cl, hashes: &mut hashes, dst };
+            if plan.bounds.len() == 1 {
+                passes.run_whole(&plan, bufs, &mut before, &mut rep);
+            } else {
+                passes.run_cut(&plan, bufs, &mut before, &mut rep);
+            }
         });
         // The key of an activation not hashed before its pass: from the row hashes it took.
         let (key, reused, redot) = rep.decided;
@@ -772,13 +764,8 @@ impl<'a> Passes<'a> {
             if !reused {
                 quant::prepare_rows_hashed(xr, r1 - r0, k, terms, self.prep, dir, a, a_scale, dots, hashes);
             } else if let Some(d) = dir.filter(|_| redot) {
-                use rayon::prelude::*;
                 let td = Instant::now();
-                if xr.len() >= quant::PAR_MIN_ELEMS {
-                    xr.par_chunks_exact(k).zip(dots.par_iter_mut()).for_each(|(r, o)| *o = quant::mean::dot16(r, d));
-                } else {
-                    xr.chunks_exact(k).zip(dots.iter_mut()).for_each(|(r, o)| *o = quant::mean::dot16(r, d));
-                }
+                quant::map_rows(xr, k, dots, |r| quant::mean::dot16(r, d));
                 dot_ns = td.elapsed().as_nanos() as u64;
             }
         });

@@ -1,28 +1,34 @@
-//! The host's thread pool for the work around an NPU matmul: the activation pass (rotation,
+//! The host's team for the work around an NPU matmul: the activation pass (rotation,
 //! quantization, the correction's dots) and the output pass (dequantization, second weight term,
-//! correction) of `Device::run_mul_mat`.
+//! correction) of `Device::run_mul_mat` (`os::team`).
 //!
-//! Why a pool of its own rather than rayon's global one:
-//! * **Size.** The global pool, left unconfigured, has one thread per online CPU: eight on an
-//!   RK3588, the four A55s included. A row-parallel pass is as slow as its slowest thread, and an
-//!   A55 does this work at about half an A76's rate, so the little cores hold the pass back
-//!   instead of helping (seed 001: workers left on the little cores halved multi-core scaling;
-//!   `os::hostcpu`). This pool has one thread per big core the process may run on
-//!   (`hostcpu::big_cores`, cpu4-7 on RK3588; every allowed CPU where all CPUs are alike).
-//! * **Placement.** Each worker is restricted to the big cluster (as a set: the scheduler still
-//!   balances the workers among the big cores) unless `ORK_NO_AFFINITY`.
+//! A large MUL_MAT runs on the calling thread as the team's lead; the team's other threads take
+//! each pass's rows as it is posted and, with `ORK_KEEP_AWAKE` (the default), wait for the next
+//! pass spinning (yielding their CPU) instead of sleeping: woken per pass, a thread comes too late
+//! to take its share (a wake-up is 50–100 µs here, a pass a few hundred; the passes then ran at
+//! about one thread's rate, `bench-scripts/prefill_host_table.sh`).
+//!
+//! Which threads: where ggml-cpu runs on OpenMP (llama.cpp's default build), its own team of the
+//! calling thread — ggml-cpu's thread count, else `ORK_HOST_THREADS`, else one per big core —
+//! so ORK's passes and ggml-cpu's splits take turns on the same threads instead of competing for
+//! the cores with OpenMP's waiting threads. Without OpenMP, a pool of ORK's own:
+//! * **Size.** One thread per big core the process may run on (`hostcpu::big_cores`, cpu4-7 on
+//!   RK3588; every allowed CPU where all CPUs are alike), the lead among them: a row-parallel
+//!   pass is as slow as its slowest thread, and an A55 does this work at about half an A76's
+//!   rate (seed 001: workers left on the little cores halved multi-core scaling).
+//! * **Placement.** Each worker is restricted to the big cluster (as a set) unless
+//!   `ORK_NO_AFFINITY`.
 //! * **Ownership.** The plugin lives inside someone else's process (llama.cpp, a server, a
-//!   Python binding that may use rayon itself): configuring the global pool would be a process-wide
-//!   decision that a library should not take, and `build_global` fails once anyone has used it.
+//!   Python binding that may use rayon itself): the global rayon pool is not ORK's to configure.
 //!
-//! Small matmuls (decode) run on the calling thread: handing a few microseconds of work to a
-//! pool costs as much as the work. Everything the pool computes is row-by-row, so the results are
-//! the same bits on whichever thread, in whichever pool, a row runs.
+//! Small matmuls (decode) run on the calling thread alone: handing a few microseconds of work to
+//! a team costs as much as the work. Everything the team computes is row-by-row, so the results
+//! are the same bits on whichever thread a row runs.
 
 use std::sync::OnceLock;
 
 use crate::config::Config;
-use crate::os::hostcpu;
+use crate::os::{hostcpu, team};
 
 /// The CPUs the pool's workers run on and may be pinned to: the big cluster, restricted to the
 /// CPUs this process may use; empty when the topology is unknown.
@@ -34,17 +40,22 @@ fn big_allowed() -> Vec<usize> {
     }
 }
 
-/// The pool (built on first use, one per process): `cfg.host_threads` threads (`ORK_HOST_THREADS`),
-/// else one per big core; pinned to the big cores unless `cfg.no_affinity`.
+/// The team's size where ggml-cpu does not say: `cfg.host_threads` (`ORK_HOST_THREADS`), else one
+/// per big core.
+fn team_size(cfg: &Config) -> usize {
+    let big = big_allowed();
+    let per_core = if big.is_empty() { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { big.len() };
+    cfg.host_threads.unwrap_or(per_core)
+}
+
+/// The pool of ORK's own (built on first use, one per process) where there is no OpenMP team:
+/// the team's size less the lead, pinned to the big cores unless `cfg.no_affinity`.
 pub(crate) fn host_pool(cfg: &Config) -> &'static rayon::ThreadPool {
     static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
     POOL.get_or_init(|| {
-        let big = big_allowed();
-        let per_core = if big.is_empty() { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { big.len() };
-        let threads = cfg.host_threads.unwrap_or(per_core);
-        let no_affinity = cfg.no_affinity;
-        let pin = if no_affinity { Vec::new() } else { big };
-        log::debug!("host pool: {threads} threads, pinned to {pin:?}");
+        let threads = team_size(cfg).saturating_sub(1).max(1);
+        let pin = if cfg.no_affinity { Vec::new() } else { big_allowed() };
+        log::debug!("host pool: {threads} threads and the lead, pinned to {pin:?}");
         let b = rayon::ThreadPoolBuilder::new().num_threads(threads).thread_name(|i| format!("ork-host-{i}"));
         let b = b.start_handler(move |_| {
             if !pin.is_empty() {
@@ -52,129 +63,61 @@ pub(crate) fn host_pool(cfg: &Config) -> &'static rayon::ThreadPool {
             }
         });
         b.build().unwrap_or_else(|e| {
-            // Threads could not be spawned: one thread, on the caller's behalf (still a pool of
-            // its own, so the matmul path never waits on the global one).
             log::warn!("host pool: {e}; one thread");
             rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("a one-thread pool")
         })
     })
 }
 
-/// Runs `f` on the host pool when `elems` (the elements the pass touches) make it worth the
-/// hand-off (`quant::PAR_MIN_ELEMS`, the size at which the quant passes split rows), else on the
-/// calling thread, where the passes stay serial below that size.
-pub(crate) fn on_host<R: Send>(cfg: &Config, elems: usize, f: impl FnOnce() -> R + Send) -> R {
+/// Runs `f` on the calling thread as the lead of the host's team when `elems` (the elements the
+/// pass touches) make it worth it (`quant::PAR_MIN_ELEMS`, the size at which the quant passes
+/// split rows), else plainly; `os::team::for_each` inside `f` (the quant passes) posts to it.
+pub(crate) fn on_host<R>(cfg: &Config, elems: usize, f: impl FnOnce() -> R) -> R {
     if elems < crate::quant::PAR_MIN_ELEMS {
         return f();
     }
-    let pool = host_pool(cfg);
-    if pool.current_thread_index().is_some() {
+    let threads = if team::has_openmp() && cfg.host_threads.is_none() {
+        team::Threads::OpenMp { fallback: team_size(cfg) }
+    } else if team_size(cfg) < 2 {
         return f();
-    }
-    pool.install(f)
-}
-
-/// Runs `f` on the calling thread, a thread of the host pool, with the pool's other threads kept
-/// awake meanwhile: each runs the pool's work as it comes (a pass's rows that `f` splits, or
-/// another caller's) and, between jobs, yields its CPU instead of sleeping. A pipelined MUL_MAT
-/// hands the pool one pass after another, each a few hundred microseconds, with the NPU's run of
-/// a piece between them: asleep, a thread is woken too late to take its share of a pass (the
-/// pool's passes ran at about one thread's rate, `bench-scripts/prefill_host_table.sh`).
-///
-/// One waiter per thread (a broadcast: a thread's first woken does not take the others' waiters),
-/// and one `keep_awake` at a time in the process: a thread checks its broadcast jobs before
-/// anything else, so two at once could each leave a thread waiting in the other's waiter above
-/// its own work; a second caller meanwhile runs `f` plainly. A waiter on `f`'s own thread returns
-/// at once, and the waiters stop when `f` returns or panics. Off the host pool (another
-/// rayon pool's thread, or none), on a pool of one thread or with `ORK_KEEP_AWAKE=0`, `f` simply
-/// runs.
-pub(crate) fn keep_awake<R>(cfg: &Config, f: impl FnOnce() -> R) -> R {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    static ACTIVE: AtomicBool = AtomicBool::new(false);
-    /// Sets its flag when dropped (also while unwinding).
-    struct Raise<'a>(&'a AtomicBool, bool);
-    impl Drop for Raise<'_> {
-        fn drop(&mut self) {
-            self.0.store(self.1, Ordering::Release);
-        }
-    }
-    let pool = host_pool(cfg);
-    let Some(me) = pool.current_thread_index().filter(|_| cfg.keep_awake) else { return f() };
-    if pool.current_num_threads() < 2 || ACTIVE.swap(true, Ordering::AcqRel) {
-        return f();
-    }
-    let _active = Raise(&ACTIVE, false);
-    let stop = AtomicBool::new(false);
-    rayon::in_place_scope(|s| {
-        s.spawn_broadcast(|_, ctx| {
-            if ctx.index() == me {
-                return;
-            }
-            while !stop.load(Ordering::Acquire) {
-                if rayon::yield_now() != Some(rayon::Yield::Executed) {
-                    std::thread::yield_now();
-                }
-            }
-        });
-        let _stop = Raise(&stop, true);
-        f()
-    })
+    } else {
+        team::Threads::Pool(host_pool(cfg))
+    };
+    team::run(threads, cfg.keep_awake, f)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rayon::prelude::*;
 
+    /// A large pass runs with the calling thread as the team's lead, its rows spread over the
+    /// team, the same bits as on one thread; a small one runs plainly.
     #[test]
-    fn the_pool_is_sized_to_the_big_cores_and_runs_large_passes() {
-        let cfg = Config::from_lookup(|k| (k == "ORK_NO_AFFINITY").then(|| "1".to_string())).0;
-        let p = host_pool(&cfg);
-        let big = big_allowed();
-        if !big.is_empty() {
-            assert_eq!(p.current_num_threads(), big.len());
-        }
-        // Large work runs on the pool's threads, small work on the caller's.
-        assert_eq!(on_host(&cfg, crate::quant::PAR_MIN_ELEMS, rayon::current_num_threads), p.current_num_threads());
-        assert!(on_host(&cfg, crate::quant::PAR_MIN_ELEMS, || p.current_thread_index().is_some()));
-        assert!(on_host(&cfg, 1, || p.current_thread_index().is_none()));
-    }
-
-    /// `keep_awake` returns `f`'s value off the pool and on the pool; when `f` panics, the panic
-    /// reaches the caller (the waiters stop) instead of leaving them spinning, and a call after it
-    /// works; with every other thread of the pool busy, it returns once they are free (their
-    /// waiters run then, and return at once).
-    #[test]
-    fn keep_awake_returns_and_lets_a_panic_through() {
-        let cfg = Config::from_lookup(|k| (k == "ORK_NO_AFFINITY").then(|| "1".to_string())).0;
-        let p = host_pool(&cfg);
-        assert_eq!(keep_awake(&cfg, || 7), 7);
-        let (done_tx, done_rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let cfg = Config::from_lookup(|k| (k == "ORK_NO_AFFINITY").then(|| "1".to_string())).0;
-            let p = host_pool(&cfg);
-            let sum = |cfg: &Config| p.install(|| keep_awake(cfg, || (0..1000u64).into_par_iter().sum::<u64>()));
-            let first = sum(&cfg);
-            let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.install(|| keep_awake(&cfg, || -> u64 { panic!("inside a pass") })))).is_err();
-            let _ = done_tx.send((first, panicked, sum(&cfg)));
-        });
-        let got = done_rx.recv_timeout(std::time::Duration::from_secs(30)).expect("keep_awake returned");
-        assert_eq!(got, (499500, true, 499500));
-        if p.current_num_threads() >= 2 {
-            // Every other thread busy for a while: their waiters run (and return at once) when
-            // they are free again, and `keep_awake` returns after that.
-            let (started_tx, started_rx) = std::sync::mpsc::channel();
-            for _ in 1..p.current_num_threads() {
-                let started_tx = started_tx.clone();
-                p.spawn(move || {
-                    started_tx.send(()).unwrap();
-                    std::thread::sleep(std::time::Duration::from_millis(200));
-                });
+    fn a_large_pass_runs_on_the_team_with_the_same_bits() {
+        let cfg = Config::from_lookup(|k| match k {
+            "ORK_NO_AFFINITY" => Some("1".to_string()),
+            "ORK_HOST_THREADS" => Some("3".to_string()),
+            _ => None,
+        })
+        .0;
+        let (m, k) = (64, 1024);
+        let x: Vec<f32> = (0..m * k).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 37.0).collect();
+        let col = vec![1.5f32; k];
+        let pass = |on_team: bool| -> (Vec<i8>, Vec<u32>, Vec<u64>) {
+            let (mut q, mut s, mut h) = (vec![0i8; 2 * m * k], vec![0f32; 2 * m], vec![0u64; m]);
+            let mut run = || crate::quant::prepare_rows_hashed(&x, m, k, 2, crate::quant::RowPrep::Columns(&col), None, &mut q, &mut s, &mut [], &mut h);
+            if on_team {
+                let me = std::thread::current().id();
+                assert!(on_host(&cfg, m * k, || {
+                    run();
+                    std::thread::current().id() == me
+                }));
+            } else {
+                rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap().install(run);
             }
-            for _ in 1..p.current_num_threads() {
-                started_rx.recv_timeout(std::time::Duration::from_secs(30)).expect("a thread started");
-            }
-            assert_eq!(p.install(|| keep_awake(&cfg, || rayon::join(|| 4, || 5))), (4, 5));
-        }
+            (q, s.iter().map(|v| v.to_bits()).collect(), h)
+        };
+        assert!(pass(true) == pass(false), "the team's rows are the one thread's bits");
+        assert_eq!(on_host(&cfg, 1, team::threads), rayon::current_num_threads(), "a small pass gets no team");
     }
 }

@@ -243,6 +243,7 @@ unsafe fn run_on_cpu(ctx: &BackendCtx, g: *mut ggml_cgraph, i0: i32, i1: i32) ->
         0 => std::thread::available_parallelism().map_or(4, |n| n.get() as i32),
         n => n,
     };
+    crate::os::team::set_openmp_threads(want as usize);
     if cpu.threads != want {
         if let Some(f) = cpu.set_threads {
             // SAFETY: the CPU backend's own proc on the CPU backend.

@@ -13,6 +13,8 @@ pub mod shared;
 /// System RAM from `/proc/meminfo` (no `unsafe`).
 #[deny(unsafe_code)]
 pub mod meminfo;
+/// The threads a MUL_MAT's host passes run on: the process's OpenMP team, or a pool's.
+pub mod team;
 /// Host CPU topology: the big cluster, and pinning a thread to it (no `unsafe`).
 #[deny(unsafe_code)]
 pub mod hostcpu;

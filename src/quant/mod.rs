@@ -12,6 +12,8 @@
 
 use rayon::prelude::*;
 
+use crate::os::team;
+
 pub mod mean;
 pub mod rotate;
 pub mod simd;
@@ -445,7 +447,7 @@ pub fn prepare_rows_hashed(x: &[f32], m: usize, k: usize, terms: usize, prep: Ro
             }
         })
     };
-    let threads = rayon::current_num_threads();
+    let threads = team::threads();
     let per = if terms * m * k < PAR_MIN_ELEMS || m < 2 || threads < 2 { m } else { m.div_ceil(threads * 4).max(1) };
     let mut q_left: Vec<&mut [i8]> = q.chunks_mut(m * k).collect();
     let mut s_left: Vec<&mut [f32]> = scales.chunks_mut(m).collect();
@@ -471,11 +473,7 @@ pub fn prepare_rows_hashed(x: &[f32], m: usize, k: usize, terms: usize, prep: Ro
         h_left = rest;
         blocks.push(Block { x: xb, q: qb, s: sb, dots: db, h: hb });
     }
-    if blocks.len() == 1 {
-        blocks.into_iter().for_each(run);
-    } else {
-        blocks.into_par_iter().for_each(run);
-    }
+    team::for_each_block(blocks, run);
 }
 
 /// Int32 results `[R, N]`: one row-major matrix, or column segments held apart (an NPU
@@ -871,15 +869,23 @@ pub fn dequantize_output(c: &[i32], a_scale: &[f32], w_scale: &[f32], dst: &mut 
     for_each_out_row(dst, n, |(i, dr)| dequantize_row(&c[i * n..(i + 1) * n], a_scale[i], w_scale, dr));
 }
 
-/// Calls `body((i, row i))` for every N-wide row of `dst: [M, N]` (N > 0), on the rayon pool
-/// when the output is large enough to pay for the dispatch.
+/// Calls `body((i, row i))` for every N-wide row of `dst: [M, N]` (N > 0), in blocks of rows on
+/// the team ([`team::for_each`]) when the output is large enough to pay for the dispatch.
 fn for_each_out_row(dst: &mut [f32], n: usize, body: impl Fn((usize, &mut [f32])) + Send + Sync) {
     let m = dst.len() / n;
-    if m * n >= PAR_MIN_ELEMS && m > 1 {
-        dst.par_chunks_mut(n).enumerate().for_each(body);
-    } else {
-        dst.chunks_mut(n).enumerate().for_each(body);
-    }
+    let per = if m * n >= PAR_MIN_ELEMS && m > 1 { m.div_ceil(team::threads() * 4).max(1) } else { m.max(1) };
+    let blocks: Vec<(usize, &mut [f32])> = dst.chunks_mut(per * n).enumerate().collect();
+    team::for_each_block(blocks, |(b, rows)| rows.chunks_mut(n).enumerate().for_each(|(j, r)| body((b * per + j, r))));
+}
+
+/// `out[r] = f(row r)` for the K-wide rows of `x: [R, K]`, in blocks of rows on the team when
+/// they are many.
+pub fn map_rows<T: Send>(x: &[f32], k: usize, out: &mut [T], f: impl Fn(&[f32]) -> T + Sync) {
+    assert_eq!(x.len(), out.len() * k, "x is not [R, K]");
+    let r = out.len();
+    let per = if x.len() >= PAR_MIN_ELEMS && r > 1 { r.div_ceil(team::threads() * 4).max(1) } else { r.max(1) };
+    let blocks: Vec<(&[f32], &mut [T])> = x.chunks(per * k.max(1)).zip(out.chunks_mut(per)).collect();
+    team::for_each_block(blocks, |(xb, ob)| xb.chunks(k.max(1)).zip(ob.iter_mut()).for_each(|(xr, o)| *o = f(xr)));
 }
 
 /// One output row: `d[n] = c[n] · (sa · sw[n])`. SIMD where the CPU has it, bit-identical to
