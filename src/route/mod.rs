@@ -46,7 +46,7 @@ pub mod arbiter;
 pub mod precision;
 
 use crate::config::{Config, DecodeSelect, RoutePolicy};
-use crate::npu::soc::{SocDesc, SocId};
+use crate::npu::soc::SocDesc;
 
 /// Where one MUL_MAT runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -286,15 +286,10 @@ pub struct CostModel {
 use crate::quant::types::bytes_per_weight;
 
 impl CostModel {
-    /// The model for a SoC: RK3588 figures as cited in the module docs; RK3576 scaled by its
-    /// core count (2 vs 3) for MACs, same floor and bus.
-    pub fn for_soc(id: SocId) -> CostModel {
-        CostModel::for_device(SocDesc::get(id))
-    }
-
     /// The model for an opened NPU's description (`Npu::soc`): the cores its kernel lets jobs run
-    /// on and the int8 rate at the clock its driver reports (`Npu::with_kif`), the rest as
-    /// [`CostModel::for_soc`].
+    /// on and the int8 rate at the clock its driver reports (`Npu::with_kif`): RK3588 figures as
+    /// cited in the module docs; RK3576 scaled by its core count (2 vs 3) for MACs, same floor
+    /// and bus.
     pub fn for_device(soc: SocDesc) -> CostModel {
         let t = soc.timing;
         CostModel {
@@ -308,18 +303,6 @@ impl CostModel {
             host: HostCost::MEASURED,
             soc,
         }
-    }
-
-    /// The same model with the NPU at `hz` (a port's fixed clock, a devfreq step): the cores'
-    /// int8 rate scales ([`crate::npu::soc::NpuTiming::at_clock`]), the feed and floor stay.
-    pub fn at_npu_clock(self, hz: u64) -> CostModel {
-        let soc = SocDesc { timing: self.soc.timing.at_clock(hz), ..self.soc.clone() };
-        CostModel { host: self.host, ..CostModel::for_device(soc) }
-    }
-
-    /// [`CostModel::for_soc`] without the host's work: the NPU's time alone.
-    pub fn npu_only(id: SocId) -> CostModel {
-        CostModel { host: HostCost::NONE, ..CostModel::for_soc(id) }
     }
 
     /// Submits on the busiest core of the NPU runs of one MUL_MAT with `terms` (both weight
@@ -518,21 +501,15 @@ pub fn pipeline_ends(soc: &SocDesc, m: usize, k: usize, n: usize, terms: precisi
     cost_model_for(soc).pipeline_ends(m, k, n, terms, cores, chain)
 }
 
-/// Decides the engine for one MUL_MAT (see the module docs for both policies).
+/// Decides the engine for one MUL_MAT (see the module docs for both policies), for a weight of
+/// the common role (`precision::Role::Other`) reading an activation of its own.
 pub fn decide(cfg: &Config, soc: &SocDesc, mm: &MatMul, av: Availability) -> Decision {
-    let model = cost_model_for(soc);
-    decide_with(cfg, &model, mm, av)
-}
-
-/// [`decide`] with an explicit cost model (tests, `ork-route`), for a weight of the common role
-/// (`precision::Role::Other`).
-pub fn decide_with(cfg: &Config, model: &CostModel, mm: &MatMul, av: Availability) -> Decision {
     let p = precision::decide(cfg, precision::Role::Other, crate::quant::types::is_float(mm.ggml_type), &precision::one_of(precision::Role::Other, (mm.k * mm.n) as u64), mm.k);
-    decide_precision(cfg, model, mm, p, activation::Chain::default(), av)
+    decide_precision(cfg, &cost_model_for(soc), mm, p, activation::Chain::default(), av)
 }
 
-/// [`decide_with`] for a weight of precision `p` (`precision::decide`), standing as `chain`
-/// among the MUL_MATs that read its activation ([`activation::chain`]).
+/// [`decide`] with the cost model `model` (`ork-route`'s) for a weight of precision `p`
+/// (`precision::decide`), standing as `chain` among the MUL_MATs that read its activation.
 pub fn decide_precision(cfg: &Config, model: &CostModel, mm: &MatMul, p: precision::Precision, chain: activation::Chain, av: Availability) -> Decision {
     let terms = p.terms;
     let phase = Phase::of(cfg, mm.m);
@@ -593,6 +570,7 @@ pub fn choose(cfg: &Config, m: usize, gpu_ready: bool) -> Result<Engine, Decline
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::npu::soc::SocId;
 
     fn cfg(pairs: &[(&str, &str)]) -> Config {
         let m: std::collections::HashMap<_, _> = pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
@@ -656,7 +634,7 @@ mod tests {
 
     #[test]
     fn cost_model_matches_published_kernel_figures() {
-        let m = CostModel::for_soc(SocId::Rk3588);
+        let m = CostModel::for_device(SocDesc::get(SocId::Rk3588));
         // seed 001: 2048² M=1 decode on 3 cores: 176 µs measured (the submit floor dominates).
         let dec = m.npu_s(1, 2048, 2048, precision::Terms::PLAIN, 3);
         assert!((150e-6..=260e-6).contains(&dec), "decode 2048² = {dec}");

@@ -17,6 +17,7 @@
 //! them with is the library's (`ggml_ork::route`).
 
 mod board;
+mod cost;
 mod gguf;
 mod model;
 
@@ -104,7 +105,7 @@ fn with_clock(model: CostModel, mhz: Option<u64>) -> CostModel {
     match mhz {
         Some(m) => {
             println!("# NPU clock {m} MHz (--npu-mhz): the modelled int8 rate scaled from 1000 MHz; memory feed and submit floor unchanged");
-            model.at_npu_clock(m * 1_000_000)
+            crate::cost::at_npu_clock(model, m * 1_000_000)
         }
         None => model,
     }
@@ -171,7 +172,7 @@ fn print_plan(bm: &board::BoardModel, b: &board::Board, p: &board::BoardPlan) {
 fn board_mode(a: &Args, file_model: Option<board::BoardModel>) {
     let cfg = Config::from_lookup(|k| std::env::var(k).ok()).0;
     let id = cfg.soc.as_deref().and_then(ggml_ork::npu::soc::SocId::parse).unwrap_or(ggml_ork::npu::soc::SocId::Rk3588);
-    let model = with_clock(CostModel::for_soc(id), a.npu_mhz);
+    let model = with_clock(crate::cost::for_soc(id), a.npu_mhz);
     let stream = board::StreamRate { disk_bps: a.disk_mbps.map_or(board::BOARD_DISK_BPS, |d| d * 1e6), ..board::StreamRate::BOARD };
     let boards: Vec<board::Board> = a.ram().iter().map(|&g| board::Board { ctx: a.ctx, ubatch: a.m_prefill, stream, ..board::Board::new(g) }).collect();
     println!(
@@ -254,7 +255,7 @@ fn main() {
     }
     let cfg = Config::from_lookup(|k| std::env::var(k).ok()).0;
     let id = cfg.soc.as_deref().and_then(ggml_ork::npu::soc::SocId::parse).unwrap_or(ggml_ork::npu::soc::SocId::Rk3588);
-    let model = with_clock(CostModel::for_soc(id), a.npu_mhz);
+    let model = with_clock(crate::cost::for_soc(id), a.npu_mhz);
     let arch = kv.iter().find(|(k, _)| k == "general.architecture").map_or("?", |(_, v)| v.as_str());
     println!("# {path} ({arch}, {} tensors); policy ORK_ROUTE={:?}, ORK_MINM={}, ORK_DECODE={:?}; SoC {}", tensors.len(), cfg.route, cfg.min_m, cfg.decode, model.soc.id.name());
     let table = route_table(&cfg, &model, &tensors, m_prefill);
@@ -295,8 +296,8 @@ fn route_table(cfg: &Config, model: &CostModel, tensors: &[gguf::Tensor], m_pref
         } else if k % model.soc.k_align as usize != 0 || n % model.soc.n_align as usize != 0 {
             fixed("K or N not a multiple of 32: the NPU layout cannot hold it")
         } else {
-            let p = route::decide_with(cfg, model, &MatMul { m: m_prefill, k, n, ggml_type: t.ggml_type }, av);
-            let d = route::decide_with(cfg, model, &MatMul { m: 1, k, n, ggml_type: t.ggml_type }, av);
+            let p = crate::cost::decide_with(cfg, model, &MatMul { m: m_prefill, k, n, ggml_type: t.ggml_type }, av);
+            let d = crate::cost::decide_with(cfg, model, &MatMul { m: 1, k, n, ggml_type: t.ggml_type }, av);
             if t.name.starts_with("blk.0.") {
                 layer_shapes.push((k, n, t.ggml_type, route::precision::Role::of(&t.name)));
             }
@@ -328,7 +329,7 @@ fn print_anchors() {
     })
     .0;
     // The anchors ran their own engines' host paths: the NPU-only model is what they calibrate.
-    let mut fused = CostModel::npu_only(ggml_ork::npu::soc::SocId::Rk3588);
+    let mut fused = crate::cost::npu_only(ggml_ork::npu::soc::SocId::Rk3588);
     fused.split_s = 0.0;
     let a = predict(&anchors_cfg, &fused, &q, 256);
     println!("\n# Qwen3-1.7B Q8_0 on RK3588, cost model vs published anchors (tok/s):");
@@ -357,19 +358,19 @@ fn print_anchors() {
         // Each role's K in this model (a role it lacks has no work: its terms count for nothing).
         let k_of = |r: route::precision::Role| q.per_layer.iter().find(|e| e.3 == r).map(|e| e.0).or(q.head.map(|h| h.0)).unwrap_or(0);
         let terms = route::precision::Role::ALL.map(|r| route::precision::decide(&c, r, false, &work, k_of(r)).terms);
-        let b = predict(&c, &CostModel::for_soc(ggml_ork::npu::soc::SocId::Rk3588), &q, 256);
+        let b = predict(&c, &crate::cost::for_soc(ggml_ork::npu::soc::SocId::Rk3588), &q, 256);
         println!(
             "#   predicted, {what} inside llama.cpp, with host: prefill {:.0}, decode {:.1} (the layers' NPU work {:.2}x plain W8A8; rows {:.2}x with the head)",
             b.prefill_tok_s,
             b.decode_tok_s,
             route::precision::work_ratio(&terms, &work),
-            route::precision::rows_ratio(&terms, &counts)
+            crate::cost::rows_ratio(&terms, &counts)
         );
     }
     // NPU only against the NPU with the host's measured work around each run (route::HostCost).
     let here = Config::from_lookup(|k| std::env::var(k).ok()).0;
     let rk = ggml_ork::npu::soc::SocId::Rk3588;
-    let (npu, host) = (CostModel::npu_only(rk), CostModel::for_soc(rk));
+    let (npu, host) = (crate::cost::npu_only(rk), crate::cost::for_soc(rk));
     let (a, b) = (predict(&here, &npu, &q, 512), predict(&here, &host, &q, 512));
     let w = prefill_work(&here, &host, &q, 512);
     let h = host.host;
