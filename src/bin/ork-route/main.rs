@@ -12,9 +12,16 @@
 //! or, with `--model NAME|all [--quant Q4_K_M|Q8_0]`, for built-in dense shapes
 //! (`board::DENSE_MODELS`), with the largest that fits each board.
 //!
-//! The tool's own code, outside the library: the board planner ([`board`]), the GGUF header
-//! reader ([`gguf`]) and a whole model's predicted rates ([`model`]); the cost model it prices
-//! them with is the library's (`ggml_ork::route`).
+//! Every rate and time it prints is modelled, not measured, and its first line says so and what
+//! it assumes ([`print_assumptions`]): the NPU at the cost model's published rates, the host's
+//! work at this machine's frozen figures (`ggml_ork::route::HostCost`, one measurement each)
+//! scaled by `A76_OVER_HERE` (an assumption). The anchors it prints next to them (Qwen3-1.7B
+//! int8, RK3588): prefill 178 tok/s (rknpu-facts §4) to 278 tok/s pp256 (seed 002), decode
+//! 12.8 tok/s (seed 002; 11.0 in seed 000); librkllmrt 184 / 11.71 (seed 002).
+//!
+//! The tool's own code, outside the library: the board planner ([`board`]), what it adds to the
+//! cost model ([`cost`]), the GGUF header reader ([`gguf`]) and a whole model's predicted rates
+//! ([`model`]); the cost model it prices them with is the library's (`ggml_ork::route`).
 
 mod board;
 mod cost;
@@ -99,6 +106,15 @@ fn positive(v: &str) -> Result<f64, String> {
     v.parse().ok().filter(|d: &f64| *d > 0.0).ok_or_else(|| format!("bad value {v:?}"))
 }
 
+/// The first line of every output: the figures are modelled, and what they assume.
+fn print_assumptions(model: &CostModel) {
+    println!(
+        "# modelled, not measured: {} NPU at the cost model's published rates (src/route/mod.rs); host work = this x86 machine's frozen figures (route::HostCost: one measurement each) x A76_OVER_HERE = {:.1} (an assumption); no board has measured these figures",
+        model.soc.id.name().to_uppercase(),
+        route::A76_OVER_HERE
+    );
+}
+
 /// The cost model at the board's NPU clock (`--npu-mhz`: a mainline port's fixed 200 MHz, a
 /// devfreq step; `ork-selftest` prints the clock the driver reports), said in one line.
 fn with_clock(model: CostModel, mhz: Option<u64>) -> CostModel {
@@ -172,6 +188,7 @@ fn print_plan(bm: &board::BoardModel, b: &board::Board, p: &board::BoardPlan) {
 fn board_mode(a: &Args, file_model: Option<board::BoardModel>) {
     let cfg = Config::from_lookup(|k| std::env::var(k).ok()).0;
     let id = cfg.soc.as_deref().and_then(ggml_ork::npu::soc::SocId::parse).unwrap_or(ggml_ork::npu::soc::SocId::Rk3588);
+    print_assumptions(&crate::cost::for_soc(id));
     let model = with_clock(crate::cost::for_soc(id), a.npu_mhz);
     let stream = board::StreamRate { disk_bps: a.disk_mbps.map_or(board::BOARD_DISK_BPS, |d| d * 1e6), ..board::StreamRate::BOARD };
     let boards: Vec<board::Board> = a.ram().iter().map(|&g| board::Board { ctx: a.ctx, ubatch: a.m_prefill, stream, ..board::Board::new(g) }).collect();
@@ -203,7 +220,7 @@ fn board_mode(a: &Args, file_model: Option<board::BoardModel>) {
         }
     }
     if name == "all" {
-        println!("\n# the largest built-in dense model per board with every prefill MUL_MAT on the NPU (resident or streamed):");
+        println!("\n# the largest built-in dense model per board with every prefill MUL_MAT on the NPU (resident or streamed; rates modelled):");
         for b in &boards {
             for &q in &a.quants() {
                 match board::largest_fitting(&cfg, &model, b, q) {
@@ -255,6 +272,7 @@ fn main() {
     }
     let cfg = Config::from_lookup(|k| std::env::var(k).ok()).0;
     let id = cfg.soc.as_deref().and_then(ggml_ork::npu::soc::SocId::parse).unwrap_or(ggml_ork::npu::soc::SocId::Rk3588);
+    print_assumptions(&crate::cost::for_soc(id));
     let model = with_clock(crate::cost::for_soc(id), a.npu_mhz);
     let arch = kv.iter().find(|(k, _)| k == "general.architecture").map_or("?", |(_, v)| v.as_str());
     println!("# {path} ({arch}, {} tensors); policy ORK_ROUTE={:?}, ORK_MINM={}, ORK_DECODE={:?}; SoC {}", tensors.len(), cfg.route, cfg.min_m, cfg.decode, model.soc.id.name());
@@ -263,7 +281,7 @@ fn main() {
     if layers > 0 && !table.per_layer.is_empty() {
         let shape = ModelShape { layers, ..table };
         let r = predict(&cfg, &model, &shape, m_prefill);
-        println!("\n# predicted for this model on {} with this policy: prefill {:.0} tok/s (M={m_prefill}), decode {:.1} tok/s (LM head on the CPU when tied; attention not modelled)", model.soc.id.name(), r.prefill_tok_s, r.decode_tok_s);
+        println!("\n# predicted (modelled) for this model on {} with this policy: prefill {:.0} tok/s (M={m_prefill}), decode {:.1} tok/s (LM head on the CPU when tied; attention not modelled)", model.soc.id.name(), r.prefill_tok_s, r.decode_tok_s);
     }
     print_anchors();
 }
@@ -374,9 +392,9 @@ fn print_anchors() {
     let (a, b) = (predict(&here, &npu, &q, 512), predict(&here, &host, &q, 512));
     let w = prefill_work(&here, &host, &q, 512);
     let h = host.host;
-    println!("#   Qwen3-1.7B Q8_0 pp512 on RK3588: NPU only {:.0} tok/s, with host {:.0} tok/s", a.prefill_tok_s, b.prefill_tok_s);
+    println!("#   Qwen3-1.7B Q8_0 pp512 on RK3588, modelled: NPU only {:.0} tok/s, with host {:.0} tok/s", a.prefill_tok_s, b.prefill_tok_s);
     println!(
-        "#     host per MUL_MAT = {:.2} (an A76 core over this machine's: an assumption) x (act-quant {:.3} ns per row·K quantized + the reuse check {:.3} ns per row·K of K, V and up + output {:.3} ns per row·N + NPU runs' host part {:.4} ns per row·(K + N) + {:.1} µs per MUL_MAT), {}; \
+        "#     host per MUL_MAT = {:.2} (an A76 core over this machine's: an assumption) x this machine's frozen figures (act-quant {:.3} ns per row·K quantized + the reuse check {:.3} ns per row·K of K, V and up + output {:.3} ns per row·N + NPU runs' host part {:.4} ns per row·(K + N) + {:.1} µs per MUL_MAT), {}; \
          per prompt token at M=512: {:.2} submits on the busiest core, {:.0} row·K ({:.0} quantized: K, V and up read the activation Q and gate quantized), {:.0} row·N over {} MUL_MATs; \
          not counted: the timed simulator's completion past its modelled time (its threads waiting for this machine's CPUs; on a board the kernel's round trip is taken as inside the submit floor, an assumption)",
         h.a76,
