@@ -2,7 +2,10 @@
 //! `tests/golden/*.txt` (regenerate with `ORK_BLESS=1 cargo test --test npu_golden`; see
 //! tests/golden/README.md). The RKNN-capture shape is additionally checked word by word
 //! against the template values of rknpu-facts §2.2 — an independent source.
-use ggml_ork::npu::plan::{synth_fixed, synth_text};
+#[path = "../src/bin/ork-regdump/synth.rs"]
+mod synth;
+
+use synth::{synth_fixed, synth_text};
 use ggml_ork::npu::regcmd::{BODY_ENTRIES, PROGRAM_ENTRIES};
 use ggml_ork::npu::regs::RegCmd;
 use ggml_ork::npu::soc::{SocDesc, SocId};
@@ -115,7 +118,7 @@ fn chain_links_point_at_the_next_program() {
     for p in 0..programs {
         let t = &e[p * PROGRAM_ENTRIES + BODY_ENTRIES..(p + 1) * PROGRAM_ENTRIES];
         if p + 1 < programs {
-            let next = ggml_ork::npu::plan::SYNTH_REGCMD_IOVA + ((p + 1) * PROGRAM_ENTRIES * 8) as u32;
+            let next = synth::SYNTH_REGCMD_IOVA + ((p + 1) * PROGRAM_ENTRIES * 8) as u32;
             assert_eq!(t[0], RegCmd::raw(0x0101, 0x0010, next), "program {p} link");
             assert_eq!(t[1], RegCmd::raw(0x0101, 0x0014, 0x37), "program {p} amount");
         } else {

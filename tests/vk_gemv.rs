@@ -5,8 +5,11 @@
 
 use std::sync::{Arc, OnceLock};
 
+mod vk_common;
+
 use ggml_ork::vk::reference::{Q4K_BLOCK_BYTES, Q4_0_BLOCK_BYTES};
-use ggml_ork::vk::{reference_i8, reference_q4_0, reference_q4k, VkEngine, VkError, VkWeightData};
+use ggml_ork::vk::{VkEngine, VkError, VkWeightData};
+use vk_common::{reference_i8, reference_q4_0, reference_q4k};
 
 fn engine() -> Option<Arc<VkEngine>> {
     static ENGINE: OnceLock<Option<Arc<VkEngine>>> = OnceLock::new();
@@ -163,7 +166,7 @@ fn q4_0_matches_reference() {
         let mut want = vec![0f32; m * n];
         reference_q4_0(&b, &x, m, n, k, &mut want);
         let mut wd = vec![0f32; n * k];
-        ggml_ork::vk::reference::dequantize_row_q4_0(&b, &mut wd);
+        vk_common::dequantize_row_q4_0(&b, &mut wd);
         assert_close(&format!("q4_0 M={m} N={n} K={k}"), &y, &want, &abs_dot(&wd, &x, m, n, k));
     }
 }
@@ -185,7 +188,7 @@ fn q4k_matches_reference() {
         let mut want = vec![0f32; m * n];
         reference_q4k(&b, &x, m, n, k, &mut want);
         let mut wd = vec![0f32; n * k];
-        ggml_ork::vk::reference::dequantize_row_q4k(&b, &mut wd);
+        vk_common::dequantize_row_q4k(&b, &mut wd);
         assert_close(&format!("q4_k M={m} N={n} K={k}"), &y, &want, &abs_dot(&wd, &x, m, n, k));
     }
 }

@@ -18,7 +18,8 @@
 //!    and worst-case magnitudes.
 //!
 //! Exit codes: 0 all passed · 1 a check failed · 2 no NPU device (the reason is printed as
-//! "no NPU device found: <reason>").
+//! "no NPU device found: <reason>"), or an argument it does not know (it takes none but
+//! `--help` and `--version`).
 //!
 //! `ORK_LOG=error|warn|info|debug|trace` sets the log level (default warn). The other `ORK_*`
 //! variables that concern the NPU (`ORK_SOC`, `ORK_NPU_CARD`, `ORK_NO_AFFINITY`,
@@ -223,7 +224,21 @@ fn interface_smoke(dev: &dyn KernelInterface, domain: DomainId) -> Result<(), St
     Ok(())
 }
 
+/// Command line: no flags of its own (`--help` says what it does); the settings are `ORK_*`
+/// variables, as in the plugin.
+#[derive(clap::Parser)]
+#[command(
+    name = "ork-selftest",
+    version,
+    about = "The on-board self-test: does this machine's NPU compute exactly what the CPU reference computes?",
+    after_help = "Steps: SoC, host CPUs, kernel interface (a buffer life-cycle smoke test), the NPU core's bit-exact suite.\n\
+                  Exit codes: 0 all passed, 1 a check failed, 2 no NPU device (or an unknown argument).\n\
+                  Settings: ORK_LOG=error|warn|info|debug|trace (default warn), ORK_SOC, ORK_NPU_CARD, ORK_NO_AFFINITY, ORK_WCACHE_BUDGET_MB, ORK_MM_TIMEOUT."
+)]
+struct Args {}
+
 fn main() -> ExitCode {
+    let Args {} = clap::Parser::parse();
     let config = config_and_logging();
     println!("ork-selftest {}", env!("CARGO_PKG_VERSION"));
 

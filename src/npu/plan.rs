@@ -106,7 +106,7 @@ pub struct SubmitIovas {
 impl PlannedSubmit {
     /// The submit's PC-chained regcmd stream with its buffers at `at` — the one mapping from
     /// planned programs to [`MatmulProgram`]s, used by the submit path (`mm.rs`) and by
-    /// [`synth_fixed`] (the golden tests, `ork-regdump --synth`). One program per
+    /// `ork-regdump --synth` (`src/bin/ork-regdump/synth.rs`, the golden tests). One program per
     /// `PROGRAM_ENTRIES` entries, in `programs` order.
     pub fn regcmd(&self, at: &SubmitIovas, amount_scale: u32) -> Result<Vec<RegCmd>, RegcmdError> {
         self.regcmd_at(at, amount_scale, |ab| self.a_blocks.iter().find(|(b, _)| b == ab).expect("a submit's block").1)
@@ -465,50 +465,6 @@ pub fn core_parts(geom: &WeightGeometry, ncores: usize) -> Vec<Vec<(usize, usize
                 .collect()
         })
         .collect()
-}
-
-/// Fixed IOVAs of [`synth_fixed`] (ork's `ork_i8_npu_synth_dump` uses 0x1000000 / 0x2000000 /
-/// 0x3000000 for A / B / C, rknpu-facts §10); the regcmd buffer goes at 0x4000000.
-pub const SYNTH_A_IOVA: u32 = 0x0100_0000;
-pub const SYNTH_B_IOVA: u32 = 0x0200_0000;
-pub const SYNTH_C_IOVA: u32 = 0x0300_0000;
-pub const SYNTH_REGCMD_IOVA: u32 = 0x0400_0000;
-
-/// Plans `[M, K] × [N, K]ᵀ` on `soc` with `max_cores` and synthesises every submit's regcmd
-/// stream with the fixed IOVAs above (A, B, C scratch offsets as `mm.rs` would place them).
-/// Returns `(core, submit index, entries)` — what `ork-regdump --synth` and the golden tests show.
-pub fn synth_fixed(
-    soc: &SocDesc,
-    m: usize,
-    k: usize,
-    n: usize,
-    max_cores: u32,
-) -> Result<Vec<(u32, usize, Vec<RegCmd>)>, RegcmdError> {
-    let geom = WeightGeometry::new(soc, n, k);
-    let p = plan(soc, &geom, m, max_cores);
-    let at = SubmitIovas {
-        act: Iova(SYNTH_A_IOVA),
-        weights: Iova(SYNTH_B_IOVA),
-        out: Iova(SYNTH_C_IOVA),
-        regcmd: Iova(SYNTH_REGCMD_IOVA),
-    };
-    let mut out = Vec::new();
-    for cp in &p.cores {
-        for (i, sub) in cp.submits.iter().enumerate() {
-            out.push((cp.core, i, sub.regcmd(&at, soc.pc_data_amount_scale)?));
-        }
-    }
-    Ok(out)
-}
-
-/// Decoded text of [`synth_fixed`]: a header line per submit, then one line per entry.
-pub fn synth_text(soc: &SocDesc, m: usize, k: usize, n: usize, max_cores: u32) -> Result<String, RegcmdError> {
-    let mut s = format!("# {} M={m} K={k} N={n} max_cores={max_cores}\n", soc.id.name());
-    for (core, i, entries) in synth_fixed(soc, m, k, n, max_cores)? {
-        s += &format!("## core {core} submit {i}: {} programs\n", entries.len() / crate::npu::regcmd::PROGRAM_ENTRIES);
-        s += &crate::npu::regs::decode(&entries);
-    }
-    Ok(s)
 }
 
 #[cfg(test)]

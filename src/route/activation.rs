@@ -4,12 +4,11 @@
 //! int8 terms: the second MUL_MAT reading it may reuse the first's terms. Whether it does is a
 //! fact of the graph, not of a release's node order or a weight's name: the same activation
 //! tensor, and no node between the two that writes its memory. [`links`] reads that from a list
-//! of [`Step`]s — the backend's pre-pass makes them from the live graph, the cost model from a
+//! of [`Step`]s — the backend's pre-pass makes them from the live graph, `ork-route` from a
 //! synthetic layer — and says for each MUL_MAT what the graph proves. What it does not prove
 //! (a reader in another graph call, an activation the call ends with) is left to the
 //! activation's hash (`backend::npu_mm`).
 
-use super::precision::{Precision, Role, Terms};
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 /// One graph node as the rule needs it.
@@ -103,57 +102,6 @@ impl Seen {
     }
 }
 
-/// One transformer layer as llama.cpp's graphs compute it — the attention block: Q, then Q's norm
-/// and RoPE, then V and K; its output projection; the FFN: gate and up, their product, down —
-/// and the head, as [`Step`]s: the synthetic graph the cost model and `ork-route` read a role's
-/// [`Link`] from. A role it does not name reads an activation of its own. (The backend reads the
-/// live graph instead.)
-pub fn layer_link(role: Role) -> Link {
-    let x = |t: usize| Act { tensor: t, base: t };
-    let (attn_in, q_out, attn_out, ffn_in, ffn_act, head_in, own) = (1, 2, 3, 4, 5, 6, 7);
-    let op = |t: usize| Step::Work { writes: t, act: None };
-    let mm = |out: usize, t: usize| Step::Work { writes: out, act: Some(x(t)) };
-    let g = [
-        op(attn_in),
-        mm(0x10, attn_in),
-        op(q_out),
-        Step::View,
-        op(q_out),
-        mm(0x11, attn_in),
-        mm(0x12, attn_in),
-        op(attn_out),
-        mm(0x13, attn_out),
-        op(ffn_in),
-        mm(0x14, ffn_in),
-        mm(0x15, ffn_in),
-        op(ffn_act),
-        mm(0x16, ffn_act),
-        op(head_in),
-        mm(0x17, head_in),
-        op(own),
-        mm(0x18, own),
-        // The next layer writes them anew.
-        op(attn_in),
-        op(attn_out),
-        op(ffn_in),
-        op(ffn_act),
-        op(head_in),
-        op(own),
-    ];
-    let at = match role {
-        Role::AttnQ => 1,
-        Role::AttnV => 5,
-        Role::AttnK => 6,
-        Role::AttnOut => 8,
-        Role::FfnGate => 10,
-        Role::FfnUp => 11,
-        Role::FfnDown => 13,
-        Role::Head => 15,
-        Role::Other => 17,
-    };
-    links(&g)[at]
-}
-
 /// The [`Link`] of every step (the default for a step that is not a MUL_MAT). Linear in the
 /// steps: one pass forward (the MUL_MAT before, the next node that computes) and one backward
 /// (the nearest later reader of each activation tensor and writer of each tensor's memory).
@@ -195,30 +143,16 @@ pub fn links(steps: &[Step]) -> Vec<Link> {
     out
 }
 
-/// Whether a weight with precision `p` whose activation the graph shows held (`link.held`: the
-/// MUL_MAT before it read the same activation, nothing writing it between) reads it as the int8
-/// terms that one made: rotated weights of one K share one rotation and no column scales, and
-/// only one activation term is held. The backend reuses those terms (`backend::npu_mm`, the held
-/// activation), so its MUL_MAT has no activation pass and its first piece is not cut short.
-pub fn reads_held(link: Link, p: Precision) -> bool {
-    p.rotated && p.terms.act == 1 && link.held
-}
-
 /// Where a MUL_MAT stands among the MUL_MATs that read its activation, as the cost model and
 /// the backend's cut see it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Chain {
-    /// It reads the activation the MUL_MAT before it quantized ([`reads_held`]).
+    /// It reads the activation the MUL_MAT before it quantized and reuses its int8 terms.
     pub held: bool,
     /// The MUL_MAT right after it reads the same activation: its last piece's output pass runs
     /// beside that one's first piece on the NPU (`backend::graph`, `Device::run_mul_mat_chained`;
     /// a cut MUL_MAT of one weight term and one activation term).
     pub beside_next: bool,
-}
-
-/// [`Chain`] of a weight with precision `p` whose place in the graph is `link`.
-pub fn chain(link: Link, p: Precision) -> Chain {
-    Chain { held: reads_held(link, p), beside_next: p.terms == Terms::PLAIN && link.next_reads_same }
 }
 
 #[cfg(test)]
@@ -275,35 +209,5 @@ mod tests {
         s.read_again();
         s.read_once();
         assert!(s.may_be_read_again(), "read again stays");
-    }
-
-    #[test]
-    fn a_layer_as_llama_cpp_computes_it() {
-        use Again::*;
-        for (role, held, next_reads_same, read_again) in [
-            (Role::Head, false, false, No),
-            (Role::AttnQ, false, false, Yes),
-            (Role::AttnV, true, true, Yes),
-            (Role::AttnK, true, false, No),
-            (Role::AttnOut, false, false, No),
-            (Role::FfnGate, false, true, Yes),
-            (Role::FfnUp, true, false, No),
-            (Role::FfnDown, false, false, No),
-            (Role::Other, false, false, No),
-        ] {
-            assert_eq!(layer_link(role), Link { held, next_reads_same, read_again }, "{role:?}");
-        }
-    }
-
-    #[test]
-    fn what_the_graph_shows_held_is_reused_in_one_rotated_term() {
-        let p = |rotated: bool, act: usize| Precision { terms: Terms { weight: 1, act }, rotated, mean_correct: rotated };
-        for (held, next_reads_same) in [(false, false), (true, false), (false, true), (true, true)] {
-            let l = Link { held, next_reads_same, read_again: Again::Unknown };
-            assert_eq!(chain(l, p(true, 1)), Chain { held, beside_next: next_reads_same });
-            assert!(!reads_held(l, p(false, 1)) && !reads_held(l, p(true, 2)), "only one rotated activation term is held");
-            assert_eq!(chain(l, p(false, 1)).beside_next, next_reads_same, "unrotated, one term each");
-            assert!(!chain(l, p(true, 2)).beside_next, "two activation terms are not cut");
-        }
     }
 }

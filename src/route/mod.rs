@@ -37,16 +37,15 @@
 //! * ACCEL split overhead 0.87 ms per MUL_MAT run off the CPU during decode — derived from seed
 //!   001: all-NPU decode inside llama.cpp ran at 4.2 tok/s where the matmuls alone predict ~15
 //!   (197 MUL_MAT per token). Prefill amortises it over M rows.
-//! * Anchors to compare predictions with (Qwen3-1.7B int8, RK3588): prefill 178 tok/s
-//!   (rknpu-facts §4) to 278 tok/s pp256 (seed 002), decode 12.8 tok/s (seed 002; 11.0 in seed
-//!   000); librkllmrt 184 / 11.71 (seed 002). `ork-route` prints them next to the predictions.
+//! * The host's work around each NPU run: [`HostCost`], frozen at one measurement on this
+//!   machine (the constants' docs), × [`A76_OVER_HERE`] (an assumption).
 
 pub mod activation;
 pub mod arbiter;
 pub mod precision;
 
 use crate::config::{Config, DecodeSelect, RoutePolicy};
-use crate::npu::soc::{SocDesc, SocId};
+use crate::npu::soc::SocDesc;
 
 /// Where one MUL_MAT runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -106,16 +105,16 @@ pub struct Availability {
 }
 
 /// The host's work around one NPU MUL_MAT, per unit of work, in seconds on **this machine's**
-/// cores (a shared 2-core x86 builder), as ORK's code does it today; [`HostCost::a76`] scales it
-/// to an RK3588 big core. Coefficients from the profile table of `bench-scripts/prefill_host_table.sh`
-/// (docs/benchmarks.md, "Where the prefill host time goes"): the synthetic Qwen3-1.7B shape, Q8_0,
-/// timed NPU, M = 512, each step's µs per prompt token divided by the work per token that the
-/// step scales with.
+/// cores (a shared 2-core x86 builder); [`HostCost::a76`] scales it to an RK3588 big core.
+/// Coefficients frozen at one measurement each (the constants below): the profile table of
+/// `bench-scripts/prefill_host_table.sh` (docs/benchmarks.md, "Where the prefill host time
+/// goes"), the synthetic Qwen3-1.7B shape, Q8_0, timed NPU, M = 512, each step's µs per prompt
+/// token divided by the work per token that the step scales with.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct HostCost {
     /// The activation pass (reuse key, rotation, int8 terms, the correction's dots) per
     /// activation row × K of the MUL_MATs that quantize their activation (K, V and up read the
-    /// one Q and gate quantized: `activation::reads_held`, no pass of their own).
+    /// one Q and gate quantized, no pass of their own).
     pub act_quant_s: f64,
     /// The output pass (int32 → f32 with the scales, second term, correction) per output row × N.
     pub output_s: f64,
@@ -143,7 +142,8 @@ impl HostCost {
     /// No host work: the NPU-only figure.
     pub const NONE: HostCost = HostCost { act_quant_s: 0.0, output_s: 0.0, check_s: 0.0, npu_io_s: 0.0, matmul_s: 0.0, a76: 1.0, pipelined: false };
 
-    /// Measured on this machine (see the type's docs for the command), scaled by `a76`.
+    /// Measured on this machine (frozen: the constants' docs name each measurement), scaled by
+    /// `a76`.
     pub const MEASURED: HostCost = HostCost {
         act_quant_s: ACT_QUANT_S,
         output_s: OUTPUT_S,
@@ -156,8 +156,8 @@ impl HostCost {
 
     /// Host seconds on the board for one MUL_MAT of `m` rows, `k`, `n`, with `terms`: the part
     /// that always adds to the NPU's time (the NPU runs' host part, the arbiter) and the
-    /// activation and output passes (where it reads the held activation, `held`:
-    /// [`activation::reads_held`], the reuse check in place of the activation pass).
+    /// activation and output passes (where it reads the held activation, `held`, the reuse check
+    /// in place of the activation pass).
     pub fn host_parts(&self, m: usize, k: usize, n: usize, terms: precision::Terms, held: bool) -> (f64, (f64, f64)) {
         let serial = self.npu_io_s * (terms.rows() * m * (k + n)) as f64 + self.matmul_s;
         let act = if held { self.check_s * (m * k) as f64 } else { self.act_quant_s * (terms.act * m * k) as f64 };
@@ -180,37 +180,40 @@ impl HostCost {
     }
 }
 
-/// **Assumption**: an RK3588 A76 core (2.3–2.4 GHz, rknpu-facts §8) takes 2.5× this machine's
-/// x86 core time for the host's passes (the issue's "2–3× slower"; neither the shared references
-/// nor the seeds give a measured per-core ratio for this kind of work).
+// The host coefficients below (and `StreamCost`'s) are FROZEN: each is one named measurement
+// (its command, the machine, the commit of the tree it measured), not fitted to a target. A
+// board's measurement (the on-board kit's host table) settles them; until then they stay, and
+// no refit on this machine to clear a figure `ork-route` prints. The machine of every one: the
+// shared 2-core x86-64 builder this project is developed on (timed NPU: `ORK_NPU=sim
+// ORK_SIM_TIMING=board`). The host table's command, with the tree's µs per prompt token of each
+// step divided by the work per token `ork-route`'s `model::prefill_work` prints at M = 512:
+// `P=512 UB="512 128" R=1 bash bench-scripts/prefill_host_table.sh $ORK_ENV/synth/synth-qwen3-1.7b-Q8_0.gguf`
+// (synthetic Qwen3-1.7B shape, Q8_0, OMP_WAIT_POLICY=passive, load average 1.3–1.6).
+
+/// **Assumption**, not a measurement (aa659b1, frozen likewise): an RK3588 A76 core (2.3–2.4 GHz,
+/// rknpu-facts §8) takes 2.5× this machine's x86 core time for the host's passes (the issue's
+/// "2–3× slower"; neither the shared references nor the seeds give a measured per-core ratio for
+/// this kind of work).
 pub const A76_OVER_HERE: f64 = 2.5;
-// Each: `P=512 UB="512 128" R=1 bash bench-scripts/prefill_host_table.sh $ORK_ENV/synth/synth-qwen3-1.7b-Q8_0.gguf`
-// (synthetic Qwen3-1.7B shape, timed NPU, OMP_WAIT_POLICY=passive, µs per prompt token, load
-// average 1.3–1.6; the tree before V's and gate's last output pass went beside the next MUL_MAT,
-// whose per-element work is the same), divided by the work per token `ork-route` prints
-// (its `model::prefill_work`, M = 512). The Q4_K_M shape's row in the same run: act-quant 199
-// (reuse check 19), cores' host work 19, dequant 260. A busier run of this tree (docs/benchmarks.md's
-// table: ggml-cpu alone 5 % slower, the passes a quarter slower) refits to 0.671 / 0.128 / 0.574
-// / 0.0266 ns, and ork-route then prints 330 with host instead of 335.
-/// act-quant 201 µs per token less its reuse check (17), / 344064 row·K per token quantized: Σ K
-/// of the layer's MUL_MATs that quantize their activation (Q, attention output, gate, down; K, V
-/// and up read the held one, `activation::reads_held`) × 28.
+/// The host table at c016b5d: act-quant 201 µs per token less its reuse check (17), / 344064
+/// row·K per token quantized: Σ K of the layer's MUL_MATs that quantize their activation (Q,
+/// attention output, gate, down; K, V and up read the held one) × 28.
 const ACT_QUANT_S: f64 = 0.535e-9;
-/// The reuse check 17 µs per token / 172032 row·K per token of K, V and up.
+/// The host table at c016b5d: the reuse check 17 µs per token / 172032 row·K per token of K, V
+/// and up.
 const CHECK_S: f64 = 0.099e-9;
-/// dequant 260 µs per token / 573440 row·N per token (Σ N × 28).
+/// The host table at c016b5d: dequant 260 µs per token / 573440 row·N per token (Σ N × 28).
 const OUTPUT_S: f64 = 0.453e-9;
-/// The cores' threads' host work 17 µs per token (register commands, task descriptors, syncs,
-/// output buffers: each core's wall time less its time inside the kernel interface's submits,
-/// the longest core per run) / (516096 + 573440) row·(K + N) per token. Not counted: the submits'
-/// time past the hardware time they reported (52), which here is the timed simulator's threads
-/// waiting for one of this machine's two CPUs; on a board the hardware time is the NPU's own, and
-/// the kernel's round trip is taken as inside the submit floor (an **assumption**: the on-board
-/// kit's per-submit modelled vs measured line measures it). The rest of "submit" (61 less both)
-/// is below zero in this run: the longest core's lateness and host work are not always the same
-/// core's.
+/// The host table at c016b5d: the cores' threads' host work 17 µs per token (register commands,
+/// task descriptors, syncs, output buffers: each core's wall time less its time inside the
+/// kernel interface's submits, the longest core per run) / (516096 + 573440) row·(K + N) per
+/// token. Not counted: the submits' time past the hardware time they reported (52), which here
+/// is the timed simulator's threads waiting for one of this machine's two CPUs; on a board the
+/// hardware time is the NPU's own, and the kernel's round trip is taken as inside the submit
+/// floor (an **assumption**: the on-board kit's per-submit modelled vs measured line measures it).
 const NPU_IO_S: f64 = 0.0156e-9;
-/// arbiter 1 µs per token × 512 / 196 MUL_MATs (a private lock directory: no other process).
+/// The host table at a37edc1 (`UB=512`): arbiter 1 µs per token × 512 / 196 MUL_MATs (a private
+/// lock directory: no other process).
 const MATMUL_S: f64 = 2.6e-6;
 
 /// What it costs to bring a weight that is not resident to the NPU for one MUL_MAT (streamed
@@ -228,15 +231,16 @@ pub struct StreamCost {
     pub a76: f64,
 }
 
-/// `bash bench-scripts/stream_pp512.sh` (synthetic Qwen3-1.7B Q8_0, budget 410 MiB): the streamed
-/// rows' exit line, 1796 MiB filled from the cache mappings in 292–318 ms of the fill worker's
-/// time (memcpy into the slots + their cache clean, page cache warm), 5.9–6.4 GB/s, load average
-/// 5–7 on 2 cores.
+/// Frozen (see above): `bash bench-scripts/stream_pp512.sh` at 90e352c (synthetic Qwen3-1.7B
+/// Q8_0, budget 410 MiB): the streamed rows' exit line, 1796 MiB filled from the cache mappings
+/// in 292–318 ms of the fill worker's time (memcpy into the slots + their cache clean, page cache
+/// warm), 5.9–6.4 GB/s, load average 5–7 on 2 cores.
 const STREAM_COPY_S_PER_BYTE: f64 = 1.0 / 6.0e9;
-/// The same model packed cold, `ORK_CACHE_DIR=$(mktemp -d) ORK_NPU=sim ORK_SIM_TIMING=board
-/// llama-bench -m synth-qwen3-1.7b-Q8_0.gguf -p 512 -ub 512 -n 0 -t 2 -r 1` with this build: exit
-/// line "packing 2426 ms" for 193 weights, int8 tiles 1308 MiB (one term, one byte per
-/// parameter): 565 Mparam/s on ORK's host threads (rotation, int8 rows, tiles), load average 7–8.
+/// Frozen (see above): the same model packed cold, `ORK_CACHE_DIR=$(mktemp -d) ORK_NPU=sim
+/// ORK_SIM_TIMING=board llama-bench -m synth-qwen3-1.7b-Q8_0.gguf -p 512 -ub 512 -n 0 -t 2 -r 1`
+/// at 90e352c: exit line "packing 2426 ms" for 193 weights, int8 tiles 1308 MiB (one term, one
+/// byte per parameter): 565 Mparam/s on ORK's host threads (rotation, int8 rows, tiles), load
+/// average 7–8.
 const STREAM_PACK_S_PER_PARAM: f64 = 1.0 / 565.0e6;
 
 impl StreamCost {
@@ -286,15 +290,10 @@ pub struct CostModel {
 use crate::quant::types::bytes_per_weight;
 
 impl CostModel {
-    /// The model for a SoC: RK3588 figures as cited in the module docs; RK3576 scaled by its
-    /// core count (2 vs 3) for MACs, same floor and bus.
-    pub fn for_soc(id: SocId) -> CostModel {
-        CostModel::for_device(SocDesc::get(id))
-    }
-
     /// The model for an opened NPU's description (`Npu::soc`): the cores its kernel lets jobs run
-    /// on and the int8 rate at the clock its driver reports (`Npu::with_kif`), the rest as
-    /// [`CostModel::for_soc`].
+    /// on and the int8 rate at the clock its driver reports (`Npu::with_kif`): RK3588 figures as
+    /// cited in the module docs; RK3576 scaled by its core count (2 vs 3) for MACs, same floor
+    /// and bus.
     pub fn for_device(soc: SocDesc) -> CostModel {
         let t = soc.timing;
         CostModel {
@@ -308,18 +307,6 @@ impl CostModel {
             host: HostCost::MEASURED,
             soc,
         }
-    }
-
-    /// The same model with the NPU at `hz` (a port's fixed clock, a devfreq step): the cores'
-    /// int8 rate scales ([`crate::npu::soc::NpuTiming::at_clock`]), the feed and floor stay.
-    pub fn at_npu_clock(self, hz: u64) -> CostModel {
-        let soc = SocDesc { timing: self.soc.timing.at_clock(hz), ..self.soc.clone() };
-        CostModel { host: self.host, ..CostModel::for_device(soc) }
-    }
-
-    /// [`CostModel::for_soc`] without the host's work: the NPU's time alone.
-    pub fn npu_only(id: SocId) -> CostModel {
-        CostModel { host: HostCost::NONE, ..CostModel::for_soc(id) }
     }
 
     /// Submits on the busiest core of the NPU runs of one MUL_MAT with `terms` (both weight
@@ -338,7 +325,7 @@ impl CostModel {
     /// and [`HostCost::host_parts`], in the pieces the backend cuts it into: one activation term
     /// and `npu::plan::pipeline_bounds`, the ends [`Self::pipeline_ends`] cuts short); the
     /// calibrated correction is not in it (`mean_correct_s`). `chain`: where it stands among
-    /// the MUL_MATs reading its activation ([`activation::chain`]) — held: it reads the
+    /// the MUL_MATs reading its activation ([`activation::Chain`]) — held: it reads the
     /// activation the MUL_MAT before quantized, no activation pass, and the first piece is not
     /// cut short; beside the next: its last piece's output pass runs beside the next MUL_MAT's
     /// first piece, taken as long as this one's first piece on the NPU (V → K and gate → up
@@ -518,21 +505,15 @@ pub fn pipeline_ends(soc: &SocDesc, m: usize, k: usize, n: usize, terms: precisi
     cost_model_for(soc).pipeline_ends(m, k, n, terms, cores, chain)
 }
 
-/// Decides the engine for one MUL_MAT (see the module docs for both policies).
+/// Decides the engine for one MUL_MAT (see the module docs for both policies), for a weight of
+/// the common role (`precision::Role::Other`) reading an activation of its own.
 pub fn decide(cfg: &Config, soc: &SocDesc, mm: &MatMul, av: Availability) -> Decision {
-    let model = cost_model_for(soc);
-    decide_with(cfg, &model, mm, av)
-}
-
-/// [`decide`] with an explicit cost model (tests, `ork-route`), for a weight of the common role
-/// (`precision::Role::Other`).
-pub fn decide_with(cfg: &Config, model: &CostModel, mm: &MatMul, av: Availability) -> Decision {
     let p = precision::decide(cfg, precision::Role::Other, crate::quant::types::is_float(mm.ggml_type), &precision::one_of(precision::Role::Other, (mm.k * mm.n) as u64), mm.k);
-    decide_precision(cfg, model, mm, p, activation::Chain::default(), av)
+    decide_precision(cfg, &cost_model_for(soc), mm, p, activation::Chain::default(), av)
 }
 
-/// [`decide_with`] for a weight of precision `p` (`precision::decide`), standing as `chain`
-/// among the MUL_MATs that read its activation ([`activation::chain`]).
+/// [`decide`] with the cost model `model` (`ork-route`'s) for a weight of precision `p`
+/// (`precision::decide`), standing as `chain` among the MUL_MATs that read its activation.
 pub fn decide_precision(cfg: &Config, model: &CostModel, mm: &MatMul, p: precision::Precision, chain: activation::Chain, av: Availability) -> Decision {
     let terms = p.terms;
     let phase = Phase::of(cfg, mm.m);
@@ -593,6 +574,7 @@ pub fn choose(cfg: &Config, m: usize, gpu_ready: bool) -> Result<Engine, Decline
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::npu::soc::SocId;
 
     fn cfg(pairs: &[(&str, &str)]) -> Config {
         let m: std::collections::HashMap<_, _> = pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
@@ -656,7 +638,7 @@ mod tests {
 
     #[test]
     fn cost_model_matches_published_kernel_figures() {
-        let m = CostModel::for_soc(SocId::Rk3588);
+        let m = CostModel::for_device(SocDesc::get(SocId::Rk3588));
         // seed 001: 2048² M=1 decode on 3 cores: 176 µs measured (the submit floor dominates).
         let dec = m.npu_s(1, 2048, 2048, precision::Terms::PLAIN, 3);
         assert!((150e-6..=260e-6).contains(&dec), "decode 2048² = {dec}");

@@ -183,14 +183,6 @@ pub fn work_ratio(terms: &[Terms; ROLES], work: &RoleWork) -> f64 {
     sent as f64 / layer_work(work).max(1) as f64
 }
 
-/// NPU rows per token of a model with `counts` weights per role under `terms`, as a ratio of
-/// plain W8A8 (every weight, the head included).
-pub fn rows_ratio(terms: &[Terms; ROLES], counts: &[u64; ROLES]) -> f64 {
-    let total: u64 = counts.iter().sum();
-    let rows: u64 = counts.iter().zip(terms).map(|(&c, t)| c * t.rows() as u64).sum();
-    rows as f64 / total.max(1) as f64
-}
-
 /// One weight's precision, decided once ([`decide`]) and carried with the weight: its int8
 /// terms, whether K goes through the rotation, and whether its rows are corrected along its
 /// calibrated direction. The NPU run, the GPU copy, the cost model and the `.orkpack` key read
@@ -334,9 +326,6 @@ mod tests {
         let t = plan(1.15, &fused);
         assert_eq!(t, with(&[(Role::Head, HEAD_TERMS), (Role::AttnOut, two_w)]));
         assert!(work_ratio(&t, &fused) <= 1.15);
-        // Rows: the usual shapes send 1.29x the rows of plain W8A8 for 1.13x the work.
-        let counts = [1, 30, 30, 30, 30, 30, 30, 30, 0];
-        assert!((rows_ratio(&plan(1.15, &smol), &counts) - 1.294).abs() < 1e-3);
     }
 
     #[test]

@@ -35,7 +35,7 @@
 //! * int8 path: activations are quantized **on the host** (per-row symmetric, scale =
 //!   max|x|/127, round-half-even, clamp ±127: the NPU path's formula), K is zero-padded to a
 //!   multiple of 16 in both weight rows and activation rows, sums are int32 and the output is
-//!   `(a_scale[m] * w_scale[n]) * sum`, bit-exact against [`reference::reference_i8`]. K is
+//!   `(a_scale[m] * w_scale[n]) * sum`, bit-exact against the scalar `reference_i8` (`tests/vk_common`). K is
 //!   limited to 133 143 so `127·127·K` fits an i32.
 //! * 4-bit paths read GGUF Q4_0 / Q4_K blocks as stored (no repacking); f32 activations and
 //!   outputs; layouts from the pinned `ggml-common.h` / `ggml-quants.c`.
@@ -64,8 +64,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ash::vk;
-
-pub use reference::{reference_i8, reference_q4_0, reference_q4k};
 
 use buffer::{BufferUse, HostBuffer};
 use device::{DeviceShared, DeviceWanted};

@@ -410,7 +410,7 @@ pub fn plan(cfg: &Config, model: &CostModel, m: &BoardModel, board: &Board) -> B
             Place::Cpu => cpu,
             _ => {
                 let host = if prec.mean_correct && model.host != HostCost::NONE { model.mean_correct_s(ub, w.k, w.n) } else { 0.0 };
-                model.npu_host_s(ub, w.k, w.n, prec.terms, cores, ggml_ork::route::activation::chain(ggml_ork::route::activation::layer_link(w.role), prec)) + host
+                model.npu_host_s(ub, w.k, w.n, prec.terms, cores, crate::cost::chain(crate::cost::layer_link(w.role), prec)) + host
             }
         };
     }
@@ -530,7 +530,7 @@ mod tests {
 
     #[test]
     fn every_dense_weight_is_resident_or_streamed_and_the_peak_fits() {
-        let (c, model) = (cfg(), CostModel::for_soc(SocId::Rk3588));
+        let (c, model) = (cfg(), crate::cost::for_soc(SocId::Rk3588));
         // Qwen3-8B Q8_0: 36 layers × 7 MUL_MATs; its int8 tiles (~7 GiB) do not all fit a 16 GiB
         // board beside its 8 GiB GGUF mapping.
         let m = BoardModel::from_desc(desc("Qwen3-8B"), Quant::Q8_0);
@@ -567,7 +567,7 @@ mod tests {
 
     #[test]
     fn a_model_bigger_than_ram_does_not_fit() {
-        let (c, model) = (cfg(), CostModel::for_soc(SocId::Rk3588));
+        let (c, model) = (cfg(), crate::cost::for_soc(SocId::Rk3588));
         let m = BoardModel::from_desc(desc("Llama-3.1-70B"), Quant::Q8_0);
         let p = plan(&c, &model, &m, &Board::new(32.0));
         assert!(!p.fits && m.gguf_bytes() > 32 * GIB, "{p:?}");
@@ -576,7 +576,7 @@ mod tests {
 
     #[test]
     fn the_largest_model_per_board() {
-        let (c, model) = (cfg(), CostModel::for_soc(SocId::Rk3588));
+        let (c, model) = (cfg(), crate::cost::for_soc(SocId::Rk3588));
         let big = |ram: f64, q: Quant| largest_fitting(&c, &model, &Board::new(ram), q).expect("something fits");
         // 32 GiB: at least a 27B Q4_K_M with every prefill MUL_MAT on the NPU.
         let (d, m, p) = big(32.0, Quant::Q4KM);

@@ -12,11 +12,19 @@
 //! or, with `--model NAME|all [--quant Q4_K_M|Q8_0]`, for built-in dense shapes
 //! (`board::DENSE_MODELS`), with the largest that fits each board.
 //!
-//! The tool's own code, outside the library: the board planner ([`board`]), the GGUF header
-//! reader ([`gguf`]) and a whole model's predicted rates ([`model`]); the cost model it prices
-//! them with is the library's (`ggml_ork::route`).
+//! Every rate and time it prints is modelled, not measured, and its first line says so and what
+//! it assumes ([`print_assumptions`]): the NPU at the cost model's published rates, the host's
+//! work at this machine's frozen figures (`ggml_ork::route::HostCost`, one measurement each)
+//! scaled by `A76_OVER_HERE` (an assumption). The anchors it prints next to them (Qwen3-1.7B
+//! int8, RK3588): prefill 178 tok/s (rknpu-facts §4) to 278 tok/s pp256 (seed 002), decode
+//! 12.8 tok/s (seed 002; 11.0 in seed 000); librkllmrt 184 / 11.71 (seed 002).
+//!
+//! The tool's own code, outside the library: the board planner ([`board`]), what it adds to the
+//! cost model ([`cost`]), the GGUF header reader ([`gguf`]) and a whole model's predicted rates
+//! ([`model`]); the cost model it prices them with is the library's (`ggml_ork::route`).
 
 mod board;
+mod cost;
 mod gguf;
 mod model;
 
@@ -98,13 +106,22 @@ fn positive(v: &str) -> Result<f64, String> {
     v.parse().ok().filter(|d: &f64| *d > 0.0).ok_or_else(|| format!("bad value {v:?}"))
 }
 
+/// The first line of every output: the figures are modelled, and what they assume.
+fn print_assumptions(model: &CostModel) {
+    println!(
+        "# modelled, not measured: {} NPU at the cost model's published rates (src/route/mod.rs); host work = this x86 machine's frozen figures (route::HostCost: one measurement each) x A76_OVER_HERE = {:.1} (an assumption); no board has measured these figures",
+        model.soc.id.name().to_uppercase(),
+        route::A76_OVER_HERE
+    );
+}
+
 /// The cost model at the board's NPU clock (`--npu-mhz`: a mainline port's fixed 200 MHz, a
 /// devfreq step; `ork-selftest` prints the clock the driver reports), said in one line.
 fn with_clock(model: CostModel, mhz: Option<u64>) -> CostModel {
     match mhz {
         Some(m) => {
             println!("# NPU clock {m} MHz (--npu-mhz): the modelled int8 rate scaled from 1000 MHz; memory feed and submit floor unchanged");
-            model.at_npu_clock(m * 1_000_000)
+            crate::cost::at_npu_clock(model, m * 1_000_000)
         }
         None => model,
     }
@@ -171,7 +188,8 @@ fn print_plan(bm: &board::BoardModel, b: &board::Board, p: &board::BoardPlan) {
 fn board_mode(a: &Args, file_model: Option<board::BoardModel>) {
     let cfg = Config::from_lookup(|k| std::env::var(k).ok()).0;
     let id = cfg.soc.as_deref().and_then(ggml_ork::npu::soc::SocId::parse).unwrap_or(ggml_ork::npu::soc::SocId::Rk3588);
-    let model = with_clock(CostModel::for_soc(id), a.npu_mhz);
+    print_assumptions(&crate::cost::for_soc(id));
+    let model = with_clock(crate::cost::for_soc(id), a.npu_mhz);
     let stream = board::StreamRate { disk_bps: a.disk_mbps.map_or(board::BOARD_DISK_BPS, |d| d * 1e6), ..board::StreamRate::BOARD };
     let boards: Vec<board::Board> = a.ram().iter().map(|&g| board::Board { ctx: a.ctx, ubatch: a.m_prefill, stream, ..board::Board::new(g) }).collect();
     println!(
@@ -202,7 +220,7 @@ fn board_mode(a: &Args, file_model: Option<board::BoardModel>) {
         }
     }
     if name == "all" {
-        println!("\n# the largest built-in dense model per board with every prefill MUL_MAT on the NPU (resident or streamed):");
+        println!("\n# the largest built-in dense model per board with every prefill MUL_MAT on the NPU (resident or streamed; rates modelled):");
         for b in &boards {
             for &q in &a.quants() {
                 match board::largest_fitting(&cfg, &model, b, q) {
@@ -254,7 +272,8 @@ fn main() {
     }
     let cfg = Config::from_lookup(|k| std::env::var(k).ok()).0;
     let id = cfg.soc.as_deref().and_then(ggml_ork::npu::soc::SocId::parse).unwrap_or(ggml_ork::npu::soc::SocId::Rk3588);
-    let model = with_clock(CostModel::for_soc(id), a.npu_mhz);
+    print_assumptions(&crate::cost::for_soc(id));
+    let model = with_clock(crate::cost::for_soc(id), a.npu_mhz);
     let arch = kv.iter().find(|(k, _)| k == "general.architecture").map_or("?", |(_, v)| v.as_str());
     println!("# {path} ({arch}, {} tensors); policy ORK_ROUTE={:?}, ORK_MINM={}, ORK_DECODE={:?}; SoC {}", tensors.len(), cfg.route, cfg.min_m, cfg.decode, model.soc.id.name());
     let table = route_table(&cfg, &model, &tensors, m_prefill);
@@ -262,7 +281,7 @@ fn main() {
     if layers > 0 && !table.per_layer.is_empty() {
         let shape = ModelShape { layers, ..table };
         let r = predict(&cfg, &model, &shape, m_prefill);
-        println!("\n# predicted for this model on {} with this policy: prefill {:.0} tok/s (M={m_prefill}), decode {:.1} tok/s (LM head on the CPU when tied; attention not modelled)", model.soc.id.name(), r.prefill_tok_s, r.decode_tok_s);
+        println!("\n# predicted (modelled) for this model on {} with this policy: prefill {:.0} tok/s (M={m_prefill}), decode {:.1} tok/s (LM head on the CPU when tied; attention not modelled)", model.soc.id.name(), r.prefill_tok_s, r.decode_tok_s);
     }
     print_anchors();
 }
@@ -295,8 +314,8 @@ fn route_table(cfg: &Config, model: &CostModel, tensors: &[gguf::Tensor], m_pref
         } else if k % model.soc.k_align as usize != 0 || n % model.soc.n_align as usize != 0 {
             fixed("K or N not a multiple of 32: the NPU layout cannot hold it")
         } else {
-            let p = route::decide_with(cfg, model, &MatMul { m: m_prefill, k, n, ggml_type: t.ggml_type }, av);
-            let d = route::decide_with(cfg, model, &MatMul { m: 1, k, n, ggml_type: t.ggml_type }, av);
+            let p = crate::cost::decide_with(cfg, model, &MatMul { m: m_prefill, k, n, ggml_type: t.ggml_type }, av);
+            let d = crate::cost::decide_with(cfg, model, &MatMul { m: 1, k, n, ggml_type: t.ggml_type }, av);
             if t.name.starts_with("blk.0.") {
                 layer_shapes.push((k, n, t.ggml_type, route::precision::Role::of(&t.name)));
             }
@@ -328,7 +347,7 @@ fn print_anchors() {
     })
     .0;
     // The anchors ran their own engines' host paths: the NPU-only model is what they calibrate.
-    let mut fused = CostModel::npu_only(ggml_ork::npu::soc::SocId::Rk3588);
+    let mut fused = crate::cost::npu_only(ggml_ork::npu::soc::SocId::Rk3588);
     fused.split_s = 0.0;
     let a = predict(&anchors_cfg, &fused, &q, 256);
     println!("\n# Qwen3-1.7B Q8_0 on RK3588, cost model vs published anchors (tok/s):");
@@ -357,25 +376,25 @@ fn print_anchors() {
         // Each role's K in this model (a role it lacks has no work: its terms count for nothing).
         let k_of = |r: route::precision::Role| q.per_layer.iter().find(|e| e.3 == r).map(|e| e.0).or(q.head.map(|h| h.0)).unwrap_or(0);
         let terms = route::precision::Role::ALL.map(|r| route::precision::decide(&c, r, false, &work, k_of(r)).terms);
-        let b = predict(&c, &CostModel::for_soc(ggml_ork::npu::soc::SocId::Rk3588), &q, 256);
+        let b = predict(&c, &crate::cost::for_soc(ggml_ork::npu::soc::SocId::Rk3588), &q, 256);
         println!(
             "#   predicted, {what} inside llama.cpp, with host: prefill {:.0}, decode {:.1} (the layers' NPU work {:.2}x plain W8A8; rows {:.2}x with the head)",
             b.prefill_tok_s,
             b.decode_tok_s,
             route::precision::work_ratio(&terms, &work),
-            route::precision::rows_ratio(&terms, &counts)
+            crate::cost::rows_ratio(&terms, &counts)
         );
     }
     // NPU only against the NPU with the host's measured work around each run (route::HostCost).
     let here = Config::from_lookup(|k| std::env::var(k).ok()).0;
     let rk = ggml_ork::npu::soc::SocId::Rk3588;
-    let (npu, host) = (CostModel::npu_only(rk), CostModel::for_soc(rk));
+    let (npu, host) = (crate::cost::npu_only(rk), crate::cost::for_soc(rk));
     let (a, b) = (predict(&here, &npu, &q, 512), predict(&here, &host, &q, 512));
     let w = prefill_work(&here, &host, &q, 512);
     let h = host.host;
-    println!("#   Qwen3-1.7B Q8_0 pp512 on RK3588: NPU only {:.0} tok/s, with host {:.0} tok/s", a.prefill_tok_s, b.prefill_tok_s);
+    println!("#   Qwen3-1.7B Q8_0 pp512 on RK3588, modelled: NPU only {:.0} tok/s, with host {:.0} tok/s", a.prefill_tok_s, b.prefill_tok_s);
     println!(
-        "#     host per MUL_MAT = {:.2} (an A76 core over this machine's: an assumption) x (act-quant {:.3} ns per row·K quantized + the reuse check {:.3} ns per row·K of K, V and up + output {:.3} ns per row·N + NPU runs' host part {:.4} ns per row·(K + N) + {:.1} µs per MUL_MAT), {}; \
+        "#     host per MUL_MAT = {:.2} (an A76 core over this machine's: an assumption) x this machine's frozen figures (act-quant {:.3} ns per row·K quantized + the reuse check {:.3} ns per row·K of K, V and up + output {:.3} ns per row·N + NPU runs' host part {:.4} ns per row·(K + N) + {:.1} µs per MUL_MAT), {}; \
          per prompt token at M=512: {:.2} submits on the busiest core, {:.0} row·K ({:.0} quantized: K, V and up read the activation Q and gate quantized), {:.0} row·N over {} MUL_MATs; \
          not counted: the timed simulator's completion past its modelled time (its threads waiting for this machine's CPUs; on a board the kernel's round trip is taken as inside the submit floor, an assumption)",
         h.a76,

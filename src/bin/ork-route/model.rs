@@ -4,7 +4,7 @@
 //! coefficients are divided by ([`prefill_work`]).
 
 use ggml_ork::config::Config;
-use ggml_ork::route::activation::{self, layer_link};
+use crate::cost::{chain, layer_link, reads_held};
 use ggml_ork::route::precision::{self, Role};
 use ggml_ork::route::{decide_precision, Availability, CostModel, Engine, MatMul};
 
@@ -75,13 +75,13 @@ impl ModelShape {
 }
 
 /// Predicts prefill (ubatch `m` rows from an empty context) and single-stream decode rates with
-/// the given policy: each MUL_MAT goes where [`ggml_ork::route::decide_with`] puts it; the CPU also runs
+/// the given policy: each MUL_MAT goes where [`crate::cost::decide_with`] puts it; the CPU also runs
 /// attention (prefill: 2·M²·dim·layers ops causal) at its int8 rate.
 pub fn predict(cfg: &Config, model: &CostModel, shape: &ModelShape, m: usize) -> ModelRates {
     let work = shape.role_work();
     let t = |rows: usize, k: usize, n: usize, ty: u32, role: precision::Role| {
         let p = precision::decide(cfg, role, ggml_ork::quant::types::is_float(ty), &work, k);
-        let d = decide_precision(cfg, model, &MatMul { m: rows, k, n, ggml_type: ty }, p, activation::chain(layer_link(role), p), Availability::default());
+        let d = decide_precision(cfg, model, &MatMul { m: rows, k, n, ggml_type: ty }, p, chain(layer_link(role), p), Availability::default());
         match d.engine {
             Engine::Npu => d.predicted.0,
             Engine::Cpu => d.predicted.1,
@@ -99,7 +99,7 @@ pub fn predict(cfg: &Config, model: &CostModel, shape: &ModelShape, m: usize) ->
 /// The work per prompt token of a prefill in ubatches of `m` rows that the host coefficients
 /// ([`ggml_ork::route::HostCost`]) are divided by: submits on the busiest core, activation row·K (all, and of the
 /// MUL_MATs that quantize their activation: not those reading the held one,
-/// [`activation::reads_held`]) and output row·N, summed over the layers' NPU MUL_MATs (one term
+/// [`reads_held`]) and output row·N, summed over the layers' NPU MUL_MATs (one term
 /// each unless the plan adds some).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PrefillWork {
@@ -122,7 +122,7 @@ pub fn prefill_work(cfg: &Config, model: &CostModel, shape: &ModelShape, m: usiz
         if s != usize::MAX {
             submits += s as f64 / m as f64;
             rk += (terms.act * k) as f64;
-            if !activation::reads_held(layer_link(role), p) {
+            if !reads_held(layer_link(role), p) {
                 ark += (terms.act * k) as f64;
             }
             rn += (terms.rows() * n) as f64;
@@ -135,6 +135,7 @@ pub fn prefill_work(cfg: &Config, model: &CostModel, shape: &ModelShape, m: usiz
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ggml_ork::route::activation;
     use ggml_ork::npu::soc::SocId;
 
     fn cfg(pairs: &[(&str, &str)]) -> Config {
@@ -148,7 +149,7 @@ mod tests {
         // decode within 1.5x of 12.8 tok/s with everything on the NPU.
         let c = cfg(&[("ORK_ACT_TERMS", "1"), ("ORK_WEIGHT_TERMS", "1"), ("ORK_DECODE", "npu"), ("ORK_MINM", "1")]);
         // The anchors ran their own engines' host paths, not this one: the NPU-only model.
-        let mut model = CostModel::npu_only(SocId::Rk3588);
+        let mut model = crate::cost::npu_only(SocId::Rk3588);
         model.split_s = 0.0; // the anchors ran inside ork's own engine / a fused graph
         let r = predict(&c, &model, &ModelShape::qwen3_1_7b(), 256);
         assert!((89.0..=556.0).contains(&r.prefill_tok_s), "{r:?}");
@@ -164,7 +165,7 @@ mod tests {
         // open prefill (278 tok/s). With the host's measured work (`with_host_the_prefill_rate_
         // falls_by_the_host_time`) the default plan predicts less: the issue's ≥ 330 with host
         // is a target of the host-path work, not asserted here.
-        let model = CostModel::npu_only(SocId::Rk3588);
+        let model = crate::cost::npu_only(SocId::Rk3588);
         let q = ModelShape::qwen3_1_7b();
         let rate = |env: &[(&str, &str)]| predict(&cfg(env), &model, &q, 256).prefill_tok_s;
         let (default, wide, plain, multi) = (rate(&[]), rate(&[("ORK_NPU_WORK", "1.40")]), rate(&[("ORK_ACT_TERMS", "1"), ("ORK_WEIGHT_TERMS", "1")]), rate(&[("ORK_ROTATE", "0")]));
@@ -172,7 +173,7 @@ mod tests {
         assert!(wide >= 278.0, "ORK_NPU_WORK=1.40 {wide:.0}");
         // The calibrated correction's host work (K + N per row, at ggml-cpu's rate) is small
         // beside the NPU run and the rest of the host's work.
-        let host = CostModel::for_soc(SocId::Rk3588);
+        let host = crate::cost::for_soc(SocId::Rk3588);
         let rate = |env: &[(&str, &str)]| predict(&cfg(env), &host, &q, 256).prefill_tok_s;
         let (corrected, uncorrected) = (rate(&[]), rate(&[("ORK_MEAN_CORRECT", "0")]));
         assert!(corrected < uncorrected && uncorrected - corrected <= 0.01 * uncorrected, "with {corrected:.0}, without {uncorrected:.0}");
@@ -185,7 +186,7 @@ mod tests {
         // recomputed here from the coefficients and `prefill_work`'s counts.
         let c = cfg(&[]);
         let q = ModelShape::qwen3_1_7b();
-        let (npu, host) = (CostModel::npu_only(SocId::Rk3588), CostModel::for_soc(SocId::Rk3588));
+        let (npu, host) = (crate::cost::npu_only(SocId::Rk3588), crate::cost::for_soc(SocId::Rk3588));
         assert!(host.host.pipelined, "the backend pipelines");
         let mut serial = host.clone();
         serial.host.pipelined = false;
@@ -210,7 +211,7 @@ mod tests {
         // less) nor waits for the check, so it costs less than the same MUL_MAT quantizing its
         // own activation, by at least that pass's first piece.
         let p1 = precision::decide(&c, precision::Role::AttnK, false, &q.role_work(), 2048);
-        assert!(activation::reads_held(layer_link(precision::Role::AttnK), p1) && !activation::reads_held(layer_link(precision::Role::AttnQ), p1));
+        assert!(reads_held(layer_link(precision::Role::AttnK), p1) && !reads_held(layer_link(precision::Role::AttnQ), p1));
         assert_eq!(h.host_parts(512, 2048, 1024, p1.terms, true).1 .0, h.a76 * (h.check_s * (512 * 2048) as f64), "its pass is the reuse check");
         let held_chain = activation::Chain { held: true, beside_next: false };
         let (held, own) = (host.npu_host_s(512, 2048, 1024, p1.terms, 3, held_chain), host.npu_host_s(512, 2048, 1024, p1.terms, 3, activation::Chain::default()));
@@ -219,7 +220,7 @@ mod tests {
         // V right before K (llama.cpp's order): its last output pass runs beside K's first piece,
         // so its last piece is not cut short (one weight feed less) and it costs less than with
         // nothing after it; K, with nothing after it, still cuts its last piece short.
-        let v = activation::chain(layer_link(precision::Role::AttnV), p1);
+        let v = chain(layer_link(precision::Role::AttnV), p1);
         assert_eq!(v, activation::Chain { held: true, beside_next: true });
         assert_eq!(host.pipeline_ends(512, 2048, 1024, p1.terms, 3, v), ggml_ork::npu::plan::Ends { first: false, last: false });
         assert_eq!(host.pipeline_ends(512, 2048, 1024, p1.terms, 3, held_chain), ggml_ork::npu::plan::Ends { first: false, last: true });
@@ -227,7 +228,7 @@ mod tests {
         assert!(beside < held, "beside the next {beside:e}, held {held:e}");
         // One MUL_MAT, by hand: cut into 4 pieces, passes 4 ms against 10 ms of NPU: the ends.
         // No rows: the NPU's time alone (nothing cut, nothing to pass), not a panic.
-        let model = CostModel::for_soc(SocId::Rk3588);
+        let model = crate::cost::for_soc(SocId::Rk3588);
         assert_eq!(model.npu_host_s(0, 2048, 2048, precision::Terms::PLAIN, 3, activation::Chain::default()), model.npu_s(0, 2048, 2048, precision::Terms::PLAIN, 3));
         assert!((h.combine(10e-3, 1e-3, (2e-3, 2e-3), 4, 0.25, 0.25) - 12e-3).abs() < 1e-12);
         // Short ends: only their rows' passes add.

@@ -11,7 +11,9 @@ use std::process::ExitCode;
 
 use clap::{ArgAction, Parser};
 use ggml_ork::npu::soc::{SocDesc, SocId};
-use ggml_ork::npu::{plan, regcmd, regs};
+use ggml_ork::npu::{regcmd, regs};
+
+mod synth;
 
 /// Largest M, K or N `--synth` accepts (the planner's own limits are far below).
 const MAX_SYNTH: usize = 1 << 20;
@@ -52,7 +54,7 @@ fn main() -> ExitCode {
             eprintln!("ork-regdump: need 1 ≤ M ≤ {MAX_SYNTH} and K, N positive multiples of 32 up to {MAX_SYNTH}");
             return ExitCode::from(2);
         }
-        return match plan::synth_text(&SocDesc::get(soc), m, k, n, cores) {
+        return match synth::synth_text(&SocDesc::get(soc), m, k, n, cores) {
             Ok(t) => {
                 print!("{t}");
                 ExitCode::SUCCESS
