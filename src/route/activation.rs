@@ -9,7 +9,7 @@
 //! (a reader in another graph call, an activation the call ends with) is left to the
 //! activation's hash (`backend::npu_mm`).
 
-use super::precision::{Precision, Role, Terms};
+use super::precision::{Precision, Role};
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 /// One graph node as the rule needs it.
@@ -37,8 +37,6 @@ pub struct Link {
     /// The MUL_MAT before it reads the same activation and no node between them writes its
     /// memory: the int8 terms that one made are this one's, if it ran them.
     pub held: bool,
-    /// The next node that computes is a MUL_MAT reading the same activation.
-    pub next_reads_same: bool,
     /// Whether a later MUL_MAT reads the activation again.
     pub read_again: Again,
 }
@@ -155,25 +153,18 @@ pub fn layer_link(role: Role) -> Link {
 }
 
 /// The [`Link`] of every step (the default for a step that is not a MUL_MAT). Linear in the
-/// steps: one pass forward (the MUL_MAT before, the next node that computes) and one backward
+/// steps: one pass forward (the MUL_MAT before) and one backward
 /// (the nearest later reader of each activation tensor and writer of each tensor's memory).
 pub fn links(steps: &[Step]) -> Vec<Link> {
     let mut out = vec![Link::default(); steps.len()];
     let writes = |s: &Step, a: &Act| matches!(s, Step::Work { writes, .. } if *writes == a.base || *writes == a.tensor);
     let mut before: Option<(usize, Act)> = None;
-    let mut last_work: Option<usize> = None;
     for (i, s) in steps.iter().enumerate() {
-        let Step::Work { act, .. } = s else { continue };
-        if let Some(a) = act {
-            if let Some((j, held)) = before {
-                out[i].held = held.tensor == a.tensor && !steps[j + 1..i].iter().any(|s| writes(s, a));
-            }
-            if let Some((j, held)) = before.filter(|&(j, _)| Some(j) == last_work) {
-                out[j].next_reads_same = held.tensor == a.tensor;
-            }
-            before = Some((i, *a));
+        let Step::Work { act: Some(a), .. } = s else { continue };
+        if let Some((j, held)) = before {
+            out[i].held = held.tensor == a.tensor && !steps[j + 1..i].iter().any(|s| writes(s, a));
         }
-        last_work = Some(i);
+        before = Some((i, *a));
     }
     // Backward: for each MUL_MAT, whether a later MUL_MAT reads its tensor before a later node
     // writes its memory (the tensor or its base); neither: the graph ends first.
@@ -210,20 +201,17 @@ pub fn reads_held(link: Link, p: Precision) -> bool {
 pub struct Chain {
     /// It reads the activation the MUL_MAT before it quantized ([`reads_held`]).
     pub held: bool,
-    /// The MUL_MAT right after it reads the same activation: its last piece's output pass runs
-    /// beside that one's first piece on the NPU (`backend::graph`, `Device::run_mul_mat_chained`;
-    /// a cut MUL_MAT of one weight term and one activation term).
-    pub beside_next: bool,
 }
 
 /// [`Chain`] of a weight with precision `p` whose place in the graph is `link`.
 pub fn chain(link: Link, p: Precision) -> Chain {
-    Chain { held: reads_held(link, p), beside_next: p.terms == Terms::PLAIN && link.next_reads_same }
+    Chain { held: reads_held(link, p) }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::route::precision::Terms;
 
     const X: Act = Act { tensor: 0x10, base: 0x10 };
 
@@ -241,9 +229,9 @@ mod tests {
         // terms; the norm between Q and K writes another tensor.
         let g = [mm(0x100, X), op(0x100), Step::View, op(0x100), mm(0x200, X), mm(0x300, X)];
         let l = links(&g);
-        assert_eq!(l[0], Link { held: false, next_reads_same: false, read_again: Again::Yes });
-        assert_eq!(l[4], Link { held: true, next_reads_same: true, read_again: Again::Yes });
-        assert_eq!(l[5], Link { held: true, next_reads_same: false, read_again: Again::Unknown });
+        assert_eq!(l[0], Link { held: false, read_again: Again::Yes });
+        assert_eq!(l[4], Link { held: true, read_again: Again::Yes });
+        assert_eq!(l[5], Link { held: true, read_again: Again::Unknown });
         assert_eq!(l[1], Link::default(), "not a MUL_MAT");
         // A node between that writes X (in place, through a view of it): nothing held, and the
         // first MUL_MAT's activation is not read again.
@@ -256,7 +244,7 @@ mod tests {
         // Another activation's MUL_MAT between: its terms, not X's, are the held ones.
         let y = Act { tensor: 0x20, base: 0x20 };
         let l = links(&[mm(0x100, X), mm(0x200, y), mm(0x300, X)]);
-        assert_eq!((l[1].held, l[2].held, l[0].read_again, l[0].next_reads_same), (false, false, Again::Yes, false));
+        assert_eq!((l[1].held, l[2].held, l[0].read_again), (false, false, Again::Yes));
         // Another tensor viewing the same memory is not the same activation.
         assert!(!links(&[mm(0x100, X), mm(0x200, Act { tensor: 0x12, base: 0x10 })])[1].held);
     }
@@ -280,30 +268,28 @@ mod tests {
     #[test]
     fn a_layer_as_llama_cpp_computes_it() {
         use Again::*;
-        for (role, held, next_reads_same, read_again) in [
-            (Role::Head, false, false, No),
-            (Role::AttnQ, false, false, Yes),
-            (Role::AttnV, true, true, Yes),
-            (Role::AttnK, true, false, No),
-            (Role::AttnOut, false, false, No),
-            (Role::FfnGate, false, true, Yes),
-            (Role::FfnUp, true, false, No),
-            (Role::FfnDown, false, false, No),
-            (Role::Other, false, false, No),
+        for (role, held, read_again) in [
+            (Role::Head, false, No),
+            (Role::AttnQ, false, Yes),
+            (Role::AttnV, true, Yes),
+            (Role::AttnK, true, No),
+            (Role::AttnOut, false, No),
+            (Role::FfnGate, false, Yes),
+            (Role::FfnUp, true, No),
+            (Role::FfnDown, false, No),
+            (Role::Other, false, No),
         ] {
-            assert_eq!(layer_link(role), Link { held, next_reads_same, read_again }, "{role:?}");
+            assert_eq!(layer_link(role), Link { held, read_again }, "{role:?}");
         }
     }
 
     #[test]
     fn what_the_graph_shows_held_is_reused_in_one_rotated_term() {
         let p = |rotated: bool, act: usize| Precision { terms: Terms { weight: 1, act }, rotated, mean_correct: rotated };
-        for (held, next_reads_same) in [(false, false), (true, false), (false, true), (true, true)] {
-            let l = Link { held, next_reads_same, read_again: Again::Unknown };
-            assert_eq!(chain(l, p(true, 1)), Chain { held, beside_next: next_reads_same });
+        for held in [false, true] {
+            let l = Link { held, read_again: Again::Unknown };
+            assert_eq!(chain(l, p(true, 1)), Chain { held });
             assert!(!reads_held(l, p(false, 1)) && !reads_held(l, p(true, 2)), "only one rotated activation term is held");
-            assert_eq!(chain(l, p(false, 1)).beside_next, next_reads_same, "unrotated, one term each");
-            assert!(!chain(l, p(true, 2)).beside_next, "two activation terms are not cut");
         }
     }
 }

@@ -191,7 +191,7 @@ pub const A76_OVER_HERE: f64 = 2.5;
 // (its `model::prefill_work`, M = 512). The Q4_K_M shape's row in the same run: act-quant 199
 // (reuse check 19), cores' host work 19, dequant 260. A busier run of this tree (docs/benchmarks.md's
 // table: ggml-cpu alone 5 % slower, the passes a quarter slower) refits to 0.671 / 0.128 / 0.574
-// / 0.0266 ns, and ork-route then prints 330 with host instead of 335.
+// / 0.0266 ns.
 /// act-quant 201 µs per token less its reuse check (17), / 344064 row·K per token quantized: Σ K
 /// of the layer's MUL_MATs that quantize their activation (Q, attention output, gate, down; K, V
 /// and up read the held one, `activation::reads_held`) × 28.
@@ -340,9 +340,7 @@ impl CostModel {
     /// calibrated correction is not in it (`mean_correct_s`). `chain`: where it stands among
     /// the MUL_MATs reading its activation ([`activation::chain`]) — held: it reads the
     /// activation the MUL_MAT before quantized, no activation pass, and the first piece is not
-    /// cut short; beside the next: its last piece's output pass runs beside the next MUL_MAT's
-    /// first piece, taken as long as this one's first piece on the NPU (V → K and gate → up
-    /// have one shape each), and what of it that does not cover adds.
+    /// cut short.
     pub fn npu_host_s(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, chain: activation::Chain) -> f64 {
         self.npu_host_ends(m, k, n, terms, cores, chain).0
     }
@@ -388,15 +386,8 @@ impl CostModel {
                 } else {
                     (serial, passes, share(bounds[0]))
                 };
-                // Beside the next MUL_MAT: the last piece's output pass leaves this one.
                 let last_share = share(bounds[bounds.len() - 1]);
-                let (passes, last_share, after) = if chain.beside_next && bounds.len() > 1 {
-                    let tail = passes.1 * last_share;
-                    ((passes.0, passes.1 - tail), 0.0, (tail - piece0).max(0.0))
-                } else {
-                    (passes, last_share, 0.0)
-                };
-                let t = self.host.combine(npu + refeed, serial, passes, bounds.len(), first_share, last_share) + after;
+                let t = self.host.combine(npu + refeed, serial, passes, bounds.len(), first_share, last_share);
                 if t < best.0 {
                     best = (t, ends);
                 }
