@@ -777,39 +777,20 @@ impl<'a> Passes<'a> {
         };
         // One weight term: the cores run the pieces one after the other as their rows come
         // (`Npu::mm_run_pieces`), each core without waiting for the others between pieces.
-        let new_run = || if w.lo.is_none() && self.busy.is_none() { self.dev.npu.mm_run_pieces(&w.resident, bounds, self.budget, self.first).ok() } else { None };
-        let mut run = new_run();
-        // An activation that may be the held one (K/V after Q, up after gate) is most likely
-        // it: its first piece goes to the NPU with the held int8 terms (still in `a`) before
-        // the check (its hash), which then runs beside that piece's NPU run instead of before
-        // it. Where the check says otherwise, the run is let go (it waits for that piece) and
-        // made again; the activation pass then writes the rows anew.
-        let bet = plan.candidate && plan.vouched.is_none() && w.rot.is_some() && run.is_some();
-        if bet {
-            if let Some(run) = run.as_mut() {
-                // A failed fill fails the piece's take (booked there).
-                let _ = run.fill(0, p.a[0]);
-            }
-        }
+        let mut run = if w.lo.is_none() && self.busy.is_none() { self.dev.npu.mm_run_pieces(&w.resident, bounds, self.budget, self.first).ok() } else { None };
         let tc = Instant::now();
         rep.decided = plan.decide(self, m);
         rep.check_ns = tc.elapsed().as_nanos() as u64;
         rep.act_ns += rep.check_ns;
-        let reused = rep.decided.1;
-        if bet && !reused {
-            drop(run.take());
-            run = new_run();
-        }
         match run.as_mut() {
-            Some(run) => self.on_cores(plan, p, run, bet && reused, rep),
+            Some(run) => self.on_cores(plan, p, run, rep),
             None => self.on_thread(plan, p, rep),
         }
     }
 
-    /// [`Passes::run_cut`]'s pieces on the cores as their rows come (`run`; `first_sent`: the
-    /// first piece's rows went with the held terms): each piece's output pass beside the next
-    /// one's NPU run.
-    fn on_cores(&self, plan: &Plan<'_>, mut p: Cut<'_, '_>, run: &mut crate::npu::PieceRun<'_>, first_sent: bool, rep: &mut Report) {
+    /// [`Passes::run_cut`]'s pieces on the cores as their rows come (`run`): each piece's output
+    /// pass beside the next one's NPU run.
+    fn on_cores(&self, plan: &Plan<'_>, mut p: Cut<'_, '_>, run: &mut crate::npu::PieceRun<'_>, rep: &mut Report) {
         let bounds = &plan.bounds;
         let (reused, redot) = (rep.decided.1, rep.decided.2);
         // Piece i back from the NPU (or computed on the CPU after an error), booked.
@@ -833,9 +814,7 @@ impl<'a> Passes<'a> {
             rep.act_ns += t;
             rep.dot_ns += d;
             // A piece whose rows could not be written fails its take (booked there).
-            if !(i == 0 && first_sent) {
-                let _ = run.fill(i, p.a[i]);
-            }
+            let _ = run.fill(i, p.a[i]);
             if i > 0 {
                 let hc = land(i - 1, run, p.a[i - 1], p.c[i - 1], &mut rep.runs);
                 rep.out_ns += self.out(bounds[i - 1], (p.c[i - 1], hc), p.a_scale[i - 1], (&[], TermOut::Dense), p.coef[i - 1], p.dst[i - 1]);

@@ -378,11 +378,10 @@ impl CostModel {
                 // A piece that splits an M-tile runs one more program: its weight fed once more
                 // (every weight term's: a second term's runs are cut into the same pieces).
                 let refeed = crate::npu::plan::extra_m_tiles(&self.soc, &geom, &bounds) as f64 * (terms.weight * k * n) as f64 / self.npu_feed_bps;
-                // Held: the first piece goes to the NPU before the reuse check (the pass), which
-                // runs beside that piece's NPU run; the rest waits for the check's answer.
-                let piece0 = (npu + refeed) * share(bounds[0]);
+                // Held on the graph's word: the walk vouches for the activation, so its pass (the
+                // reuse check, run only where nothing vouches) does not run.
                 let (serial, passes, first_share) = if held && bounds.len() > 1 {
-                    (serial + (passes.0 - piece0).max(0.0), (0.0, passes.1), 0.0)
+                    (serial, (0.0, passes.1), 0.0)
                 } else {
                     (serial, passes, share(bounds[0]))
                 };

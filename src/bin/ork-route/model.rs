@@ -206,9 +206,9 @@ mod tests {
         let p = predict(&c, &host, &q, 512);
         assert!(p.prefill_tok_s > b.prefill_tok_s && p.prefill_tok_s < a.prefill_tok_s, "pipelined {:.0}", p.prefill_tok_s);
         // K after Q (2048 × 1024, M = 512) reads the held activation: the reuse check in place of
-        // an activation pass, and its first piece is not cut short (one short end's weight feed
-        // less) nor waits for the check, so it costs less than the same MUL_MAT quantizing its
-        // own activation, by at least that pass's first piece.
+        // an activation pass (cut into pieces, the graph vouches and none runs), and its first
+        // piece is not cut short (one short end's weight feed less), so it costs less than the
+        // same MUL_MAT quantizing its own activation, by at least that pass's first piece.
         let p1 = precision::decide(&c, precision::Role::AttnK, false, &q.role_work(), 2048);
         assert!(activation::reads_held(layer_link(precision::Role::AttnK), p1) && !activation::reads_held(layer_link(precision::Role::AttnQ), p1));
         assert_eq!(h.host_parts(512, 2048, 1024, p1.terms, true).1 .0, h.a76 * (h.check_s * (512 * 2048) as f64), "its pass is the reuse check");
