@@ -141,11 +141,6 @@ fn pieces<'a, T>(mut buf: &'a mut [T], cuts: &[(usize, usize)]) -> Vec<&'a mut [
     out
 }
 
-/// What the NPU runs of one piece of a MUL_MAT did (or the CPU instead, after an error).
-/// A pipelined piece back from the NPU thread: its dense buffers (filled where a term fell back
-/// to the CPU), its booking, and where each weight term's result is.
-type Landed<'a> = (&'a [i32], &'a [i32], PieceRun, TermOut, TermOut);
-
 /// Where one weight term's int32 result of an NPU MUL_MAT is: in the NPU cores' buffers, or
 /// (computed on the CPU after an NPU error) in the caller's dense buffer.
 enum TermOut {
@@ -415,16 +410,28 @@ impl Device {
         // bench-scripts/prefill_host_table.sh`, two runs each: act-quant 358–369 → 189–200 ms,
         // dequant 529–549 → 264–287 ms, the passes handed off each from the calling thread with
         // the pool asleep between them → this).
-        pool::on_host(self.cfg, terms * m * k, || {
+        let uncut = pool::on_host(self.cfg, terms * m * k, || {
             pool::keep_awake(self.cfg, || {
                 let bufs = Bufs { a, a_scale, dots, coef, c, cl, hashes: &mut hashes, dst };
-                if plan.bounds.len() == 1 {
-                    passes.run_whole(&plan, bufs, &mut rep);
-                } else {
-                    passes.run_cut(&plan, bufs, &mut rep);
+                // Cut: the cores run the pieces one after the other as their rows come
+                // (`Npu::mm_run_pieces`), each core without waiting for the others between
+                // pieces. Where that run cannot be had (its activation image), it runs uncut.
+                let run = if plan.bounds.len() > 1 { self.npu.mm_run_pieces(&w.resident, &plan.bounds, plan.budget, plan.first).ok() } else { None };
+                match run {
+                    Some(mut run) => {
+                        passes.run_cut(&plan, bufs, &mut run, &mut rep);
+                        false
+                    }
+                    None => {
+                        passes.run_whole(&plan, bufs, &mut rep);
+                        true
+                    }
                 }
             })
         });
+        if uncut {
+            plan.bounds = vec![(0, m)];
+        }
         // The key of an activation not hashed before its pass: from the row hashes it took.
         let (key, reused, redot) = rep.decided;
         let key = if hashes.is_empty() { key } else { Some(ActKey::of(x, m, terms, rows_hash(&hashes))) };
@@ -485,7 +492,7 @@ impl Device {
         // Which ends are cut short: the cost model's choice for this shape (`route::pipeline_ends`;
         // never the first where the activation may be the held one: no pass to hide), remembered
         // per shape (it plans the MUL_MAT several times: 50–240 µs for the Qwen3-1.7B shapes).
-        let bounds = if terms == 1 && lease.is_ok() && m >= 2 {
+        let bounds = if terms == 1 && w.lo.is_none() && lease.is_ok() && m >= 2 {
             type Key = (usize, usize, usize, usize, usize, u32, bool);
             thread_local! {
                 static ENDS: std::cell::RefCell<std::collections::HashMap<Key, crate::npu::plan::Ends>> = Default::default();
@@ -754,13 +761,12 @@ impl<'a> Passes<'a> {
         rep.out_ns += self.out((0, m), (b.c, hc), b.a_scale, (b.cl, hl), b.coef, b.dst);
     }
 
-    /// A MUL_MAT cut into pieces (one int8 activation term: row r of every buffer is at r times
-    /// its row length): the reuse decision, then the pieces on the NPU while this thread prepares
-    /// the next and finishes the one before — on the cores one after the other as their rows
-    /// come ([`Passes::on_cores`], one weight term), else on a thread of their own
-    /// ([`Passes::on_thread`]).
-    fn run_cut(&self, plan: &Plan<'_>, b: Bufs<'_, '_>, rep: &mut Report) {
-        let (k, n, w) = (self.w.k, self.w.n, self.w);
+    /// A MUL_MAT cut into pieces (one int8 activation term, one weight term: row r of every
+    /// buffer is at r times its row length): the reuse decision, then the pieces on the NPU's
+    /// cores one after the other as their rows come (`run`, [`Passes::on_cores`]) while this
+    /// thread prepares the next and finishes the one before.
+    fn run_cut(&self, plan: &Plan<'_>, b: Bufs<'_, '_>, run: &mut crate::npu::PieceRun<'_>, rep: &mut Report) {
+        let (k, n) = (self.w.k, self.w.n);
         let m = b.dst.len() / n;
         let bounds = &plan.bounds;
         let cut = |len: usize| bounds.iter().map(|&(r0, r1)| (r0 * len, r1 * len)).collect::<Vec<_>>();
@@ -768,24 +774,17 @@ impl<'a> Passes<'a> {
         let p = Cut {
             a: pieces(b.a, &cut(k)),
             c: pieces(b.c, &cut(n)),
-            cl: pieces(b.cl, &cut(if w.lo.is_some() { n } else { 0 })),
             a_scale: pieces(b.a_scale, &cut(1)),
             dots: pieces(b.dots, &cut(usize::from(self.dir.is_some()))),
             coef: pieces(b.coef, &cut(usize::from(self.fix.is_some()))),
             dst: pieces(b.dst, &cut(n)),
             hashes: pieces(b.hashes, &cut(hashed)),
         };
-        // One weight term: the cores run the pieces one after the other as their rows come
-        // (`Npu::mm_run_pieces`), each core without waiting for the others between pieces.
-        let mut run = if w.lo.is_none() && self.busy.is_none() { self.dev.npu.mm_run_pieces(&w.resident, bounds, self.budget, self.first).ok() } else { None };
         let tc = Instant::now();
         rep.decided = plan.decide(self, m);
         rep.check_ns = tc.elapsed().as_nanos() as u64;
         rep.act_ns += rep.check_ns;
-        match run.as_mut() {
-            Some(run) => self.on_cores(plan, p, run, rep),
-            None => self.on_thread(plan, p, rep),
-        }
+        self.on_cores(plan, p, run, rep);
     }
 
     /// [`Passes::run_cut`]'s pieces on the cores as their rows come (`run`): each piece's output
@@ -824,56 +823,12 @@ impl<'a> Passes<'a> {
         let hc = land(last, run, p.a[last], p.c[last], &mut rep.runs);
         rep.out_ns += self.out(bounds[last], (p.c[last], hc), p.a_scale[last], (&[], TermOut::Dense), p.coef[last], p.dst[last]);
     }
-
-    /// [`Passes::run_cut`]'s pieces on an NPU thread of their own (two weight terms, or no
-    /// piece run to be had): while it runs piece i this thread prepares piece i + 1 and
-    /// finishes piece i − 1.
-    fn on_thread(&self, plan: &Plan<'_>, p: Cut<'_, '_>, rep: &mut Report) {
-        let bounds = &plan.bounds;
-        let (reused, redot) = (rep.decided.1, rep.decided.2);
-        let Cut { a: a_p, c: c_p, cl: cl_p, a_scale: mut as_p, dots: mut dots_p, coef: mut coef_p, dst: mut dst_p, hashes: mut hashes_p } = p;
-        std::thread::scope(|s| {
-            let (to_npu, npu_rx) = std::sync::mpsc::channel::<(usize, &[i8])>();
-            let (npu_tx, from_npu) = std::sync::mpsc::channel::<Landed<'_>>();
-            let npu_thread = s.spawn(move || {
-                for ((c, cl), (i, a)) in c_p.into_iter().zip(cl_p).zip(npu_rx) {
-                    let (r0, r1) = bounds[i];
-                    let (r, hc, hl) = self.npu(a, r1 - r0, c, cl);
-                    if npu_tx.send((&*c, &*cl, r, hc, hl)).is_err() {
-                        return;
-                    }
-                }
-            });
-            let (mut runs, mut out_ns) = (PieceRun::default(), 0);
-            let mut finish = |i: usize, got: Option<Landed<'_>>, a_scale: &[f32], coef: &[Option<f32>], dst: &mut [f32]| {
-                let (c, cl, r, hc, hl) = got.expect("the NPU thread ran every piece");
-                runs.add(&r);
-                out_ns += self.out(bounds[i], (c, hc), a_scale, (cl, hl), coef, dst);
-            };
-            for (i, a) in a_p.into_iter().enumerate() {
-                let (t, d) = self.act(bounds[i], (reused, redot), a, as_p[i], dots_p[i], coef_p[i], hashes_p[i]);
-                rep.act_ns += t;
-                rep.dot_ns += d;
-                let _ = to_npu.send((i, &*a));
-                if i > 0 {
-                    finish(i - 1, from_npu.recv().ok(), as_p[i - 1], coef_p[i - 1], dst_p[i - 1]);
-                }
-            }
-            drop(to_npu);
-            let last = bounds.len() - 1;
-            finish(last, from_npu.recv().ok(), as_p[last], coef_p[last], dst_p[last]);
-            let _ = npu_thread.join();
-            rep.runs.add(&runs);
-            rep.out_ns += out_ns;
-        });
-    }
 }
 
 /// [`Passes::run_cut`]'s buffers cut at the pieces' rows.
 struct Cut<'s, 'g> {
     a: Vec<&'s mut [i8]>,
     c: Vec<&'s mut [i32]>,
-    cl: Vec<&'s mut [i32]>,
     a_scale: Vec<&'s mut [f32]>,
     dots: Vec<&'s mut [f32]>,
     coef: Vec<&'s mut [Option<f32>]>,

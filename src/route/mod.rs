@@ -364,7 +364,7 @@ impl CostModel {
             return (npu, plain);
         }
         let (serial, passes) = self.host.host_parts(m, k, n, terms, held);
-        if terms.act != 1 || !self.host.pipelined {
+        if terms != precision::Terms::PLAIN || !self.host.pipelined {
             return (self.host.combine(npu, serial, passes, 1, 1.0, 1.0), plain);
         }
         let geom = crate::npu::layout::WeightGeometry::new(&self.soc, n, k);
@@ -376,8 +376,7 @@ impl CostModel {
                 let ends = Ends { first, last };
                 let bounds = crate::npu::plan::pipeline_bounds(&self.soc, &geom, m, cores, ends);
                 // A piece that splits an M-tile runs one more program: its weight fed once more
-                // (every weight term's: a second term's runs are cut into the same pieces).
-                let refeed = crate::npu::plan::extra_m_tiles(&self.soc, &geom, &bounds) as f64 * (terms.weight * k * n) as f64 / self.npu_feed_bps;
+                let refeed = crate::npu::plan::extra_m_tiles(&self.soc, &geom, &bounds) as f64 * (k * n) as f64 / self.npu_feed_bps;
                 // Held on the graph's word: the walk vouches for the activation, so its pass (the
                 // reuse check, run only where nothing vouches) does not run.
                 let (serial, passes, first_share) = if held && bounds.len() > 1 {
