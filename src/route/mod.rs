@@ -119,8 +119,8 @@ pub struct HostCost {
     pub act_quant_s: f64,
     /// The output pass (int32 → f32 with the scales, second term, correction) per output row × N.
     pub output_s: f64,
-    /// The reuse check of a MUL_MAT reading the held activation (the activation's hash; cut into
-    /// pieces, it runs beside the first piece's NPU run, which has the held terms already) per
+    /// The reuse check of a MUL_MAT reading the held activation (the activation's hash, before
+    /// its NPU runs; cut into pieces, the graph vouches for the activation and none runs) per
     /// activation row × K of those MUL_MATs.
     pub check_s: f64,
     /// The host part of the NPU runs (register commands, syncs, output buffers on each core's
