@@ -22,6 +22,14 @@
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+// The NPU's buffers (int32 results, register commands, tiles) are little-endian and read in
+// place, as are the cache files. Every host ORK serves is little-endian: RK3588 (4 Cortex-A76 +
+// 4 Cortex-A55) and RK3576 (4 Cortex-A72 + 4 Cortex-A53) run AArch64 Linux, whose ABI is
+// little-endian (`aarch64-unknown-linux-gnu`; big-endian AArch64 is the separate `aarch64_be`
+// target, which no board image ships).
+#[cfg(target_endian = "big")]
+compile_error!("ggml-ork builds for little-endian hosts only (RK3588 / RK3576 run little-endian AArch64 Linux)");
+
 pub mod logging;
 pub mod config;
 pub mod os;

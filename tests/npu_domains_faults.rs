@@ -62,9 +62,10 @@ fn proactive_cap_spreads_weights_over_domains() {
 
 #[test]
 fn efault_while_filling_advances_and_loses_nothing() {
-    // The proactive cap (64 MiB) would never trigger; the simulated window EFAULTs at 7 MiB
-    // (scratch of 3 cores ≈ 3.8 MiB + weights), so the safety net must advance.
-    let faults = SimFaults { efault_after_bytes: Some(7 * MIB), ..SimFaults::default() };
+    // The proactive cap (64 MiB) would never trigger; the simulated window EFAULTs at 4 MiB
+    // (scratch of 3 cores and the activation image ≈ 0.8 MiB + 1 MiB weights), so the safety net
+    // must advance.
+    let faults = SimFaults { efault_after_bytes: Some(4 * MIB), ..SimFaults::default() };
     let (_sim, npu) = sim_npu(small_soc(64 * MIB, 64 * MIB), faults);
     let mut rng = Rng::new(2);
     let ws = fill(&npu, &mut rng, 9, 256, 2048);

@@ -154,13 +154,12 @@ fn an_activation_read_by_several_weights_is_rotated_and_quantized_once() {
     assert_ne!(k_new, k_after_q);
 }
 
-/// Cut into pieces, K after Q sends its first piece to the NPU with Q's int8 terms before the
-/// reuse check: where the check agrees (the same values), K's result is the bits of K alone;
-/// where it does not (the same memory, new values) that run is let go and K is computed again
-/// from the new values — the bits of K run on them after another activation — and nothing falls
-/// back to the CPU either way.
+/// Cut into pieces, K after Q: where the reuse check agrees (the same values), K reuses Q's int8
+/// terms and its result is the bits of K alone; where it does not (the same memory, new values)
+/// K is computed from the new values — the bits of K run on them after another activation — and
+/// nothing falls back to the CPU either way.
 #[test]
-fn the_first_piece_sent_before_the_reuse_check_is_redone_when_it_fails() {
+fn k_after_q_in_pieces_reuses_only_unchanged_terms() {
     const K2: usize = 2048;
     const N2: usize = 1024;
     const M2: usize = 512;
@@ -189,7 +188,7 @@ fn the_first_piece_sent_before_the_reuse_check_is_redone_when_it_fails() {
     assert!(dev.stats.phase[0].pieces.load(Relaxed) >= 6, "cut into pieces: {}", dev.stats.phase[0].pieces.load(Relaxed));
     assert_eq!(reused(), before + 1, "K reused Q's int8 terms");
     assert!(k_after_q == k_alone, "the same bits as K alone");
-    // The same memory, new values: the check fails after the first piece ran on the old terms.
+    // The same memory, new values: the check fails.
     run(&pq, &q, &x);
     x.iter_mut().step_by(K2 * 97 + 1).for_each(|v| *v += 1.0);
     let before = reused();

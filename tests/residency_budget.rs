@@ -167,11 +167,11 @@ fn memory_is_counted_by_kind() {
     assert!(pw.lo.is_some(), "two terms");
     dev.note_memory();
     let m = dev.memory();
-    // Scratch: regcmd and task array (one page each until a chain needs more) and 1 MiB outputs
-    // on each of three cores, and the one 256 KiB activation image of lease slot 0.
+    // Scratch: regcmd and task array (one page each until a chain needs more) on each of three
+    // cores, and the one 256 KiB activation image of lease slot 0.
     let regcmd = page_round(1) as u64;
     let task = page_round(std::mem::size_of::<RknpuTask>()) as u64;
-    let scratch = 3 * (regcmd + task + (1 << 20)) + (256 << 10);
+    let scratch = 3 * (regcmd + task) + (256 << 10);
     // row scales [N], column scales [K], second-term row scales [N], f32
     let scales = 4 * (MN + MK + MN) as u64;
     let total = 12_345_678 + 1_000_000 + 2 * 401_408 + scales + scratch;

@@ -42,13 +42,6 @@ pub struct Stats {
     /// Of those, the ones the graph walk vouched for (the same tensor, nothing run in between:
     /// `Device::run_mul_mat_after`), reused without hashing the activation.
     pub act_vouched: AtomicU64,
-    /// Cut MUL_MATs whose last output pass was left for the next MUL_MAT, which reads the same
-    /// activation (`backend::graph`); of those, the passes run beside that MUL_MAT's first piece
-    /// on the NPU, and those run apart (before ggml-cpu, a GPU batch or another MUL_MAT, or at
-    /// the end of the call: on the critical path).
-    pub outputs_deferred: AtomicU64,
-    pub outputs_beside: AtomicU64,
-    pub outputs_apart: AtomicU64,
     /// MUL_MATs sent to the CPU because their weight could not be made resident.
     pub not_resident: AtomicU64,
     pub declined_small_m: AtomicU64,

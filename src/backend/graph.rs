@@ -255,10 +255,6 @@ struct Walk<'d, 'g> {
     hold: Option<Hold<'static>>,
     /// The graph has no streamed MUL_MAT from this node on (the prefetch scan stops there).
     scanned_to: usize,
-    /// The last output pass of the NPU MUL_MAT just run, left for the next MUL_MAT reading the
-    /// same activation to run beside its first piece (`Device::run_mul_mat_chained`); run before
-    /// anything else that could read it (ggml-cpu, a GPU batch, another MUL_MAT) and at the end.
-    deferred: std::cell::Cell<Option<super::npu_mm::PendingOut<'g>>>,
 }
 
 /// Runs one `graph_compute` call: ORK's MUL_MATs on the NPU or GPU, the rest on ggml's CPU
@@ -276,7 +272,6 @@ pub fn compute<'g>(dev: &Device, stream: &Stream, graph: &mut dyn Graph<'g>) -> 
         last_act: Default::default(),
         hold: None,
         scanned_to: 0,
-        deferred: Default::default(),
     };
     w.walk(graph)
 }
@@ -342,18 +337,6 @@ impl<'g> Walk<'_, 'g> {
             // A streamed weight's calibrated direction, computed at its first corrected run, is
             // kept with its source for the next fill.
             let fix_to = npu_w.as_ref().filter(|w| w.resident.is_streamed()).and_then(|pw| Some((pw.clone(), mm.weight.and_then(|w| streamed_src(&w))?)));
-            // The next node that does work is a MUL_MAT reading the same activation (the graph
-            // says so) and ORK routes it to the NPU (memoised): this one's last output pass may
-            // wait for it. A next one that still ends on the CPU (its weight not resident) gets
-            // the pass run before ggml-cpu runs it.
-            let link = Link {
-                next_reads_same: link.next_reads_same
-                    && self.nodes[i + 1..].iter().find(|nd| !matches!(nd, Node::View)).is_some_and(|nd| match nd {
-                        Node::MulMat(next) => walk_engine(dev, next.shape).is_some_and(|(_, e)| e == Engine::Npu),
-                        _ => false,
-                    }),
-                ..link
-            };
             let r = self.mul_mat(graph, i, &mm, &s, npu_w, link);
             if let Some((pw, ss)) = fix_to {
                 if let Some(f) = pw.fix.get() {
@@ -369,7 +352,6 @@ impl<'g> Walk<'_, 'g> {
                 Err(e) => return Err(format!("MUL_MAT {}: {e}", mm.name)),
             }
         }
-        dev.finish_output(self.deferred.take(), true);
         self.release();
         let ran_cpu = !self.cpu.is_empty() || self.stream.logged_whole_graph.load(Relaxed);
         self.run_cpu(graph, n)?;
@@ -471,8 +453,7 @@ impl<'g> Walk<'_, 'g> {
 
     /// Runs one MUL_MAT on the NPU now (`npu_w`: its resident weight), or returns it as a GPU
     /// job to batch (decode routed to the GPU, `npu_w` None). `s` is the node's shape, which the
-    /// caller checked ORK accepts. `next_reads_same`: the next node is a MUL_MAT of the same
-    /// activation (this one's last output pass may be left for it).
+    /// caller checked ORK accepts.
     fn mul_mat(
         &self,
         graph: &mut dyn Graph<'g>,
@@ -482,10 +463,6 @@ impl<'g> Walk<'_, 'g> {
         npu_w: Option<Arc<PackedWeight>>,
         link: Link,
     ) -> Result<Option<GpuJob<'g>>, String> {
-        // The output pass the MUL_MAT before left runs beside this one's first piece only where
-        // this one reads the same, unchanged activation (then it cannot read the other's
-        // output); anywhere else it runs first.
-        let before = self.deferred.take();
         let io = graph.mul_mat_io(i);
         let act = io.as_ref().map(|(x, _)| (x.as_ptr() as usize, x.len()));
         // The same activation as the MUL_MAT before (the graph's word), which ran on the NPU
@@ -493,13 +470,6 @@ impl<'g> Walk<'_, 'g> {
         let last = self.last_act.take();
         let same = link.held && act.is_some() && last == act;
         let link = Link { held: same, ..link };
-        let before = match before {
-            Some(p) if same && npu_w.is_some() => Some(p),
-            p => {
-                self.dev.finish_output(p, true);
-                None
-            }
-        };
         let (x, dst) = io.ok_or("activations/output are not contiguous f32")?;
         let w = mm.weight.as_ref().ok_or("no weight")?;
         // ggml-cpu's repacked weights have no GGUF bytes to read: the NPU runs them from their
@@ -515,18 +485,15 @@ impl<'g> Walk<'_, 'g> {
             let gw = store.get_or_upload_gpu(self.dev, w.tensor.addr, src, s.n, s.k).map_err(|e| e.to_string())?;
             return Ok(Some(GpuJob { w: gw, x, m: s.m, dst }));
         };
-        let r = self.dev.run_mul_mat_chained(pw, src.as_ref(), x, s.m, dst, link, before);
-        if r.redo {
+        if self.dev.run_mul_mat_linked(pw, src.as_ref(), x, s.m, dst, link) {
             // A run failed and its rows cannot be computed again from the GGUF bytes: ggml-cpu
             // computes the whole MUL_MAT from its repacked weight (counted as fallen back).
-            self.dev.finish_output(r.pending, true);
             let t0 = Instant::now();
             graph.run_cpu(i..i + 1)?;
             self.dev.stats.cpu_ops.fetch_add(1, Relaxed);
             self.dev.stats.fallback_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
             return Ok(None);
         }
-        self.deferred.set(r.pending);
         self.last_act.set(act);
         Ok(None)
     }
@@ -536,7 +503,6 @@ impl<'g> Walk<'_, 'g> {
         if self.pending.is_empty() {
             return Ok(());
         }
-        self.dev.finish_output(self.deferred.take(), true);
         let dev = self.dev;
         let t0 = Instant::now();
         let r = gpu::run_batch(dev, &mut self.pending);
@@ -564,7 +530,6 @@ impl<'g> Walk<'_, 'g> {
     /// Runs the nodes waiting for the CPU, up to node `to`, on ggml's CPU backend.
     fn run_cpu(&mut self, graph: &mut dyn Graph<'g>, to: usize) -> Result<(), String> {
         let Some((nodes, ops)) = self.cpu.take(to) else { return Ok(()) };
-        self.dev.finish_output(self.deferred.take(), true);
         self.release();
         self.flush()?;
         if !self.stream.logged_whole_graph.swap(true, Relaxed) {
@@ -829,9 +794,8 @@ mod tests {
     /// gate and up (`[512, 2048] · [1024, 2048]ᵀ`, rotated, one int8 term, corrected along a
     /// calibrated direction: cut into pieces) reading one activation, as a walk runs them — `between`: a
     /// CPU node between them; `up_on_cpu`: up routed to the NPU but its weight not in an ORK
-    /// buffer (ggml-cpu runs it) — against each alone. Returns gate's last output passes left for
-    /// up, run beside up's first piece, and run apart.
-    fn gate_then_up(between: bool, up_on_cpu: bool) -> (u64, u64, u64) {
+    /// buffer (ggml-cpu runs it) — against each alone: the bits are each one's alone.
+    fn gate_then_up(between: bool, up_on_cpu: bool) {
         const M2: usize = 512;
         const K2: usize = 2048;
         const N2: usize = 1024;
@@ -888,7 +852,7 @@ mod tests {
         io[0] = Some((&x, &mut d1));
         io[last] = Some((&x, &mut d2));
         let data = |w: usize| WeightData { bytes: &weights[w], row_bytes: 4 * K2, to_float: Some(F32_ROW) };
-        let mut g = Chain { nodes, data: [data(0), data(1)], io, cpu_runs: vec![], stats: &dev.stats };
+        let mut g = Chain { nodes, data: [data(0), data(1)], io, cpu_runs: vec![] };
         compute(&dev, &Stream::default(), &mut g).expect("the walk runs");
         let cpu_runs = std::mem::take(&mut g.cpu_runs);
         drop(g);
@@ -904,7 +868,6 @@ mod tests {
             assert_eq!(s.npu_matmuls.load(Relaxed), 2);
             assert!(same(&d2, &alone[1]), "up: the bits it has alone (between: {between})");
         }
-        (s.outputs_deferred.load(Relaxed), s.outputs_beside.load(Relaxed), s.outputs_apart.load(Relaxed))
     }
 
     /// A graph of two MUL_MATs of their own weights ([`gate_then_up`]).
@@ -913,7 +876,6 @@ mod tests {
         data: [WeightData<'g>; 2],
         io: Vec<Option<(&'g [f32], &'g mut [f32])>>,
         cpu_runs: Vec<Range<usize>>,
-        stats: &'g super::super::Stats,
     }
 
     impl<'g> Graph<'g> for Chain<'g> {
@@ -930,22 +892,18 @@ mod tests {
             self.io[i].take()
         }
         fn run_cpu(&mut self, nodes: Range<usize>) -> Result<(), String> {
-            // Whatever was left for a MUL_MAT is written before ggml-cpu's nodes may read it.
-            let s = self.stats;
-            assert_eq!(s.outputs_deferred.load(Relaxed), s.outputs_beside.load(Relaxed) + s.outputs_apart.load(Relaxed), "every pass left was run before ggml-cpu");
             self.cpu_runs.push(nodes);
             Ok(())
         }
     }
 
-    /// gate's last output pass runs beside up's first piece where up follows it at once, reading
-    /// the same activation; never across a node that could read gate's output; ggml-cpu's run of
-    /// the nodes after it waits for it. The bits are each MUL_MAT's alone in every case.
+    /// gate then up in a walk, up right after gate, after a CPU node, or on ggml-cpu: the bits
+    /// are each MUL_MAT's alone in every case.
     #[test]
-    fn a_last_output_pass_left_for_the_next_matmul_changes_no_bit() {
-        assert_eq!(gate_then_up(false, false), (1, 1, 0), "left for up, run beside its first piece");
-        assert_eq!(gate_then_up(true, false), (0, 0, 0), "a CPU node between: done at once");
-        assert_eq!(gate_then_up(false, true), (1, 0, 1), "left, then run apart before ggml-cpu ran up");
+    fn gate_then_up_in_a_walk_gives_each_ones_bits() {
+        gate_then_up(false, false);
+        gate_then_up(true, false);
+        gate_then_up(false, true);
     }
 
     /// A weight ggml-cpu repacked (`CPU_REPACK`): ORK packed its tiles from the GGUF bytes as they
@@ -1100,7 +1058,7 @@ mod tests {
         let w = Weight { tensor, store: Some(&store), model_weight: true, repacked: false };
         let g = Fake { nodes: vec![mul_mat(0x100, M_NPU, Some(w), &[])], weight: &wb, io: vec![None], cpu_runs: vec![], cpu_fails: false };
         let Node::MulMat(mm) = g.nodes[0] else { unreachable!() };
-        let mut walk = Walk { dev: &dev, stream: &stream, nodes: Vec::new(), pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), last_act: Default::default(), hold: Some(dev.arbiter().hold()), scanned_to: 0, deferred: Default::default() };
+        let mut walk = Walk { dev: &dev, stream: &stream, nodes: Vec::new(), pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), last_act: Default::default(), hold: Some(dev.arbiter().hold()), scanned_to: 0 };
         assert!(walk.npu_weight(&g, 0, &mm, M_NPU).is_some(), "packed");
         assert!(walk.hold.is_none(), "let go before packing");
         walk.hold = Some(dev.arbiter().hold());

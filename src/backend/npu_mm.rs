@@ -141,11 +141,6 @@ fn pieces<'a, T>(mut buf: &'a mut [T], cuts: &[(usize, usize)]) -> Vec<&'a mut [
     out
 }
 
-/// What the NPU runs of one piece of a MUL_MAT did (or the CPU instead, after an error).
-/// A pipelined piece back from the NPU thread: its dense buffers (filled where a term fell back
-/// to the CPU), its booking, and where each weight term's result is.
-type Landed<'a> = (&'a [i32], &'a [i32], PieceRun, TermOut, TermOut);
-
 /// Where one weight term's int32 result of an NPU MUL_MAT is: in the NPU cores' buffers, or
 /// (computed on the CPU after an NPU error) in the caller's dense buffer.
 enum TermOut {
@@ -234,67 +229,6 @@ impl PieceRun {
     }
 }
 
-/// The output pass of a cut MUL_MAT's last piece, left to run beside the next MUL_MAT's first
-/// piece on the NPU (`backend::graph`: the next node reads the same activation, V then K and gate
-/// then up in llama.cpp's graphs) instead of after this MUL_MAT's last NPU run, with nothing to
-/// cover it. Owns what the pass reads: the piece's results in the NPU cores' buffers, its rows'
-/// scales and coefficients, the weight's column scales and its correction's error. Run by
-/// [`Device::finish_output`]; dropped unrun (an error on the way), it runs the pass then,
-/// unbooked, so the output is always written and the buffers always go back (unwinding from a
-/// panic, only the buffers go back).
-pub(super) struct PendingOut<'g> {
-    shares: Option<crate::npu::Shares>,
-    a_scale: Vec<f32>,
-    coef: Vec<Option<f32>>,
-    w_scale: Vec<f32>,
-    err: Option<Vec<f32>>,
-    dst: &'g mut [f32],
-    cfg: &'static crate::config::Config,
-    phase: usize,
-}
-
-impl PendingOut<'_> {
-    /// The pass (once): `dst` written from the NPU's results, the buffers handed back.
-    fn run(&mut self) -> u64 {
-        let Some(sh) = self.shares.take() else { return 0 };
-        let t = Instant::now();
-        let parts = sh.parts();
-        let o = quant::Output {
-            c: quant::CRows::Parts(&parts),
-            a_scale: &self.a_scale,
-            terms: 1,
-            w_scale: &self.w_scale,
-            lo: None,
-            corr: self.err.as_deref().map(|e| (self.coef.as_slice(), e)),
-        };
-        let dst = &mut *self.dst;
-        pool::on_host(self.cfg, 3 * dst.len(), || quant::dequantize_fused(&o, dst));
-        drop(parts);
-        drop(sh);
-        t.elapsed().as_nanos() as u64
-    }
-}
-
-impl Drop for PendingOut<'_> {
-    fn drop(&mut self) {
-        // Unwinding, the call fails anyway: the buffers go back, no pass (a second panic in it
-        // would abort the process).
-        if std::thread::panicking() {
-            self.shares = None;
-        }
-        self.run();
-    }
-}
-
-/// What a chained NPU MUL_MAT left ([`Device::run_mul_mat_chained`]): its last output pass, to
-/// run beside the next MUL_MAT's first piece, and whether ggml-cpu must compute it instead (a
-/// failed run of a weight whose GGUF bytes ORK no longer has).
-#[derive(Default)]
-pub(super) struct Chained<'g> {
-    pub pending: Option<PendingOut<'g>>,
-    pub redo: bool,
-}
-
 /// The one CPU fallback of a MUL_MAT's NPU runs: the int8 arithmetic the NPU does, exact (the
 /// same int32 results, so a row's bits do not depend on which engine computed it), against the
 /// weight's int8 terms quantized again from its source — once per MUL_MAT, and only when a run
@@ -351,44 +285,27 @@ impl Device {
     /// Then the int8 terms that MUL_MAT left are reused without hashing `x` to prove it. Outside
     /// a graph nobody can tell whether a later MUL_MAT reads `x` again: its key is always taken.
     pub fn run_mul_mat_after(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32], same: bool) {
-        drop(self.run_mul_mat_chained(w, Some(src), x, m, dst, Link { held: same, next_reads_same: false, read_again: Again::Yes }, None));
+        self.run_mul_mat_linked(w, Some(src), x, m, dst, Link { held: same, read_again: Again::Yes });
     }
 
-    /// [`Device::run_mul_mat_after`] in a chain of MUL_MATs reading one activation (`link`, what
-    /// the graph walk knows of it: `held` as `same` there; whether a later MUL_MAT reads it
-    /// again): `before`, the output pass the MUL_MAT before this one left (its last piece's), runs
-    /// beside this one's first piece on the NPU; with `link.next_reads_same` (the caller runs the
-    /// next MUL_MAT, reading the same activation, right after this one) this one's last output
-    /// pass is returned to be run so in turn — when the MUL_MAT was cut into pieces and its last
-    /// piece came from the NPU; otherwise it is done before returning, as always.
+    /// [`Device::run_mul_mat_after`] with what the graph walk knows of the activation (`link`:
+    /// `held` as `same` there; whether a later MUL_MAT reads it again).
     ///
     /// `src` None: the weight's bytes are ggml-cpu's repacked layout (its calibrated direction was
     /// computed when it was packed, `backend::buffer`); where a run failed and its rows could not
-    /// be computed again without them, the result says `redo` and `dst` must be computed by
-    /// ggml-cpu (after the pending pass, if any, ran).
-    #[allow(clippy::too_many_arguments)] // the MUL_MAT's operands, the graph's link, the chain
-    pub(super) fn run_mul_mat_chained<'g>(
-        &self,
-        w: &PackedWeight,
-        src: Option<&WeightSource<'_>>,
-        x: &[f32],
-        m: usize,
-        dst: &'g mut [f32],
-        link: Link,
-        before: Option<PendingOut<'_>>,
-    ) -> Chained<'g> {
+    /// be computed again without them, it returns true (redo) and `dst` must be computed by
+    /// ggml-cpu.
+    pub(super) fn run_mul_mat_linked(&self, w: &PackedWeight, src: Option<&WeightSource<'_>>, x: &[f32], m: usize, dst: &mut [f32], link: Link) -> bool {
         if m == 0 {
-            self.finish_output(before, true);
-            return Chained::default();
+            return false;
         }
         // A key exists only for a rotated weight on a device with a calibration store, and the
         // store only with the rotation and ORK_MEAN_CORRECT on (`Store::from_config`).
         let fix = match (&self.calib, w.calib_key) {
             (Some(store), Some(key)) if store.recording() => {
-                self.finish_output(before, true);
-                let r = self.run_mul_mat_npu(w, src, x, m, dst, None, Link { next_reads_same: false, ..link }, None);
+                let redo = self.run_mul_mat_npu(w, src, x, m, dst, None, link);
                 store.record(key, x, m, w.k);
-                return Chained { pending: None, redo: r.redo };
+                return redo;
             }
             (Some(store), Some(key)) => match src {
                 Some(src) => w.fix.get_or_init(|| self.fixed_direction(w, src, store, key)).as_ref(),
@@ -396,26 +313,11 @@ impl Device {
             },
             _ => None,
         };
-        let r = self.run_mul_mat_npu(w, src, x, m, dst, fix, link, before);
+        let r = self.run_mul_mat_npu(w, src, x, m, dst, fix, link);
         if fix.is_some() {
             self.stats.mean_corrected.fetch_add(1, Relaxed);
         }
         r
-    }
-
-    /// Runs the output pass a MUL_MAT left (`PendingOut`), if any, and books it as output time;
-    /// `apart`: outside any MUL_MAT's run (the graph walk's, or before one starts), so on the
-    /// critical path as it is (inside a run, the run's wall time less its NPU time counts it).
-    pub(super) fn finish_output(&self, p: Option<PendingOut<'_>>, apart: bool) {
-        let Some(mut p) = p else { return };
-        let ns = p.run();
-        let ps = &self.stats.phase[p.phase];
-        ps.dequant_ns.fetch_add(ns, Relaxed);
-        self.stats.dequant_ns.fetch_add(ns, Relaxed);
-        if apart {
-            ps.critical_ns.fetch_add(ns, Relaxed);
-            self.stats.outputs_apart.fetch_add(1, Relaxed);
-        }
     }
 
     /// Weight `w`'s calibrated direction `d` and the NPU's error on it, `e = d·Wᵀ − d·Q(W)ᵀ`:
@@ -468,18 +370,8 @@ impl Device {
     /// [`Device::book_matmul`] folds what happened into the counters.
     /// Every row goes through the same arithmetic whatever the cut (rows are independent, the
     /// NPU's int32 results exact), so the bits do not depend on it.
-    #[allow(clippy::too_many_arguments)] // the MUL_MAT's operands, its correction, the graph's link, the chain
-    fn run_mul_mat_npu<'g>(
-        &self,
-        w: &PackedWeight,
-        src: Option<&WeightSource<'_>>,
-        x: &[f32],
-        m: usize,
-        dst: &'g mut [f32],
-        fix: Option<&quant::mean::Direction>,
-        link: Link,
-        before: Option<PendingOut<'_>>,
-    ) -> Chained<'g> {
+    #[allow(clippy::too_many_arguments)] // the MUL_MAT's operands, its correction, the graph's link
+    fn run_mul_mat_npu(&self, w: &PackedWeight, src: Option<&WeightSource<'_>>, x: &[f32], m: usize, dst: &mut [f32], fix: Option<&quant::mean::Direction>, link: Link) -> bool {
         let (k, n) = (w.k, w.n);
         assert_eq!(x.len(), m * k, "x is not [M, K]");
         assert_eq!(dst.len(), m * n, "dst is not [M, N]");
@@ -509,18 +401,29 @@ impl Device {
             cpu: CpuFallback { w, src, terms: std::sync::OnceLock::new(), missed: Default::default() },
         };
         let mut rep = Report::default();
-        let mut before = before;
         // The MUL_MAT — reuse decision, activation pass, NPU runs, output pass; cut into pieces
         // or not — runs on this thread as the lead of the host's team (`pool::on_host`), whose
         // other threads take each pass's rows as it comes and wait for the next in between.
-        pool::on_host(self.cfg, terms * m * k, || {
+        let uncut = pool::on_host(self.cfg, terms * m * k, || {
             let bufs = Bufs { a, a_scale, dots, coef, c, cl, hashes: &mut hashes, dst };
-            if plan.bounds.len() == 1 {
-                passes.run_whole(&plan, bufs, &mut before, &mut rep);
-            } else {
-                passes.run_cut(&plan, bufs, &mut before, &mut rep);
+            // Cut: the cores run the pieces one after the other as their rows come
+            // (`Npu::mm_run_pieces`), each core without waiting for the others between
+            // pieces. Where that run cannot be had (its activation image), it runs uncut.
+            let run = if plan.bounds.len() > 1 { self.npu.mm_run_pieces(&w.resident, &plan.bounds, plan.budget, plan.first).ok() } else { None };
+            match run {
+                Some(mut run) => {
+                    passes.run_cut(&plan, bufs, &mut run, &mut rep);
+                    false
+                }
+                None => {
+                    passes.run_whole(&plan, bufs, &mut rep);
+                    true
+                }
             }
         });
+        if uncut {
+            plan.bounds = vec![(0, m)];
+        }
         // The key of an activation not hashed before its pass: from the row hashes it took.
         let (key, reused, redot) = rep.decided;
         let key = if hashes.is_empty() { key } else { Some(ActKey::of(x, m, terms, rows_hash(&hashes))) };
@@ -542,7 +445,7 @@ impl Device {
         let missed = passes.cpu.missed.load(Relaxed);
         self.book_matmul(plan, &rep, m, t0);
         SCRATCH.with(|cell| cell.set(sc.kept()));
-        Chained { pending: rep.deferred, redo: missed }
+        missed
     }
 
     /// How one NPU MUL_MAT of `m` rows of `x` runs, decided before anything runs: whether the
@@ -581,27 +484,25 @@ impl Device {
         // Which ends are cut short: the cost model's choice for this shape (`route::pipeline_ends`;
         // never the first where the activation may be the held one: no pass to hide), remembered
         // per shape (it plans the MUL_MAT several times: 50–240 µs for the Qwen3-1.7B shapes).
-        let bounds = if terms == 1 && lease.is_ok() && m >= 2 {
-            type Key = (usize, usize, usize, usize, usize, u32, bool, bool);
+        let bounds = if terms == 1 && w.lo.is_none() && lease.is_ok() && m >= 2 {
+            type Key = (usize, usize, usize, usize, usize, u32, bool);
             thread_local! {
                 static ENDS: std::cell::RefCell<std::collections::HashMap<Key, crate::npu::plan::Ends>> = Default::default();
             }
             let t = w.precision.terms;
-            // A last output pass left for the next MUL_MAT needs no short last piece to hide it.
-            let beside_next = link.next_reads_same && w.lo.is_none();
-            let key = (m, k, n, t.weight, t.act, budget.max_cores, candidate, beside_next);
-            let ends = super::remembered(&ENDS, key, || crate::route::pipeline_ends(self.npu.soc(), m, k, n, t, budget.max_cores, crate::route::activation::Chain { held: candidate, beside_next }));
+            let key = (m, k, n, t.weight, t.act, budget.max_cores, candidate);
+            let ends = super::remembered(&ENDS, key, || crate::route::pipeline_ends(self.npu.soc(), m, k, n, t, budget.max_cores, crate::route::activation::Chain { held: candidate }));
             self.npu.pipeline_bounds(&w.resident, m, budget, ends)
         } else {
             vec![(0, m)]
         };
         let phase_i = (phase == crate::route::Phase::Decode) as usize;
-        Plan { terms, lt: LO_ACT_TERMS.min(terms), phase_i, held_act, held_dir, vouched, candidate, hashed, lease, budget, first, bounds, defer: link.next_reads_same, t_ask, t_got }
+        Plan { terms, lt: LO_ACT_TERMS.min(terms), phase_i, held_act, held_dir, vouched, candidate, hashed, lease, budget, first, bounds, t_ask, t_got }
     }
 
     /// Folds one NPU MUL_MAT's report into the counters, once: its runs (or why it fell back),
     /// the reuse of its activation, and where its wall time since `t0` went.
-    fn book_matmul(&self, plan: Plan<'_>, rep: &Report<'_>, m: usize, t0: Instant) {
+    fn book_matmul(&self, plan: Plan<'_>, rep: &Report, m: usize, t0: Instant) {
         let (ps, runs) = (&self.stats.phase[plan.phase_i], &rep.runs);
         let (_, reused, _) = rep.decided;
         if reused {
@@ -609,12 +510,6 @@ impl Device {
             if plan.vouched.is_some() {
                 self.stats.act_vouched.fetch_add(1, Relaxed);
             }
-        }
-        if rep.beside {
-            self.stats.outputs_beside.fetch_add(1, Relaxed);
-        }
-        if rep.deferred.is_some() {
-            self.stats.outputs_deferred.fetch_add(1, Relaxed);
         }
         let t3 = Instant::now();
         // Releasing the lease (and, for the last one, the cross-process flock) is arbiter time.
@@ -685,8 +580,6 @@ struct Plan<'d> {
     first: u32,
     /// The pieces: row ranges, one for an uncut MUL_MAT.
     bounds: Vec<(usize, usize)>,
-    /// The last output pass may be left for the next MUL_MAT (it reads the same activation).
-    defer: bool,
     /// When the lease was asked for and when it came.
     t_ask: Instant,
     t_got: Instant,
@@ -707,7 +600,7 @@ impl Plan<'_> {
 
 /// What one NPU MUL_MAT's run did, for [`Device::book_matmul`].
 #[derive(Default)]
-struct Report<'g> {
+struct Report {
     act_ns: u64,
     dot_ns: u64,
     out_ns: u64,
@@ -715,10 +608,6 @@ struct Report<'g> {
     runs: PieceRun,
     /// [`Plan::decide`]'s answer.
     decided: (Option<ActKey>, bool, bool),
-    /// The output pass the MUL_MAT before left ran beside this one's first piece.
-    beside: bool,
-    /// This one's last output pass, left for the next MUL_MAT.
-    deferred: Option<PendingOut<'g>>,
 }
 
 /// The scratch buffers of one MUL_MAT (all of its rows) and its output.
@@ -844,11 +733,10 @@ impl<'a> Passes<'a> {
         t.elapsed().as_nanos() as u64
     }
 
-    /// An uncut MUL_MAT: the pass the MUL_MAT before left, the reuse decision, the activation
-    /// pass, the NPU runs, the output pass, one after the other.
-    fn run_whole(&self, plan: &Plan<'_>, b: Bufs<'_, '_>, before: &mut Option<PendingOut<'_>>, rep: &mut Report<'_>) {
+    /// An uncut MUL_MAT: the reuse decision, the activation pass, the NPU runs, the output pass,
+    /// one after the other.
+    fn run_whole(&self, plan: &Plan<'_>, b: Bufs<'_, '_>, rep: &mut Report) {
         let m = b.dst.len() / self.w.n;
-        self.dev.finish_output(before.take(), false);
         let th = Instant::now();
         let decided = plan.decide(self, m);
         rep.check_ns = th.elapsed().as_nanos() as u64;
@@ -860,13 +748,12 @@ impl<'a> Passes<'a> {
         rep.out_ns += self.out((0, m), (b.c, hc), b.a_scale, (b.cl, hl), b.coef, b.dst);
     }
 
-    /// A MUL_MAT cut into pieces (one int8 activation term: row r of every buffer is at r times
-    /// its row length): the reuse decision, then the pieces on the NPU while this thread prepares
-    /// the next and finishes the one before — on the cores one after the other as their rows
-    /// come ([`Passes::on_cores`], one weight term), else on a thread of their own
-    /// ([`Passes::on_thread`]).
-    fn run_cut<'g>(&self, plan: &Plan<'_>, b: Bufs<'_, 'g>, before: &mut Option<PendingOut<'_>>, rep: &mut Report<'g>) {
-        let (k, n, w) = (self.w.k, self.w.n, self.w);
+    /// A MUL_MAT cut into pieces (one int8 activation term, one weight term: row r of every
+    /// buffer is at r times its row length): the reuse decision, then the pieces on the NPU's
+    /// cores one after the other as their rows come (`run`, [`Passes::on_cores`]) while this
+    /// thread prepares the next and finishes the one before.
+    fn run_cut(&self, plan: &Plan<'_>, b: Bufs<'_, '_>, run: &mut crate::npu::PieceRun<'_>, rep: &mut Report) {
+        let (k, n) = (self.w.k, self.w.n);
         let m = b.dst.len() / n;
         let bounds = &plan.bounds;
         let cut = |len: usize| bounds.iter().map(|&(r0, r1)| (r0 * len, r1 * len)).collect::<Vec<_>>();
@@ -874,52 +761,22 @@ impl<'a> Passes<'a> {
         let p = Cut {
             a: pieces(b.a, &cut(k)),
             c: pieces(b.c, &cut(n)),
-            cl: pieces(b.cl, &cut(if w.lo.is_some() { n } else { 0 })),
             a_scale: pieces(b.a_scale, &cut(1)),
             dots: pieces(b.dots, &cut(usize::from(self.dir.is_some()))),
             coef: pieces(b.coef, &cut(usize::from(self.fix.is_some()))),
             dst: pieces(b.dst, &cut(n)),
             hashes: pieces(b.hashes, &cut(hashed)),
         };
-        // One weight term: the cores run the pieces one after the other as their rows come
-        // (`Npu::mm_run_pieces`), each core without waiting for the others between pieces.
-        let new_run = || if w.lo.is_none() && self.busy.is_none() { self.dev.npu.mm_run_pieces(&w.resident, bounds, self.budget, self.first).ok() } else { None };
-        let mut run = new_run();
-        // An activation that may be the held one (K/V after Q, up after gate) is most likely
-        // it: its first piece goes to the NPU with the held int8 terms (still in `a`) before
-        // the check (its hash), which then runs beside that piece's NPU run instead of before
-        // it. Where the check says otherwise, the run is let go (it waits for that piece) and
-        // made again; the activation pass then writes the rows anew.
-        let bet = plan.candidate && plan.vouched.is_none() && w.rot.is_some() && run.is_some();
-        if bet {
-            if let Some(run) = run.as_mut() {
-                // A failed fill fails the piece's take (booked there).
-                let _ = run.fill(0, p.a[0]);
-            }
-        }
         let tc = Instant::now();
         rep.decided = plan.decide(self, m);
         rep.check_ns = tc.elapsed().as_nanos() as u64;
         rep.act_ns += rep.check_ns;
-        let reused = rep.decided.1;
-        if bet && !reused {
-            drop(run.take());
-            run = new_run();
-        }
-        match run.as_mut() {
-            Some(run) => self.on_cores(plan, p, run, bet && reused, before, rep),
-            None => {
-                self.dev.finish_output(before.take(), false);
-                self.on_thread(plan, p, rep);
-            }
-        }
+        self.on_cores(plan, p, run, rep);
     }
 
-    /// [`Passes::run_cut`]'s pieces on the cores as their rows come (`run`; `first_sent`: the
-    /// first piece's rows went with the held terms): the pass the MUL_MAT before left beside
-    /// the first piece, each piece's output pass beside the next one's NPU run, the last one's
-    /// left for the next MUL_MAT where the plan says it reads the same activation.
-    fn on_cores<'g>(&self, plan: &Plan<'_>, mut p: Cut<'_, 'g>, run: &mut crate::npu::PieceRun<'_>, first_sent: bool, before: &mut Option<PendingOut<'_>>, rep: &mut Report<'g>) {
+    /// [`Passes::run_cut`]'s pieces on the cores as their rows come (`run`): each piece's output
+    /// pass beside the next one's NPU run.
+    fn on_cores(&self, plan: &Plan<'_>, mut p: Cut<'_, '_>, run: &mut crate::npu::PieceRun<'_>, rep: &mut Report) {
         let bounds = &plan.bounds;
         let (reused, redot) = (rep.decided.1, rep.decided.2);
         // Piece i back from the NPU (or computed on the CPU after an error), booked.
@@ -943,78 +800,15 @@ impl<'a> Passes<'a> {
             rep.act_ns += t;
             rep.dot_ns += d;
             // A piece whose rows could not be written fails its take (booked there).
-            if !(i == 0 && first_sent) {
-                let _ = run.fill(i, p.a[i]);
-            }
-            if i == 0 {
-                // The MUL_MAT before's last output pass, while the NPU runs this piece.
-                rep.beside = before.is_some();
-                self.dev.finish_output(before.take(), false);
-            } else {
+            let _ = run.fill(i, p.a[i]);
+            if i > 0 {
                 let hc = land(i - 1, run, p.a[i - 1], p.c[i - 1], &mut rep.runs);
                 rep.out_ns += self.out(bounds[i - 1], (p.c[i - 1], hc), p.a_scale[i - 1], (&[], TermOut::Dense), p.coef[i - 1], p.dst[i - 1]);
             }
         }
         let last = bounds.len() - 1;
-        match land(last, run, p.a[last], p.c[last], &mut rep.runs) {
-            // Left for the next MUL_MAT: the piece's results stay in the NPU's buffers.
-            TermOut::Shares(sh) if plan.defer => {
-                rep.deferred = Some(PendingOut {
-                    shares: Some(sh),
-                    a_scale: p.a_scale[last].to_vec(),
-                    coef: p.coef[last].to_vec(),
-                    w_scale: self.w.scales.clone(),
-                    err: self.fix.map(|d| d.err.clone()),
-                    dst: p.dst.pop().expect("a piece per range"),
-                    cfg: self.dev.cfg,
-                    phase: plan.phase_i,
-                });
-            }
-            hc => rep.out_ns += self.out(bounds[last], (p.c[last], hc), p.a_scale[last], (&[], TermOut::Dense), p.coef[last], p.dst[last]),
-        }
-    }
-
-    /// [`Passes::run_cut`]'s pieces on an NPU thread of their own (two weight terms, or no
-    /// piece run to be had): while it runs piece i this thread prepares piece i + 1 and
-    /// finishes piece i − 1.
-    fn on_thread(&self, plan: &Plan<'_>, p: Cut<'_, '_>, rep: &mut Report<'_>) {
-        let bounds = &plan.bounds;
-        let (reused, redot) = (rep.decided.1, rep.decided.2);
-        let Cut { a: a_p, c: c_p, cl: cl_p, a_scale: mut as_p, dots: mut dots_p, coef: mut coef_p, dst: mut dst_p, hashes: mut hashes_p } = p;
-        std::thread::scope(|s| {
-            let (to_npu, npu_rx) = std::sync::mpsc::channel::<(usize, &[i8])>();
-            let (npu_tx, from_npu) = std::sync::mpsc::channel::<Landed<'_>>();
-            let npu_thread = s.spawn(move || {
-                for ((c, cl), (i, a)) in c_p.into_iter().zip(cl_p).zip(npu_rx) {
-                    let (r0, r1) = bounds[i];
-                    let (r, hc, hl) = self.npu(a, r1 - r0, c, cl);
-                    if npu_tx.send((&*c, &*cl, r, hc, hl)).is_err() {
-                        return;
-                    }
-                }
-            });
-            let (mut runs, mut out_ns) = (PieceRun::default(), 0);
-            let mut finish = |i: usize, got: Option<Landed<'_>>, a_scale: &[f32], coef: &[Option<f32>], dst: &mut [f32]| {
-                let (c, cl, r, hc, hl) = got.expect("the NPU thread ran every piece");
-                runs.add(&r);
-                out_ns += self.out(bounds[i], (c, hc), a_scale, (cl, hl), coef, dst);
-            };
-            for (i, a) in a_p.into_iter().enumerate() {
-                let (t, d) = self.act(bounds[i], (reused, redot), a, as_p[i], dots_p[i], coef_p[i], hashes_p[i]);
-                rep.act_ns += t;
-                rep.dot_ns += d;
-                let _ = to_npu.send((i, &*a));
-                if i > 0 {
-                    finish(i - 1, from_npu.recv().ok(), as_p[i - 1], coef_p[i - 1], dst_p[i - 1]);
-                }
-            }
-            drop(to_npu);
-            let last = bounds.len() - 1;
-            finish(last, from_npu.recv().ok(), as_p[last], coef_p[last], dst_p[last]);
-            let _ = npu_thread.join();
-            rep.runs.add(&runs);
-            rep.out_ns += out_ns;
-        });
+        let hc = land(last, run, p.a[last], p.c[last], &mut rep.runs);
+        rep.out_ns += self.out(bounds[last], (p.c[last], hc), p.a_scale[last], (&[], TermOut::Dense), p.coef[last], p.dst[last]);
     }
 }
 
@@ -1022,7 +816,6 @@ impl<'a> Passes<'a> {
 struct Cut<'s, 'g> {
     a: Vec<&'s mut [i8]>,
     c: Vec<&'s mut [i32]>,
-    cl: Vec<&'s mut [i32]>,
     a_scale: Vec<&'s mut [f32]>,
     dots: Vec<&'s mut [f32]>,
     coef: Vec<&'s mut [Option<f32>]>,

@@ -265,53 +265,6 @@ pub fn pack_a_fast(a: &[i8], k: usize, b: &ABlock, out: &mut [u8]) {
     }
 }
 
-/// Adds an int32 output block `src: [mc][s]` (little-endian bytes, first `nc` of each row valid)
-/// into `dst: [mc][ldd]` i32 at column `col0`.
-#[allow(clippy::too_many_arguments)] // BLAS-style block arguments
-pub fn add_c_block(src: &[u8], mc: usize, nc: usize, s: usize, dst: &mut [i32], ldd: usize, row0: usize, col0: usize) {
-    c_block(src, mc, nc, s, dst, ldd, row0, col0, |d, v| *d = d.wrapping_add(v), |d, v| {
-        d.iter_mut().zip(v).for_each(|(d, v)| *d = d.wrapping_add(*v))
-    });
-}
-
-/// [`add_c_block`] that overwrites instead of adding (the first K-slice of a block, or full-K):
-/// `dst` need not be zeroed first.
-#[allow(clippy::too_many_arguments)] // BLAS-style block arguments
-pub fn copy_c_block(src: &[u8], mc: usize, nc: usize, s: usize, dst: &mut [i32], ldd: usize, row0: usize, col0: usize) {
-    c_block(src, mc, nc, s, dst, ldd, row0, col0, |d, v| *d = v, |d, v| d.copy_from_slice(v));
-}
-
-/// The walk of [`add_c_block`] / [`copy_c_block`]: rows read as `&[i32]` where the bytes are
-/// 4-aligned on a little-endian host (the scratch buffers are page-aligned and the programs'
-/// offsets multiples of 4), else word by word from their little-endian bytes.
-#[allow(clippy::too_many_arguments)] // BLAS-style block arguments
-fn c_block(
-    src: &[u8],
-    mc: usize,
-    nc: usize,
-    s: usize,
-    dst: &mut [i32],
-    ldd: usize,
-    row0: usize,
-    col0: usize,
-    word: impl Fn(&mut i32, i32),
-    row: impl Fn(&mut [i32], &[i32]),
-) {
-    let words: Option<&[i32]> = if cfg!(target_endian = "little") { bytemuck::try_cast_slice(&src[..(mc.max(1) - 1) * s * 4 + nc * 4]).ok() } else { None };
-    for r in 0..mc {
-        let drow = &mut dst[(row0 + r) * ldd + col0..(row0 + r) * ldd + col0 + nc];
-        match words {
-            Some(w) => row(drow, &w[r * s..r * s + nc]),
-            None => {
-                let srow = &src[r * s * 4..r * s * 4 + nc * 4];
-                for (d, b) in drow.iter_mut().zip(srow.chunks_exact(4)) {
-                    word(d, i32::from_le_bytes(b.try_into().unwrap()));
-                }
-            }
-        }
-    }
-}
-
 /// Scalar reference GEMM: `C[m][n] = Σ_k A[m][k] · W[n][k]` exact int32.
 /// `a: [M, K]` row-major i8, `w: [N, K]` row-major i8; returns `[M, N]` row-major i32.
 pub fn reference_mm(a: &[i8], w: &[i8], m: usize, k: usize, n: usize) -> Vec<i32> {

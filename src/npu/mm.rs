@@ -8,8 +8,7 @@
 //! the output BO synced back. Each submit writes an output BO of its own that goes to the caller
 //! with the result: the caller reads the programs' blocks where the NPU wrote them (its output
 //! pass takes the cores' column segments, block by block, a K-split's partials added per row)
-//! and hands the BOs back for later submits. A big-endian host copies the blocks (K-split: adds
-//! them) into a host buffer of the core's instead.
+//! and hands the BOs back for later submits.
 //!
 //! Decisions:
 //! * One stable activation buffer per core and domain (rknpu-facts §2.6: the NPU caches feature
@@ -99,30 +98,18 @@ impl HealthCounters {
     }
 }
 
-/// Initial activation / output scratch sizes (grown on demand).
+/// Initial activation scratch size (grown on demand).
 const ACT_SCRATCH_INITIAL_BYTES: usize = 256 << 10;
-const OUT_SCRATCH_INITIAL_BYTES: usize = 1 << 20;
 
 /// Scratch of one core in one domain.
 pub(crate) struct ScratchSet {
     regcmd: Bo,
     task: Bo,
-    /// The output buffer of a big-endian host's submits (their blocks are copied, K-split:
-    /// added, into a host buffer after each); elsewhere each submit writes an output buffer it
-    /// hands to the caller.
-    out: Bo,
-    /// Where the interface syncs whole buffers only (`KernelInterface::syncs_whole_buffers`):
-    /// output buffers by size class ([`out_class`]: whole pages, four classes per octave), each
-    /// submit taking the smallest that holds its output, so the whole-buffer syncs around it
-    /// (the sentinels' clean, the results' invalidate) cover at most 1.25 times its output each
-    /// instead of the largest submit's output. Output buffers may change between submits (unlike the activation buffer,
-    /// rknpu-facts §2.6); a new class costs one warm-up submit.
-    out_classes: Vec<Bo>,
 }
 
 impl ScratchSet {
     fn bos(&self) -> impl Iterator<Item = &Bo> {
-        [&self.regcmd, &self.task, &self.out].into_iter().chain(&self.out_classes)
+        [&self.regcmd, &self.task].into_iter()
     }
 }
 
@@ -132,7 +119,7 @@ pub(crate) struct CoreScratch {
 }
 
 impl CoreScratch {
-    /// Bytes of this core's scratch in every domain (regcmd, task and output buffers).
+    /// Bytes of this core's scratch in every domain (regcmd and task buffers).
     pub(crate) fn bytes(&self) -> u64 {
         self.sets.values().flat_map(|s| s.bos()).map(|b| b.size_bytes as u64).sum::<u64>()
     }
@@ -140,19 +127,14 @@ impl CoreScratch {
 
 /// Result buffers of one core's shares, handed back when the caller has read them (a
 /// [`crate::npu::Shares`] dropped), so later runs reuse memory that is already mapped instead
-/// of faulting in fresh buffers: host-side `[M][ncols]` buffers ([`CoreResult::local`], a
-/// K-split share's sums), and output buffers a share's submits wrote and the caller read in
-/// place ([`CoreResult::outs`]). Locked apart from the core's scratch: a pipelined caller hands
-/// back one piece's results while the core runs the next.
+/// of faulting in fresh buffers: the output buffers a share's submits wrote and the caller read
+/// in place ([`CoreResult::outs`]). Locked apart from the core's scratch: a pipelined caller
+/// hands back one piece's results while the core runs the next.
 #[derive(Default)]
 pub(crate) struct Spares {
-    locals: Vec<Vec<i32>>,
     outs: Vec<Bo>,
 }
 
-/// Result buffers kept per core: a pipelined caller holds one piece's results while the next
-/// piece runs.
-const SPARE_LOCALS: usize = 3;
 /// Output buffers kept per core: one piece's submits (two weight terms) held while the next
 /// piece's run, whose buffers come from here, writes its own.
 const SPARE_OUTS: usize = 8;
@@ -160,17 +142,7 @@ const SPARE_OUTS: usize = 8;
 impl Spares {
     /// Bytes held.
     pub(crate) fn bytes(&self) -> u64 {
-        self.locals.iter().map(|v| (v.capacity() * 4) as u64).sum::<u64>() + self.outs.iter().map(|b| b.size_bytes as u64).sum::<u64>()
-    }
-
-    /// A result buffer of `len` words (contents unspecified): the largest spare one.
-    fn take(&mut self, len: usize) -> Vec<i32> {
-        let mut v = match self.locals.iter().enumerate().max_by_key(|(_, v)| v.capacity()) {
-            Some((i, _)) => self.locals.swap_remove(i),
-            None => Vec::new(),
-        };
-        v.resize(len, 0);
-        v
+        self.outs.iter().map(|b| b.size_bytes as u64).sum::<u64>()
     }
 
     /// The smallest spare output buffer of `domain` that holds `need` bytes (`exact`: of exactly
@@ -181,18 +153,11 @@ impl Spares {
         Some(self.outs.remove(i))
     }
 
-    /// Keeps a share's buffers for later runs of this core: past [`SPARE_LOCALS`] host buffers
-    /// the smallest goes; past [`SPARE_OUTS`] output buffers the one given back longest ago is
-    /// destroyed through `kif` (the smallest would be the one a decode run just returned: each
-    /// new output buffer costs a warm-up job on hardware, rknpu-facts §2.6).
-    pub(crate) fn give_back(&mut self, kif: &dyn KernelInterface, local: Vec<i32>, outs: Vec<Bo>) {
-        if local.capacity() > 0 {
-            self.locals.push(local);
-            if self.locals.len() > SPARE_LOCALS {
-                let (i, _) = self.locals.iter().enumerate().min_by_key(|(_, v)| v.capacity()).expect("spares");
-                self.locals.swap_remove(i);
-            }
-        }
+    /// Keeps a share's buffers for later runs of this core: past [`SPARE_OUTS`] output buffers
+    /// the one given back longest ago is destroyed through `kif` (the smallest would be the one a
+    /// decode run just returned: each new output buffer costs a warm-up job on hardware,
+    /// rknpu-facts §2.6).
+    pub(crate) fn give_back(&mut self, kif: &dyn KernelInterface, outs: Vec<Bo>) {
         self.outs.extend(outs);
         while self.outs.len() > SPARE_OUTS {
             if let Err(e) = kif.mem_destroy(self.outs.remove(0)) {
@@ -225,15 +190,15 @@ pub(crate) struct Shared {
 
 impl Shared {
     /// Keeps a share's buffers for later runs of `core` ([`Spares::give_back`]).
-    pub(crate) fn give_back(&self, core: u32, local: Vec<i32>, outs: Vec<Bo>) {
-        self.spares[core as usize].lock().unwrap_or_else(|p| p.into_inner()).give_back(&*self.kif, local, outs);
+    pub(crate) fn give_back(&self, core: u32, outs: Vec<Bo>) {
+        self.spares[core as usize].lock().unwrap_or_else(|p| p.into_inner()).give_back(&*self.kif, outs);
     }
 
     /// Sends `core`'s result of a run to the run's caller; one nobody receives (the caller is
     /// gone) gives its buffers back.
     pub(crate) fn send_result(&self, core: u32, tx: &std::sync::mpsc::Sender<Result<CoreResult, NpuError>>, r: Result<CoreResult, NpuError>) {
         if let Err(std::sync::mpsc::SendError(Ok(r))) = tx.send(r) {
-            self.give_back(core, r.local, r.outs);
+            self.give_back(core, r.outs);
         }
     }
 
@@ -250,7 +215,7 @@ impl Drop for Shared {
         for c in &self.cores {
             let sets = std::mem::take(&mut c.lock().unwrap_or_else(|p| p.into_inner()).sets);
             for (_, s) in sets {
-                for bo in [s.regcmd, s.task, s.out].into_iter().chain(s.out_classes) {
+                for bo in [s.regcmd, s.task] {
                     if let Err(e) = self.kif.mem_destroy(bo) {
                         log::warn!("destroying NPU scratch: {e}");
                     }
@@ -354,13 +319,9 @@ pub(crate) struct OutBlock {
 /// What one core's share produced.
 #[derive(Default)]
 pub(crate) struct CoreResult {
-    /// `[M][ncols]` row-major i32 over the core's column segments (a K-split share: the sums
-    /// of its K-slices' partials); empty when the output buffers are read in place (`outs`).
-    pub local: Vec<i32>,
-    /// The output buffers the share's submits wrote, kept for the caller to read in place
-    /// (every share without a K-split on a little-endian host).
+    /// The output buffers the share's submits wrote, kept for the caller to read in place.
     pub outs: Vec<Bo>,
-    /// With `outs`: each column segment's blocks, one per M-tile and K-slice.
+    /// Each column segment's blocks in `outs`, one per M-tile and K-slice.
     pub blocks: Vec<Vec<OutBlock>>,
     /// Wall time of the share's run on its core's thread.
     pub busy_ns: u64,
@@ -418,11 +379,7 @@ fn grow_with(kif: &dyn KernelInterface, bo: &mut Bo, needed: usize, domain: Doma
 fn new_set(kif: &dyn KernelInterface, domain: DomainId) -> Result<ScratchSet, KifError> {
     let regcmd = kif.mem_create(crate::npu::kif::PAGE_BYTES, mem_flags::DATA, domain)?;
     let task = kif.mem_create(crate::npu::kif::PAGE_BYTES, mem_flags::TASK, domain)?;
-    // Where every sync is of the whole buffer, the output buffers come by size class
-    // (`ScratchSet::out_classes`).
-    let whole = kif.syncs_whole_buffers();
-    let out = kif.mem_create(if whole { crate::npu::kif::PAGE_BYTES } else { OUT_SCRATCH_INITIAL_BYTES }, mem_flags::DATA, domain)?;
-    Ok(ScratchSet { regcmd, task, out, out_classes: Vec::new() })
+    Ok(ScratchSet { regcmd, task })
 }
 
 /// Creates the scratch sets of cores `0..cores` in `domain` if missing (core `c`'s in
@@ -465,7 +422,7 @@ pub(crate) fn run_core(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize
         }
         Err(e) => {
             // A failed share's buffers go back to the core's spares (nothing of it is read).
-            shared.give_back(plan.core, std::mem::take(&mut res.local), std::mem::take(&mut res.outs));
+            shared.give_back(plan.core, std::mem::take(&mut res.outs));
             Err(e)
         }
     }
@@ -483,21 +440,11 @@ fn run_core_into(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize, plan
     if let std::collections::hash_map::Entry::Vacant(e) = guard.sets.entry(w.domain.0) {
         e.insert(new_set(kif, domain).map_err(sub_err)?);
     }
-    // On the host-buffer path a K-split share adds its K-slices' partials, so it starts from
-    // zeros, and every other share copies each block in.
-    let ksplit = plan.submits.iter().flat_map(|s| &s.programs).any(|p| p.k0 != 0);
     // Every program writes its int32 block (a K-split: its K-slice's partial), which the caller
     // reads where the NPU wrote it (each submit into an output buffer of its own, handed to the
-    // caller with the result; the caller adds a K-split's partials). A big-endian host copies
-    // the blocks (K-split: adds them) into a host buffer instead.
-    let in_place = cfg!(target_endian = "little");
-    let mut local = if in_place { Vec::new() } else { shared.spares[core as usize].lock().unwrap_or_else(|p| p.into_inner()).take(m * plan.ncols) };
-    if ksplit {
-        local.fill(0);
-    }
+    // caller with the result; the caller adds a K-split's partials).
     let set = guard.sets.get_mut(&w.domain.0).expect("scratch set");
-    res.local = local;
-    res.blocks = if in_place { vec![Vec::new(); plan.segs.len()] } else { Vec::new() };
+    res.blocks = vec![Vec::new(); plan.segs.len()];
     // The weights' base: the blob's BO, or this core's part, with every program's weight offset
     // moved to where the part holds it.
     let part = if w.parts.is_empty() || plan.submits.is_empty() {
@@ -527,30 +474,15 @@ fn run_core_into(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize, plan
                 &moved
             }
         };
-        let out_bo = if in_place {
-            let whole = kif.syncs_whole_buffers();
-            let need = out_class(sub.out_bytes);
-            let spare = shared.spares[core as usize].lock().unwrap_or_else(|p| p.into_inner()).take_out(domain, if whole { need } else { sub.out_bytes }, whole);
-            let bo = match spare {
-                Some(bo) => bo,
-                None => kif.mem_create(need, mem_flags::DATA, domain).map_err(sub_err)?,
-            };
-            res.outs.push(bo);
-            res.outs.last_mut().expect("just pushed")
-        } else if kif.syncs_whole_buffers() {
-            let class = out_class(sub.out_bytes);
-            let i = match set.out_classes.iter().position(|b| b.size_bytes == class) {
-                Some(i) => i,
-                None => {
-                    set.out_classes.push(kif.mem_create(class, mem_flags::DATA, domain).map_err(sub_err)?);
-                    set.out_classes.len() - 1
-                }
-            };
-            &mut set.out_classes[i]
-        } else {
-            grow(kif, &mut set.out, sub.out_bytes, domain).map_err(sub_err)?;
-            &mut set.out
+        let whole = kif.syncs_whole_buffers();
+        let need = out_class(sub.out_bytes);
+        let spare = shared.spares[core as usize].lock().unwrap_or_else(|p| p.into_inner()).take_out(domain, if whole { need } else { sub.out_bytes }, whole);
+        let bo = match spare {
+            Some(bo) => bo,
+            None => kif.mem_create(need, mem_flags::DATA, domain).map_err(sub_err)?,
         };
+        res.outs.push(bo);
+        let out_bo = res.outs.last_mut().expect("just pushed");
         grow(kif, &mut set.regcmd, sub.programs.len() * regcmd::PROGRAM_BYTES, domain).map_err(sub_err)?;
         // Programs, chained, reading their activation blocks in the image (its copy in this
         // core's space), and their task descriptors.
@@ -628,18 +560,10 @@ fn run_core_into(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize, plan
             res.retries += 1;
             attempt += 1;
         }
-        if in_place {
-            let at = res.outs.len() - 1;
-            for p in &sub.programs {
-                let j = plan.segs.iter().position(|s| s.col0 == p.col0).expect("a program's column segment");
-                res.blocks[j].push(OutBlock { out: at, offset: p.out_offset, m0: p.m0, mc: p.mc, k0: p.k0 });
-            }
-        } else {
-            let out = out_bo.bytes();
-            for p in &sub.programs {
-                let block = if ksplit { layout::add_c_block } else { layout::copy_c_block };
-                block(&out[p.out_offset..], p.mc, p.nc, p.nc, &mut res.local, plan.ncols, p.m0, p.col0);
-            }
+        let at = res.outs.len() - 1;
+        for p in &sub.programs {
+            let j = plan.segs.iter().position(|s| s.col0 == p.col0).expect("a program's column segment");
+            res.blocks[j].push(OutBlock { out: at, offset: p.out_offset, m0: p.m0, mc: p.mc, k0: p.k0 });
         }
         res.submits += 1;
         res.programs += nprogs as u32;

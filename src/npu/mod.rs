@@ -153,11 +153,9 @@ pub struct RunStats {
 /// One core's part of an NPU matmul's int32 result, over its column segments `(n0, nc, col0)`
 /// (global columns `n0..n0+nc` at the share's column `col0`): in the output buffers the core's
 /// submits wrote, read in place (each segment a block per M-tile and K-slice, rows of the
-/// segment's width; a K-split's partials add up to the result), or, on a big-endian host, in a
-/// host buffer `[M][ncols]` row-major.
+/// segment's width; a K-split's partials add up to the result).
 pub struct CoreShare {
     core: u32,
-    local: Vec<i32>,
     pub ncols: usize,
     pub segs: Vec<(usize, usize, usize)>,
     outs: Vec<kif::Bo>,
@@ -168,10 +166,7 @@ pub struct CoreShare {
 impl CoreShare {
     /// Segment `j` ([`CoreShare::segs`]) of the share's `m` rows, as the output pass reads it.
     fn seg_part(&self, j: usize, m: usize) -> crate::quant::CPart<'_> {
-        let (n0, nc, col0) = self.segs[j];
-        if self.outs.is_empty() {
-            return crate::quant::CPart { n0, nc, total: m, rows: m.max(1), parts: 1, stride: self.ncols, at: col0, blocks: vec![&self.local[..]] };
-        }
+        let (n0, nc, _) = self.segs[j];
         let bl = &self.blocks[j];
         let rows = bl.first().map_or(1, |b| b.mc).max(1);
         let parts = bl.iter().take_while(|b| b.m0 == bl[0].m0).count().max(1);
@@ -216,7 +211,7 @@ impl Shares {
 impl Drop for Shares {
     fn drop(&mut self) {
         for s in self.cores.drain(..) {
-            self.home.give_back(s.core, s.local, s.outs);
+            self.home.give_back(s.core, s.outs);
         }
     }
 }
@@ -316,7 +311,7 @@ impl Drop for PieceRun<'_> {
         for (rx, &core) in self.rx.iter().zip(&self.cores) {
             for _ in 0..queued {
                 if let Ok(Ok(r)) = rx.recv() {
-                    self.npu.shared.give_back(core, r.local, r.outs);
+                    self.npu.shared.give_back(core, r.outs);
                 }
             }
         }
@@ -800,14 +795,13 @@ impl Npu {
                     // The output pass finds a row's block by arithmetic: every segment's blocks
                     // must tile its rows in equal M-tiles (the last one shorter), each M-tile in
                     // as many K-slices. A plan that breaks this fails the run, never a wrong row.
-                    if !r.outs.is_empty() && !blocks.iter().all(|b| tiles_evenly(b, plan.m)) {
-                        shares.cores.push(CoreShare { core: cp.core, local: r.local, ncols: cp.ncols, segs: Vec::new(), outs: r.outs, blocks: Vec::new() });
+                    if !blocks.iter().all(|b| tiles_evenly(b, plan.m)) {
+                        shares.cores.push(CoreShare { core: cp.core, ncols: cp.ncols, segs: Vec::new(), outs: r.outs, blocks: Vec::new() });
                         failed = failed.or(Some(NpuError::Kif(KifError::Invalid(format!("core {}'s output blocks do not tile M = {} evenly", cp.core, plan.m)))));
                         continue;
                     }
                     shares.cores.push(CoreShare {
                         core: cp.core,
-                        local: r.local,
                         ncols: cp.ncols,
                         segs: cp.segs.iter().map(|s| (s.n0, s.nc, s.col0)).collect(),
                         outs: r.outs,

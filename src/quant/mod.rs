@@ -301,9 +301,6 @@ impl<'a> RowTerms<'a> {
     }
 }
 
-/// f32s in a 4 KiB page.
-const PAGE_FLOATS: usize = 1024;
-
 /// The longest activation row [`prepare_rows`] takes four at a time (with their dots); rows up to
 /// twice as long go two at a time, longer ones alone. `ORK_BENCH_ONLY=mean cargo run --release
 /// --example bench_host` (one core, µs per token of the dot): K = 2048 in fours 0.2, in pairs
@@ -384,19 +381,10 @@ pub fn prepare_rows_hashed(x: &[f32], m: usize, k: usize, terms: usize, prep: Ro
         // a time, up to 2048 two, longer ones alone (more long rows and their copies do not stay
         // in L1; the one row's reads, from further away, then hide most of its dot's latency).
         let group = if k <= DOT_GROUP_MAX_K { 4 } else if k <= 2 * DOT_GROUP_MAX_K { 2 } else { 1 };
-        with_scratch(PAGE_FLOATS + (group + 1) * k, |buf| {
-            let (head, resid) = buf.split_at_mut(PAGE_FLOATS + group * k);
+        with_scratch((group + 1) * k, |buf| {
+            let (rows4, resid) = buf.split_at_mut(group * k);
             for (g, xg) in x.chunks(group * k).enumerate() {
                 let nr = xg.len() / k;
-                // Rows of whole pages get copies 256 bytes below them modulo a page: a load whose
-                // address matches an in-flight store's in its low 12 bits waits for it (x86 "4K
-                // aliasing"), and the copying pass reads each row ahead of its copy's stores.
-                // Below the row, a copy only matches loads already done (bench_host, the dot of
-                // K = 2048 rows at M = 128: 0.06 µs per token placed so, 0.11–0.13 at offset 0).
-                // Rows of other lengths sit at every offset from each other's copies whatever
-                // the placement (K = 576 measured no better placed so: left where they fall).
-                let off = if k % PAGE_FLOATS == 0 { (xg.as_ptr() as usize).wrapping_sub(256).wrapping_sub(head.as_ptr() as usize) % 4096 / 4 } else { 0 };
-                let rows4 = &mut head[off..off + group * k];
                 let r = |j: usize| &xg[j * k..(j + 1) * k];
                 let g0 = group * g;
                 match (prep, dir) {

@@ -36,8 +36,6 @@ pub struct Link {
     /// The MUL_MAT before it reads the same activation and no node between them writes its
     /// memory: the int8 terms that one made are this one's, if it ran them.
     pub held: bool,
-    /// The next node that computes is a MUL_MAT reading the same activation.
-    pub next_reads_same: bool,
     /// Whether a later MUL_MAT reads the activation again.
     pub read_again: Again,
 }
@@ -103,25 +101,18 @@ impl Seen {
 }
 
 /// The [`Link`] of every step (the default for a step that is not a MUL_MAT). Linear in the
-/// steps: one pass forward (the MUL_MAT before, the next node that computes) and one backward
+/// steps: one pass forward (the MUL_MAT before) and one backward
 /// (the nearest later reader of each activation tensor and writer of each tensor's memory).
 pub fn links(steps: &[Step]) -> Vec<Link> {
     let mut out = vec![Link::default(); steps.len()];
     let writes = |s: &Step, a: &Act| matches!(s, Step::Work { writes, .. } if *writes == a.base || *writes == a.tensor);
     let mut before: Option<(usize, Act)> = None;
-    let mut last_work: Option<usize> = None;
     for (i, s) in steps.iter().enumerate() {
-        let Step::Work { act, .. } = s else { continue };
-        if let Some(a) = act {
-            if let Some((j, held)) = before {
-                out[i].held = held.tensor == a.tensor && !steps[j + 1..i].iter().any(|s| writes(s, a));
-            }
-            if let Some((j, held)) = before.filter(|&(j, _)| Some(j) == last_work) {
-                out[j].next_reads_same = held.tensor == a.tensor;
-            }
-            before = Some((i, *a));
+        let Step::Work { act: Some(a), .. } = s else { continue };
+        if let Some((j, held)) = before {
+            out[i].held = held.tensor == a.tensor && !steps[j + 1..i].iter().any(|s| writes(s, a));
         }
-        last_work = Some(i);
+        before = Some((i, *a));
     }
     // Backward: for each MUL_MAT, whether a later MUL_MAT reads its tensor before a later node
     // writes its memory (the tensor or its base); neither: the graph ends first.
@@ -149,15 +140,12 @@ pub fn links(steps: &[Step]) -> Vec<Link> {
 pub struct Chain {
     /// It reads the activation the MUL_MAT before it quantized and reuses its int8 terms.
     pub held: bool,
-    /// The MUL_MAT right after it reads the same activation: its last piece's output pass runs
-    /// beside that one's first piece on the NPU (`backend::graph`, `Device::run_mul_mat_chained`;
-    /// a cut MUL_MAT of one weight term and one activation term).
-    pub beside_next: bool,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::route::precision::Terms;
 
     const X: Act = Act { tensor: 0x10, base: 0x10 };
 
@@ -175,9 +163,9 @@ mod tests {
         // terms; the norm between Q and K writes another tensor.
         let g = [mm(0x100, X), op(0x100), Step::View, op(0x100), mm(0x200, X), mm(0x300, X)];
         let l = links(&g);
-        assert_eq!(l[0], Link { held: false, next_reads_same: false, read_again: Again::Yes });
-        assert_eq!(l[4], Link { held: true, next_reads_same: true, read_again: Again::Yes });
-        assert_eq!(l[5], Link { held: true, next_reads_same: false, read_again: Again::Unknown });
+        assert_eq!(l[0], Link { held: false, read_again: Again::Yes });
+        assert_eq!(l[4], Link { held: true, read_again: Again::Yes });
+        assert_eq!(l[5], Link { held: true, read_again: Again::Unknown });
         assert_eq!(l[1], Link::default(), "not a MUL_MAT");
         // A node between that writes X (in place, through a view of it): nothing held, and the
         // first MUL_MAT's activation is not read again.
@@ -190,7 +178,7 @@ mod tests {
         // Another activation's MUL_MAT between: its terms, not X's, are the held ones.
         let y = Act { tensor: 0x20, base: 0x20 };
         let l = links(&[mm(0x100, X), mm(0x200, y), mm(0x300, X)]);
-        assert_eq!((l[1].held, l[2].held, l[0].read_again, l[0].next_reads_same), (false, false, Again::Yes, false));
+        assert_eq!((l[1].held, l[2].held, l[0].read_again), (false, false, Again::Yes));
         // Another tensor viewing the same memory is not the same activation.
         assert!(!links(&[mm(0x100, X), mm(0x200, Act { tensor: 0x12, base: 0x10 })])[1].held);
     }

@@ -118,8 +118,8 @@ pub struct HostCost {
     pub act_quant_s: f64,
     /// The output pass (int32 → f32 with the scales, second term, correction) per output row × N.
     pub output_s: f64,
-    /// The reuse check of a MUL_MAT reading the held activation (the activation's hash; cut into
-    /// pieces, it runs beside the first piece's NPU run, which has the held terms already) per
+    /// The reuse check of a MUL_MAT reading the held activation (the activation's hash, before
+    /// its NPU runs; cut into pieces, the graph vouches for the activation and none runs) per
     /// activation row × K of those MUL_MATs.
     pub check_s: f64,
     /// The host part of the NPU runs (register commands, syncs, output buffers on each core's
@@ -327,9 +327,7 @@ impl CostModel {
     /// calibrated correction is not in it (`mean_correct_s`). `chain`: where it stands among
     /// the MUL_MATs reading its activation ([`activation::Chain`]) — held: it reads the
     /// activation the MUL_MAT before quantized, no activation pass, and the first piece is not
-    /// cut short; beside the next: its last piece's output pass runs beside the next MUL_MAT's
-    /// first piece, taken as long as this one's first piece on the NPU (V → K and gate → up
-    /// have one shape each), and what of it that does not cover adds.
+    /// cut short.
     pub fn npu_host_s(&self, m: usize, k: usize, n: usize, terms: precision::Terms, cores: u32, chain: activation::Chain) -> f64 {
         self.npu_host_ends(m, k, n, terms, cores, chain).0
     }
@@ -353,7 +351,7 @@ impl CostModel {
             return (npu, plain);
         }
         let (serial, passes) = self.host.host_parts(m, k, n, terms, held);
-        if terms.act != 1 || !self.host.pipelined {
+        if terms != precision::Terms::PLAIN || !self.host.pipelined {
             return (self.host.combine(npu, serial, passes, 1, 1.0, 1.0), plain);
         }
         let geom = crate::npu::layout::WeightGeometry::new(&self.soc, n, k);
@@ -365,25 +363,16 @@ impl CostModel {
                 let ends = Ends { first, last };
                 let bounds = crate::npu::plan::pipeline_bounds(&self.soc, &geom, m, cores, ends);
                 // A piece that splits an M-tile runs one more program: its weight fed once more
-                // (every weight term's: a second term's runs are cut into the same pieces).
-                let refeed = crate::npu::plan::extra_m_tiles(&self.soc, &geom, &bounds) as f64 * (terms.weight * k * n) as f64 / self.npu_feed_bps;
-                // Held: the first piece goes to the NPU before the reuse check (the pass), which
-                // runs beside that piece's NPU run; the rest waits for the check's answer.
-                let piece0 = (npu + refeed) * share(bounds[0]);
+                let refeed = crate::npu::plan::extra_m_tiles(&self.soc, &geom, &bounds) as f64 * (k * n) as f64 / self.npu_feed_bps;
+                // Held on the graph's word: the walk vouches for the activation, so its pass (the
+                // reuse check, run only where nothing vouches) does not run.
                 let (serial, passes, first_share) = if held && bounds.len() > 1 {
-                    (serial + (passes.0 - piece0).max(0.0), (0.0, passes.1), 0.0)
+                    (serial, (0.0, passes.1), 0.0)
                 } else {
                     (serial, passes, share(bounds[0]))
                 };
-                // Beside the next MUL_MAT: the last piece's output pass leaves this one.
                 let last_share = share(bounds[bounds.len() - 1]);
-                let (passes, last_share, after) = if chain.beside_next && bounds.len() > 1 {
-                    let tail = passes.1 * last_share;
-                    ((passes.0, passes.1 - tail), 0.0, (tail - piece0).max(0.0))
-                } else {
-                    (passes, last_share, 0.0)
-                };
-                let t = self.host.combine(npu + refeed, serial, passes, bounds.len(), first_share, last_share) + after;
+                let t = self.host.combine(npu + refeed, serial, passes, bounds.len(), first_share, last_share);
                 if t < best.0 {
                     best = (t, ends);
                 }

@@ -96,7 +96,7 @@ pub fn reads_held(link: Link, p: Precision) -> bool {
 
 /// The cost model's [`Chain`] of a weight with precision `p` whose place in the graph is `link`.
 pub fn chain(link: Link, p: Precision) -> Chain {
-    Chain { held: reads_held(link, p), beside_next: p.terms == Terms::PLAIN && link.next_reads_same }
+    Chain { held: reads_held(link, p) }
 }
 
 /// NPU rows per token of a model with `counts` weights per role under `terms`, as a ratio of
@@ -115,30 +115,28 @@ mod tests {
     #[test]
     fn a_layer_as_llama_cpp_computes_it() {
         use Again::*;
-        for (role, held, next_reads_same, read_again) in [
-            (Role::Head, false, false, No),
-            (Role::AttnQ, false, false, Yes),
-            (Role::AttnV, true, true, Yes),
-            (Role::AttnK, true, false, No),
-            (Role::AttnOut, false, false, No),
-            (Role::FfnGate, false, true, Yes),
-            (Role::FfnUp, true, false, No),
-            (Role::FfnDown, false, false, No),
-            (Role::Other, false, false, No),
+        for (role, held, read_again) in [
+            (Role::Head, false, No),
+            (Role::AttnQ, false, Yes),
+            (Role::AttnV, true, Yes),
+            (Role::AttnK, true, No),
+            (Role::AttnOut, false, No),
+            (Role::FfnGate, false, Yes),
+            (Role::FfnUp, true, No),
+            (Role::FfnDown, false, No),
+            (Role::Other, false, No),
         ] {
-            assert_eq!(layer_link(role), Link { held, next_reads_same, read_again }, "{role:?}");
+            assert_eq!(layer_link(role), Link { held, read_again }, "{role:?}");
         }
     }
 
     #[test]
     fn what_the_graph_shows_held_is_reused_in_one_rotated_term() {
         let p = |rotated: bool, act: usize| Precision { terms: Terms { weight: 1, act }, rotated, mean_correct: rotated };
-        for (held, next_reads_same) in [(false, false), (true, false), (false, true), (true, true)] {
-            let l = Link { held, next_reads_same, read_again: Again::Unknown };
-            assert_eq!(chain(l, p(true, 1)), Chain { held, beside_next: next_reads_same });
+        for held in [false, true] {
+            let l = Link { held, read_again: Again::Unknown };
+            assert_eq!(chain(l, p(true, 1)), Chain { held });
             assert!(!reads_held(l, p(false, 1)) && !reads_held(l, p(true, 2)), "only one rotated activation term is held");
-            assert_eq!(chain(l, p(false, 1)).beside_next, next_reads_same, "unrotated, one term each");
-            assert!(!chain(l, p(true, 2)).beside_next, "two activation terms are not cut");
         }
     }
 

@@ -404,7 +404,7 @@ fn print_anchors() {
         h.npu_io_s * 1e9,
         h.matmul_s * 1e6,
         if h.pipelined {
-            "the activation and output passes of MUL_MATs cut into pieces overlapping the NPU (npu::plan::pipeline_bounds; the ends route::pipeline_ends cuts short, each one more weight feed; where the activation is held, the first piece whole and the reuse check beside it; the last output pass of V and gate beside the first piece of K and up, which read the same activation right after them), the NPU runs' host part after each submit"
+            "the activation and output passes of MUL_MATs cut into pieces overlapping the NPU (npu::plan::pipeline_bounds; the ends route::pipeline_ends cuts short, each one more weight feed; where the graph shows the activation held, the first piece whole and no pass before it), the NPU runs' host part after each submit"
         } else {
             "after one another with the NPU runs (nothing pipelined)"
         },
