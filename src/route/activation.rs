@@ -145,7 +145,6 @@ pub struct Chain {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::route::precision::Terms;
 
     const X: Act = Act { tensor: 0x10, base: 0x10 };
 

@@ -218,7 +218,7 @@ mod tests {
         let act = h.host_parts(512, 2048, 1024, p1.terms, false).1 .0;
         assert!(held + act * 16.0 / 512.0 <= own, "held {held:e}, own {own:e}");
         // A MUL_MAT reading the held activation cuts only its last piece short.
-        assert_eq!(activation::chain(layer_link(precision::Role::AttnV), p1), held_chain);
+        assert_eq!(chain(layer_link(precision::Role::AttnV), p1), held_chain);
         assert_eq!(host.pipeline_ends(512, 2048, 1024, p1.terms, 3, held_chain), ggml_ork::npu::plan::Ends { first: false, last: true });
         // One MUL_MAT, by hand: cut into 4 pieces, passes 4 ms against 10 ms of NPU: the ends.
         // No rows: the NPU's time alone (nothing cut, nothing to pass), not a panic.
