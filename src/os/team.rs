@@ -399,3 +399,144 @@ mod tests {
         check(|| Threads::OpenMp { fallback: 3 }, false);
     }
 }
+
+#[cfg(test)]
+mod review {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    fn pool() -> &'static rayon::ThreadPool {
+        static P: OnceLock<rayon::ThreadPool> = OnceLock::new();
+        P.get_or_init(|| rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap())
+    }
+
+    fn gomp() -> Option<libloading::Library> {
+        // SAFETY: test only.
+        ["libgomp.so.1"].iter().find_map(|n| unsafe { libloading::Library::new(n) }.ok())
+    }
+
+    /// A task on the lead that itself calls for_each (nested post on the same Shared).
+    fn nested(make: impl Fn() -> Threads<'static>) -> Vec<u64> {
+        let outer: Vec<AtomicU64> = (0..8).map(|_| AtomicU64::new(0)).collect();
+        let inner: Vec<AtomicU64> = (0..64).map(|_| AtomicU64::new(0)).collect();
+        let me = std::thread::current().id();
+        run(make(), true, || {
+            for_each(outer.len(), &|i| {
+                outer[i].fetch_add(1, Relaxed);
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                if std::thread::current().id() == me {
+                    for_each(inner.len(), &|j| {
+                        inner[j].fetch_add(1, Relaxed);
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    });
+                }
+            });
+        });
+        outer.iter().chain(&inner).map(|h| h.load(Relaxed)).collect()
+    }
+
+    #[test]
+    fn review_nested_for_each_pool() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || { let _ = tx.send(nested(|| Threads::Pool(pool()))); });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("nested for_each on a pool team hung");
+        assert!(got.iter().all(|&h| h == 1), "each outer and inner task once: {got:?}");
+    }
+
+    #[test]
+    fn review_nested_for_each_openmp() {
+        let Some(_l) = gomp() else { return };
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || { let _ = tx.send(nested(|| Threads::OpenMp { fallback: 3 })); });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("nested for_each on an OpenMP team hung");
+        assert!(got.iter().all(|&h| h == 1), "each outer and inner task once: {got:?}");
+    }
+
+    /// ORK_HOST_THREADS=1 / -t 1: no team; where do the passes run?
+    #[test]
+    fn review_one_thread_team_uses_one_thread() {
+        let ids = Mutex::new(std::collections::HashSet::new());
+        let n = run(Threads::OpenMp { fallback: 1 }, true, || {
+            for _ in 0..50 {
+                for_each(64, &|_| {
+                    lock(&ids).insert(std::thread::current().id());
+                    (0..20_000u64).for_each(|v| { std::hint::black_box(v); });
+                });
+            }
+            threads()
+        });
+        let used = lock(&ids).len();
+        assert!(n == 1 && used == 1, "a team of one asked: threads() = {n}, {used} threads ran the tasks");
+    }
+
+    /// Two threads leading at once (pool: BUSY; OpenMP: a team per thread), many times.
+    fn two_leads(make: fn() -> Threads<'static>) {
+        let total = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for _ in 0..200 {
+                        let sum = run(make(), true, || {
+                            let s = AtomicU64::new(0);
+                            for _ in 0..3 {
+                                for_each(100, &|i| { s.fetch_add(i as u64, Relaxed); });
+                            }
+                            s.load(Relaxed)
+                        });
+                        assert_eq!(sum, 3 * 4950);
+                        total.fetch_add(1, Relaxed);
+                    }
+                });
+            }
+        });
+        assert_eq!(total.load(Relaxed), 400);
+    }
+
+    #[test]
+    fn review_two_leads_pool() {
+        two_leads(|| Threads::Pool(pool()));
+    }
+
+    #[test]
+    fn review_two_leads_openmp() {
+        let Some(_l) = gomp() else { return };
+        assert!(has_openmp());
+        two_leads(|| Threads::OpenMp { fallback: 3 });
+    }
+
+    /// A lead that is itself a thread of an OpenMP region (the caller inside `#pragma omp parallel`).
+    #[test]
+    fn review_lead_inside_openmp_region() {
+        let Some(_l) = gomp() else { return };
+        let omp = openmp().expect("loaded");
+        static SUMS: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+        extern "C" fn body(_: *mut c_void) {
+            let r = catch_unwind(|| {
+                run(Threads::OpenMp { fallback: 3 }, true, || {
+                    let s = AtomicU64::new(0);
+                    for _ in 0..5 {
+                        for_each(100, &|i| { s.fetch_add(i as u64, Relaxed); });
+                    }
+                    s.load(Relaxed)
+                })
+            });
+            lock(&SUMS).push(r.unwrap_or(0));
+        }
+        // SAFETY: test only: an outer region of 3 threads, each leading an ORK team.
+        unsafe { (omp.parallel)(body, std::ptr::null_mut(), 3, 0) };
+        let sums = lock(&SUMS).clone();
+        assert_eq!(sums, vec![5 * 4950; 3]);
+    }
+
+    /// PerJob (ORK_KEEP_AWAKE=0) on OpenMP, a task panics on a pass, f catches it and posts again.
+    #[test]
+    fn review_perjob_after_caught_panic() {
+        let Some(_l) = gomp() else { return };
+        let (n1, n2) = run(Threads::OpenMp { fallback: 3 }, false, || {
+            let n1 = threads();
+            let _ = catch_unwind(AssertUnwindSafe(|| for_each(8, &|i| assert!(i != 5))));
+            (n1, threads())
+        });
+        assert_eq!((n1, n2), (3, 3), "the team after a caught panic");
+    }
+}
