@@ -79,7 +79,7 @@ pub(crate) fn on_host<R>(cfg: &Config, elems: usize, f: impl FnOnce() -> R) -> R
     let threads = if team::has_openmp() && cfg.host_threads.is_none() {
         team::Threads::OpenMp { fallback: team_size(cfg) }
     } else if team_size(cfg) < 2 {
-        return f();
+        return team::alone(f);
     } else {
         team::Threads::Pool(host_pool(cfg))
     };

@@ -91,8 +91,12 @@ struct Shared {
 }
 
 /// The current thread's team while it leads one.
+#[derive(Clone, Copy)]
 enum Current {
     None,
+    /// A [`for_each`] here runs on this thread alone: inside a task of a team's post (the
+    /// team's threads are all in that post), or in a team of one.
+    Alone,
     /// Threads that wait for each post (`Shared`, alive while the lead runs `f`).
     Standing(*const Shared),
     /// Each post starts the team anew (`ORK_KEEP_AWAKE=0`): OpenMP's threads of this count, or
@@ -102,6 +106,22 @@ enum Current {
 
 thread_local! {
     static CURRENT: Cell<Current> = const { Cell::new(Current::None) };
+}
+
+/// Makes `c` the current thread's team until dropped (also while unwinding), then puts back
+/// the one before.
+struct Set(Current);
+
+impl Set {
+    fn new(c: Current) -> Self {
+        Set(CURRENT.with(|x| x.replace(c)))
+    }
+}
+
+impl Drop for Set {
+    fn drop(&mut self) {
+        CURRENT.with(|x| x.set(self.0));
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -116,7 +136,10 @@ impl Shared {
             if i >= tasks {
                 return;
             }
-            if let Err(e) = catch_unwind(AssertUnwindSafe(|| job(i))) {
+            let alone = Set::new(Current::Alone);
+            let r = catch_unwind(AssertUnwindSafe(|| job(i)));
+            drop(alone);
+            if let Err(e) = r {
                 lock(&self.panic).get_or_insert(e);
             }
             self.left.fetch_sub(1, AcqRel);
@@ -185,10 +208,10 @@ struct Region<F, R> {
 
 impl<F: FnOnce() -> R, R> Region<F, R> {
     fn lead(&self) {
-        CURRENT.with(|c| c.set(Current::Standing(&self.shared)));
+        let standing = Set::new(Current::Standing(&self.shared));
         let f = self.f.take().expect("one lead");
         self.out.set(Some(catch_unwind(AssertUnwindSafe(f))));
-        CURRENT.with(|c| c.set(Current::None));
+        drop(standing);
         self.shared.done.store(true, Release);
     }
 }
@@ -218,24 +241,19 @@ pub fn run<R, F: FnOnce() -> R>(threads: Threads<'_>, standing: bool, f: F) -> R
         Threads::Pool(p) => p.current_num_threads() + 1,
     };
     let omp = matches!(threads, Threads::OpenMp { .. }).then(openmp).flatten();
-    let in_team = CURRENT.with(|c| {
-        let cur = c.replace(Current::None);
-        let busy = !matches!(cur, Current::None);
-        c.set(cur);
-        busy
-    });
-    if n < 2 || in_team || (omp.is_none() && matches!(threads, Threads::OpenMp { .. })) {
+    if !matches!(CURRENT.with(Cell::get), Current::None) {
         return f();
+    }
+    if n < 2 || (omp.is_none() && matches!(threads, Threads::OpenMp { .. })) {
+        return alone(f);
     }
     if !standing {
         let pool = match threads {
             Threads::Pool(p) => Some(p as *const rayon::ThreadPool),
             Threads::OpenMp { .. } => None,
         };
-        CURRENT.with(|c| c.set(Current::PerJob(n, pool)));
-        let out = catch_unwind(AssertUnwindSafe(f));
-        CURRENT.with(|c| c.set(Current::None));
-        return out.unwrap_or_else(|e| resume_unwind(e));
+        let _per_job = Set::new(Current::PerJob(n, pool));
+        return f();
     }
     let shared = Shared {
         lead: std::thread::current().id(),
@@ -280,30 +298,30 @@ pub fn run<R, F: FnOnce() -> R>(threads: Threads<'_>, standing: bool, f: F) -> R
     }
 }
 
+/// Runs `f` with the calling thread as a team of one: [`for_each`] inside it runs on this thread.
+pub fn alone<R>(f: impl FnOnce() -> R) -> R {
+    let _alone = Set::new(Current::Alone);
+    f()
+}
+
 /// Runs `job(i)` for every `i < tasks`: on the team the calling thread leads, else on the current
 /// rayon pool (or the global one).
 pub fn for_each(tasks: usize, job: Job<'_>) {
-    let cur = CURRENT.with(|c| c.replace(Current::None));
-    let restore = |cur| CURRENT.with(|c| c.set(cur));
-    match cur {
-        _ if tasks < 2 => {
-            restore(cur);
-            (0..tasks).for_each(job);
-        }
-        Current::Standing(s) => {
-            restore(cur);
-            // SAFETY: set by `Region::lead` for as long as `f` runs on this thread, and `f` is
-            // what calls this.
-            unsafe { &*s }.post(tasks, job);
-        }
+    match CURRENT.with(Cell::get) {
+        _ if tasks < 2 => (0..tasks).for_each(job),
+        Current::Alone => (0..tasks).for_each(job),
+        // SAFETY: set by `Region::lead` for as long as `f` runs on this thread, and `f` is what
+        // calls this; the lead's own tasks run `Alone` (`Shared::take`), so this post is not
+        // entered again from one of them.
+        Current::Standing(s) => unsafe { &*s }.post(tasks, job),
         Current::PerJob(n, pool) => {
-            // Not restored until the job is done: a task on this thread posts nothing.
+            // A team started for this job alone: `run` must see no team on this thread.
+            let _none = Set::new(Current::None);
             match pool {
                 // SAFETY: a pool `run` borrowed for as long as `f` runs.
                 Some(p) => unsafe { &*p }.install(|| par(tasks, job)),
                 None => run(Threads::OpenMp { fallback: n }, true, || for_each(tasks, job)),
             }
-            restore(cur);
         }
         Current::None => par(tasks, job),
     }
@@ -316,17 +334,13 @@ fn par(tasks: usize, job: Job<'_>) {
 
 /// The threads a [`for_each`] from here runs on: its team's, else the current rayon pool's.
 pub fn threads() -> usize {
-    CURRENT.with(|c| {
-        let cur = c.replace(Current::None);
-        let n = match &cur {
-            // SAFETY: as in `for_each`.
-            Current::Standing(s) => unsafe { &**s }.want,
-            Current::PerJob(n, _) => *n,
-            Current::None => rayon::current_num_threads(),
-        };
-        c.set(cur);
-        n
-    })
+    match CURRENT.with(Cell::get) {
+        Current::Alone => 1,
+        // SAFETY: as in `for_each`.
+        Current::Standing(s) => unsafe { &*s }.want,
+        Current::PerJob(n, _) => n,
+        Current::None => rayon::current_num_threads(),
+    }
 }
 
 /// [`for_each`] over owned blocks (each task takes one block).
@@ -397,5 +411,146 @@ mod tests {
         assert!(has_openmp());
         check(|| Threads::OpenMp { fallback: 3 }, true);
         check(|| Threads::OpenMp { fallback: 3 }, false);
+    }
+}
+
+#[cfg(test)]
+mod review {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    fn pool() -> &'static rayon::ThreadPool {
+        static P: OnceLock<rayon::ThreadPool> = OnceLock::new();
+        P.get_or_init(|| rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap())
+    }
+
+    fn gomp() -> Option<libloading::Library> {
+        // SAFETY: test only.
+        ["libgomp.so.1"].iter().find_map(|n| unsafe { libloading::Library::new(n) }.ok())
+    }
+
+    /// A task on the lead that itself calls for_each (nested post on the same Shared).
+    fn nested(make: impl Fn() -> Threads<'static>) -> Vec<u64> {
+        let outer: Vec<AtomicU64> = (0..8).map(|_| AtomicU64::new(0)).collect();
+        let inner: Vec<AtomicU64> = (0..64).map(|_| AtomicU64::new(0)).collect();
+        let me = std::thread::current().id();
+        run(make(), true, || {
+            for_each(outer.len(), &|i| {
+                outer[i].fetch_add(1, Relaxed);
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                if std::thread::current().id() == me {
+                    for_each(inner.len(), &|j| {
+                        inner[j].fetch_add(1, Relaxed);
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    });
+                }
+            });
+        });
+        outer.iter().chain(&inner).map(|h| h.load(Relaxed)).collect()
+    }
+
+    #[test]
+    fn review_nested_for_each_pool() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || { let _ = tx.send(nested(|| Threads::Pool(pool()))); });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("nested for_each on a pool team hung");
+        assert!(got.iter().all(|&h| h == 1), "each outer and inner task once: {got:?}");
+    }
+
+    #[test]
+    fn review_nested_for_each_openmp() {
+        let Some(_l) = gomp() else { return };
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || { let _ = tx.send(nested(|| Threads::OpenMp { fallback: 3 })); });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("nested for_each on an OpenMP team hung");
+        assert!(got.iter().all(|&h| h == 1), "each outer and inner task once: {got:?}");
+    }
+
+    /// ORK_HOST_THREADS=1 / -t 1: no team; where do the passes run?
+    #[test]
+    fn review_one_thread_team_uses_one_thread() {
+        let ids = Mutex::new(std::collections::HashSet::new());
+        let n = run(Threads::OpenMp { fallback: 1 }, true, || {
+            for _ in 0..50 {
+                for_each(64, &|_| {
+                    lock(&ids).insert(std::thread::current().id());
+                    (0..20_000u64).for_each(|v| { std::hint::black_box(v); });
+                });
+            }
+            threads()
+        });
+        let used = lock(&ids).len();
+        assert!(n == 1 && used == 1, "a team of one asked: threads() = {n}, {used} threads ran the tasks");
+    }
+
+    /// Two threads leading at once (pool: BUSY; OpenMP: a team per thread), many times.
+    fn two_leads(make: fn() -> Threads<'static>) {
+        let total = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for _ in 0..200 {
+                        let sum = run(make(), true, || {
+                            let s = AtomicU64::new(0);
+                            for _ in 0..3 {
+                                for_each(100, &|i| { s.fetch_add(i as u64, Relaxed); });
+                            }
+                            s.load(Relaxed)
+                        });
+                        assert_eq!(sum, 3 * 4950);
+                        total.fetch_add(1, Relaxed);
+                    }
+                });
+            }
+        });
+        assert_eq!(total.load(Relaxed), 400);
+    }
+
+    #[test]
+    fn review_two_leads_pool() {
+        two_leads(|| Threads::Pool(pool()));
+    }
+
+    #[test]
+    fn review_two_leads_openmp() {
+        let Some(_l) = gomp() else { return };
+        assert!(has_openmp());
+        two_leads(|| Threads::OpenMp { fallback: 3 });
+    }
+
+    /// A lead that is itself a thread of an OpenMP region (the caller inside `#pragma omp parallel`).
+    #[test]
+    fn review_lead_inside_openmp_region() {
+        let Some(_l) = gomp() else { return };
+        let omp = openmp().expect("loaded");
+        static SUMS: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+        extern "C" fn body(_: *mut c_void) {
+            let r = catch_unwind(|| {
+                run(Threads::OpenMp { fallback: 3 }, true, || {
+                    let s = AtomicU64::new(0);
+                    for _ in 0..5 {
+                        for_each(100, &|i| { s.fetch_add(i as u64, Relaxed); });
+                    }
+                    s.load(Relaxed)
+                })
+            });
+            lock(&SUMS).push(r.unwrap_or(0));
+        }
+        // SAFETY: test only: an outer region of 3 threads, each leading an ORK team.
+        unsafe { (omp.parallel)(body, std::ptr::null_mut(), 3, 0) };
+        let sums = lock(&SUMS).clone();
+        assert_eq!(sums, vec![5 * 4950; 3]);
+    }
+
+    /// PerJob (ORK_KEEP_AWAKE=0) on OpenMP, a task panics on a pass, f catches it and posts again.
+    #[test]
+    fn review_perjob_after_caught_panic() {
+        let Some(_l) = gomp() else { return };
+        let (n1, n2) = run(Threads::OpenMp { fallback: 3 }, false, || {
+            let n1 = threads();
+            let _ = catch_unwind(AssertUnwindSafe(|| for_each(8, &|i| assert!(i != 5))));
+            (n1, threads())
+        });
+        assert_eq!((n1, n2), (3, 3), "the team after a caught panic");
     }
 }
