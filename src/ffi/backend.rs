@@ -107,6 +107,7 @@ pub(super) unsafe extern "C" fn backend_set_n_threads(b: ggml_backend_t, n: i32)
     }
     with_backend("backend_set_n_threads", c, false, |c| {
         c.n_threads.store(n.max(1), Relaxed);
+        crate::os::team::set_openmp_threads(n.max(1) as usize);
         true
     })
 }

@@ -415,7 +415,7 @@ mod tests {
 }
 
 #[cfg(test)]
-mod review {
+mod edges {
     use super::*;
     use std::sync::atomic::AtomicU64;
 
@@ -450,7 +450,7 @@ mod review {
     }
 
     #[test]
-    fn review_nested_for_each_pool() {
+    fn nested_for_each_pool() {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || { let _ = tx.send(nested(|| Threads::Pool(pool()))); });
         let got = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("nested for_each on a pool team hung");
@@ -458,7 +458,7 @@ mod review {
     }
 
     #[test]
-    fn review_nested_for_each_openmp() {
+    fn nested_for_each_openmp() {
         let Some(_l) = gomp() else { return };
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || { let _ = tx.send(nested(|| Threads::OpenMp { fallback: 3 })); });
@@ -468,7 +468,7 @@ mod review {
 
     /// ORK_HOST_THREADS=1 / -t 1: no team; where do the passes run?
     #[test]
-    fn review_one_thread_team_uses_one_thread() {
+    fn one_thread_team_uses_one_thread() {
         let ids = Mutex::new(std::collections::HashSet::new());
         let n = run(Threads::OpenMp { fallback: 1 }, true, || {
             for _ in 0..50 {
@@ -507,12 +507,12 @@ mod review {
     }
 
     #[test]
-    fn review_two_leads_pool() {
+    fn two_leads_pool() {
         two_leads(|| Threads::Pool(pool()));
     }
 
     #[test]
-    fn review_two_leads_openmp() {
+    fn two_leads_openmp() {
         let Some(_l) = gomp() else { return };
         assert!(has_openmp());
         two_leads(|| Threads::OpenMp { fallback: 3 });
@@ -520,7 +520,7 @@ mod review {
 
     /// A lead that is itself a thread of an OpenMP region (the caller inside `#pragma omp parallel`).
     #[test]
-    fn review_lead_inside_openmp_region() {
+    fn lead_inside_openmp_region() {
         let Some(_l) = gomp() else { return };
         let omp = openmp().expect("loaded");
         static SUMS: Mutex<Vec<u64>> = Mutex::new(Vec::new());
@@ -544,7 +544,7 @@ mod review {
 
     /// PerJob (ORK_KEEP_AWAKE=0) on OpenMP, a task panics on a pass, f catches it and posts again.
     #[test]
-    fn review_perjob_after_caught_panic() {
+    fn perjob_after_caught_panic() {
         let Some(_l) = gomp() else { return };
         let (n1, n2) = run(Threads::OpenMp { fallback: 3 }, false, || {
             let n1 = threads();
