@@ -278,10 +278,12 @@ else
       tail -20 "$WORK/bench.err" | block
       status "bench" FAIL "e2e_bench.py failed (log above)"
     fi
-    # The host pool kept awake through an NPU matmul (ORK_KEEP_AWAKE, default 1) against asleep,
-    # paired, on this board's NPU and cores: the default was set on the simulator.
+    # The host's team kept awake through an NPU matmul (ORK_KEEP_AWAKE, default 1) against
+    # asleep, and ggml-cpu's OpenMP team (the default) against a pool of ORK's own
+    # (ORK_HOST_THREADS), paired, on this board's NPU and cores: the defaults were set on the
+    # simulator.
     if [[ $DRY != 1 && -n "$NPU_KIND" ]]; then
-      BENCH_NPU=$NPU_KIND T=$THREADS P=128 PAIRS=3 ARMS="awake: asleep:ORK_KEEP_AWAKE=0" \
+      BENCH_NPU=$NPU_KIND T=$THREADS P=128 PAIRS=3 ARMS="awake: asleep:ORK_KEEP_AWAKE=0 ownpool:ORK_HOST_THREADS=$THREADS" \
         bash "$ROOT/bench-scripts/paired_prefill.sh" "$MODEL" 2>"$WORK/keep-awake.err" | grep -v '^\[setup' | block
     fi
   fi
