@@ -41,10 +41,13 @@ fn big_allowed() -> Vec<usize> {
 }
 
 /// The team's size where ggml-cpu does not say: `cfg.host_threads` (`ORK_HOST_THREADS`), else one
-/// per big core.
+/// per big core (read once per process: the topology and the process's CPUs, not per MUL_MAT).
 fn team_size(cfg: &Config) -> usize {
-    let big = big_allowed();
-    let per_core = if big.is_empty() { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { big.len() };
+    static PER_CORE: OnceLock<usize> = OnceLock::new();
+    let per_core = *PER_CORE.get_or_init(|| {
+        let big = big_allowed();
+        if big.is_empty() { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { big.len() }
+    });
     cfg.host_threads.unwrap_or(per_core)
 }
 

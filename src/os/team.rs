@@ -240,10 +240,10 @@ pub fn run<R, F: FnOnce() -> R>(threads: Threads<'_>, standing: bool, f: F) -> R
         },
         Threads::Pool(p) => p.current_num_threads() + 1,
     };
-    let omp = matches!(threads, Threads::OpenMp { .. }).then(openmp).flatten();
     if !matches!(CURRENT.with(Cell::get), Current::None) {
         return f();
     }
+    let omp = matches!(threads, Threads::OpenMp { .. }).then(openmp).flatten();
     if n < 2 || (omp.is_none() && matches!(threads, Threads::OpenMp { .. })) {
         return alone(f);
     }

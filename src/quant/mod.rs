@@ -435,8 +435,7 @@ pub fn prepare_rows_hashed(x: &[f32], m: usize, k: usize, terms: usize, prep: Ro
             }
         })
     };
-    let threads = team::threads();
-    let per = if terms * m * k < PAR_MIN_ELEMS || m < 2 || threads < 2 { m } else { m.div_ceil(threads * 4).max(1) };
+    let per = block_rows(m, terms * m * k);
     let mut q_left: Vec<&mut [i8]> = q.chunks_mut(m * k).collect();
     let mut s_left: Vec<&mut [f32]> = scales.chunks_mut(m).collect();
     let mut d_left: &mut [f32] = dots;
@@ -857,11 +856,19 @@ pub fn dequantize_output(c: &[i32], a_scale: &[f32], w_scale: &[f32], dst: &mut 
     for_each_out_row(dst, n, |(i, dr)| dequantize_row(&c[i * n..(i + 1) * n], a_scale[i], w_scale, dr));
 }
 
+/// Rows per task of a row-parallel pass over `rows` rows touching `elems` elements: all of them
+/// in one task below [`PAR_MIN_ELEMS`] or without a team to share them, else a few tasks per
+/// thread of the team ([`team::threads`]).
+fn block_rows(rows: usize, elems: usize) -> usize {
+    let threads = team::threads();
+    if elems < PAR_MIN_ELEMS || rows < 2 || threads < 2 { rows.max(1) } else { rows.div_ceil(threads * 4).max(1) }
+}
+
 /// Calls `body((i, row i))` for every N-wide row of `dst: [M, N]` (N > 0), in blocks of rows on
 /// the team ([`team::for_each`]) when the output is large enough to pay for the dispatch.
 fn for_each_out_row(dst: &mut [f32], n: usize, body: impl Fn((usize, &mut [f32])) + Send + Sync) {
     let m = dst.len() / n;
-    let per = if m * n >= PAR_MIN_ELEMS && m > 1 { m.div_ceil(team::threads() * 4).max(1) } else { m.max(1) };
+    let per = block_rows(m, m * n);
     let blocks: Vec<(usize, &mut [f32])> = dst.chunks_mut(per * n).enumerate().collect();
     team::for_each_block(blocks, |(b, rows)| rows.chunks_mut(n).enumerate().for_each(|(j, r)| body((b * per + j, r))));
 }
@@ -871,7 +878,7 @@ fn for_each_out_row(dst: &mut [f32], n: usize, body: impl Fn((usize, &mut [f32])
 pub fn map_rows<T: Send>(x: &[f32], k: usize, out: &mut [T], f: impl Fn(&[f32]) -> T + Sync) {
     assert_eq!(x.len(), out.len() * k, "x is not [R, K]");
     let r = out.len();
-    let per = if x.len() >= PAR_MIN_ELEMS && r > 1 { r.div_ceil(team::threads() * 4).max(1) } else { r.max(1) };
+    let per = block_rows(r, x.len());
     let blocks: Vec<(&[f32], &mut [T])> = x.chunks(per * k.max(1)).zip(out.chunks_mut(per)).collect();
     team::for_each_block(blocks, |(xb, ob)| xb.chunks(k.max(1)).zip(ob.iter_mut()).for_each(|(xr, o)| *o = f(xr)));
 }
