@@ -7,6 +7,19 @@
 use std::mem::{offset_of, size_of};
 
 use ggml_ork::npu::kif::{self, drm, job_flags, mem_flags, rknpu, rocket, RknpuTask};
+use drm::{DRM_COMMAND_BASE as BASE, DRM_IOCTL_TYPE as D};
+
+/// The full request number of an `_IOWR` / `_IOW` DRM ioctl (`dir<<30 | size<<16 | type<<8 | nr`).
+macro_rules! rw {
+    ($nr:expr, $t:ty) => {
+        nix::request_code_readwrite!(D, $nr, size_of::<$t>()) as u64
+    };
+}
+macro_rules! w {
+    ($nr:expr, $t:ty) => {
+        nix::request_code_write!(D, $nr, size_of::<$t>()) as u64
+    };
+}
 
 #[test]
 fn rknpu_struct_sizes() {
@@ -84,20 +97,20 @@ fn rknpu_task_offsets() {
 #[cfg(target_pointer_width = "64")]
 #[test]
 fn rknpu_request_numbers() {
-    assert_eq!(rknpu::request::ACTION, 0xC008_6440);
-    assert_eq!(rknpu::request::SUBMIT, 0xC068_6441);
-    assert_eq!(rknpu::request::MEM_CREATE, 0xC030_6442);
-    assert_eq!(rknpu::request::MEM_MAP, 0xC010_6443);
-    assert_eq!(rknpu::request::MEM_DESTROY, 0xC010_6444);
-    assert_eq!(rknpu::request::MEM_SYNC, 0xC020_6445);
+    use rknpu::nr;
+    assert_eq!(rw!(BASE + nr::ACTION, rknpu::RknpuAction), 0xC008_6440);
+    assert_eq!(rw!(BASE + nr::SUBMIT, rknpu::RknpuSubmit), 0xC068_6441);
+    assert_eq!(rw!(BASE + nr::MEM_CREATE, rknpu::RknpuMemCreate), 0xC030_6442);
+    assert_eq!(rw!(BASE + nr::MEM_MAP, rknpu::RknpuMemMap), 0xC010_6443);
+    assert_eq!(rw!(BASE + nr::MEM_DESTROY, rknpu::RknpuMemDestroy), 0xC010_6444);
+    assert_eq!(rw!(BASE + nr::MEM_SYNC, rknpu::RknpuMemSync), 0xC020_6445);
 }
 
 #[cfg(target_pointer_width = "64")]
 #[test]
 fn drm_core_request_numbers() {
-    assert_eq!(drm::request::PRIME_FD_TO_HANDLE, 0xC00C_642E);
-    assert_eq!(drm::request::GEM_CLOSE, 0x4008_6409);
-    assert_eq!(drm::request::VERSION, 0xC040_6400);
+    assert_eq!(w!(drm::DRM_NR_GEM_CLOSE, drm::DrmGemClose), 0x4008_6409);
+    assert_eq!(rw!(drm::DRM_NR_VERSION, drm::DrmVersion), 0xC040_6400);
     assert_eq!(size_of::<drm::DrmVersion>(), 64);
 }
 
@@ -105,10 +118,10 @@ fn drm_core_request_numbers() {
 fn rknpu_enumerations() {
     use rknpu::action as a;
     assert_eq!(
-        [a::GET_HW_VERSION, a::GET_DRV_VERSION, a::ACT_RESET, a::GET_IOMMU_EN, a::SET_PROC_NICE, a::POWER_ON],
-        [0, 1, 6, 18, 19, 20]
+        [a::GET_HW_VERSION, a::GET_DRV_VERSION, a::GET_FREQ, a::ACT_RESET, a::GET_IOMMU_EN, a::POWER_ON],
+        [0, 1, 2, 6, 18, 20]
     );
-    assert_eq!([a::POWER_OFF, a::GET_TOTAL_SRAM_SIZE, a::GET_IOMMU_DOMAIN_ID, a::SET_IOMMU_DOMAIN_ID], [21, 22, 24, 25]);
+    assert_eq!([a::GET_IOMMU_DOMAIN_ID, a::SET_IOMMU_DOMAIN_ID], [24, 25]);
     assert_eq!([rknpu::sync_flags::TO_DEVICE, rknpu::sync_flags::FROM_DEVICE], [1, 2]);
     assert_eq!(rknpu::MIN_DRV_VERSION, rknpu::encode_version(0, 9, 6));
     assert_eq!(rknpu::MIN_DRV_VERSION, 906);
@@ -132,6 +145,7 @@ fn rocket_struct_layouts() {
     assert_eq!(offset_of!(DrmRocketPrepBo, timeout_ns), 8);
     assert_eq!(size_of::<DrmRocketFiniBo>(), 8);
     assert_eq!(size_of::<DrmRocketTask>(), 8);
+    assert_eq!(offset_of!(DrmRocketTask, regcmd_count), 4);
     assert_eq!(size_of::<DrmRocketJob>(), 40);
     assert_eq!(
         [
@@ -152,10 +166,11 @@ fn rocket_struct_layouts() {
 #[cfg(target_pointer_width = "64")]
 #[test]
 fn rocket_request_numbers() {
-    assert_eq!(rocket::request::CREATE_BO, 0xC018_6440);
-    assert_eq!(rocket::request::SUBMIT, 0x4018_6441);
-    assert_eq!(rocket::request::PREP_BO, 0x4010_6442);
-    assert_eq!(rocket::request::FINI_BO, 0x4008_6443);
+    use rocket::nr;
+    assert_eq!(rw!(BASE + nr::CREATE_BO, rocket::DrmRocketCreateBo), 0xC018_6440);
+    assert_eq!(w!(BASE + nr::SUBMIT, rocket::DrmRocketSubmit), 0x4018_6441);
+    assert_eq!(w!(BASE + nr::PREP_BO, rocket::DrmRocketPrepBo), 0x4010_6442);
+    assert_eq!(w!(BASE + nr::FINI_BO, rocket::DrmRocketFiniBo), 0x4008_6443);
 }
 
 #[test]

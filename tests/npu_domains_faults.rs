@@ -7,6 +7,7 @@ use common::{rk3588, sim_npu, Rng};
 use ggml_ork::npu::kif::sim::{InjectedCounts, SimFaults};
 use ggml_ork::npu::kif::sim::SimKif;
 use ggml_ork::npu::kif::{Bo, DomainId, KernelInterface, KifError, SubmitDone, SubmitJob, SyncDir};
+use ggml_ork::npu::layout::TileSets;
 use ggml_ork::npu::soc::SocDesc;
 use ggml_ork::npu::{reference_mm, Budget, Npu, NpuConfig, NpuError};
 
@@ -113,7 +114,7 @@ fn a_failed_sync_frees_the_new_buffer_on_both_upload_paths() {
     sim.set_faults(SimFaults { sync_fail_every: Some(1), ..SimFaults::default() });
     for _ in 0..3 {
         assert!(npu.upload(&tw).is_err(), "upload must fail when its sync fails");
-        assert!(npu.upload_bytes(n, k, &tw.bytes).is_err(), "import must fail when its sync fails");
+        assert!(npu.upload_bytes_observed(n, k, TileSets::Both, &tw.bytes, &mut |_, _| {}).is_err(), "import must fail when its sync fails");
         assert_eq!(sim.live_bos(), live, "a failed upload left a buffer behind");
     }
     sim.set_faults(SimFaults::default());

@@ -24,7 +24,7 @@ fn block_tiler_equals_reference() {
         let (soc, n, k) = small_slices(&mut rng, case % 2 == 0, 9);
         let w = rng.i8s(n * k);
         let g = WeightGeometry::new(&soc, n, k);
-        let want = layout::tile_weight_ref(&g, &w);
+        let want = common::tile_weight_ref(&g, &w);
         // The block tiler (npu::layout::tile_weight = tile_weight_with over the whole matrix), full i8 range.
         assert_eq!(ggml_ork::npu::layout::tile_weight(&soc, &w, n, k).unwrap().bytes, want, "N={n} K={k}");
         let expect_size: usize = g.tiles.iter().map(|t| (t.kp * t.nc).div_ceil(4096) * 4096).sum::<usize>()
@@ -70,7 +70,7 @@ fn pack_a_fast_equals_reference() {
         let b = ABlock { m0, mc, k0, kp };
         let mut x = vec![0u8; b.bytes()];
         let mut y = vec![1u8; b.bytes()];
-        layout::pack_a_ref(&a, k, &b, &mut x);
+        common::pack_a_ref(&a, k, &b, &mut x);
         layout::pack_a_fast(&a, k, &b, &mut y);
         assert_eq!(x, y);
     }

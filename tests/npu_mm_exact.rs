@@ -5,6 +5,7 @@ mod common;
 
 use common::{rk3588, sim_npu, Rng};
 use ggml_ork::npu::kif::sim::SimFaults;
+use ggml_ork::npu::layout::TileSets;
 use ggml_ork::npu::soc::{SocDesc, SocId};
 use ggml_ork::npu::{reference_mm, Budget, Npu};
 
@@ -122,8 +123,8 @@ fn tiled_bytes_roundtrip_via_import() {
     let (m, k, n) = (6, 2048, 96);
     let w = rng.i8s(n * k);
     let tw = ggml_ork::npu::layout::tile_weight(npu.soc(), &w, n, k).unwrap();
-    let rw = npu.upload_bytes(n, k, &tw.bytes).unwrap();
-    assert!(npu.upload_bytes(n, k, &tw.bytes[1..]).is_err());
+    let rw = npu.upload_bytes_observed(n, k, TileSets::Both, &tw.bytes, &mut |_, _| {}).unwrap();
+    assert!(npu.upload_bytes_observed(n, k, TileSets::Both, &tw.bytes[1..], &mut |_, _| {}).is_err());
     let a = rng.i8s(m * k);
     let mut c = vec![0; m * n];
     npu.mm_run(&rw, &a, m, &mut c, Budget { max_cores: 3 }).unwrap();

@@ -40,7 +40,7 @@ impl Rig {
         let w = rng.i8s(n * k);
         self.a.bytes_mut()[..mc * k].copy_from_slice(bytemuck::cast_slice(&a));
         let g = WeightGeometry::new(&rk3588(), n, k);
-        let blob = layout::tile_weight_ref(&g, &w);
+        let blob = common::tile_weight_ref(&g, &w);
         self.b.bytes_mut()[..blob.len()].copy_from_slice(&blob);
         (a, w)
     }

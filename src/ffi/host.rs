@@ -43,12 +43,10 @@ pub(crate) fn new_buft(layout: Layout, f: &BuftFns, device: ggml_backend_dev_t) 
             iface: abi::ggml_backend_buffer_type_i {
                 get_name: Some(f.get_name),
                 alloc_buffer: Some(f.alloc_buffer),
-                alloc_buffer_n: None,
                 get_alignment: Some(f.get_alignment),
-                get_max_size: None,
-                get_alloc_size: None,
-                get_alloc_size_n: None,
                 is_host: Some(f.is_host),
+                // No `alloc_buffer_n`, `get_max_size`, `get_alloc_size`, `get_alloc_size_n`.
+                ..Default::default()
             },
             device,
             context,
@@ -70,24 +68,8 @@ macro_rules! backend_in {
     ($m:ident, $f:expr, $guid:expr, $device:expr, $context:expr) => {
         Box::into_raw(Box::new($m::ggml_backend {
             guid: $guid,
-            iface: $m::ggml_backend_i {
-                get_name: Some($f.get_name),
-                free: Some($f.free),
-                set_tensor_async: None,
-                get_tensor_async: None,
-                set_tensor_2d_async: None,
-                get_tensor_2d_async: None,
-                cpy_tensor_async: None,
-                synchronize: None,
-                graph_plan_create: None,
-                graph_plan_free: None,
-                graph_plan_update: None,
-                graph_plan_compute: None,
-                graph_compute: Some($f.graph_compute),
-                event_record: None,
-                event_wait: None,
-                graph_optimize: None,
-            },
+            // Every other entry is None (bindgen's Default): no async copies, plans or events.
+            iface: $m::ggml_backend_i { get_name: Some($f.get_name), free: Some($f.free), graph_compute: Some($f.graph_compute), ..Default::default() },
             device: $device,
             context: $context,
         })) as ggml_backend_t

@@ -25,8 +25,8 @@
 //! * **Activations** are flat row-major `[mc][Kp]` i8 blocks (§3.1), copied from the caller's
 //!   `[M, K]` matrix. **Outputs** are dense `[mc][s]` int32 blocks (§3.3).
 //!
-//! Every packer has a scalar reference (`*_ref`) and a fast path; the tests check them byte for
-//! byte. The fast weight tiler works one 32-row N-block at a time ([`split_blocks`] hands each
+//! Every packer has a scalar reference in the tests (`tests/common`), which check them byte
+//! for byte. The fast weight tiler works one 32-row N-block at a time ([`split_blocks`] hands each
 //! block its regions of the blob, [`tile_block`] fills them with 32-byte moves), which lets
 //! `npu::layout::tile_weight_with` tile a block's rows right after they were quantized, while they are in
 //! the CPU cache; `npu::layout::tile_weight` is that tiler over a whole matrix.
@@ -165,22 +165,6 @@ impl WeightGeometry {
     }
 }
 
-/// Scalar reference tiler of one tile. `w`: `[N, K]` row-major i8 (the whole weight, K = `k`);
-/// `out`: the tile's bytes (`kp·nc` long, at least).
-pub fn tile_ref(w: &[i8], k: usize, t: &Tile, out: &mut [u8]) {
-    let kt_n = t.kp / BLOCK;
-    for nt in 0..t.nc / BLOCK {
-        for kt in 0..kt_n {
-            for nl in 0..BLOCK {
-                for kk in 0..BLOCK {
-                    let src = (t.n0 + nt * BLOCK + nl) * k + t.k0 + kt * BLOCK + kk;
-                    out[nt * kt_n * BLOCK_BYTES + kt * BLOCK_BYTES + nl * BLOCK + kk] = w[src] as u8;
-                }
-            }
-        }
-    }
-}
-
 /// The regions of a blob that N-block `b` (weight rows `[32·b, 32·b + 32)`) owns: one per tile
 /// of its N-slice (K-slice tiles, then the full-K tile), `kp/32 · BLOCK_BYTES` bytes each, with
 /// the tile. Blocks own disjoint regions, so they can be filled in parallel.
@@ -203,7 +187,8 @@ pub fn split_blocks<'a>(geom: &'a WeightGeometry, blob: &'a mut [u8]) -> Vec<Blo
 }
 
 /// Tiles one N-block: `rows: [32, K]` row-major i8 (the block's weight rows) into its regions.
-/// Together over all blocks: the same bytes as [`tile_ref`] over all tiles.
+/// Together over all blocks: the same bytes as the scalar reference tiler of the tests
+/// (`tests/common`) over all tiles.
 pub fn tile_block(rows: &[i8], k: usize, regions: &mut [(&Tile, &mut [u8])]) {
     let rb: &[u8] = bytemuck::cast_slice(rows);
     for (t, region) in regions.iter_mut() {
@@ -215,15 +200,6 @@ pub fn tile_block(rows: &[i8], k: usize, regions: &mut [(&Tile, &mut [u8])]) {
             }
         }
     }
-}
-
-/// Builds the whole blob for `w: [N, K]` row-major i8 (scalar reference).
-pub fn tile_weight_ref(geom: &WeightGeometry, w: &[i8]) -> Vec<u8> {
-    let mut out = vec![0u8; geom.total_bytes];
-    for t in geom.all_tiles() {
-        tile_ref(w, geom.k, t, &mut out[t.offset..t.offset + t.padded_bytes]);
-    }
-    out
 }
 
 /// An activation sub-block: rows `[m0, m0+mc)`, columns `[k0, k0+kp)` of `A: [M, K]`.
@@ -241,16 +217,7 @@ impl ABlock {
     }
 }
 
-/// Scalar reference: copies block `b` of `a: [M, K]` row-major i8 into `out: [mc][kp]` row-major.
-pub fn pack_a_ref(a: &[i8], k: usize, b: &ABlock, out: &mut [u8]) {
-    for r in 0..b.mc {
-        for c in 0..b.kp {
-            out[r * b.kp + c] = a[(b.m0 + r) * k + b.k0 + c] as u8;
-        }
-    }
-}
-
-/// Fast path of [`pack_a_ref`]: one copy when the block spans whole rows of `a` (full-K), else a
+/// Copies block `b` of `a: [M, K]` row-major i8 into `out: [mc][kp]` row-major: one copy when the block spans whole rows of `a` (full-K), else a
 /// copy per row. Serial: it runs on the NPU core's own host thread, beside the other cores'
 /// threads, and a hand-off to a pool costs more than a memcpy of the block.
 pub fn pack_a_fast(a: &[i8], k: usize, b: &ABlock, out: &mut [u8]) {
@@ -305,13 +272,7 @@ pub fn tile_weight_sets(soc: &SocDesc, w: &[i8], n: usize, k: usize, sets: TileS
 /// (e.g. its row scales); the rows are tiled while they are still in the CPU cache. No
 /// untiled `[N, K]` copy is ever made. Returns the blobs (term order) and `fill`'s results
 /// in block order. Same bytes as [`tile_weight`] of each term's whole matrix.
-pub fn tile_weight_with<R: Send>(
-    soc: &SocDesc,
-    n: usize,
-    k: usize,
-    terms: usize,
-    fill: impl Fn(usize, &mut [i8]) -> R + Sync,
-) -> Result<(Vec<TiledWeight>, Vec<R>), NpuError> {
+pub fn tile_weight_with<R: Send>(soc: &SocDesc, n: usize, k: usize, terms: usize, fill: impl Fn(usize, &mut [i8]) -> R + Sync) -> Result<(Vec<TiledWeight>, Vec<R>), NpuError> {
     tile_weight_sets_with(soc, n, k, TileSets::Both, terms, fill)
 }
 

@@ -52,8 +52,8 @@ use std::sync::{Arc, Mutex};
 use crate::npu::domain::DomainSet;
 use crate::npu::kif::{job_flags, mem_flags, Bo, DomainId, Iova, KernelInterface, KifError, RknpuTask, SubmitJob, SyncDir};
 use crate::npu::layout::{self, WeightGeometry};
-use crate::npu::plan::{CorePlan, PlannedProgram, SubmitIovas};
-use crate::npu::regcmd;
+use crate::npu::plan::{CorePlan, PlannedProgram, PlannedSubmit, SubmitIovas};
+use crate::npu::{regcmd, regs};
 use crate::npu::soc::SocDesc;
 use crate::npu::NpuError;
 
@@ -160,9 +160,7 @@ impl Spares {
     pub(crate) fn give_back(&mut self, kif: &dyn KernelInterface, outs: Vec<Bo>) {
         self.outs.extend(outs);
         while self.outs.len() > SPARE_OUTS {
-            if let Err(e) = kif.mem_destroy(self.outs.remove(0)) {
-                log::warn!("destroying a spare NPU output buffer: {e}");
-            }
+            destroy(kif, self.outs.remove(0), "destroying a spare NPU output buffer");
         }
     }
 
@@ -202,6 +200,13 @@ impl Shared {
         }
     }
 
+    /// Frees a stream slot's buffer and its IOVA room in domain `d` (`super::stream`).
+    pub(crate) fn free_slot(&self, bo: Bo, d: DomainId) {
+        let size = bo.size_bytes as u64;
+        destroy(&*self.kif, bo, "freeing a stream slot");
+        self.domains().release_unbudgeted(d, size);
+    }
+
     /// The domain set, also after a panic while it was locked. `DomainSet`'s methods do their
     /// checks (indexing, sums) before they change anything, so a panic under the lock leaves the
     /// set consistent, and later uploads go on instead of failing on a poisoned mutex.
@@ -216,24 +221,18 @@ impl Drop for Shared {
             let sets = std::mem::take(&mut c.lock().unwrap_or_else(|p| p.into_inner()).sets);
             for (_, s) in sets {
                 for bo in [s.regcmd, s.task] {
-                    if let Err(e) = self.kif.mem_destroy(bo) {
-                        log::warn!("destroying NPU scratch: {e}");
-                    }
+                    destroy(&*self.kif, bo, "destroying NPU scratch");
                 }
             }
         }
         for sp in &self.spares {
             for bo in sp.lock().unwrap_or_else(|p| p.into_inner()).take_outs() {
-                if let Err(e) = self.kif.mem_destroy(bo) {
-                    log::warn!("destroying a spare NPU output buffer: {e}");
-                }
+                destroy(&*self.kif, bo, "destroying a spare NPU output buffer");
             }
         }
         for slot in &self.images {
             for (_, bo) in std::mem::take(&mut *slot.lock().unwrap_or_else(|p| p.into_inner())) {
-                if let Err(e) = self.kif.mem_destroy(bo) {
-                    log::warn!("destroying an NPU activation image: {e}");
-                }
+                destroy(&*self.kif, bo, "destroying an NPU activation image");
             }
         }
     }
@@ -254,6 +253,16 @@ impl WeightPart {
         let i = self.ranges.partition_point(|r| r.0 + r.1 <= offset);
         let &(o, l, p) = self.ranges.get(i)?;
         (o <= offset && offset < o + l).then(|| Iova(self.bo.iova.0 + (p + offset - o) as u32))
+    }
+
+    /// `sub` with every program's weight offset moved to where this part (of `core`) holds it.
+    fn moved(&self, sub: &PlannedSubmit, core: u32) -> Result<PlannedSubmit, KifError> {
+        let mut s = sub.clone();
+        for prog in &mut s.programs {
+            let at = self.iova_of(prog.weight_offset).ok_or_else(|| KifError::Invalid(format!("core {core}'s part does not hold weight byte {}", prog.weight_offset)))?;
+            prog.weight_offset = (at.0 - self.bo.iova.0) as usize;
+        }
+        Ok(s)
     }
 }
 
@@ -287,11 +296,7 @@ impl Drop for WeightInner {
         if let Some(ring) = self.ring.take() {
             let slot = crate::npu::slots::Slot { bo: self.bo.take().map(|bo| (bo, self.domain)) };
             if let Some((bo, d)) = ring.give_back(slot).and_then(|s| s.bo) {
-                let size = bo.size_bytes as u64;
-                if let Err(e) = self.shared.kif.mem_destroy(bo) {
-                    log::warn!("freeing a stream slot: {e}");
-                }
-                self.shared.domains().release_unbudgeted(d, size);
+                self.shared.free_slot(bo, d);
             }
             return;
         }
@@ -354,6 +359,27 @@ fn out_class(need: usize) -> usize {
     }
     let step = 1usize << (usize::BITS - 1 - p.leading_zeros() - 2);
     p.div_ceil(step) * step * page
+}
+
+/// An output buffer of `core` in `domain` for a submit that writes `out_bytes`: a spare one that
+/// holds them, else a new one of their [`out_class`] (where every sync is of the whole buffer, a
+/// spare only of exactly that class).
+fn out_buffer(shared: &Shared, core: u32, domain: DomainId, out_bytes: usize) -> Result<Bo, KifError> {
+    let kif = &*shared.kif;
+    let whole = kif.syncs_whole_buffers();
+    let need = out_class(out_bytes);
+    let spare = shared.spares[core as usize].lock().unwrap_or_else(|p| p.into_inner()).take_out(domain, if whole { need } else { out_bytes }, whole);
+    match spare {
+        Some(bo) => Ok(bo),
+        None => kif.mem_create(need, mem_flags::DATA, domain),
+    }
+}
+
+/// Destroys `bo` through `kif`; a failure is logged as a warning about `what`.
+fn destroy(kif: &dyn KernelInterface, bo: Bo, what: &str) {
+    if let Err(e) = kif.mem_destroy(bo) {
+        log::warn!("{what}: {e}");
+    }
 }
 
 /// Makes `bo` hold at least `needed` bytes: a buffer of exactly the page-rounded need when it
@@ -463,25 +489,11 @@ fn run_core_into(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize, plan
         let sub = match part {
             None => sub,
             Some(p) => {
-                let mut s = sub.clone();
-                for prog in &mut s.programs {
-                    let at = p.iova_of(prog.weight_offset).ok_or_else(|| {
-                        sub_err(KifError::Invalid(format!("core {core}'s part does not hold weight byte {}", prog.weight_offset)))
-                    })?;
-                    prog.weight_offset = (at.0 - p.bo.iova.0) as usize;
-                }
-                moved = s;
+                moved = p.moved(sub, core).map_err(sub_err)?;
                 &moved
             }
         };
-        let whole = kif.syncs_whole_buffers();
-        let need = out_class(sub.out_bytes);
-        let spare = shared.spares[core as usize].lock().unwrap_or_else(|p| p.into_inner()).take_out(domain, if whole { need } else { sub.out_bytes }, whole);
-        let bo = match spare {
-            Some(bo) => bo,
-            None => kif.mem_create(need, mem_flags::DATA, domain).map_err(sub_err)?,
-        };
-        res.outs.push(bo);
+        res.outs.push(out_buffer(shared, core, domain, sub.out_bytes).map_err(sub_err)?);
         let out_bo = res.outs.last_mut().expect("just pushed");
         grow(kif, &mut set.regcmd, sub.programs.len() * regcmd::PROGRAM_BYTES, domain).map_err(sub_err)?;
         // Programs, chained, reading their activation blocks in the image (its copy in this
@@ -489,28 +501,12 @@ fn run_core_into(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize, plan
         let at = SubmitIovas { act: img.iova_in(domain), weights: w_iova, out: out_bo.iova, regcmd: set.regcmd.iova };
         let entries = sub.regcmd_at(&at, shared.soc.pc_data_amount_scale, |ab| img.layout.offset(ab))?;
         let nprogs = sub.programs.len();
-        let bytes = regcmd::to_bytes(&entries);
-        set.regcmd.bytes_mut()[..bytes.len()].copy_from_slice(&bytes);
-        grow_with(kif, &mut set.task, nprogs * std::mem::size_of::<RknpuTask>(), domain, mem_flags::TASK).map_err(sub_err)?;
-        let tsize = std::mem::size_of::<RknpuTask>();
-        let tbytes = set.task.bytes_mut();
-        for i in 0..nprogs {
-            let t = RknpuTask {
-                enable_mask: regcmd::OP_ENABLE_MATMUL,
-                int_mask: regcmd::INT_MASK_DPU,
-                int_clear: regcmd::INT_CLEAR_ALL,
-                regcfg_amount: regcmd::BODY_ENTRIES as u32,
-                regcmd_addr: u64::from(at.regcmd.0) + (i * regcmd::PROGRAM_BYTES) as u64,
-                ..RknpuTask::default()
-            };
-            tbytes[i * tsize..(i + 1) * tsize].copy_from_slice(bytemuck::bytes_of(&t));
-        }
         if log::log_enabled!(target: "ork::regcmd", log::Level::Trace) {
             log::trace!(target: "ork::regcmd", "core {core} submit of {nprogs} programs:\n{}", crate::npu::regs::decode(&entries));
         }
-        res.synced_bytes += sync_spans(kif, &set.regcmd, SyncDir::ToDevice, [(0, bytes.len())].into_iter()).map_err(sub_err)?;
-        res.synced_bytes += sync_spans(kif, &set.task, SyncDir::ToDevice, [(0, nprogs * tsize)].into_iter()).map_err(sub_err)?;
-        res.io_bytes += (bytes.len() + nprogs * tsize) as u64;
+        let (synced, written) = write_programs(kif, set, &entries, nprogs, domain).map_err(sub_err)?;
+        res.synced_bytes += synced;
+        res.io_bytes += written;
         let out_io: usize = sub.programs.iter().map(|p| p.mc * p.nc * 4 + 4).sum();
         let job = SubmitJob {
             task_bo: &set.task,
@@ -571,6 +567,32 @@ fn run_core_into(shared: &Shared, w: &WeightInner, img: &ImageAt, m: usize, plan
     shared.synced.synced_bytes.fetch_add(res.synced_bytes, Relaxed);
     shared.synced.io_bytes.fetch_add(res.io_bytes, Relaxed);
     Ok(())
+}
+
+/// Writes a submit's `nprogs` chained programs (`entries`, already at the regcmd buffer's
+/// address) into the core's regcmd buffer and their task descriptors into its task buffer, and
+/// syncs both to the device. Returns the bytes synced and the bytes written.
+fn write_programs(kif: &dyn KernelInterface, set: &mut ScratchSet, entries: &[regs::RegCmd], nprogs: usize, domain: DomainId) -> Result<(u64, u64), KifError> {
+    let bytes = regcmd::to_bytes(entries);
+    set.regcmd.bytes_mut()[..bytes.len()].copy_from_slice(&bytes);
+    let tsize = std::mem::size_of::<RknpuTask>();
+    grow_with(kif, &mut set.task, nprogs * tsize, domain, mem_flags::TASK)?;
+    let regcmd_iova = u64::from(set.regcmd.iova.0);
+    let tbytes = set.task.bytes_mut();
+    for i in 0..nprogs {
+        let t = RknpuTask {
+            enable_mask: regcmd::OP_ENABLE_MATMUL,
+            int_mask: regcmd::INT_MASK_DPU,
+            int_clear: regcmd::INT_CLEAR_ALL,
+            regcfg_amount: regcmd::BODY_ENTRIES as u32,
+            regcmd_addr: regcmd_iova + (i * regcmd::PROGRAM_BYTES) as u64,
+            ..RknpuTask::default()
+        };
+        tbytes[i * tsize..(i + 1) * tsize].copy_from_slice(bytemuck::bytes_of(&t));
+    }
+    let synced = sync_spans(kif, &set.regcmd, SyncDir::ToDevice, [(0, bytes.len())].into_iter())?
+        + sync_spans(kif, &set.task, SyncDir::ToDevice, [(0, nprogs * tsize)].into_iter())?;
+    Ok((synced, (bytes.len() + nprogs * tsize) as u64))
 }
 
 /// Where a run's activation blocks sit in its activation image: for every distinct K range

@@ -35,6 +35,7 @@ use std::time::Instant;
 
 use kif::{KernelInterface, KifError};
 use layout::WeightGeometry;
+pub use layout::reference_mm;
 pub use mm::Health;
 use mm::{Shared, WeightInner};
 
@@ -156,7 +157,6 @@ pub struct RunStats {
 /// segment's width; a K-split's partials add up to the result).
 pub struct CoreShare {
     core: u32,
-    pub ncols: usize,
     pub segs: Vec<(usize, usize, usize)>,
     outs: Vec<kif::Bo>,
     /// Per segment, its blocks by first row, then first K.
@@ -555,18 +555,12 @@ impl Npu {
         self.shared.domains().set_budget(bytes);
     }
 
-    /// Uploads pre-tiled bytes (both tile sets) via `KernelInterface::mem_import`; the size is
-    /// validated against the geometry.
-    pub fn upload_bytes(&self, n: usize, k: usize, bytes: &[u8]) -> Result<Arc<ResidentWeight>, NpuError> {
-        self.place("upload_bytes", n, k, layout::TileSets::Both, bytes, &mut |_, _| {})
-    }
-
-    /// [`upload_bytes`](Self::upload_bytes) through `KernelInterface::mem_import_observed`:
+    /// Uploads pre-tiled bytes holding the tile sets `sets` through
+    /// `KernelInterface::mem_import_observed` (the size is validated against the geometry):
     /// `observe(offset, device_copy)` sees every piece of `bytes`, in order, right after it was
     /// written into device memory. If an attempt fails after observing (the IOVA window filled
     /// up and another domain is tried) the pieces are observed again from offset 0, so an
     /// observer that checksums them restarts when it sees offset 0.
-    /// `bytes` hold the tile sets `sets`.
     pub fn upload_bytes_observed(&self, n: usize, k: usize, sets: layout::TileSets, bytes: &[u8], observe: &mut dyn FnMut(usize, &[u8])) -> Result<Arc<ResidentWeight>, NpuError> {
         self.place("upload_bytes", n, k, sets, bytes, observe)
     }
@@ -586,13 +580,7 @@ impl Npu {
         let size = reserved_bytes(&geom);
         let kif = &*self.shared.kif;
         loop {
-            let d = self.shared.domains().reserve(size).map_err(|e| NpuError::NoRoom {
-                op,
-                n,
-                k,
-                bytes: size,
-                why: format!("{e:?}"),
-            })?;
+            let d = self.shared.domains().reserve(size).map_err(|e| NpuError::NoRoom { op, n, k, bytes: size, why: format!("{e:?}") })?;
             let made = mm::ensure_scratch(&self.shared, d, self.max_cores).and_then(|_| kif.mem_import_observed(bytes, d, observe));
             match made {
                 Ok(bo) => {
@@ -796,13 +784,12 @@ impl Npu {
                     // must tile its rows in equal M-tiles (the last one shorter), each M-tile in
                     // as many K-slices. A plan that breaks this fails the run, never a wrong row.
                     if !blocks.iter().all(|b| tiles_evenly(b, plan.m)) {
-                        shares.cores.push(CoreShare { core: cp.core, ncols: cp.ncols, segs: Vec::new(), outs: r.outs, blocks: Vec::new() });
+                        shares.cores.push(CoreShare { core: cp.core, segs: Vec::new(), outs: r.outs, blocks: Vec::new() });
                         failed = failed.or(Some(NpuError::Kif(KifError::Invalid(format!("core {}'s output blocks do not tile M = {} evenly", cp.core, plan.m)))));
                         continue;
                     }
                     shares.cores.push(CoreShare {
                         core: cp.core,
-                        ncols: cp.ncols,
                         segs: cp.segs.iter().map(|s| (s.n0, s.nc, s.col0)).collect(),
                         outs: r.outs,
                         blocks,
@@ -916,8 +903,3 @@ pub(crate) fn check_shape_soc(soc: &soc::SocDesc, n: usize, k: usize) -> Result<
     Ok(())
 }
 
-/// Scalar reference: `C[m][n] = Σ_k A[m][k] · W[n][k]` exact int32.
-/// `a`: `[M, K]` row-major i8, `w`: `[N, K]` row-major i8; returns `[M, N]` row-major i32.
-pub fn reference_mm(a: &[i8], w: &[i8], m: usize, k: usize, n: usize) -> Vec<i32> {
-    layout::reference_mm(a, w, m, k, n)
-}

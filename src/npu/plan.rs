@@ -291,10 +291,6 @@ pub struct Ends {
     pub last: bool,
 }
 
-impl Ends {
-    pub const BOTH: Ends = Ends { first: true, last: true };
-}
-
 /// The row ranges a pipelining caller cuts an `m`-row matmul into: the pieces of
 /// [`pipeline_rows`], with the first and last cut short as `ends` asks (an end piece of the
 /// fewest rows whose program runs ≥ [`END_FLOORS`] floors, the rest of that piece after or
@@ -480,7 +476,7 @@ mod tests {
         let soc = SocDesc::get(SocId::Rk3588);
         let none = Ends { first: false, last: false };
         // M = 0 (a MUL_MAT of no rows): one empty range, never an empty list.
-        assert_eq!(pipeline_bounds(&soc, &WeightGeometry::new(&soc, 2048, 2048), 0, 3, Ends::BOTH), vec![(0, 0)]);
+        assert_eq!(pipeline_bounds(&soc, &WeightGeometry::new(&soc, 2048, 2048), 0, 3, Ends { first: true, last: true }), vec![(0, 0)]);
         for (n, k, m) in [(2048, 2048, 512), (1024, 2048, 512), (6144, 2048, 512), (2048, 6144, 512), (2048, 2048, 300), (576, 576, 512), (2048, 2048, 1)] {
             let geom = WeightGeometry::new(&soc, n, k);
             let rows = pipeline_rows(&soc, &geom, m, 3);
@@ -488,7 +484,7 @@ mod tests {
             let want: Vec<(usize, usize)> = (0..m).step_by(rows.max(1)).map(|r0| (r0, (r0 + rows).min(m))).collect();
             assert_eq!(plain, want, "{n}x{k} M={m}");
             assert_eq!(extra_m_tiles(&soc, &geom, &plain), 0, "{n}x{k} M={m}: whole M-tiles");
-            for ends in [Ends::BOTH, Ends { first: false, last: true }, Ends { first: true, last: false }] {
+            for ends in [Ends { first: true, last: true }, Ends { first: false, last: true }, Ends { first: true, last: false }] {
                 let b = pipeline_bounds(&soc, &geom, m, 3, ends);
                 assert_eq!((b[0].0, b[b.len() - 1].1), (0, m), "{n}x{k} M={m} {ends:?}: {b:?}");
                 assert!(b.windows(2).all(|w| w[0].1 == w[1].0 && w[0].0 < w[0].1), "{b:?}");

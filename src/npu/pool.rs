@@ -54,10 +54,6 @@ impl Pool {
         let w = &self.workers[core as usize];
         w.tx.as_ref().expect("pool alive").send(job).expect("NPU worker alive");
     }
-
-    pub fn workers(&self) -> usize {
-        self.workers.len()
-    }
 }
 
 impl Drop for Pool {

@@ -35,7 +35,6 @@ use super::{Npu, NpuError, ResidentWeight};
 pub struct StreamRing {
     shared: Arc<Shared>,
     inner: Arc<RingInner>,
-    slots: usize,
 }
 
 impl Npu {
@@ -48,7 +47,7 @@ impl Npu {
         }
         let free = (0..slots).map(|_| Slot { bo: None }).collect();
         let inner = Arc::new(RingInner { free: Mutex::new(free), ready: Condvar::new(), bytes: Mutex::new(0), closed: Default::default() });
-        Some(StreamRing { shared: self.shared.clone(), inner, slots })
+        Some(StreamRing { shared: self.shared.clone(), inner })
     }
 }
 
@@ -56,11 +55,6 @@ impl StreamRing {
     /// The SoC it runs on (the tile layout of what is filled).
     pub fn soc(&self) -> &super::soc::SocDesc {
         &self.shared.soc
-    }
-
-    /// Number of slots.
-    pub fn slots(&self) -> usize {
-        self.slots
     }
 
     /// Bytes of the slots' buffers (what the ring holds in memory besides the resident weights).
@@ -112,13 +106,7 @@ impl StreamRing {
         }
         if slot.bo.is_none() {
             let size = page_round(total);
-            let d = self.shared.domains().reserve_unbudgeted(size as u64).map_err(|e| NpuError::NoRoom {
-                op: "stream",
-                n,
-                k,
-                bytes: size as u64,
-                why: format!("{e:?}"),
-            })?;
+            let d = self.shared.domains().reserve_unbudgeted(size as u64).map_err(|e| NpuError::NoRoom { op: "stream", n, k, bytes: size as u64, why: format!("{e:?}") })?;
             let made = super::mm::ensure_scratch(&self.shared, d, self.shared.cores.len() as u32).and_then(|_| kif.mem_create(size, mem_flags::DATA, d));
             match made {
                 Ok(bo) => {
@@ -146,14 +134,8 @@ impl Drop for StreamRing {
             self.inner.closed.store(true, std::sync::atomic::Ordering::Relaxed);
             std::mem::take(&mut *free)
         };
-        for s in slots {
-            if let Some((bo, d)) = s.bo {
-                let size = bo.size_bytes as u64;
-                if let Err(e) = self.shared.kif.mem_destroy(bo) {
-                    log::warn!("freeing a stream slot: {e}");
-                }
-                self.shared.domains().release_unbudgeted(d, size);
-            }
+        for (bo, d) in slots.into_iter().filter_map(|s| s.bo) {
+            self.shared.free_slot(bo, d);
         }
     }
 }

@@ -46,8 +46,7 @@ impl HostBuffer {
             .usage(vk::BufferUsageFlags::STORAGE_BUFFER)
             .sharing_mode(vk::SharingMode::EXCLUSIVE);
         // SAFETY: valid device and create info.
-        let buffer = unsafe { d.create_buffer(&info, None) }
-            .map_err(|result| VkError::Call { call: "vkCreateBuffer", result })?;
+        let buffer = unsafe { d.create_buffer(&info, None) }.map_err(VkError::call("vkCreateBuffer"))?;
         // From here on, a failure must destroy what exists; a half-built Self does that.
         let mut this = Self { buffer, memory: vk::DeviceMemory::null(), mapped: std::ptr::null_mut(), size_bytes, dev: dev.clone() };
         // SAFETY: `buffer` is live.
@@ -62,14 +61,11 @@ impl HostBuffer {
             .ok_or(VkError::NoMemoryType { what: "host-visible coherent buffer", type_bits: req.memory_type_bits })?;
         let alloc = vk::MemoryAllocateInfo::default().allocation_size(req.size).memory_type_index(type_index);
         // SAFETY: valid allocate info.
-        this.memory = unsafe { d.allocate_memory(&alloc, None) }
-            .map_err(|result| VkError::Call { call: "vkAllocateMemory", result })?;
+        this.memory = unsafe { d.allocate_memory(&alloc, None) }.map_err(VkError::call("vkAllocateMemory"))?;
         // SAFETY: fresh buffer and memory of a compatible type and sufficient size.
-        unsafe { d.bind_buffer_memory(buffer, this.memory, 0) }
-            .map_err(|result| VkError::Call { call: "vkBindBufferMemory", result })?;
+        unsafe { d.bind_buffer_memory(buffer, this.memory, 0) }.map_err(VkError::call("vkBindBufferMemory"))?;
         // SAFETY: host-visible memory, mapped once, unmapped in Drop.
-        this.mapped = unsafe { d.map_memory(this.memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty()) }
-            .map_err(|result| VkError::Call { call: "vkMapMemory", result })?
+        this.mapped = unsafe { d.map_memory(this.memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty()) }.map_err(VkError::call("vkMapMemory"))?
             .cast();
         Ok(this)
     }

@@ -93,8 +93,7 @@ fn report(inst: &ash::Instance, pd: vk::PhysicalDevice, index: usize) -> Result<
     let props = unsafe { inst.get_physical_device_properties(pd) };
     let name = props.device_name_as_c_str().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
     // SAFETY: as above.
-    let exts = unsafe { inst.enumerate_device_extension_properties(pd) }
-        .map_err(|result| VkError::Call { call: "vkEnumerateDeviceExtensionProperties", result })?;
+    let exts = unsafe { inst.enumerate_device_extension_properties(pd) }.map_err(VkError::call("vkEnumerateDeviceExtensionProperties"))?;
     // SAFETY: as above.
     let families = unsafe { inst.get_physical_device_queue_family_properties(pd) };
     let compute_queue_family = families
@@ -194,8 +193,7 @@ impl DeviceShared {
     pub fn open(instance: Arc<InstanceShared>, wanted: &DeviceWanted) -> Result<Option<Arc<Self>>, VkError> {
         let inst = &instance.instance;
         // SAFETY: plain query on a live instance.
-        let pds = unsafe { inst.enumerate_physical_devices() }
-            .map_err(|result| VkError::Call { call: "vkEnumeratePhysicalDevices", result })?;
+        let pds = unsafe { inst.enumerate_physical_devices() }.map_err(VkError::call("vkEnumeratePhysicalDevices"))?;
         let mut names = Vec::new();
         let mut chosen = None;
         for (i, &pd) in pds.iter().enumerate() {
@@ -225,8 +223,7 @@ impl DeviceShared {
         let queues = [vk::DeviceQueueCreateInfo::default().queue_family_index(family).queue_priorities(&priorities)];
         let info = vk::DeviceCreateInfo::default().queue_create_infos(&queues);
         // SAFETY: `pd` belongs to `inst`; `info` and its arrays outlive the call.
-        let device = unsafe { inst.create_device(pd, &info, None) }
-            .map_err(|result| VkError::Call { call: "vkCreateDevice", result })?;
+        let device = unsafe { inst.create_device(pd, &info, None) }.map_err(VkError::call("vkCreateDevice"))?;
         // SAFETY: queue 0 of `family` was requested above.
         let queue = unsafe { device.get_device_queue(family, 0) };
         // SAFETY: plain query.
@@ -236,12 +233,7 @@ impl DeviceShared {
 
     /// Index of the first memory type in `type_bits` having all of `required`, preferring one that
     /// also has all of `preferred`.
-    pub fn memory_type(
-        &self,
-        type_bits: u32,
-        required: vk::MemoryPropertyFlags,
-        preferred: vk::MemoryPropertyFlags,
-    ) -> Option<u32> {
+    pub fn memory_type(&self, type_bits: u32, required: vk::MemoryPropertyFlags, preferred: vk::MemoryPropertyFlags) -> Option<u32> {
         let types = &self.memory.memory_types[..self.memory.memory_type_count as usize];
         let ok = |i: usize, f: vk::MemoryPropertyFlags| type_bits & (1 << i) != 0 && types[i].property_flags.contains(f);
         (0..types.len())

@@ -113,6 +113,13 @@ pub enum VkError {
     Poisoned { op: &'static str },
 }
 
+impl VkError {
+    /// For `map_err` after Vulkan call `call`: its error code as [`VkError::Call`].
+    fn call(call: &'static str) -> impl Fn(vk::Result) -> VkError {
+        move |result| VkError::Call { call, result }
+    }
+}
+
 /// A weight to upload, borrowed for the duration of [`VkEngine::upload`].
 #[derive(Clone, Copy, Debug)]
 pub enum VkWeightData<'a> {
@@ -210,16 +217,14 @@ fn descriptor_pool(dev: &DeviceShared, descriptors: u32) -> Result<vk::Descripto
     let sizes = [vk::DescriptorPoolSize { ty: vk::DescriptorType::STORAGE_BUFFER, descriptor_count: descriptors }];
     let info = vk::DescriptorPoolCreateInfo::default().max_sets(1).pool_sizes(&sizes);
     // SAFETY: valid device and create info.
-    unsafe { dev.device.create_descriptor_pool(&info, None) }
-        .map_err(|result| VkError::Call { call: "vkCreateDescriptorPool", result })
+    unsafe { dev.device.create_descriptor_pool(&info, None) }.map_err(VkError::call("vkCreateDescriptorPool"))
 }
 
 fn allocate_set(dev: &DeviceShared, pool: vk::DescriptorPool, layout: vk::DescriptorSetLayout) -> Result<vk::DescriptorSet, VkError> {
     let layouts = [layout];
     let info = vk::DescriptorSetAllocateInfo::default().descriptor_pool(pool).set_layouts(&layouts);
     // SAFETY: pool sized for exactly this one set.
-    let sets = unsafe { dev.device.allocate_descriptor_sets(&info) }
-        .map_err(|result| VkError::Call { call: "vkAllocateDescriptorSets", result })?;
+    let sets = unsafe { dev.device.allocate_descriptor_sets(&info) }.map_err(VkError::call("vkAllocateDescriptorSets"))?;
     Ok(sets[0])
 }
 
@@ -425,10 +430,9 @@ impl VkEngine {
         // SAFETY: the command buffer is not pending (previous call waited); recording uses live
         // pipelines, sets and buffers that outlive the wait below.
         unsafe {
-            d.reset_command_buffer(cb, vk::CommandBufferResetFlags::empty())
-                .map_err(|result| VkError::Call { call: "vkResetCommandBuffer", result })?;
+            d.reset_command_buffer(cb, vk::CommandBufferResetFlags::empty()).map_err(VkError::call("vkResetCommandBuffer"))?;
             d.begin_command_buffer(cb, &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT))
-                .map_err(|result| VkError::Call { call: "vkBeginCommandBuffer", result })?;
+                .map_err(VkError::call("vkBeginCommandBuffer"))?;
             for ((w, _, m, _), l) in jobs.iter().zip(&layouts) {
                 d.cmd_bind_pipeline(cb, vk::PipelineBindPoint::COMPUTE, self.pipes.get(w.shader));
                 d.cmd_bind_descriptor_sets(cb, vk::PipelineBindPoint::COMPUTE, self.pipes.layout, 0, &[w.set, exec.io_set], &[]);
@@ -465,7 +469,7 @@ impl VkEngine {
                 &[],
                 &[],
             );
-            d.end_command_buffer(cb).map_err(|result| VkError::Call { call: "vkEndCommandBuffer", result })?;
+            d.end_command_buffer(cb).map_err(VkError::call("vkEndCommandBuffer"))?;
         }
         exec.submit_and_wait(&self.dev, OP)?;
 
@@ -496,18 +500,15 @@ impl Exec {
             .queue_family_index(dev.queue_family)
             .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER);
         // SAFETY: valid device/create infos; on error `this` destroys what exists.
-        this.cmd_pool = unsafe { d.create_command_pool(&info, None) }
-            .map_err(|result| VkError::Call { call: "vkCreateCommandPool", result })?;
+        this.cmd_pool = unsafe { d.create_command_pool(&info, None) }.map_err(VkError::call("vkCreateCommandPool"))?;
         let alloc = vk::CommandBufferAllocateInfo::default()
             .command_pool(this.cmd_pool)
             .level(vk::CommandBufferLevel::PRIMARY)
             .command_buffer_count(1);
         // SAFETY: as above.
-        this.cmd = unsafe { d.allocate_command_buffers(&alloc) }
-            .map_err(|result| VkError::Call { call: "vkAllocateCommandBuffers", result })?[0];
+        this.cmd = unsafe { d.allocate_command_buffers(&alloc) }.map_err(VkError::call("vkAllocateCommandBuffers"))?[0];
         // SAFETY: as above.
-        this.fence = unsafe { d.create_fence(&vk::FenceCreateInfo::default(), None) }
-            .map_err(|result| VkError::Call { call: "vkCreateFence", result })?;
+        this.fence = unsafe { d.create_fence(&vk::FenceCreateInfo::default(), None) }.map_err(VkError::call("vkCreateFence"))?;
         this.io_pool = descriptor_pool(dev, 1)?;
         this.io_set = allocate_set(dev, this.io_pool, pipes.io_set_layout)?;
         Ok(this)
@@ -533,8 +534,7 @@ impl Exec {
         let submit = [vk::SubmitInfo::default().command_buffers(&cbs)];
         // SAFETY: the command buffer is fully recorded; the fence is unsignalled (reset after
         // every wait); the queue is used only under the engine mutex we hold.
-        unsafe { d.queue_submit(dev.queue, &submit, self.fence) }
-            .map_err(|result| VkError::Call { call: "vkQueueSubmit", result })?;
+        unsafe { d.queue_submit(dev.queue, &submit, self.fence) }.map_err(VkError::call("vkQueueSubmit"))?;
         let timeout_ns = FENCE_TIMEOUT.as_nanos() as u64;
         // SAFETY: waiting on our own fence.
         let waited = unsafe { d.wait_for_fences(&[self.fence], true, timeout_ns) };
@@ -551,7 +551,7 @@ impl Exec {
             Err(result) => return Err(VkError::Call { call: "vkWaitForFences", result }),
         }
         // SAFETY: the fence is signalled and no longer used by a pending submit.
-        unsafe { d.reset_fences(&[self.fence]) }.map_err(|result| VkError::Call { call: "vkResetFences", result })
+        unsafe { d.reset_fences(&[self.fence]) }.map_err(VkError::call("vkResetFences"))
     }
 }
 

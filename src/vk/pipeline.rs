@@ -45,41 +45,27 @@ impl Pipelines {
         };
         let wb = [storage_binding(0), storage_binding(1)];
         let ib = [storage_binding(0)];
-        // SAFETY: valid device, create infos live across the calls; on error `this` (partially
-        // filled) destroys what was created. Same for the next two blocks.
-        this.weight_set_layout = unsafe {
-            d.create_descriptor_set_layout(&vk::DescriptorSetLayoutCreateInfo::default().bindings(&wb), None)
-        }
-        .map_err(|result| VkError::Call { call: "vkCreateDescriptorSetLayout", result })?;
-        // SAFETY: see above.
-        this.io_set_layout = unsafe {
-            d.create_descriptor_set_layout(&vk::DescriptorSetLayoutCreateInfo::default().bindings(&ib), None)
-        }
-        .map_err(|result| VkError::Call { call: "vkCreateDescriptorSetLayout", result })?;
+        let set_layout = |b: &[vk::DescriptorSetLayoutBinding<'_>]| {
+            // SAFETY: valid device, the create info lives across the call; on error `this`
+            // (partially filled) destroys what was created.
+            unsafe { d.create_descriptor_set_layout(&vk::DescriptorSetLayoutCreateInfo::default().bindings(b), None) }
+                .map_err(VkError::call("vkCreateDescriptorSetLayout"))
+        };
+        this.weight_set_layout = set_layout(&wb)?;
+        this.io_set_layout = set_layout(&ib)?;
         let sets = [this.weight_set_layout, this.io_set_layout];
-        let push = [vk::PushConstantRange::default()
-            .stage_flags(vk::ShaderStageFlags::COMPUTE)
-            .offset(0)
-            .size(GEMV_PUSH_BYTES)];
-        // SAFETY: see above.
-        this.layout = unsafe {
-            d.create_pipeline_layout(
-                &vk::PipelineLayoutCreateInfo::default().set_layouts(&sets).push_constant_ranges(&push),
-                None,
-            )
-        }
-        .map_err(|result| VkError::Call { call: "vkCreatePipelineLayout", result })?;
+        let push = [vk::PushConstantRange::default().stage_flags(vk::ShaderStageFlags::COMPUTE).offset(0).size(GEMV_PUSH_BYTES)];
+        let info = vk::PipelineLayoutCreateInfo::default().set_layouts(&sets).push_constant_ranges(&push);
+        // SAFETY: as above.
+        this.layout = unsafe { d.create_pipeline_layout(&info, None) }.map_err(VkError::call("vkCreatePipelineLayout"))?;
 
         for id in ShaderId::ALL {
             debug_assert_eq!(this.pipelines.len(), id as usize);
-            let code = ash::util::read_spv(&mut Cursor::new(id.spirv())).map_err(|e| VkError::BadSpirv {
-                shader: id.name(),
-                detail: e.to_string(),
-            })?;
+            let code = ash::util::read_spv(&mut Cursor::new(id.spirv())).map_err(|e| VkError::BadSpirv { shader: id.name(), detail: e.to_string() })?;
             // SAFETY: `code` is SPIR-V produced by glslc from our sources (checked by the
             // spirv-fresh test); the module is destroyed right after pipeline creation.
             let module = unsafe { d.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&code), None) }
-                .map_err(|result| VkError::Call { call: "vkCreateShaderModule", result })?;
+                .map_err(VkError::call("vkCreateShaderModule"))?;
             let stage = vk::PipelineShaderStageCreateInfo::default()
                 .stage(vk::ShaderStageFlags::COMPUTE)
                 .module(module)

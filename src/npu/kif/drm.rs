@@ -7,9 +7,9 @@
 //! node number, because card numbering depends on probe order (the display controller is usually
 //! card0, the NPU card1, but not always).
 //!
-//! What lives here: `DRM_IOCTL_VERSION`, `DRM_IOCTL_GEM_CLOSE` (rocket frees its BOs this way) and
-//! `DRM_IOCTL_PRIME_FD_TO_HANDLE` (kept for a future zero-copy import path), node listing, and the
-//! EINTR/EAGAIN restart loop every DRM ioctl needs (libdrm's `drmIoctl` does the same).
+//! What lives here: `DRM_IOCTL_VERSION`, `DRM_IOCTL_GEM_CLOSE` (rocket frees its BOs this way),
+//! node listing, and the EINTR/EAGAIN restart loop every DRM ioctl needs (libdrm's `drmIoctl`
+//! does the same).
 //!
 //! Sources: generic Linux uapi `drm.h` (rknpu-facts §1.2, S12): the DRM ioctl type is `'d'`,
 //! core ioctls use nr 0x00..0x3f and drivers start at `DRM_COMMAND_BASE` = 0x40.
@@ -29,9 +29,6 @@ pub const DRM_COMMAND_BASE: u8 = 0x40;
 pub const DRM_NR_VERSION: u8 = 0x00;
 /// `DRM_IOCTL_GEM_CLOSE` nr (generic `drm.h`, S12).
 pub const DRM_NR_GEM_CLOSE: u8 = 0x09;
-/// `DRM_IOCTL_PRIME_FD_TO_HANDLE` nr (rknpu-facts §1.2, S12).
-pub const DRM_NR_PRIME_FD_TO_HANDLE: u8 = 0x2e;
-
 /// `struct drm_version` (generic `drm.h`, S12): three ints, then three (length, user pointer)
 /// pairs for name, date and description. 64 bytes on LP64, 36 on ILP32.
 #[repr(C)]
@@ -62,49 +59,12 @@ pub struct DrmGemClose {
 }
 const _: () = assert!(std::mem::size_of::<DrmGemClose>() == 8);
 
-/// `struct drm_prime_handle` (rknpu-facts §1.2, S12): `handle u32 @0`, `flags u32 @4`, `fd s32 @8`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct DrmPrimeHandle {
-    pub handle: u32,
-    pub flags: u32,
-    pub fd: i32,
-}
-const _: () = assert!(std::mem::size_of::<DrmPrimeHandle>() == 12);
-const _: () = assert!(std::mem::offset_of!(DrmPrimeHandle, fd) == 8);
-
 /// The raw ioctl wrappers. Each is `unsafe`: the caller passes a pointer to a live, correctly
 /// typed argument struct and an open DRM fd.
 pub mod sys {
     use super::*;
     nix::ioctl_readwrite!(drm_version, DRM_IOCTL_TYPE, DRM_NR_VERSION, DrmVersion);
     nix::ioctl_write_ptr!(drm_gem_close, DRM_IOCTL_TYPE, DRM_NR_GEM_CLOSE, DrmGemClose);
-    nix::ioctl_readwrite!(
-        drm_prime_fd_to_handle,
-        DRM_IOCTL_TYPE,
-        DRM_NR_PRIME_FD_TO_HANDLE,
-        DrmPrimeHandle
-    );
-}
-
-/// Full request numbers, for logs and tests (`dir<<30 | size<<16 | type<<8 | nr`).
-pub mod request {
-    use super::*;
-    pub const VERSION: u64 = nix::request_code_readwrite!(
-        DRM_IOCTL_TYPE,
-        DRM_NR_VERSION,
-        std::mem::size_of::<DrmVersion>()
-    ) as u64;
-    pub const GEM_CLOSE: u64 = nix::request_code_write!(
-        DRM_IOCTL_TYPE,
-        DRM_NR_GEM_CLOSE,
-        std::mem::size_of::<DrmGemClose>()
-    ) as u64;
-    pub const PRIME_FD_TO_HANDLE: u64 = nix::request_code_readwrite!(
-        DRM_IOCTL_TYPE,
-        DRM_NR_PRIME_FD_TO_HANDLE,
-        std::mem::size_of::<DrmPrimeHandle>()
-    ) as u64;
 }
 
 /// Runs an ioctl closure, restarting it on EINTR / EAGAIN (as libdrm's `drmIoctl` does).
@@ -171,14 +131,9 @@ pub fn ident(fd: &File) -> Result<DrmIdent, KifError> {
     })
 }
 
-/// The DRM driver name of an open node ("rknpu", "rocket", "rockchip-drm", …).
-pub fn driver_name(fd: &File) -> Result<String, KifError> {
-    ident(fd).map(|i| i.name)
-}
-
 /// Opens `path` and returns its DRM driver name.
 pub fn driver_name_of(path: &Path) -> Result<String, KifError> {
-    driver_name(&open_node(path)?)
+    ident(&open_node(path)?).map(|i| i.name)
 }
 
 /// Closes a GEM handle (`DRM_IOCTL_GEM_CLOSE`).

@@ -75,9 +75,7 @@ pub const MAX_DOMAINS: u32 = 16;
 pub mod mem_flags {
     pub const NON_CONTIGUOUS: u32 = 1 << 0;
     pub const CACHEABLE: u32 = 1 << 1;
-    pub const WRITE_COMBINE: u32 = 1 << 2;
     pub const KERNEL_MAPPING: u32 = 1 << 3;
-    pub const IOMMU: u32 = 1 << 4;
     pub const ZEROING: u32 = 1 << 5;
     pub const IOMMU_LIMIT_IOVA_ALIGNMENT: u32 = 1 << 10;
     /// Data, weight and regcmd buffers (ork's 0x403).
@@ -170,15 +168,7 @@ impl Bo {
     ///
     /// # Safety
     /// `map_ptr..map_ptr+size_bytes` must be valid, writable memory for as long as `keep` lives.
-    pub unsafe fn from_raw(
-        handle: u32,
-        obj_addr: u64,
-        iova: Iova,
-        size_bytes: usize,
-        domain: DomainId,
-        map_ptr: *mut u8,
-        keep: Box<dyn std::any::Any + Send + Sync>,
-    ) -> Bo {
+    pub unsafe fn from_raw(handle: u32, obj_addr: u64, iova: Iova, size_bytes: usize, domain: DomainId, map_ptr: *mut u8, keep: Box<dyn std::any::Any + Send + Sync>) -> Bo {
         Bo { handle, obj_addr, iova, size_bytes, domain, map_ptr, _keep: keep }
     }
 
@@ -305,17 +295,12 @@ pub trait KernelInterface: Send + Sync {
         let _ = core;
         domain
     }
-    /// Imports existing host bytes (e.g. an mmapped `.orkpack` payload) as a device buffer.
-    /// No interface here can map a file's pages into the device without a copy (see `rknpu`'s
-    /// "Import" note: a dma-heap/PRIME import still needs the bytes copied into the dma-buf), so
-    /// every one copies once into a new buffer.
-    fn mem_import(&self, bytes: &[u8], domain: DomainId) -> Result<Bo, KifError> {
-        self.mem_import_observed(bytes, domain, &mut |_, _| {})
-    }
-
-    /// [`mem_import`](Self::mem_import) that calls `observe(offset, device_copy)` for each piece
-    /// right after the piece was written, in order, covering all of `bytes` (pieces of
-    /// [`IMPORT_PIECE_BYTES`]). A caller checksums what landed in device memory in the same pass
+    /// Imports existing host bytes (e.g. an mmapped `.orkpack` payload) as a device buffer,
+    /// calling `observe(offset, device_copy)` for each piece right after the piece was written,
+    /// in order, covering all of `bytes` (pieces of [`IMPORT_PIECE_BYTES`]). No interface here
+    /// can map a file's pages into the device without a copy (see `rknpu`'s "Import" note: a
+    /// dma-heap/PRIME import still needs the bytes copied into the dma-buf), so every one copies
+    /// once into a new buffer. A caller checksums what landed in device memory in the same pass
     /// that copies it, reading each piece while it is still in the CPU cache. On `Err` the
     /// buffer is gone and anything observed must be discarded.
     fn mem_import_observed(&self, bytes: &[u8], domain: DomainId, observe: &mut dyn FnMut(usize, &[u8])) -> Result<Bo, KifError> {

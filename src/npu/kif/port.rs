@@ -160,7 +160,7 @@ impl Caps {
     pub fn line(&self, a: &Answers) -> String {
         let (x, y, z) = a.drm_version;
         let (p, q, r) = decode_version(a.drv_version);
-        let full: Vec<&str> = self.full.iter().map(|e| e.desc_name()).collect();
+        let full: Vec<String> = self.full.iter().map(|e| format!("{e:?}")).collect();
         format!(
             "ORK NPU port: port={} node={} drm={x}.{y}.{z} drv={p}.{q}.{r} iommu={} domains={}{} full={} sync={} reset={} counter={} clock={} cores={}",
             self.port.name(),
@@ -179,22 +179,6 @@ impl Caps {
             self.clock_hz.map_or("?".to_string(), |h| format!("{}MHz", h / 1_000_000)),
             self.cores.map_or("soc".to_string(), |c| c.to_string()),
         )
-    }
-}
-
-/// Errno names for the caps line (nix prints descriptions).
-trait DescName {
-    fn desc_name(&self) -> &'static str;
-}
-
-impl DescName for Errno {
-    fn desc_name(&self) -> &'static str {
-        match self {
-            Errno::EFAULT => "EFAULT",
-            Errno::ENOMEM => "ENOMEM",
-            Errno::ENOSPC => "ENOSPC",
-            _ => "?",
-        }
     }
 }
 

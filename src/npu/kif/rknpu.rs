@@ -46,10 +46,10 @@
 //!   regcmd, and runs a job with a cold output twice, the first result discarded. A timeout
 //!   (the kernel reset the device) or an ACT_RESET makes every buffer cold again.
 //! * **Domains.** MEM_CREATE and SUBMIT carry the domain id themselves, so no explicit switch is
-//!   needed on the native path; [`Rknpu::set_iommu_domain`] (action 25, stock) is offered for
-//!   paths that map into "whatever domain is live" (PRIME imports). The oRKLLM-patched 0x1xx
+//!   needed (the stock switch, action 25, serves only paths that map into "whatever domain is
+//!   live", PRIME imports; it is sent only by the port probe). The oRKLLM-patched 0x1xx
 //!   actions are never sent (conflict 2). Ids are capped at [`MAX_DOMAINS`] (conflict 4).
-//! * **Import.** `mem_import` / `mem_import_observed` keep the trait's defaults (create + copy + sync). A dma-heap/PRIME
+//! * **Import.** `mem_import_observed` keeps the trait's default (create + copy + sync). A dma-heap/PRIME
 //!   path would not save the copy (host bytes must land in device memory either way), needs
 //!   `DMA_BUF_IOCTL_SYNC` instead of MEM_SYNC, maps into the live domain only, and carries ork's
 //!   unconfirmed quirks (anchor buffer per domain, aliased IOVAs) — not worth it yet.
@@ -87,8 +87,7 @@ pub mod nr {
     pub const MEM_SYNC: u8 = 0x05;
 }
 
-/// `rknpu_action.flags` selectors (rknpu-facts §1.4, S1). Only the ones this driver sends or may
-/// want for diagnostics are named.
+/// `rknpu_action.flags` selectors (rknpu-facts §1.4, S1) this driver sends.
 pub mod action {
     pub const GET_HW_VERSION: u32 = 0;
     pub const GET_DRV_VERSION: u32 = 1;
@@ -96,11 +95,7 @@ pub mod action {
     /// Soft reset of the whole device (rknpu-facts §1.4/§1.5, S1/S2).
     pub const ACT_RESET: u32 = 6;
     pub const GET_IOMMU_EN: u32 = 18;
-    pub const SET_PROC_NICE: u32 = 19;
     pub const POWER_ON: u32 = 20;
-    pub const POWER_OFF: u32 = 21;
-    pub const GET_TOTAL_SRAM_SIZE: u32 = 22;
-    pub const GET_FREE_SRAM_SIZE: u32 = 23;
     pub const GET_IOMMU_DOMAIN_ID: u32 = 24;
     /// Stock domain switch (switch, then drop the reference; rknpu-facts conflict 2, S3/S5).
     pub const SET_IOMMU_DOMAIN_ID: u32 = 25;
@@ -225,81 +220,16 @@ pub struct RknpuSubmit {
     pub subcore_task: [RknpuSubcoreTask; 5],
 }
 
-const _: () = {
-    use std::mem::{offset_of, size_of};
-    assert!(size_of::<RknpuAction>() == 8);
-    assert!(size_of::<RknpuMemCreate>() == 48);
-    assert!(offset_of!(RknpuMemCreate, size) == 8);
-    assert!(offset_of!(RknpuMemCreate, obj_addr) == 16);
-    assert!(offset_of!(RknpuMemCreate, dma_addr) == 24);
-    assert!(offset_of!(RknpuMemCreate, sram_size) == 32);
-    assert!(offset_of!(RknpuMemCreate, iommu_domain_id) == 40);
-    assert!(offset_of!(RknpuMemCreate, core_mask) == 44);
-    assert!(size_of::<RknpuMemMap>() == 16);
-    assert!(offset_of!(RknpuMemMap, offset) == 8);
-    assert!(size_of::<RknpuMemDestroy>() == 16);
-    assert!(offset_of!(RknpuMemDestroy, obj_addr) == 8);
-    assert!(size_of::<RknpuMemSync>() == 32);
-    assert!(offset_of!(RknpuMemSync, obj_addr) == 8);
-    assert!(offset_of!(RknpuMemSync, offset) == 16);
-    assert!(offset_of!(RknpuMemSync, size) == 24);
-    assert!(size_of::<RknpuSubcoreTask>() == 8);
-    assert!(size_of::<RknpuSubmit>() == 104);
-    assert!(offset_of!(RknpuSubmit, task_counter) == 16);
-    assert!(offset_of!(RknpuSubmit, priority) == 20);
-    assert!(offset_of!(RknpuSubmit, task_obj_addr) == 24);
-    assert!(offset_of!(RknpuSubmit, iommu_domain_id) == 32);
-    assert!(offset_of!(RknpuSubmit, reserved) == 36);
-    assert!(offset_of!(RknpuSubmit, task_base_addr) == 40);
-    assert!(offset_of!(RknpuSubmit, hw_elapse_time) == 48);
-    assert!(offset_of!(RknpuSubmit, core_mask) == 56);
-    assert!(offset_of!(RknpuSubmit, fence_fd) == 60);
-    assert!(offset_of!(RknpuSubmit, subcore_task) == 64);
-};
-
 /// Raw ioctl wrappers (`DRM_IOWR(DRM_COMMAND_BASE + n, T)`, rknpu-facts §1.2, S1). Each is
 /// `unsafe`: the caller passes an open rknpu DRM fd and a pointer to a live argument struct.
 pub mod sys {
     use super::*;
     nix::ioctl_readwrite!(rknpu_action, DRM_IOCTL_TYPE, DRM_COMMAND_BASE + nr::ACTION, RknpuAction);
     nix::ioctl_readwrite!(rknpu_submit, DRM_IOCTL_TYPE, DRM_COMMAND_BASE + nr::SUBMIT, RknpuSubmit);
-    nix::ioctl_readwrite!(
-        rknpu_mem_create,
-        DRM_IOCTL_TYPE,
-        DRM_COMMAND_BASE + nr::MEM_CREATE,
-        RknpuMemCreate
-    );
+    nix::ioctl_readwrite!(rknpu_mem_create, DRM_IOCTL_TYPE, DRM_COMMAND_BASE + nr::MEM_CREATE, RknpuMemCreate);
     nix::ioctl_readwrite!(rknpu_mem_map, DRM_IOCTL_TYPE, DRM_COMMAND_BASE + nr::MEM_MAP, RknpuMemMap);
-    nix::ioctl_readwrite!(
-        rknpu_mem_destroy,
-        DRM_IOCTL_TYPE,
-        DRM_COMMAND_BASE + nr::MEM_DESTROY,
-        RknpuMemDestroy
-    );
-    nix::ioctl_readwrite!(
-        rknpu_mem_sync,
-        DRM_IOCTL_TYPE,
-        DRM_COMMAND_BASE + nr::MEM_SYNC,
-        RknpuMemSync
-    );
-}
-
-/// Full request numbers (`dir<<30 | size<<16 | type<<8 | nr`), for logs and the ABI tests.
-pub mod request {
-    use super::*;
-    use std::mem::size_of;
-    macro_rules! rw {
-        ($n:expr, $t:ty) => {
-            nix::request_code_readwrite!(DRM_IOCTL_TYPE, DRM_COMMAND_BASE + $n, size_of::<$t>())
-                as u64
-        };
-    }
-    pub const ACTION: u64 = rw!(nr::ACTION, RknpuAction);
-    pub const SUBMIT: u64 = rw!(nr::SUBMIT, RknpuSubmit);
-    pub const MEM_CREATE: u64 = rw!(nr::MEM_CREATE, RknpuMemCreate);
-    pub const MEM_MAP: u64 = rw!(nr::MEM_MAP, RknpuMemMap);
-    pub const MEM_DESTROY: u64 = rw!(nr::MEM_DESTROY, RknpuMemDestroy);
-    pub const MEM_SYNC: u64 = rw!(nr::MEM_SYNC, RknpuMemSync);
+    nix::ioctl_readwrite!(rknpu_mem_destroy, DRM_IOCTL_TYPE, DRM_COMMAND_BASE + nr::MEM_DESTROY, RknpuMemDestroy);
+    nix::ioctl_readwrite!(rknpu_mem_sync, DRM_IOCTL_TYPE, DRM_COMMAND_BASE + nr::MEM_SYNC, RknpuMemSync);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -411,21 +341,16 @@ pub const DRIVER_NAME: &str = "rknpu";
 /// Where primary DRM nodes live.
 pub const DRI_DIR: &str = "/dev/dri";
 
-/// Finds the rknpu node: `card` (the value of `ORK_NPU_CARD`) if given, else the first
-/// `/dev/dri/card*` whose DRM driver name is "rknpu", else the first such `/dev/dri/renderD*`
-/// (a card node is often group `video` mode 0660; the render node may be the one a user can
-/// open). The error says what was looked at.
-pub fn find_card(card: Option<&Path>) -> Result<PathBuf, KifError> {
-    if let Some(p) = card {
-        return Ok(p.to_path_buf());
-    }
-    drm::find_by_driver(Path::new(DRI_DIR), "card", DRIVER_NAME)
-        .or_else(|e| drm::find_by_driver(Path::new(DRI_DIR), "renderD", DRIVER_NAME).map_err(|_| e))
-}
-
-/// Opens the vendor driver (node from [`find_card`]) as a kernel interface.
+/// Opens the vendor driver as a kernel interface on its node: `card` (the value of
+/// `ORK_NPU_CARD`) if given, else the first `/dev/dri/card*` whose DRM driver name is "rknpu",
+/// else the first such `/dev/dri/renderD*` (a card node is often group `video` mode 0660; the
+/// render node may be the one a user can open). The error says what was looked at.
 pub fn open(card: Option<&Path>) -> Result<Box<dyn KernelInterface>, KifError> {
-    let path = find_card(card)?;
+    let path = match card {
+        Some(p) => p.to_path_buf(),
+        None => drm::find_by_driver(Path::new(DRI_DIR), "card", DRIVER_NAME)
+            .or_else(|e| drm::find_by_driver(Path::new(DRI_DIR), "renderD", DRIVER_NAME).map_err(|_| e))?,
+    };
     Ok(Box::new(Rknpu::open_path(&path)?))
 }
 
@@ -553,23 +478,6 @@ impl Rknpu {
     /// The kernel's id of a logical domain (dkms: offset to the fd's own id).
     fn kernel_domain(&self, domain: DomainId) -> u32 {
         self.caps.domain_base + domain.0
-    }
-
-    /// Encoded driver version (908 = 0.9.8).
-    pub fn drv_version(&self) -> u32 {
-        self.answers.drv_version
-    }
-
-    /// The node this interface talks to.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Makes `domain` the live IOMMU domain (stock action 25; the kernel waits up to ~6 s for
-    /// the previous domain's jobs). Native MEM_CREATE/SUBMIT do not need this.
-    pub fn set_iommu_domain(&self, domain: DomainId) -> Result<(), KifError> {
-        check_domain("set_iommu_domain", domain, self.caps.domains)?;
-        self.action(action::SET_IOMMU_DOMAIN_ID, self.kernel_domain(domain)).map(|_| ())
     }
 
     fn destroy_raw(&self, handle: u32, obj_addr: u64) -> Result<(), KifError> {

@@ -156,69 +156,14 @@ pub struct DrmRocketSubmit {
     pub reserved: u64,
 }
 
-const _: () = {
-    use std::mem::{offset_of, size_of};
-    assert!(size_of::<DrmRocketCreateBo>() == 24);
-    assert!(offset_of!(DrmRocketCreateBo, handle) == 4);
-    assert!(offset_of!(DrmRocketCreateBo, dma_address) == 8);
-    assert!(offset_of!(DrmRocketCreateBo, offset) == 16);
-    assert!(size_of::<DrmRocketPrepBo>() == 16);
-    assert!(offset_of!(DrmRocketPrepBo, timeout_ns) == 8);
-    assert!(size_of::<DrmRocketFiniBo>() == 8);
-    assert!(size_of::<DrmRocketTask>() == 8);
-    assert!(offset_of!(DrmRocketTask, regcmd_count) == 4);
-    assert!(size_of::<DrmRocketJob>() == 40);
-    assert!(offset_of!(DrmRocketJob, in_bo_handles) == 8);
-    assert!(offset_of!(DrmRocketJob, out_bo_handles) == 16);
-    assert!(offset_of!(DrmRocketJob, task_count) == 24);
-    assert!(offset_of!(DrmRocketJob, task_struct_size) == 28);
-    assert!(offset_of!(DrmRocketJob, in_bo_handle_count) == 32);
-    assert!(offset_of!(DrmRocketJob, out_bo_handle_count) == 36);
-    assert!(size_of::<DrmRocketSubmit>() == 24);
-    assert!(offset_of!(DrmRocketSubmit, job_count) == 8);
-    assert!(offset_of!(DrmRocketSubmit, job_struct_size) == 12);
-    assert!(offset_of!(DrmRocketSubmit, reserved) == 16);
-};
-
 /// Raw ioctl wrappers (rknpu-facts §1.7, S8). Each is `unsafe`: the caller passes an open rocket
 /// accel fd and a pointer to a live argument struct whose embedded user pointers are valid.
 pub mod sys {
     use super::*;
-    nix::ioctl_readwrite!(
-        rocket_create_bo,
-        DRM_IOCTL_TYPE,
-        DRM_COMMAND_BASE + nr::CREATE_BO,
-        DrmRocketCreateBo
-    );
+    nix::ioctl_readwrite!(rocket_create_bo, DRM_IOCTL_TYPE, DRM_COMMAND_BASE + nr::CREATE_BO, DrmRocketCreateBo);
     nix::ioctl_write_ptr!(rocket_submit, DRM_IOCTL_TYPE, DRM_COMMAND_BASE + nr::SUBMIT, DrmRocketSubmit);
     nix::ioctl_write_ptr!(rocket_prep_bo, DRM_IOCTL_TYPE, DRM_COMMAND_BASE + nr::PREP_BO, DrmRocketPrepBo);
     nix::ioctl_write_ptr!(rocket_fini_bo, DRM_IOCTL_TYPE, DRM_COMMAND_BASE + nr::FINI_BO, DrmRocketFiniBo);
-}
-
-/// Full request numbers, for logs and the ABI tests.
-pub mod request {
-    use super::*;
-    use std::mem::size_of;
-    pub const CREATE_BO: u64 = nix::request_code_readwrite!(
-        DRM_IOCTL_TYPE,
-        DRM_COMMAND_BASE + nr::CREATE_BO,
-        size_of::<DrmRocketCreateBo>()
-    ) as u64;
-    pub const SUBMIT: u64 = nix::request_code_write!(
-        DRM_IOCTL_TYPE,
-        DRM_COMMAND_BASE + nr::SUBMIT,
-        size_of::<DrmRocketSubmit>()
-    ) as u64;
-    pub const PREP_BO: u64 = nix::request_code_write!(
-        DRM_IOCTL_TYPE,
-        DRM_COMMAND_BASE + nr::PREP_BO,
-        size_of::<DrmRocketPrepBo>()
-    ) as u64;
-    pub const FINI_BO: u64 = nix::request_code_write!(
-        DRM_IOCTL_TYPE,
-        DRM_COMMAND_BASE + nr::FINI_BO,
-        size_of::<DrmRocketFiniBo>()
-    ) as u64;
 }
 
 /// Entries the vendor kernel adds to `regcfg_amount` (`RKNPU_PC_DATA_EXTRA_AMOUNT`; rknpu-facts
@@ -304,14 +249,10 @@ pub fn classify_refs(entries: &[RegCmd], ranges: &[(u32, usize, u32)]) -> (Vec<u
 // Device
 // ---------------------------------------------------------------------------------------------
 
-/// Finds the first `/dev/accel/accel*` whose DRM driver name is "rocket".
-pub fn find_node() -> Result<PathBuf, KifError> {
-    drm::find_by_driver(Path::new(ACCEL_DIR), "accel", DRIVER_NAME)
-}
-
-/// Opens the mainline rocket driver as a kernel interface, one fd per core of [`FDS`].
+/// Opens the mainline rocket driver on the first `/dev/accel/accel*` whose DRM driver name is
+/// "rocket" as a kernel interface, one fd per core of [`FDS`].
 pub fn open() -> Result<Box<dyn KernelInterface>, KifError> {
-    let path = find_node()?;
+    let path = drm::find_by_driver(Path::new(ACCEL_DIR), "accel", DRIVER_NAME)?;
     Ok(Box::new(Rocket::open_path(&path)?))
 }
 
@@ -386,7 +327,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl CoreFd {
     fn open(path: &Path) -> Result<CoreFd, KifError> {
         let fd = drm::open_node(path)?;
-        let name = drm::driver_name(&fd)?;
+        let name = drm::ident(&fd)?.name;
         if name != DRIVER_NAME {
             return Err(KifError::NoDevice(format!("{} is DRM driver \"{name}\", not \"{DRIVER_NAME}\"", path.display())));
         }

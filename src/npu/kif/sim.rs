@@ -681,14 +681,7 @@ pub enum Exec {
 /// first task of each sub-submit of at most `soc.max_submit_tasks` starts the PC; later programs
 /// are reached through the in-stream chain links), at most `budget` programs. Returns the number
 /// of programs executed (the PC task counter). A chain that ends early is a timeout.
-pub fn execute_tasks(
-    soc: &SocDesc,
-    mem: &dyn DeviceMemory,
-    tasks: &[RknpuTask],
-    budget: usize,
-    timeout_ms: u32,
-    hook: &mut dyn FnMut(&ProgramTrace) -> Exec,
-) -> Result<usize, KifError> {
+pub fn execute_tasks(soc: &SocDesc, mem: &dyn DeviceMemory, tasks: &[RknpuTask], budget: usize, timeout_ms: u32, hook: &mut dyn FnMut(&ProgramTrace) -> Exec) -> Result<usize, KifError> {
     let mut ran = 0usize;
     let mut rf = RegFile::default();
     let max_sub = soc.max_submit_tasks.max(1) as usize;
@@ -726,14 +719,7 @@ pub fn execute_tasks(
 /// Fetches and executes one program; returns the chain link it programmed, if any. The
 /// hook sees each decoded program first; with [`Exec::Skip`] it is decoded and checked but
 /// its matmul is not computed (an injected hole, a cold output buffer).
-fn run_program(
-    soc: &SocDesc,
-    mem: &dyn DeviceMemory,
-    rf: &mut RegFile,
-    addr: u64,
-    amount: u32,
-    hook: &mut dyn FnMut(&ProgramTrace) -> Exec,
-) -> Result<Option<(u32, u32)>, KifError> {
+fn run_program(soc: &SocDesc, mem: &dyn DeviceMemory, rf: &mut RegFile, addr: u64, amount: u32, hook: &mut dyn FnMut(&ProgramTrace) -> Exec) -> Result<Option<(u32, u32)>, KifError> {
     let entries = (u64::from(amount) + 1) * u64::from(soc.pc_data_amount_scale);
     let ptr = mem
         .resolve(addr, entries * 8)
