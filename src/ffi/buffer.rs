@@ -97,9 +97,7 @@ impl BufferCtx {
         // context is a BufferCtx that lives until `buf_free`.
         (b.buft == ours && !b.context.is_null()).then(|| unsafe { &*(b.context as *const BufferCtx) })
     }
-}
 
-impl BufferCtx {
     /// Whether callback `name` may write into the buffer's memory: not into lent memory (one
     /// error line; the caller then changes nothing).
     fn writable(&self, name: &str) -> bool {

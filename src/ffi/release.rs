@@ -228,10 +228,7 @@ pub(crate) fn classify(facts: &HostFacts, unverified: Unverified) -> Result<Reco
     let newest = VERIFIED.iter().max_by_key(|r| version(r.last.1)).expect("a verified release");
     let newer = matches!((hv, version(newest.last.1)), (Some(h), Some(n)) if h > n) && newest.layout == layout;
     let what = if newer {
-        format!(
-            "{host} is newer than the newest llama.cpp release verified with this libggml-ork.so (b{}, ggml {})",
-            newest.last.0, newest.last.1
-        )
+        format!("{host} is newer than the newest llama.cpp release verified with this libggml-ork.so (b{}, ggml {})", newest.last.0, newest.last.1)
     } else {
         format!("{host} lies outside the releases verified with this libggml-ork.so ({})", verified_list())
     };

@@ -368,23 +368,17 @@ pub struct Npu {
     smallest_m: usize,
 }
 
-/// Opens a hardware kernel interface. The only place that names the hardware back-ends.
 /// Opens a real NPU: the named interface, or (Auto) whichever node `detect` finds; `card` replaces
-/// the scan for the vendor driver's node.
+/// the scan for the vendor driver's node. The only place that names the hardware back-ends.
 fn open_hw(kind: NpuKind, card: Option<&Path>) -> Result<Box<dyn KernelInterface>, NpuError> {
     let kind = match kind {
-        NpuKind::Auto => match detect::find_npu_node(card) {
-            Ok(node) => match node.kind {
-                detect::KifKind::Rknpu => NpuKind::Rknpu,
-                detect::KifKind::Rocket => NpuKind::Rocket,
-            },
-            Err(e) => return Err(NpuError::NoDevice(e.to_string())),
-        },
-        k => k,
+        NpuKind::Auto => detect::find_npu_node(card).map_err(|e| NpuError::NoDevice(e.to_string()))?.kind,
+        NpuKind::Rocket => detect::KifKind::Rocket,
+        _ => detect::KifKind::Rknpu,
     };
     match kind {
-        NpuKind::Rocket => Ok(kif::rocket::open()?),
-        _ => Ok(kif::rknpu::open(card)?),
+        detect::KifKind::Rocket => Ok(kif::rocket::open()?),
+        detect::KifKind::Rknpu => Ok(kif::rknpu::open(card)?),
     }
 }
 

@@ -71,9 +71,9 @@ pub struct PlannedProgram {
 
 impl PlannedProgram {
     /// Byte offset, in the output scratch, of the last int32 this program writes: row `mc − 1`,
-    /// column `nc − 1` of its dense `[mc][nc]` block (row stride `nc`, as [`PlannedSubmit::regcmd`]
-    /// programs it). The matmul writes it last (rknpu-facts §2.5), so `mm.rs` puts its
-    /// never-ran sentinel there.
+    /// column `nc − 1` of its dense `[mc][nc]` block (row stride `nc`, as
+    /// [`PlannedSubmit::regcmd_at`] programs it). The matmul writes it last (rknpu-facts §2.5),
+    /// so `mm.rs` puts its never-ran sentinel there.
     pub fn last_out_word(&self) -> usize {
         self.out_offset + (self.mc * self.nc - 1) * 4
     }
@@ -104,16 +104,11 @@ pub struct SubmitIovas {
 }
 
 impl PlannedSubmit {
-    /// The submit's PC-chained regcmd stream with its buffers at `at` — the one mapping from
-    /// planned programs to [`MatmulProgram`]s, used by the submit path (`mm.rs`) and by
-    /// `ork-regdump --synth` (`src/bin/ork-regdump/synth.rs`, the golden tests). One program per
-    /// `PROGRAM_ENTRIES` entries, in `programs` order.
-    pub fn regcmd(&self, at: &SubmitIovas, amount_scale: u32) -> Result<Vec<RegCmd>, RegcmdError> {
-        self.regcmd_at(at, amount_scale, |ab| self.a_blocks.iter().find(|(b, _)| b == ab).expect("a submit's block").1)
-    }
-
-    /// [`PlannedSubmit::regcmd`] with each activation block at `a_offset(block)` bytes past
-    /// `at.act` (the NPU core's activation image, `mm.rs`) instead of its scratch offset.
+    /// The submit's PC-chained regcmd stream with its buffers at `at`, each activation block at
+    /// `a_offset(block)` bytes past `at.act` (the NPU core's activation image, `mm.rs`; its
+    /// scratch offset in `a_blocks` for `ork-regdump --synth` and the golden tests) — the one
+    /// mapping from planned programs to [`MatmulProgram`]s. One program per `PROGRAM_ENTRIES`
+    /// entries, in `programs` order.
     pub fn regcmd_at(&self, at: &SubmitIovas, amount_scale: u32, a_offset: impl Fn(&ABlock) -> usize) -> Result<Vec<RegCmd>, RegcmdError> {
         let progs: Vec<MatmulProgram> = self
             .programs

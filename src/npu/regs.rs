@@ -486,13 +486,7 @@ impl fmt::Display for RegCmd {
         }
         match self.reg() {
             Some(r) => f.write_str(&r.format_value(self.value())),
-            None => write!(
-                f,
-                "UNKNOWN target_op={:#06x} reg={:#06x} value={:#010x}",
-                self.target_op(),
-                self.offset(),
-                self.value()
-            ),
+            None => write!(f, "UNKNOWN target_op={:#06x} reg={:#06x} value={:#010x}", self.target_op(), self.offset(), self.value()),
         }
     }
 }

@@ -37,11 +37,7 @@ impl InstanceShared {
             Err(result) => return Err(VkError::Call { call: "vkEnumerateInstanceVersion", result }),
         };
         if version < API_VERSION {
-            log::info!(
-                "vk: Vulkan loader is {}.{}, need 1.1; GPU decode disabled",
-                vk::api_version_major(version),
-                vk::api_version_minor(version)
-            );
+            log::info!("vk: Vulkan loader is {}.{}, need 1.1; GPU decode disabled", vk::api_version_major(version), vk::api_version_minor(version));
             return Ok(None);
         }
         let app_name: &CStr = c"ggml-ork";

@@ -382,10 +382,7 @@ impl VkEngine {
                 return Err(VkError::ForeignWeight { op: OP });
             }
             if m == 0 || x.len() != m * k || y.len() != m * n {
-                return Err(shape_err(
-                    OP,
-                    format!("W [N={n}, K={k}], M={m}: x.len()={} (want M*K), y.len()={} (want M*N)", x.len(), y.len()),
-                ));
+                return Err(shape_err(OP, format!("W [N={n}, K={k}], M={m}: x.len()={} (want M*K), y.len()={} (want M*N)", x.len(), y.len())));
             }
             let x_stride = if w.shader == ShaderId::GemvI8 { w.row_words } else { k };
             let x_off = alloc(m * x_stride);
@@ -457,9 +454,7 @@ impl VkEngine {
                     d.cmd_dispatch(cb, gx, gy, 1);
                 }
             }
-            let barrier = [vk::MemoryBarrier::default()
-                .src_access_mask(vk::AccessFlags::SHADER_WRITE)
-                .dst_access_mask(vk::AccessFlags::HOST_READ)];
+            let barrier = [vk::MemoryBarrier::default().src_access_mask(vk::AccessFlags::SHADER_WRITE).dst_access_mask(vk::AccessFlags::HOST_READ)];
             d.cmd_pipeline_barrier(
                 cb,
                 vk::PipelineStageFlags::COMPUTE_SHADER,

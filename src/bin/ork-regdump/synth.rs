@@ -36,7 +36,8 @@ pub fn synth_fixed(
     let mut out = Vec::new();
     for cp in &p.cores {
         for (i, sub) in cp.submits.iter().enumerate() {
-            out.push((cp.core, i, sub.regcmd(&at, soc.pc_data_amount_scale)?));
+            let scratch = |ab: &_| sub.a_blocks.iter().find(|(b, _)| b == ab).expect("a submit's block").1;
+            out.push((cp.core, i, sub.regcmd_at(&at, soc.pc_data_amount_scale, scratch)?));
         }
     }
     Ok(out)

@@ -55,10 +55,7 @@ pub fn line_span(offset: usize, len: usize, size_bytes: usize) -> (usize, usize)
 /// MEM_SYNC checks, S4), naming `op` in the error.
 pub fn check_sync_range(op: &str, bo: &Bo, offset: usize, len: usize) -> Result<(), KifError> {
     if len == 0 || offset.checked_add(len).is_none_or(|end| end > bo.size_bytes) {
-        return Err(KifError::Invalid(format!(
-            "{op}: range {offset}+{len} is empty or outside handle {}'s {} bytes",
-            bo.handle, bo.size_bytes
-        )));
+        return Err(KifError::Invalid(format!("{op}: range {offset}+{len} is empty or outside handle {}'s {} bytes", bo.handle, bo.size_bytes)));
     }
     Ok(())
 }
@@ -351,6 +348,17 @@ impl Warmth {
     pub fn clear(&self) {
         self.set().clear();
     }
+}
+
+/// Reads `task_number` descriptors starting at `task_start` from a task buffer's bytes.
+pub fn read_tasks(task_bytes: &[u8], task_start: u32, task_number: u32) -> Result<Vec<RknpuTask>, KifError> {
+    let sz = std::mem::size_of::<RknpuTask>();
+    let start = task_start as usize * sz;
+    let end = start + task_number as usize * sz;
+    if task_number == 0 || end > task_bytes.len() {
+        return Err(KifError::Invalid(format!("tasks {task_start}..+{task_number} do not fit the {}-byte task buffer", task_bytes.len())));
+    }
+    Ok(task_bytes[start..end].chunks_exact(sz).map(bytemuck::pod_read_unaligned::<RknpuTask>).collect())
 }
 
 /// Registers whose value is an IOVA in the matmul program: activation base, weight base, output

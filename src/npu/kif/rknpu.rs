@@ -390,11 +390,7 @@ impl Rknpu {
         let fd = drm::open_node(path)?;
         let ident = drm::ident(&fd)?;
         if ident.name != DRIVER_NAME {
-            return Err(KifError::NoDevice(format!(
-                "{} is DRM driver \"{}\", not \"{DRIVER_NAME}\"",
-                path.display(),
-                ident.name
-            )));
+            return Err(KifError::NoDevice(format!("{} is DRM driver \"{}\", not \"{DRIVER_NAME}\"", path.display(), ident.name)));
         }
         let mut dev = Rknpu {
             fd,
@@ -532,10 +528,7 @@ impl KernelInterface for Rknpu {
             e
         };
         let Ok(iova) = u32::try_from(c.dma_addr) else {
-            return Err(fail(KifError::Invalid(format!(
-                "mem_create: kernel returned a non-32-bit IOVA {:#x}",
-                c.dma_addr
-            ))));
+            return Err(fail(KifError::Invalid(format!("mem_create: kernel returned a non-32-bit IOVA {:#x}", c.dma_addr))));
         };
         let mut m = RknpuMemMap { handle, ..RknpuMemMap::default() };
         // SAFETY: `m` is a valid rknpu_mem_map for the whole call; `handle` is ours.
@@ -549,10 +542,7 @@ impl KernelInterface for Rknpu {
         let ptr = map.as_mut_ptr();
         let rec = LiveBo { obj_addr, domain: domain.0, iova, size, cpu_addr: ptr as usize };
         self.live().insert(handle, rec);
-        log::debug!(
-            "rknpu: mem_create {size} B flags {flags:#x} domain {} -> handle {handle} iova {iova:#010x}",
-            domain.0
-        );
+        log::debug!("rknpu: mem_create {size} B flags {flags:#x} domain {} -> handle {handle} iova {iova:#010x}", domain.0);
         // SAFETY: `map` is a shared read-write mapping of exactly `size` bytes; moving it into the
         // Bo keeps it alive as long as the Bo (munmap on drop).
         Ok(unsafe { Bo::from_raw(handle, obj_addr, Iova(iova), size, domain, ptr, Box::new(map)) })
@@ -675,7 +665,7 @@ impl Rknpu {
     /// The handles of the buffers the job's programs write (their DPU destination), found by
     /// reading each task's regcmd through its buffer's mapping.
     fn job_outputs(&self, job: &SubmitJob<'_>) -> Result<Vec<u32>, KifError> {
-        let tasks = super::rocket::read_tasks(job.task_bo.bytes(), job.task_start, job.task_number)?;
+        let tasks = super::read_tasks(job.task_bo.bytes(), job.task_start, job.task_number)?;
         let live = self.live();
         let find = |addr: u64, len: usize| {
             live.iter().find(|(_, b)| {
@@ -719,11 +709,7 @@ impl Rknpu {
                     }
                     let hw_elapse_ns = if self.caps.elapsed_reported { s.hw_elapse_time.max(0) as u64 } else { wall_ns };
                     if s.task_counter < job.task_number {
-                        log::warn!(
-                            "rknpu: submit returned with task_counter {} < task_number {}",
-                            s.task_counter,
-                            job.task_number
-                        );
+                        log::warn!("rknpu: submit returned with task_counter {} < task_number {}", s.task_counter, job.task_number);
                     }
                     return Ok(SubmitDone { hw_elapse_ns, task_counter: s.task_counter, synced_bytes: 0 });
                 }

@@ -68,8 +68,8 @@ use nix::errno::Errno;
 
 use super::drm::{self, DRM_COMMAND_BASE, DRM_IOCTL_TYPE};
 use super::{
-    page_round, Bo, DomainId, Iova, KernelInterface, KifError, RknpuTask, SubmitDone, SubmitJob, SyncDir, Warmth,
-    PAGE_BYTES,
+    page_round, read_tasks, Bo, DomainId, Iova, KernelInterface, KifError, RknpuTask, SubmitDone, SubmitJob, SyncDir,
+    Warmth, PAGE_BYTES,
 };
 use crate::npu::regcmd;
 use crate::npu::regs::{RegCmd, DPU_DST_BASE_ADDR};
@@ -194,20 +194,6 @@ pub fn rocket_task_from(t: &RknpuTask) -> Result<DrmRocketTask, KifError> {
         .checked_add(PC_DATA_EXTRA_AMOUNT)
         .ok_or_else(|| KifError::Invalid(format!("rocket: regcfg_amount {amount} overflows")))?;
     Ok(DrmRocketTask { regcmd, regcmd_count })
-}
-
-/// Reads `task_number` descriptors starting at `task_start` from a task buffer's bytes.
-pub fn read_tasks(task_bytes: &[u8], task_start: u32, task_number: u32) -> Result<Vec<RknpuTask>, KifError> {
-    let sz = std::mem::size_of::<RknpuTask>();
-    let start = task_start as usize * sz;
-    let end = start + task_number as usize * sz;
-    if task_number == 0 || end > task_bytes.len() {
-        return Err(KifError::Invalid(format!(
-            "rocket: tasks {task_start}..+{task_number} do not fit the {}-byte task buffer",
-            task_bytes.len()
-        )));
-    }
-    Ok(task_bytes[start..end].chunks_exact(sz).map(bytemuck::pod_read_unaligned::<RknpuTask>).collect())
 }
 
 /// Which BO ranges a regcmd stream references. `ranges` are `(iova_start, size_bytes, handle)`.
@@ -434,10 +420,7 @@ impl CoreFd {
             })?;
             let off = (t.regcmd - start) as usize;
             if off + len_bytes > rec.size_bytes {
-                return Err(KifError::Invalid(format!(
-                    "rocket: regcmd {:#010x} + {} entries overruns its buffer",
-                    t.regcmd, t.regcmd_count
-                )));
+                return Err(KifError::Invalid(format!("rocket: regcmd {:#010x} + {} entries overruns its buffer", t.regcmd, t.regcmd_count)));
             }
             // SAFETY: the range lies inside a live mapping (checked above); the map lock is
             // held, so `mem_destroy` cannot unmap it meanwhile; the caller does not write regcmd

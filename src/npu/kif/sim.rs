@@ -426,15 +426,7 @@ impl KernelInterface for SimKif {
         if tsb.flags & mem_flags::KERNEL_MAPPING == 0 {
             return Err(KifError::Invalid("sim submit: task BO lacks KERNEL_MAPPING (the kernel cannot read it)".into()));
         }
-        let tsize = std::mem::size_of::<RknpuTask>();
-        let first = job.task_start as usize * tsize;
-        let end = first + job.task_number as usize * tsize;
-        if end as u64 > tsb.size {
-            return Err(KifError::Invalid(format!("sim submit: tasks {}..+{} overrun the task BO", job.task_start, job.task_number)));
-        }
-        let tbytes = task_bo.bytes();
-        let tasks: Vec<RknpuTask> =
-            (first..end).step_by(tsize).map(|o| bytemuck::pod_read_unaligned(&tbytes[o..o + tsize])).collect();
+        let tasks = super::read_tasks(task_bo.bytes(), job.task_start, job.task_number)?;
 
         if let Some(kind) = injected {
             let mut c = self.injected.lock().unwrap();
