@@ -267,7 +267,7 @@ pub fn stream_source(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, u
 static PROGRESS: cache::Progress = cache::Progress::new();
 
 /// Makes one weight resident: from the `.orkpack` cache when it holds a valid entry (map →
-/// validate → `Npu::upload_bytes`), else dequantize → per-channel int8 → tile → upload, then
+/// validate → `Npu::upload_bytes_observed`), else dequantize → per-channel int8 → tile → upload, then
 /// write the entry. `src`: `[N, K]` weight of any supported ggml type.
 pub fn pack(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize) -> Result<PackedWeight, NpuError> {
     pack_with(dev, src, n, k, true)
