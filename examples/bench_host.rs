@@ -352,7 +352,7 @@ fn main() {
                 black_box(&mut q);
             };
             let mut split = || {
-                quant::quantize_rows_terms(black_box(&x), m, k, 2, &mut q2, &mut s2);
+                quantize_rows_terms(black_box(&x), m, k, 2, &mut q2, &mut s2);
                 black_box(&mut q2);
             };
             // The default activation path: rotate every row, then one int8 term.
@@ -405,9 +405,9 @@ fn main() {
                 };
                 let mut op = || {
                     if split {
-                        quant::dequantize_output_terms(black_box(&c[..2 * m * n]), &a_scale, 2, &w_scale, &mut dst);
+                        dequantize_output_terms(black_box(&c[..2 * m * n]), &a_scale, 2, &w_scale, &mut dst);
                     } else {
-                        quant::dequantize_output(black_box(&c[..m * n]), &a_scale[..m], &w_scale, &mut dst);
+                        dequantize_output(black_box(&c[..m * n]), &a_scale[..m], &w_scale, &mut dst);
                     }
                     black_box(&mut dst);
                 };
@@ -477,8 +477,8 @@ fn main() {
         let (mut qb, mut sab) = (vec![0i8; m * k], vec![0f32; m]);
         one.install(|| {
             let prep = quant::RowPrep::Rotate(&rot);
-            let mut act = || quant::prepare_rows(black_box(&x), m, k, 1, prep, None, &mut qb, &mut sab, &mut []);
-            let mut act_dot = || quant::prepare_rows(black_box(&x), m, k, 1, prep, Some(&dir.dir), &mut q, &mut sa, &mut dots);
+            let mut act = || prepare_rows(black_box(&x), m, k, 1, prep, None, &mut qb, &mut sab, &mut []);
+            let mut act_dot = || prepare_rows(black_box(&x), m, k, 1, prep, Some(&dir.dir), &mut q, &mut sa, &mut dots);
             let (_, _, _, ta, tad) = paired_min(&mut act, &mut act_dot, rounds, sample_s);
             let out = |corr: bool| quant::Output { c: quant::CRows::Dense(&c), a_scale: &a_scale, terms: 1, w_scale: &w_scale, lo: None, corr: corr.then_some((&coef[..], &dir.err[..])) };
             let (o0, o1) = (out(false), out(true));
@@ -486,7 +486,7 @@ fn main() {
             let mut fused = || quant::dequantize_fused(black_box(&o1), &mut y2);
             let (_, _, _, tp, tf) = paired_min(&mut plain, &mut fused, rounds, sample_s);
             let mut before = || {
-                quant::dequantize_output(black_box(&c), &a_scale, &w_scale, &mut y3);
+                dequantize_output(black_box(&c), &a_scale, &w_scale, &mut y3);
                 quant::mean::correct_along(&mut y3, black_box(&x), m, k, n, &dir);
             };
             let mut after = || {
@@ -521,7 +521,7 @@ fn main() {
         let (mut qr, mut sr) = (vec![0i8; m * k], vec![0f32; m]);
         one.install(|| {
             let mut old = || rotate_quantize(&rot, black_box(&x), m, &mut xr, &mut qr, &mut sr);
-            let mut new = || quant::prepare_rows(black_box(&x), m, k, 1, quant::RowPrep::Rotate(&rot), Some(&dir.dir), &mut q, &mut sa, &mut dots);
+            let mut new = || prepare_rows(black_box(&x), m, k, 1, quant::RowPrep::Rotate(&rot), Some(&dir.dir), &mut q, &mut sa, &mut dots);
             let (to, tn, r) = paired(&mut old, &mut new, rounds, sample_s);
             rows.push(Row::info(
                 format!("activation path (K={k} M={m}), one core: copy + rotate + quantize_rows vs prepare_rows (with the dot)"),
@@ -530,9 +530,9 @@ fn main() {
             ));
         });
         let all = rayon::ThreadPoolBuilder::new().num_threads(ncpu).build().unwrap();
-        let mut one_core = || one.install(|| quant::prepare_rows(black_box(&x), m, k, 1, quant::RowPrep::Rotate(&rot), Some(&dir.dir), &mut q, &mut sa, &mut dots));
+        let mut one_core = || one.install(|| prepare_rows(black_box(&x), m, k, 1, quant::RowPrep::Rotate(&rot), Some(&dir.dir), &mut q, &mut sa, &mut dots));
         let (mut q2, mut sa2, mut dots2) = (vec![0i8; m * k], vec![0f32; m], vec![0f32; m]);
-        let mut all_cores = || all.install(|| quant::prepare_rows(black_box(&x), m, k, 1, quant::RowPrep::Rotate(&rot), Some(&dir.dir), &mut q2, &mut sa2, &mut dots2));
+        let mut all_cores = || all.install(|| prepare_rows(black_box(&x), m, k, 1, quant::RowPrep::Rotate(&rot), Some(&dir.dir), &mut q2, &mut sa2, &mut dots2));
         let (t1, tn, r) = paired(&mut one_core, &mut all_cores, rounds, sample_s);
         rows.push(Row::info(
             format!("prepare_rows (K={k} M={m}) on {ncpu} cores vs one"),
@@ -568,8 +568,8 @@ fn main() {
                     let prep = quant::RowPrep::Rotate(&rot);
                     let (mut q, mut sa, mut dots) = (vec![0i8; m * k], vec![0f32; m], vec![0f32; m]);
                     let (mut qb, mut sab) = (vec![0i8; m * k], vec![0f32; m]);
-                    let mut plain = || quant::prepare_rows(black_box(&x), m, k, 1, prep, None, &mut qb, &mut sab, &mut []);
-                    let mut with = || quant::prepare_rows(black_box(&x), m, k, 1, prep, Some(&dir), &mut q, &mut sa, &mut dots);
+                    let mut plain = || prepare_rows(black_box(&x), m, k, 1, prep, None, &mut qb, &mut sab, &mut []);
+                    let mut with = || prepare_rows(black_box(&x), m, k, 1, prep, Some(&dir), &mut q, &mut sa, &mut dots);
                     let (_, _, _, tp, tw) = paired_min(&mut plain, &mut with, rounds, sample_s);
                     act += count * tp;
                     dot += count * (tw - tp);
@@ -623,4 +623,26 @@ fn main() {
     let missed = rows.iter().filter(|r| r.ok == Some(false)).count();
     println!();
     println!("{missed} of {} targets missed", rows.iter().filter(|r| r.ok.is_some()).count());
+}
+
+/// The activation pass without row hashes (`quant::prepare_rows_hashed`).
+#[allow(clippy::too_many_arguments)]
+fn prepare_rows(x: &[f32], m: usize, k: usize, terms: usize, prep: quant::RowPrep<'_>, dir: Option<&[f32]>, q: &mut [i8], scales: &mut [f32], dots: &mut [f32]) {
+    quant::prepare_rows_hashed(x, m, k, terms, prep, dir, q, scales, dots, &mut []);
+}
+
+/// Multi-term quantization of plain rows: the activation pass with unit column scales.
+fn quantize_rows_terms(x: &[f32], rows: usize, cols: usize, terms: usize, q: &mut [i8], scales: &mut [f32]) {
+    let ones = vec![1f32; cols];
+    prepare_rows(x, rows, cols, terms, quant::RowPrep::Columns(&ones), None, q, scales, &mut []);
+}
+
+/// `dst = Σ_t c_t · s_t · w_scale` for `c: [T·M, N]`: the output pass without a second weight
+/// term or correction (`quant::dequantize_fused`).
+fn dequantize_output_terms(c: &[i32], a_scale: &[f32], terms: usize, w_scale: &[f32], dst: &mut [f32]) {
+    quant::dequantize_fused(&quant::Output { c: quant::CRows::Dense(c), a_scale, terms, w_scale, lo: None, corr: None }, dst);
+}
+
+fn dequantize_output(c: &[i32], a_scale: &[f32], w_scale: &[f32], dst: &mut [f32]) {
+    dequantize_output_terms(c, a_scale, 1, w_scale, dst);
 }

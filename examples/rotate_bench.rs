@@ -8,7 +8,7 @@
 //! * `q1`     — `quant::quantize_row`, today's single-term per-row quantizer (the baseline);
 //! * `q2`     — `quant::quantize_rows_terms(.., 2, ..)`, today's default two-term activations;
 //! * `rot`    — `Rotation::apply_row` on a copy of the row (the rotation alone, SIMD path);
-//! * `rot+q1` — `rotate::rotate_quantize_row`: copy, rotate, `quantize_row`;
+//! * `rot+q1` — `rotate_quantize_row` below: copy, rotate, `quantize_row`;
 //! * `bd+q1`  — the same with the block-diagonal rotation `Rotation::with_max_order(K, 1)`
 //!   (WHT blocks of the largest power of two dividing K, no dense factor): the cheaper choice;
 //! * `rot-sc` — `Rotation::apply_row_scalar`, the scalar reference (shows the SIMD speed-up).
@@ -24,8 +24,8 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use ggml_ork::quant::rotate::{rotate_quantize_row, simd_path, Rotation};
-use ggml_ork::quant::{quantize_row, quantize_rows_terms};
+use ggml_ork::quant::rotate::Rotation;
+use ggml_ork::quant::{self, quantize_row};
 
 const M: usize = 64;
 const SAMPLE_S: f64 = 1e-3;
@@ -180,8 +180,7 @@ fn main() {
         .unwrap_or_else(|| vec![576, 1536, 2048, 960, 2560, 4864, 6912, 8960, 11008, 14336]);
     let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("rayon pool");
     println!(
-        "rotation SIMD path {:?}, quantizer SIMD path {:?}; {M} rows per sample, {rounds} paired rounds, medians, one thread",
-        simd_path(),
+        "SIMD path {:?}; {M} rows per sample, {rounds} paired rounds, medians, one thread",
         ggml_ork::quant::simd::active()
     );
     pool.install(|| {
@@ -189,4 +188,18 @@ fn main() {
             bench_k(k, rounds);
         }
     });
+}
+
+/// Multi-term quantization of plain rows: the activation pass with unit column scales.
+fn quantize_rows_terms(x: &[f32], rows: usize, cols: usize, terms: usize, q: &mut [i8], scales: &mut [f32]) {
+    let ones = vec![1f32; cols];
+    quant::prepare_rows_hashed(x, rows, cols, terms, quant::RowPrep::Columns(&ones), None, q, scales, &mut [], &mut []);
+}
+
+/// Rotates one activation row and quantizes it: `out_q ← q(x·R)`, returns the scale.
+fn rotate_quantize_row(rot: &Rotation, x: &[f32], out_q: &mut [i8], scratch: &mut [f32]) -> f32 {
+    let s = &mut scratch[..rot.k()];
+    s.copy_from_slice(x);
+    rot.apply_row(s);
+    quantize_row(s, out_q)
 }

@@ -4,8 +4,8 @@
 //! Nothing else in the library reads the environment: the mechanism modules (`npu`, `vk`,
 //! `cache`) receive these values as parameters (`NpuConfig` fields, function arguments) from the
 //! code that builds them out of a [`Config`]. `docs/settings.md`'s tables hold exactly the rows
-//! of [`VARS`] ([`markdown_row`]), grouped by who sets them, and README.md's board-owner settings
-//! are a subset of them; tests keep both so. Bad values are reported once (log line) and
+//! of the tests' `VARS` (every variable read here), grouped by who sets them, and README.md's
+//! board-owner settings are a subset of them; tests keep both so. Bad values are reported once (log line) and
 //! replaced by the default: configuration never aborts a host process.
 
 use std::sync::OnceLock;
@@ -66,70 +66,6 @@ pub const DEFAULT_CACHE_MAX_MB: u64 = 8192;
 
 /// `ORK_NPU_WORK`'s default: extra int8 terms may add 40 % to the layers' plain W8A8 NPU work.
 pub const DEFAULT_NPU_WORK: f64 = 1.0;
-
-/// One documented variable: name, default, meaning.
-pub struct VarDoc {
-    pub name: &'static str,
-    pub default: &'static str,
-    pub meaning: &'static str,
-}
-
-/// The table of every `ORK_*` variable the plugin reads (each is one row of `docs/settings.md`,
-/// [`markdown_row`] of it, under the heading of who sets it). `XDG_CACHE_HOME`, `HOME` and
-/// `XDG_RUNTIME_DIR` appear in the defaults they feed.
-pub const VARS: &[VarDoc] = &[
-    VarDoc { name: "ORK_NPU", default: "auto", meaning: "NPU interface: auto (probe rknpu, then rocket), sim (bit-exact simulator), rknpu, rocket" },
-    VarDoc { name: "ORK_OFF", default: "0", meaning: "1 = register no device: the same binary runs everything on the CPU (A/B runs)" },
-    VarDoc { name: "ORK_MINM", default: "32", meaning: "minimum M (tokens in the ubatch) for a MUL_MAT to go to the NPU; smaller M follows ORK_DECODE" },
-    VarDoc { name: "ORK_DECODE", default: "auto", meaning: "engine for MUL_MAT below ORK_MINM: auto, npu, gpu, cpu (auto = cpu until the GPU path is routed)" },
-    VarDoc { name: "ORK_ROUTE", default: "threshold", meaning: "routing policy: threshold (M >= ORK_MINM on the NPU, else ORK_DECODE) or cost (the cost model of src/route/mod.rs picks the fastest available engine per MUL_MAT, ORK_MINM still the NPU floor)" },
-    VarDoc { name: "ORK_NPU_LOCK", default: "wait", meaning: "cross-process NPU arbitration (advisory flock per NPU, taken by the first NPU matmul of a graph_compute call and kept while no other process asks for it, at most 20 ms; see src/route/arbiter.rs): wait (queue behind the other process), cpu (run the matmul's int8 arithmetic on the CPU instead), off" },
-    VarDoc { name: "ORK_LOCK_DIR", default: "$XDG_RUNTIME_DIR, /run/lock or /tmp", meaning: "directory of the NPU lock files (ork-npu-<soc>-<interface>.lock)" },
-    VarDoc { name: "ORK_ROTATE", default: "1", meaning: "1 = rotate K by a Hadamard matrix on both operands (weights when packed, activation rows on the host) (with a random sign diagonal) so that one int8 term each does the work, with the calibrated correction (ORK_MEAN_CORRECT) and extra terms within ORK_NPU_WORK (docs/precision.md); 0 = no rotation, the multi-term scheme (2 weight terms, 2 activation terms, 3 for F32/F16/BF16 weights: 3x-4x the NPU rows)" },
-    VarDoc { name: "ORK_NPU_WORK", default: "1", meaning: "with ORK_ROTATE=1, the layers' NPU work per token (multiply-accumulates) as a ratio of plain W8A8 that extra int8 terms may use: granted to the attention value projections (1.05 holds these: 3-4 % more work), then the attention output projections (1.15), then the FFN down-projections (1.40), in the order of their measured gain, each to all layers or none; 1 = one term in every layer; the output head gets 2 weight + 2 activation terms outside it (docs/precision.md); F32/F16/BF16 weights always get two weight and two activation terms" },
-    VarDoc { name: "ORK_MEAN_CORRECT", default: "1", meaning: "with ORK_ROTATE=1, 1 = correct every NPU matmul row along its weight's calibrated direction (the mean of the rows the weight saw in a calibration run, ORK_CALIBRATION): the host's exact product on that direction, computed once per weight, replaces the NPU's on each row's share of it, from that row alone (docs/precision.md); 0 = off" },
-    VarDoc { name: "ORK_CALIBRATE", default: "0", meaning: "1 = record: every NPU matmul adds its activation rows to its weight's entry in the calibration file, written when the backend is freed (run a calibration text, e.g. llama-perplexity over a few chunks; tests/common.sh calibrate_models)" },
-    VarDoc { name: "ORK_CALIBRATION", default: "<cache dir>/calibration.orkcal", meaning: "the calibration file (src/cache/calib.rs); without it, or for a weight it has no entry for, rows keep the NPU's result uncorrected" },
-    VarDoc { name: "ORK_ACT_TERMS", default: "auto", meaning: "int8 terms per activation row (x ≈ Σ s_t·q_t, T·M NPU rows) for every weight, overriding the plan: auto (ORK_NPU_WORK's plan; without rotation 3 for F32/F16/BF16 weights, else 2), 1, 2, 3" },
-    VarDoc { name: "ORK_WEIGHT_TERMS", default: "auto", meaning: "int8 terms per weight for every weight (its NPU and GPU copies alike), overriding the plan: auto (ORK_NPU_WORK's plan; without rotation 2), 1, or 2; a second term that does not fit the resident budget is dropped" },
-    VarDoc { name: "ORK_SOC", default: "(device tree)", meaning: "force the SoC description: rk3588 or rk3576" },
-    VarDoc { name: "ORK_NPU_CARD", default: "(scan /dev/dri/card*)", meaning: "the vendor rknpu DRM node to use, e.g. /dev/dri/card1, instead of the first /dev/dri/card* whose driver is rknpu" },
-    VarDoc { name: "ORK_NPU_MC", default: "(all cores)", meaning: "cap on NPU cores per matmul (the core budget); the planner picks within it" },
-    VarDoc { name: "ORK_MM_TIMEOUT", default: "60000", meaning: "NPU submit timeout in ms; a submit past it fails (the NPU is soft-reset) and the matmul runs on the CPU" },
-    VarDoc { name: "ORK_HOST_THREADS", default: "(ggml-cpu's threads)", meaning: "threads of the host team that runs the passes around an NPU matmul (rotation and int8 terms of the activations, the output's dequantization). Unset: ggml-cpu's own OpenMP team (its -t threads) where llama.cpp runs on OpenMP, else one per big core (4 on RK3588); set: a pool of ORK's own of this size (the calling thread among them); fewer leaves cores to other work" },
-    VarDoc { name: "ORK_KEEP_AWAKE", default: "1", meaning: "1 = while an NPU matmul runs, the host team's other threads wait for its next pass spinning (they yield their CPU) instead of sleeping, so each pass starts on every thread at once; 0 = each pass starts the team anew (not yet measured on a board: bench-scripts/paired_prefill.sh measures both)" },
-    VarDoc { name: "ORK_NO_AFFINITY", default: "0", meaning: "1 (or true, yes, on) = do not pin NPU worker threads and ORK's own host pool (where there is no OpenMP team) to the big CPU cores" },
-    VarDoc { name: "ORK_DOMAIN_CAP_MB", default: "3072", meaning: "weight bytes placed in one IOMMU domain before the next is opened (MiB; on `rocket`, per core's address space: a domain there is one file descriptor per core, each holding that core's part of every weight); lower it below the kernel's per-domain window (the fake kernel's ORK_FK_DOMAIN_MB) so weights span several domains" },
-    VarDoc { name: "ORK_WCACHE_BUDGET_MB", default: "RAM - 1024 - ORK buffers", meaning: "resident weight budget (MiB); weights past it are streamed to the NPU for prefill (ORK_STREAM), else keep one int8 term, then stay on the CPU" },
-    VarDoc { name: "ORK_STREAM", default: "1", meaning: "1 = weights past the resident budget run prefill on the NPU through a ring of NPU buffers filled from the .orkpack cache (or packed again) while the NPU runs the previous weight, where the cost model says it beats the CPU; 0 = they keep one int8 term, then stay on the CPU" },
-    VarDoc { name: "ORK_MAP_WEIGHTS", default: "1", meaning: "1 = ORK's weight buffers are llama.cpp's own read-only mapping of the model file (ggml's buffer_from_host_ptr, used when llama.cpp maps the file: its default, not -lm none / --no-mmap): ggml-cpu and ORK read the GGUF bytes in place, with no second copy of them in ORK's memory, and weights are packed at their first NPU MUL_MAT; 0 = ggml copies the GGUF bytes into ORK's own buffers and they are packed as they are written (docs/cache.md \"The GGUF bytes\")" },
-    VarDoc { name: "ORK_CACHE", default: "1", meaning: "0 = do not read or write .orkpack files" },
-    VarDoc { name: "ORK_CACHE_DIRECT", default: "1", meaning: "1 = write .orkpack entries with O_DIRECT (no page cache: the first run's tiles do not push the model's mapped pages out of RAM; each write waits for the disk); 0 = buffered writes (the kernel writes them back later: faster on a slow disk such as eMMC when RAM is plentiful)" },
-    VarDoc { name: "ORK_CACHE_MAX_MB", default: "8192", meaning: "size limit of the .orkpack cache directory; least-recently-used entries not in use are removed past it, and when that is not enough the new entry is not written (one warning)" },
-    VarDoc { name: "ORK_CACHE_DIR", default: "$XDG_CACHE_HOME/ggml-ork or ~/.cache/ggml-ork", meaning: "where .orkpack files live" },
-    VarDoc { name: "ORK_VK_DEVICE", default: "(first Mali)", meaning: "Vulkan device for GPU decode, by index or name substring" },
-    VarDoc { name: "ORK_PROFILE", default: "0", meaning: "1 = print per-engine counts and time split when the backend is freed" },
-    VarDoc { name: "ORK_UNVERIFIED_GGML", default: "newer", meaning: "a llama.cpp whose exported symbols and op/type enums match a layout this libggml-ork.so knows, but whose ggml version lies outside the releases verified with it (docs/releases.md): newer (register, with one warning line, when it is newer than every verified release; refuse any other), register (register any such), refuse (register only within the verified releases)" },
-    VarDoc { name: "ORK_LOG", default: "info", meaning: "log level: error, warn, info, debug, trace" },
-    VarDoc { name: "ORK_SIM_TIMING", default: "compute", meaning: "the simulator's timing: compute (every program computed bit-exactly, the host's own time) or board (programs not computed, only each program's last output word written, each submit completing at the hardware time modelled for a board's NPU core: src/npu/soc.rs NpuTiming; for benchmarks of the host path, the text is meaningless)" },
-    VarDoc { name: "ORK_SIM_FAULT", default: "(none)", meaning: "simulator fault injection (tests): timeout_every, reset_every, sync_fail_every, never_run_every, hole_every, short_count_every (:N, comma-separated), efault_after_mb:N; a bad value makes the simulator fail to open" },
-];
-
-/// One variable's row of `docs/settings.md`: `| \`name\` | default | meaning |`, without a newline.
-pub fn markdown_row(v: &VarDoc) -> String {
-    format!("| `{}` | {} | {} |", v.name, v.default, v.meaning)
-}
-
-/// Every variable's row, in [`VARS`] order: the header, the separator and one row per variable,
-/// each line ending in a newline.
-pub fn markdown_table() -> String {
-    let mut t = String::from("| variable | default | meaning |\n|---|---|---|\n");
-    for v in VARS {
-        t.push_str(&markdown_row(v));
-        t.push('\n');
-    }
-    t
-}
 
 /// Parsed configuration.
 #[derive(Clone, Debug)]
@@ -198,12 +134,6 @@ pub struct Config {
     pub xdg_runtime_dir: Option<String>,
 }
 
-/// The flag rule of `ORK_OFF`, `ORK_NO_AFFINITY` and `ORK_PROFILE`: 1, true, yes or on (any
-/// case, surrounding blanks ignored) is set; anything else is not.
-pub fn flag(v: Option<&str>) -> bool {
-    matches!(v.map(|v| v.trim().to_ascii_lowercase()).as_deref(), Some("1" | "true" | "yes" | "on"))
-}
-
 /// A variable with named choices: its value, trimmed and in any case, looked up among `choices`
 /// (alias, value); unset or empty is the first choice's value, the default. Anything else is the
 /// default too, with one complaint `NAME="x" is not a|b|c; using a` (each value named by its first
@@ -219,6 +149,22 @@ fn choice<T: Copy + PartialEq>(get: &impl Fn(&str) -> Option<String>, bad: &mut 
         .map(|(_, (alias, _))| *alias).collect();
     bad.push(format!("{name}={v:?} is not {}; using {}", names.join("|"), choices[0].0));
     default
+}
+
+/// An on/off variable: 1, true, yes or on / 0, false, no or off (any case, surrounding blanks
+/// ignored); unset or empty is `default`, and so is anything else, with one complaint
+/// `NAME="x" is not 0 or 1; taken as 0|1`.
+fn switch(get: &impl Fn(&str) -> Option<String>, bad: &mut Vec<String>, name: &str, default: bool) -> bool {
+    let Some(v) = get(name) else { return default };
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => true,
+        "0" | "false" | "no" | "off" => false,
+        "" => default,
+        _ => {
+            bad.push(format!("{name}={v:?} is not 0 or 1; taken as {}", u8::from(default)));
+            default
+        }
+    }
 }
 
 impl Config {
@@ -291,24 +237,15 @@ impl Config {
                 }
             },
         };
-        let is_flag = |v: &str| matches!(v.trim().to_ascii_lowercase().as_str(), "" | "0" | "1" | "true" | "false" | "yes" | "no" | "on" | "off");
-        for name in ["ORK_OFF", "ORK_NO_AFFINITY", "ORK_PROFILE", "ORK_ROTATE", "ORK_MEAN_CORRECT", "ORK_CALIBRATE", "ORK_MAP_WEIGHTS", "ORK_STREAM", "ORK_KEEP_AWAKE"] {
-            if let Some(v) = get(name).filter(|v| !is_flag(v)) {
-                let taken = if matches!(name, "ORK_ROTATE" | "ORK_MEAN_CORRECT" | "ORK_MAP_WEIGHTS" | "ORK_STREAM" | "ORK_KEEP_AWAKE") { 1 } else { 0 };
-                bad.push(format!("{name}={v:?} is not 0 or 1; taken as {taken}"));
-            }
-        }
-        // ORK_ROTATE is on unless set to an off value (0, false, no, off).
-        let on_unless_off = |name: &str| !matches!(get(name).map(|v| v.trim().to_ascii_lowercase()).as_deref(), Some("0" | "false" | "no" | "off"));
-        let rotate = on_unless_off("ORK_ROTATE");
-        // ORK_MEAN_CORRECT likewise.
-        let mean_correct = on_unless_off("ORK_MEAN_CORRECT");
-        let stream = on_unless_off("ORK_STREAM");
+        let [off, no_affinity, profile, rotate, mean_correct, calibrate, map_weights, stream, keep_awake] = [
+            ("ORK_OFF", false), ("ORK_NO_AFFINITY", false), ("ORK_PROFILE", false), ("ORK_ROTATE", true), ("ORK_MEAN_CORRECT", true),
+            ("ORK_CALIBRATE", false), ("ORK_MAP_WEIGHTS", true), ("ORK_STREAM", true), ("ORK_KEEP_AWAKE", true),
+        ].map(|(name, default)| switch(&get, &mut bad, name, default));
         let text = |name: &str| get(name).filter(|s| !s.trim().is_empty());
         let sim_board_timing = choice(&get, &mut bad, "ORK_SIM_TIMING", &[("compute", false), ("board", true)]);
         let cfg = Config {
             npu,
-            off: flag(get("ORK_OFF").as_deref()),
+            off,
             min_m,
             decode,
             route,
@@ -319,7 +256,7 @@ impl Config {
             rotate,
             stream,
             mean_correct,
-            calibrate: flag(get("ORK_CALIBRATE").as_deref()),
+            calibrate,
             calibration: text("ORK_CALIBRATION"),
             npu_work,
             act_terms,
@@ -327,18 +264,18 @@ impl Config {
             npu_card: text("ORK_NPU_CARD"),
             max_cores,
             mm_timeout_ms,
-            no_affinity: flag(get("ORK_NO_AFFINITY").as_deref()),
-            keep_awake: on_unless_off("ORK_KEEP_AWAKE"),
+            no_affinity,
+            keep_awake,
             host_threads,
             wcache_budget_mb,
             domain_cap_mb,
-            map_weights: on_unless_off("ORK_MAP_WEIGHTS"),
+            map_weights,
             cache_enabled: get("ORK_CACHE").map(|v| v.trim() != "0").unwrap_or(true),
             cache_direct: get("ORK_CACHE_DIRECT").map(|v| v.trim() != "0").unwrap_or(true),
             cache_dir: text("ORK_CACHE_DIR"),
             cache_max_mb,
             vk_device: text("ORK_VK_DEVICE").map(|s| s.trim().to_string()),
-            profile: flag(get("ORK_PROFILE").as_deref()),
+            profile,
             log_level,
             sim_fault: text("ORK_SIM_FAULT"),
             sim_board_timing,
@@ -374,6 +311,70 @@ impl Config {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    /// One documented variable: name, default, meaning.
+    struct VarDoc {
+        name: &'static str,
+        default: &'static str,
+        meaning: &'static str,
+    }
+
+    /// The table of every `ORK_*` variable the plugin reads (each is one row of `docs/settings.md`,
+    /// [`markdown_row`] of it, under the heading of who sets it). `XDG_CACHE_HOME`, `HOME` and
+    /// `XDG_RUNTIME_DIR` appear in the defaults they feed.
+    const VARS: &[VarDoc] = &[
+        VarDoc { name: "ORK_NPU", default: "auto", meaning: "NPU interface: auto (probe rknpu, then rocket), sim (bit-exact simulator), rknpu, rocket" },
+        VarDoc { name: "ORK_OFF", default: "0", meaning: "1 = register no device: the same binary runs everything on the CPU (A/B runs)" },
+        VarDoc { name: "ORK_MINM", default: "32", meaning: "minimum M (tokens in the ubatch) for a MUL_MAT to go to the NPU; smaller M follows ORK_DECODE" },
+        VarDoc { name: "ORK_DECODE", default: "auto", meaning: "engine for MUL_MAT below ORK_MINM: auto, npu, gpu, cpu (auto = cpu until the GPU path is routed)" },
+        VarDoc { name: "ORK_ROUTE", default: "threshold", meaning: "routing policy: threshold (M >= ORK_MINM on the NPU, else ORK_DECODE) or cost (the cost model of src/route/mod.rs picks the fastest available engine per MUL_MAT, ORK_MINM still the NPU floor)" },
+        VarDoc { name: "ORK_NPU_LOCK", default: "wait", meaning: "cross-process NPU arbitration (advisory flock per NPU, taken by the first NPU matmul of a graph_compute call and kept while no other process asks for it, at most 20 ms; see src/route/arbiter.rs): wait (queue behind the other process), cpu (run the matmul's int8 arithmetic on the CPU instead), off" },
+        VarDoc { name: "ORK_LOCK_DIR", default: "$XDG_RUNTIME_DIR, /run/lock or /tmp", meaning: "directory of the NPU lock files (ork-npu-<soc>-<interface>.lock)" },
+        VarDoc { name: "ORK_ROTATE", default: "1", meaning: "1 = rotate K by a Hadamard matrix on both operands (weights when packed, activation rows on the host) (with a random sign diagonal) so that one int8 term each does the work, with the calibrated correction (ORK_MEAN_CORRECT) and extra terms within ORK_NPU_WORK (docs/precision.md); 0 = no rotation, the multi-term scheme (2 weight terms, 2 activation terms, 3 for F32/F16/BF16 weights: 3x-4x the NPU rows)" },
+        VarDoc { name: "ORK_NPU_WORK", default: "1", meaning: "with ORK_ROTATE=1, the layers' NPU work per token (multiply-accumulates) as a ratio of plain W8A8 that extra int8 terms may use: granted to the attention value projections (1.05 holds these: 3-4 % more work), then the attention output projections (1.15), then the FFN down-projections (1.40), in the order of their measured gain, each to all layers or none; 1 = one term in every layer; the output head gets 2 weight + 2 activation terms outside it (docs/precision.md); F32/F16/BF16 weights always get two weight and two activation terms" },
+        VarDoc { name: "ORK_MEAN_CORRECT", default: "1", meaning: "with ORK_ROTATE=1, 1 = correct every NPU matmul row along its weight's calibrated direction (the mean of the rows the weight saw in a calibration run, ORK_CALIBRATION): the host's exact product on that direction, computed once per weight, replaces the NPU's on each row's share of it, from that row alone (docs/precision.md); 0 = off" },
+        VarDoc { name: "ORK_CALIBRATE", default: "0", meaning: "1 = record: every NPU matmul adds its activation rows to its weight's entry in the calibration file, written when the backend is freed (run a calibration text, e.g. llama-perplexity over a few chunks; tests/common.sh calibrate_models)" },
+        VarDoc { name: "ORK_CALIBRATION", default: "<cache dir>/calibration.orkcal", meaning: "the calibration file (src/cache/calib.rs); without it, or for a weight it has no entry for, rows keep the NPU's result uncorrected" },
+        VarDoc { name: "ORK_ACT_TERMS", default: "auto", meaning: "int8 terms per activation row (x ≈ Σ s_t·q_t, T·M NPU rows) for every weight, overriding the plan: auto (ORK_NPU_WORK's plan; without rotation 3 for F32/F16/BF16 weights, else 2), 1, 2, 3" },
+        VarDoc { name: "ORK_WEIGHT_TERMS", default: "auto", meaning: "int8 terms per weight for every weight (its NPU and GPU copies alike), overriding the plan: auto (ORK_NPU_WORK's plan; without rotation 2), 1, or 2; a second term that does not fit the resident budget is dropped" },
+        VarDoc { name: "ORK_SOC", default: "(device tree)", meaning: "force the SoC description: rk3588 or rk3576" },
+        VarDoc { name: "ORK_NPU_CARD", default: "(scan /dev/dri/card*)", meaning: "the vendor rknpu DRM node to use, e.g. /dev/dri/card1, instead of the first /dev/dri/card* whose driver is rknpu" },
+        VarDoc { name: "ORK_NPU_MC", default: "(all cores)", meaning: "cap on NPU cores per matmul (the core budget); the planner picks within it" },
+        VarDoc { name: "ORK_MM_TIMEOUT", default: "60000", meaning: "NPU submit timeout in ms; a submit past it fails (the NPU is soft-reset) and the matmul runs on the CPU" },
+        VarDoc { name: "ORK_HOST_THREADS", default: "(ggml-cpu's threads)", meaning: "threads of the host team that runs the passes around an NPU matmul (rotation and int8 terms of the activations, the output's dequantization). Unset: ggml-cpu's own OpenMP team (its -t threads) where llama.cpp runs on OpenMP, else one per big core (4 on RK3588); set: a pool of ORK's own of this size (the calling thread among them); fewer leaves cores to other work" },
+        VarDoc { name: "ORK_KEEP_AWAKE", default: "1", meaning: "1 = while an NPU matmul runs, the host team's other threads wait for its next pass spinning (they yield their CPU) instead of sleeping, so each pass starts on every thread at once; 0 = each pass starts the team anew (not yet measured on a board: bench-scripts/paired_prefill.sh measures both)" },
+        VarDoc { name: "ORK_NO_AFFINITY", default: "0", meaning: "1 (or true, yes, on) = do not pin NPU worker threads and ORK's own host pool (where there is no OpenMP team) to the big CPU cores" },
+        VarDoc { name: "ORK_DOMAIN_CAP_MB", default: "3072", meaning: "weight bytes placed in one IOMMU domain before the next is opened (MiB; on `rocket`, per core's address space: a domain there is one file descriptor per core, each holding that core's part of every weight); lower it below the kernel's per-domain window (the fake kernel's ORK_FK_DOMAIN_MB) so weights span several domains" },
+        VarDoc { name: "ORK_WCACHE_BUDGET_MB", default: "RAM - 1024 - ORK buffers", meaning: "resident weight budget (MiB); weights past it are streamed to the NPU for prefill (ORK_STREAM), else keep one int8 term, then stay on the CPU" },
+        VarDoc { name: "ORK_STREAM", default: "1", meaning: "1 = weights past the resident budget run prefill on the NPU through a ring of NPU buffers filled from the .orkpack cache (or packed again) while the NPU runs the previous weight, where the cost model says it beats the CPU; 0 = they keep one int8 term, then stay on the CPU" },
+        VarDoc { name: "ORK_MAP_WEIGHTS", default: "1", meaning: "1 = ORK's weight buffers are llama.cpp's own read-only mapping of the model file (ggml's buffer_from_host_ptr, used when llama.cpp maps the file: its default, not -lm none / --no-mmap): ggml-cpu and ORK read the GGUF bytes in place, with no second copy of them in ORK's memory, and weights are packed at their first NPU MUL_MAT; 0 = ggml copies the GGUF bytes into ORK's own buffers and they are packed as they are written (docs/cache.md \"The GGUF bytes\")" },
+        VarDoc { name: "ORK_CACHE", default: "1", meaning: "0 = do not read or write .orkpack files" },
+        VarDoc { name: "ORK_CACHE_DIRECT", default: "1", meaning: "1 = write .orkpack entries with O_DIRECT (no page cache: the first run's tiles do not push the model's mapped pages out of RAM; each write waits for the disk); 0 = buffered writes (the kernel writes them back later: faster on a slow disk such as eMMC when RAM is plentiful)" },
+        VarDoc { name: "ORK_CACHE_MAX_MB", default: "8192", meaning: "size limit of the .orkpack cache directory; least-recently-used entries not in use are removed past it, and when that is not enough the new entry is not written (one warning)" },
+        VarDoc { name: "ORK_CACHE_DIR", default: "$XDG_CACHE_HOME/ggml-ork or ~/.cache/ggml-ork", meaning: "where .orkpack files live" },
+        VarDoc { name: "ORK_VK_DEVICE", default: "(first Mali)", meaning: "Vulkan device for GPU decode, by index or name substring" },
+        VarDoc { name: "ORK_PROFILE", default: "0", meaning: "1 = print per-engine counts and time split when the backend is freed" },
+        VarDoc { name: "ORK_UNVERIFIED_GGML", default: "newer", meaning: "a llama.cpp whose exported symbols and op/type enums match a layout this libggml-ork.so knows, but whose ggml version lies outside the releases verified with it (docs/releases.md): newer (register, with one warning line, when it is newer than every verified release; refuse any other), register (register any such), refuse (register only within the verified releases)" },
+        VarDoc { name: "ORK_LOG", default: "info", meaning: "log level: error, warn, info, debug, trace" },
+        VarDoc { name: "ORK_SIM_TIMING", default: "compute", meaning: "the simulator's timing: compute (every program computed bit-exactly, the host's own time) or board (programs not computed, only each program's last output word written, each submit completing at the hardware time modelled for a board's NPU core: src/npu/soc.rs NpuTiming; for benchmarks of the host path, the text is meaningless)" },
+        VarDoc { name: "ORK_SIM_FAULT", default: "(none)", meaning: "simulator fault injection (tests): timeout_every, reset_every, sync_fail_every, never_run_every, hole_every, short_count_every (:N, comma-separated), efault_after_mb:N; a bad value makes the simulator fail to open" },
+    ];
+
+    /// One variable's row of `docs/settings.md`: `| \`name\` | default | meaning |`, without a newline.
+    fn markdown_row(v: &VarDoc) -> String {
+        format!("| `{}` | {} | {} |", v.name, v.default, v.meaning)
+    }
+
+    /// Every variable's row, in [`VARS`] order: the header, the separator and one row per variable,
+    /// each line ending in a newline.
+    fn markdown_table() -> String {
+        let mut t = String::from("| variable | default | meaning |\n|---|---|---|\n");
+        for v in VARS {
+            t.push_str(&markdown_row(v));
+            t.push('\n');
+        }
+        t
+    }
 
     fn parse(pairs: &[(&str, &str)]) -> (Config, Vec<String>) {
         let m: HashMap<String, String> = pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();

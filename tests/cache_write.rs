@@ -1,6 +1,6 @@
 //! The `.orkpack` write path: an entry written by `PackCache::store` (with `O_DIRECT` where the
 //! filesystem takes it, hashing the payload in the same pass) is byte for byte the file
-//! `format::encode_file` describes, and opens as a hit.
+//! `encode_file` below describes, and opens as a hit.
 
 use ggml_ork::cache::{self, format, PackCache};
 use ggml_ork::npu::soc::{SocDesc, SocId};
@@ -26,7 +26,7 @@ fn store_and_compare(direct: bool) {
     let scales: Vec<f32> = (0..n + k).map(|i| 1.0 + i as f32 / 7.0).collect();
     let path = c.store(&id, &tiles, &scales).unwrap();
     let written = std::fs::read(&path).unwrap();
-    let want = format::encode_file(&id.normalized(), cache::quant_params(), &tiles, &scales);
+    let want = encode_file(&id.normalized(), cache::quant_params(), &tiles, &scales);
     assert_eq!(written.len(), want.len());
     let first_diff = written.iter().zip(&want).position(|(a, b)| a != b);
     assert_eq!(first_diff, None, "written file (direct: {direct}) differs from the encoded one");
@@ -36,4 +36,11 @@ fn store_and_compare(direct: bool) {
     let dir = path.parent().unwrap();
     let names: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names.len(), 1, "{names:?}");
+}
+
+/// The whole `.orkpack` file image in memory, as `format::write_file` streams it.
+fn encode_file(id: &cache::Identity, quant: format::QuantParams, tiles: &[u8], scales: &[f32]) -> Vec<u8> {
+    let mut f = Vec::new();
+    format::write_file(&mut f, id, quant, tiles, scales).expect("writing to a Vec cannot fail");
+    f
 }

@@ -320,16 +320,6 @@ fn header_checksum(page: &[u8]) -> u64 {
     xxh3_64(&tmp)
 }
 
-/// Recomputes the header checksum of `page` (the first [`HEADER_BYTES`] of a file) after an
-/// edit: for tools and tests that build well-formed files with chosen field values.
-pub fn reseal_header(page: &mut [u8]) {
-    let ck = header_checksum(&page[..HEADER_BYTES]);
-    put(page, OFF_HEADER_XXH3, &ck.to_le_bytes());
-}
-
-/// Byte offset of the container version field (tests build wrong-version files with it).
-pub const CONTAINER_VERSION_OFFSET: usize = OFF_CONTAINER_VERSION;
-
 /// Number of f32 values in the scales section: row scales `[N]`, column scales `[K]`, and one
 /// more `[N]` of row scales per extra weight term.
 pub fn scale_count(n: usize, k: usize, weight_terms: u32) -> usize {
@@ -392,16 +382,9 @@ pub fn write_file(w: &mut impl std::io::Write, id: &Identity, quant: QuantParams
     w.write_all(&scale_bytes)
 }
 
-/// The whole file image in memory (tests, tools).
-pub fn encode_file(id: &Identity, quant: QuantParams, tiles: &[u8], scales: &[f32]) -> Vec<u8> {
-    let mut f = Vec::with_capacity(layout(tiles.len(), scales.len()).1);
-    write_file(&mut f, id, quant, tiles, scales).expect("writing to a Vec cannot fail");
-    f
-}
-
 /// Parses and checks a header page (the first [`HEADER_BYTES`] of `bytes`; more may follow).
 /// Checks magic, checksum, container version, and that every offset and length is consistent.
-/// Does not look at the payload (see [`verify_payload`]).
+/// Does not look at the payload ([`check_length`], then the payload hash).
 pub fn parse_header(bytes: &[u8]) -> Result<Header, FormatError> {
     if bytes.len() < HEADER_BYTES {
         return Err(FormatError::Short { got: bytes.len() });
@@ -489,15 +472,6 @@ pub fn parse_header(bytes: &[u8]) -> Result<Header, FormatError> {
     Ok(hd)
 }
 
-/// Checks a whole file image against its parsed header: exact length and payload checksum.
-pub fn verify_payload(hd: &Header, file: &[u8]) -> Result<(), FormatError> {
-    check_length(hd, file)?;
-    if par_hash(&file[HEADER_BYTES..]) != hd.payload_hash {
-        return Err(FormatError::PayloadChecksum);
-    }
-    Ok(())
-}
-
 /// Checks that `file` is exactly as long as its header says.
 pub fn check_length(hd: &Header, file: &[u8]) -> Result<(), FormatError> {
     if file.len() as u64 != hd.file_bytes {
@@ -522,6 +496,29 @@ pub fn scales(hd: &Header, file: &[u8]) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Recomputes the header checksum of `page` (the first [`HEADER_BYTES`] of a file) after an
+    /// edit: for tools and tests that build well-formed files with chosen field values.
+    fn reseal_header(page: &mut [u8]) {
+        let ck = header_checksum(&page[..HEADER_BYTES]);
+        put(page, OFF_HEADER_XXH3, &ck.to_le_bytes());
+    }
+
+    /// The whole file image in memory (tests, tools).
+    fn encode_file(id: &Identity, quant: QuantParams, tiles: &[u8], scales: &[f32]) -> Vec<u8> {
+        let mut f = Vec::with_capacity(layout(tiles.len(), scales.len()).1);
+        write_file(&mut f, id, quant, tiles, scales).expect("writing to a Vec cannot fail");
+        f
+    }
+
+    /// Checks a whole file image against its parsed header: exact length and payload checksum.
+    fn verify_payload(hd: &Header, file: &[u8]) -> Result<(), FormatError> {
+        check_length(hd, file)?;
+        if par_hash(&file[HEADER_BYTES..]) != hd.payload_hash {
+            return Err(FormatError::PayloadChecksum);
+        }
+        Ok(())
+    }
     use proptest::prelude::*;
 
     #[test]

@@ -122,15 +122,6 @@ pub fn big_cores_for_pinning(no_affinity: bool) -> Vec<usize> {
     big
 }
 
-/// Pins the calling thread to `cpu`. Returns whether the kernel accepted it.
-pub fn pin_current_thread(cpu: usize) -> bool {
-    let ok = core_affinity::set_for_current(core_affinity::CoreId { id: cpu });
-    if !ok {
-        log::warn!("hostcpu: could not pin thread to cpu{cpu}");
-    }
-    ok
-}
-
 /// Restricts the calling thread to the CPUs `cpus` (a set, not one CPU: the scheduler still
 /// balances the thread among them). Returns whether the kernel accepted it; an empty list or a
 /// CPU beyond the mask's size is refused.
@@ -206,17 +197,6 @@ mod tests {
     #[test]
     fn the_opt_out_pins_nothing() {
         assert!(big_cores_for_pinning(true).is_empty());
-    }
-
-    #[test]
-    fn pinning_to_an_allowed_cpu_works_here() {
-        // Pin to a CPU this test thread is already allowed on; a bogus CPU must fail.
-        let allowed = core_affinity::get_core_ids().unwrap_or_default();
-        if let Some(c) = allowed.first() {
-            assert!(pin_current_thread(c.id));
-        }
-        // cpu1000 is inside a cpu_set_t (1024 bits) but exists on no machine this runs on.
-        assert!(!pin_current_thread(1000));
     }
 
     #[test]

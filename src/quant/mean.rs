@@ -72,7 +72,7 @@ impl Direction {
 
 /// `Σ a·b` in sixteen f32 lanes (each lane's products in order, then the lanes pairwise): SIMD
 /// multiplies and adds after the compiler, the same sum for a row wherever it sits. The dot of a
-/// row's coefficient, taken in the activation pass (`quant::prepare_rows`) or by [`correct_along`].
+/// row's coefficient, taken in the activation pass (`quant::prepare_rows_hashed`) or by [`correct_along`].
 pub fn dot16(a: &[f32], b: &[f32]) -> f32 {
     dot16_rows([a], b)[0]
 }

@@ -170,69 +170,8 @@ where
     (q, scales)
 }
 
-/// Multi-term activation quantization: `x ≈ Σ_t s_t·q_t` per row, where term t quantizes the
-/// residual left by terms `0..t`. Rows `t·M..(t+1)·M` of `q`/`scales` hold term t
-/// (`q: [T·M, K] i8`, `scales: [T·M]`), so one NPU matmul of T·M rows against the same resident
-/// weight computes every term. Per-row int8 stays exact on the device while outlier-heavy
-/// activations (LLM hidden states) get about 7 more bits per extra term.
-pub fn quantize_rows_terms(x: &[f32], rows: usize, cols: usize, terms: usize, q: &mut [i8], scales: &mut [f32]) {
-    assert!(terms >= 1, "at least one term");
-    assert_eq!(x.len(), rows * cols, "x is not [rows, cols]");
-    assert_eq!(q.len(), terms * rows * cols, "q is not [T·M, K]");
-    assert_eq!(scales.len(), terms * rows, "scales is not [T·M]");
-    if terms == 1 {
-        return quantize_rows(x, rows, cols, q, scales);
-    }
-    if cols == 0 {
-        scales.iter_mut().for_each(|s| *s = ABSMAX_FLOOR / QMAX);
-        return;
-    }
-    if terms * rows * cols < PAR_MIN_ELEMS || rows < 2 || rayon::current_num_threads() < 2 {
-        with_scratch(cols, |r| {
-            for (i, xr) in x.chunks(cols).enumerate() {
-                let mut row = RowTerms::new(xr, r, terms);
-                for t in 0..terms {
-                    let at = t * rows + i;
-                    scales[at] = row.next(&mut q[at * cols..(at + 1) * cols]);
-                }
-            }
-        });
-        return;
-    }
-    // Blocks of rows, a few per thread; each block gets its rows of every term's slice.
-    let per = rows.div_ceil(rayon::current_num_threads() * 4).max(1);
-    let mut q_left: Vec<&mut [i8]> = q.chunks_mut(rows * cols).collect();
-    let mut s_left: Vec<&mut [f32]> = scales.chunks_mut(rows).collect();
-    rayon::scope(|sc| {
-        for (b, xb) in x.chunks(per * cols).enumerate() {
-            let nb = xb.len() / cols;
-            let mut qb = Vec::with_capacity(terms);
-            let mut sb = Vec::with_capacity(terms);
-            for t in 0..terms {
-                let (a, rest) = std::mem::take(&mut q_left[t]).split_at_mut(nb * cols);
-                qb.push(a);
-                q_left[t] = rest;
-                let (a, rest) = std::mem::take(&mut s_left[t]).split_at_mut(nb);
-                sb.push(a);
-                s_left[t] = rest;
-            }
-            debug_assert!(b * per + nb <= rows);
-            sc.spawn(move |_| {
-                with_scratch(cols, |r| {
-                    for (i, xr) in xb.chunks(cols).enumerate() {
-                        let mut row = RowTerms::new(xr, r, terms);
-                        for t in 0..terms {
-                            sb[t][i] = row.next(&mut qb[t][i * cols..(i + 1) * cols]);
-                        }
-                    }
-                })
-            });
-        }
-    });
-}
-
 thread_local! {
-    /// Per-thread residual row for [`quantize_rows_terms`] (grows to the largest K seen).
+    /// Per-thread row buffers of [`prepare_rows_hashed`] (grow to the largest size asked).
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -249,7 +188,7 @@ fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     })
 }
 
-/// One row of [`quantize_rows_terms`], one term per [`RowTerms::next`] call. The residual lives
+/// One row's int8 terms ([`prepare_rows_hashed`]), one term per [`RowTerms::next`] call. The residual lives
 /// in a K-float scratch row; the first term reads `x` directly. While the residual stays finite
 /// each term is one fused pass (quantize + next residual + its absmax); a row with NaN or ±inf
 /// runs the reference steps (general quantizer, then `r -= s · q`), which give the same bits.
@@ -301,7 +240,7 @@ impl<'a> RowTerms<'a> {
     }
 }
 
-/// The longest activation row [`prepare_rows`] takes four at a time (with their dots); rows up to
+/// The longest activation row [`prepare_rows_hashed`] takes four at a time (with their dots); rows up to
 /// twice as long go two at a time, longer ones alone. `ORK_BENCH_ONLY=mean cargo run --release
 /// --example bench_host` (one core, µs per token of the dot): K = 2048 in fours 0.2, in pairs
 /// 0.00–0.06, alone 0.04–0.10; K = 6144 at M = 512 in pairs 0.62–0.74, alone 0.18–0.31 (the rows,
@@ -316,21 +255,6 @@ pub enum RowPrep<'a> {
     Columns(&'a [f32]),
 }
 
-/// The activation pass of an NPU matmul, rows in parallel: each row of `x: [M, K]` is rotated
-/// (or column-scaled) into a per-thread row buffer and quantized into `terms` int8 terms straight
-/// from it (`q: [T·M, K]`, `scales: [T·M]`, term-major as [`quantize_rows_terms`]); with a
-/// calibrated direction `dir: [K]`, `dots[m] = x_m·dir` ([`mean::dot16`] on the row as it came
-/// in), the dot of the row's correction coefficient, taken while the row is in cache.
-///
-/// Every output row is computed from its input row alone, by the same per-row kernels as
-/// `scale_columns_into` / `Rotation::apply_row` followed by [`quantize_rows_terms`] and
-/// [`mean::correct_along`]'s dot, so the bits are theirs whatever the split over threads (the
-/// tests compare them). Runs on the current rayon pool when the rows are large enough.
-#[allow(clippy::too_many_arguments)]
-pub fn prepare_rows(x: &[f32], m: usize, k: usize, terms: usize, prep: RowPrep<'_>, dir: Option<&[f32]>, q: &mut [i8], scales: &mut [f32], dots: &mut [f32]) {
-    prepare_rows_hashed(x, m, k, terms, prep, dir, q, scales, dots, &mut []);
-}
-
 /// The identity of an activation row: XXH3-64 of its bytes ([`prepare_rows_hashed`] takes it
 /// while the row is in cache for its activation pass).
 #[inline]
@@ -338,8 +262,19 @@ pub fn row_hash(xr: &[f32]) -> u64 {
     twox_hash::XxHash3_64::oneshot(bytemuck::cast_slice(xr))
 }
 
-/// [`prepare_rows`] that also writes each row's [`row_hash`] into `hashes` (`[M]`, or empty for
-/// none): the reuse key of the activation for the price of reading rows already in cache.
+/// The activation pass of an NPU matmul, rows in parallel: each row of `x: [M, K]` is rotated
+/// (or column-scaled) into a per-thread row buffer and quantized into `terms` int8 terms straight
+/// from it, `x ≈ Σ_t s_t·q_t` per row with term t quantizing the residual of terms `0..t` (about
+/// 7 more bits per term for outlier-heavy rows). Term-major: rows `t·M..(t+1)·M` of
+/// `q: [T·M, K]` / `scales: [T·M]` hold term t, so one NPU matmul of T·M rows against the
+/// resident weight computes every term. With a calibrated direction `dir: [K]`,
+/// `dots[m] = x_m·dir` ([`mean::dot16`] on the row as it came in), taken while the row is in
+/// cache; with `hashes: [M]` (else empty), each row's [`row_hash`], the activation's reuse key.
+///
+/// Every output row is computed from its input row alone, by the same per-row kernels as
+/// `scale_columns_into` / `Rotation::apply_row` followed by the per-row quantizer and
+/// [`mean::correct_along`]'s dot, so the bits are theirs whatever the split over threads (the
+/// tests compare them). Runs on the team ([`team::for_each_block`]) when the rows are many.
 #[allow(clippy::too_many_arguments)]
 pub fn prepare_rows_hashed(x: &[f32], m: usize, k: usize, terms: usize, prep: RowPrep<'_>, dir: Option<&[f32]>, q: &mut [i8], scales: &mut [f32], dots: &mut [f32], hashes: &mut [u64]) {
     assert!(terms >= 1, "at least one term");
@@ -438,29 +373,25 @@ pub fn prepare_rows_hashed(x: &[f32], m: usize, k: usize, terms: usize, prep: Ro
     let per = block_rows(m, terms * m * k);
     let mut q_left: Vec<&mut [i8]> = q.chunks_mut(m * k).collect();
     let mut s_left: Vec<&mut [f32]> = scales.chunks_mut(m).collect();
-    let mut d_left: &mut [f32] = dots;
-    let mut h_left: &mut [u64] = hashes;
+    let (mut d_left, mut h_left) = (dots, hashes);
     let mut blocks = Vec::with_capacity(m.div_ceil(per));
     for xb in x.chunks(per * k) {
         let nb = xb.len() / k;
-        let mut qb = Vec::with_capacity(terms);
-        let mut sb = Vec::with_capacity(terms);
-        for t in 0..terms {
-            let (a, rest) = std::mem::take(&mut q_left[t]).split_at_mut(nb * k);
-            qb.push(a);
-            q_left[t] = rest;
-            let (a, rest) = std::mem::take(&mut s_left[t]).split_at_mut(nb);
-            sb.push(a);
-            s_left[t] = rest;
-        }
-        let (db, rest) = std::mem::take(&mut d_left).split_at_mut(if dir.is_some() { nb } else { 0 });
-        d_left = rest;
+        let q = q_left.iter_mut().map(|t| take_front(t, nb * k)).collect();
+        let s = s_left.iter_mut().map(|t| take_front(t, nb)).collect();
+        let dots = take_front(&mut d_left, if dir.is_some() { nb } else { 0 });
         let hn = if h_left.is_empty() { 0 } else { nb };
-        let (hb, rest) = std::mem::take(&mut h_left).split_at_mut(hn);
-        h_left = rest;
-        blocks.push(Block { x: xb, q: qb, s: sb, dots: db, h: hb });
+        let h = take_front(&mut h_left, hn);
+        blocks.push(Block { x: xb, q, s, dots, h });
     }
     team::for_each_block(blocks, run);
+}
+
+/// The first `n` elements of `*s`, which keeps the rest.
+fn take_front<'a, T>(s: &mut &'a mut [T], n: usize) -> &'a mut [T] {
+    let (a, rest) = std::mem::take(s).split_at_mut(n);
+    *s = rest;
+    a
 }
 
 /// Int32 results `[R, N]`: one row-major matrix, or column segments held apart (an NPU
@@ -609,9 +540,8 @@ pub struct Output<'a> {
 /// The output pass of an NPU matmul, one pass over `dst: [M, N]`, rows in parallel:
 /// `dst[m] = Σ_t c_t[m]·(s_t[m]·w_scale) + Σ_l cl_l[m]·(s_l[m]·lo_scale) + coef[m]·e` — the
 /// dequantization of every term, the second weight term and the calibrated correction, each
-/// row finished while it is in cache. The same floats in the same order as
-/// [`dequantize_output_terms`], then the second weight term's [`dequantize_row_acc`], then
-/// [`mean::correct_along`]'s add (the tests compare them bit for bit); a row depends on its own
+/// row finished while it is in cache. The same floats in the same order as every term's
+/// dequantization in turn, then the second weight term's, then [`mean::correct_along`]'s add (the tests compare them bit for bit); a row depends on its own
 /// inputs only.
 pub fn dequantize_fused(o: &Output<'_>, dst: &mut [f32]) {
     let n = o.w_scale.len();
@@ -677,25 +607,23 @@ fn fused_segment<'r>(o: &Output<'_>, i: usize, m: usize, n0: usize, lt: usize, r
     let (terms, nc) = (o.terms, dr.len());
     let ws = &o.w_scale[n0..n0 + nc];
     let sa = |t: usize| o.a_scale[t * m + i];
+    let p = |t: usize| (row(t), sa(t), ws);
+    let lo = |t: usize| (lrow(t), sa(t), o.lo.map_or(&[][..], |(_, ls)| &ls[n0..n0 + nc]));
     let corr = o.corr.and_then(|(coef, e)| coef[i].map(|c| (c, &e[n0..n0 + nc])));
-    match (terms, o.lo, lt, corr) {
-        (1, None, _, None) => dequantize_row(row(0), sa(0), ws, dr),
-        (1, None, _, Some((cc, e))) => dequantize_row_corr(row(0), sa(0), ws, cc, e, dr),
-        (2, Some((_, ls)), 1, None) => dequantize_row2_lo(row(0), sa(0), row(1), sa(1), ws, lrow(0), sa(0), &ls[n0..n0 + nc], dr),
-        (2, Some((_, ls)), 1, Some((cc, e))) => dequantize_row2_lo_corr(row(0), sa(0), row(1), sa(1), ws, lrow(0), sa(0), &ls[n0..n0 + nc], cc, e, dr),
+    match (terms, o.lo.is_some(), lt) {
+        (1, false, _) => dequantize::<1>(simd::FIRST, [p(0)], corr, dr),
+        (2, true, 1) => dequantize::<3>(simd::ZERO, [p(0), p(1), lo(0)], corr, dr),
         _ => {
             if terms == 1 {
-                dequantize_row(row(0), sa(0), ws, dr);
+                dequantize::<1>(simd::FIRST, [p(0)], None, dr);
             } else {
-                dequantize_row2(row(0), sa(0), row(1), sa(1), ws, dr);
+                dequantize::<2>(simd::ZERO, [p(0), p(1)], None, dr);
                 for t in 2..terms {
-                    dequantize_row_acc(row(t), sa(t), ws, dr);
+                    dequantize::<1>(simd::ACC, [p(t)], None, dr);
                 }
             }
-            if let Some((_, ls)) = o.lo {
-                for t in 0..lt {
-                    dequantize_row_acc(lrow(t), sa(t), &ls[n0..n0 + nc], dr);
-                }
+            for t in 0..lt {
+                dequantize::<1>(simd::ACC, [lo(t)], None, dr);
             }
             if let Some((cc, e)) = corr {
                 add_scaled_row(cc, e, dr);
@@ -711,86 +639,6 @@ pub fn add_scaled_row(cc: f32, e: &[f32], d: &mut [f32]) {
     for (o, &v) in d.iter_mut().zip(e) {
         *o += cc * v;
     }
-}
-
-/// One output row with its correction: `d[j] = c[j]·(sa·sw[j]) + cc·e[j]`. SIMD where the CPU
-/// has it, bit-identical to [`dequantize_row_corr_scalar`].
-#[inline]
-pub fn dequantize_row_corr(c: &[i32], sa: f32, sw: &[f32], cc: f32, e: &[f32], d: &mut [f32]) {
-    if simd::dequantize_row_corr(c, sa, sw, cc, e, d).is_none() {
-        dequantize_row_corr_scalar(c, sa, sw, cc, e, d);
-    }
-}
-
-/// The reference for [`dequantize_row_corr`]: [`dequantize_row_scalar`], then [`add_scaled_row`].
-pub fn dequantize_row_corr_scalar(c: &[i32], sa: f32, sw: &[f32], cc: f32, e: &[f32], d: &mut [f32]) {
-    dequantize_row_scalar(c, sa, sw, d);
-    add_scaled_row(cc, e, d);
-}
-
-/// [`dequantize_row2_lo`] with the row's correction in the same pass; SIMD where the CPU has it,
-/// bit-identical to [`dequantize_row2_lo_corr_scalar`].
-#[inline]
-#[allow(clippy::too_many_arguments)]
-pub fn dequantize_row2_lo_corr(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], cl: &[i32], sal: f32, swl: &[f32], cc: f32, e: &[f32], d: &mut [f32]) {
-    if simd::dequantize_row2_lo_corr(c0, sa0, c1, sa1, sw, cl, sal, swl, cc, e, d).is_none() {
-        dequantize_row2_lo_corr_scalar(c0, sa0, c1, sa1, sw, cl, sal, swl, cc, e, d);
-    }
-}
-
-/// The reference for [`dequantize_row2_lo_corr`]: [`dequantize_row2_lo_scalar`], then
-/// [`add_scaled_row`].
-#[allow(clippy::too_many_arguments)]
-pub fn dequantize_row2_lo_corr_scalar(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], cl: &[i32], sal: f32, swl: &[f32], cc: f32, e: &[f32], d: &mut [f32]) {
-    dequantize_row2_lo_scalar(c0, sa0, c1, sa1, sw, cl, sal, swl, d);
-    add_scaled_row(cc, e, d);
-}
-
-/// Output of a multi-term matmul: `c: [T·M, N]` (term-major rows) →
-/// `dst[m][n] = Σ_t c_t[m][n] · s_t[m] · w_scale[n]`.
-pub fn dequantize_output_terms(c: &[i32], a_scale: &[f32], terms: usize, w_scale: &[f32], dst: &mut [f32]) {
-    let n = w_scale.len();
-    let m = a_scale.len() / terms.max(1);
-    assert_eq!(c.len(), terms * m * n, "c is not [T·M, N]");
-    assert_eq!(dst.len(), m * n, "dst is not [M, N]");
-    if terms == 1 {
-        return dequantize_output(c, a_scale, w_scale, dst);
-    }
-    if terms == 0 {
-        return dst.fill(0.0);
-    }
-    if n == 0 {
-        return;
-    }
-    let body = |(i, dr): (usize, &mut [f32])| {
-        let row = |t: usize| &c[(t * m + i) * n..(t * m + i + 1) * n];
-        // terms 0 and 1 in one pass (= zero the row, then accumulate each), the rest accumulated
-        dequantize_row2(row(0), a_scale[i], row(1), a_scale[m + i], w_scale, dr);
-        for t in 2..terms {
-            dequantize_row_acc(row(t), a_scale[t * m + i], w_scale, dr);
-        }
-    };
-    for_each_out_row(dst, n, body);
-}
-
-/// Two activation terms against a weight with a second term, in one pass:
-/// `dst = dequantize_output_terms(c, a_scale, 2, w_scale)` then `dst[m] += cl[m] · (a_scale[m] ·
-/// lo_scale)` (the second weight term meets the first activation term only), bit-identical to
-/// doing the two in turn. `c: [2·M, N]`, `a_scale: [2·M]`, `cl, dst: [M, N]`.
-pub fn dequantize_output_2lo(c: &[i32], a_scale: &[f32], w_scale: &[f32], cl: &[i32], lo_scale: &[f32], dst: &mut [f32]) {
-    let n = w_scale.len();
-    let m = a_scale.len() / 2;
-    assert_eq!(a_scale.len(), 2 * m, "a_scale is not [2·M]");
-    assert_eq!(c.len(), 2 * m * n, "c is not [2·M, N]");
-    assert!(cl.len() == m * n && dst.len() == m * n && lo_scale.len() == n, "cl/dst are not [M, N]");
-    if n == 0 {
-        return;
-    }
-    let body = |(i, dr): (usize, &mut [f32])| {
-        let row = |t: usize| &c[(t * m + i) * n..(t * m + i + 1) * n];
-        dequantize_row2_lo(row(0), a_scale[i], row(1), a_scale[m + i], w_scale, &cl[i * n..(i + 1) * n], a_scale[i], lo_scale, dr);
-    };
-    for_each_out_row(dst, n, body);
 }
 
 /// Per-input-channel equalisation of a weight `[N, K]`: `col[k] = max_n |W[n][k]|` (1 for an
@@ -844,18 +692,6 @@ pub fn scale_columns_into(x: &[f32], col: &[f32], out: &mut [f32]) {
     }
 }
 
-/// `dst[m][n] = c[m][n] · a_scale[m] · w_scale[n]`; all row-major, `c, dst: [M, N]`.
-pub fn dequantize_output(c: &[i32], a_scale: &[f32], w_scale: &[f32], dst: &mut [f32]) {
-    let n = w_scale.len();
-    let m = a_scale.len();
-    assert_eq!(c.len(), m * n, "c is not [M, N]");
-    assert_eq!(dst.len(), m * n, "dst is not [M, N]");
-    if n == 0 {
-        return;
-    }
-    for_each_out_row(dst, n, |(i, dr)| dequantize_row(&c[i * n..(i + 1) * n], a_scale[i], w_scale, dr));
-}
-
 /// Rows per task of a row-parallel pass over `rows` rows touching `elems` elements: all of them
 /// in one task below [`PAR_MIN_ELEMS`] or without a team to share them, else a few tasks per
 /// thread of the team ([`team::threads`]).
@@ -883,75 +719,45 @@ pub fn map_rows<T: Send>(x: &[f32], k: usize, out: &mut [T], f: impl Fn(&[f32]) 
     team::for_each_block(blocks, |(xb, ob)| xb.chunks(k.max(1)).zip(ob.iter_mut()).for_each(|(xr, o)| *o = f(xr)));
 }
 
-/// One output row: `d[n] = c[n] · (sa · sw[n])`. SIMD where the CPU has it, bit-identical to
-/// [`dequantize_row_scalar`].
+/// One output row's terms, SIMD where the CPU has it, bit-identical to [`dequantize_tail`]:
+/// `d[j] = ((start + p[0]) + p[1]) + …`, then `+ cc·e[j]` with a correction `(cc, e)`. `start`
+/// ([`simd::FIRST`], [`simd::ZERO`], [`simd::ACC`]): nothing, `0 +`, `d[j] +`; a product
+/// `(c, sa, sw)` is `c[j] as f32 · (sa · sw[j])`. Multiply, then add: never fused.
 #[inline]
-pub fn dequantize_row(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) {
-    if simd::dequantize_row(c, sa, sw, d).is_none() {
-        dequantize_row_scalar(c, sa, sw, d);
-    }
-}
-
-/// The reference for [`dequantize_row`].
-pub fn dequantize_row_scalar(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) {
-    assert!(c.len() == d.len() && sw.len() == d.len());
-    for ((d, &v), &sw) in d.iter_mut().zip(c).zip(sw) {
-        *d = v as f32 * (sa * sw);
-    }
-}
-
-/// One term of a multi-term output row: `d[n] += c[n] · (sa · sw[n])`. SIMD where the CPU has
-/// it, bit-identical to [`dequantize_row_acc_scalar`].
-#[inline]
-pub fn dequantize_row_acc(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) {
-    if simd::dequantize_row_acc(c, sa, sw, d).is_none() {
-        dequantize_row_acc_scalar(c, sa, sw, d);
-    }
-}
-
-/// Two output terms at once: `d = 0`, then [`dequantize_row_acc`] with `(c0, sa0)` and
-/// `(c1, sa1)`, in one pass. SIMD where the CPU has it, bit-identical to
-/// [`dequantize_row2_scalar`].
-#[inline]
-pub fn dequantize_row2(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], d: &mut [f32]) {
-    if simd::dequantize_row2(c0, sa0, c1, sa1, sw, d).is_none() {
-        dequantize_row2_scalar(c0, sa0, c1, sa1, sw, d);
-    }
-}
-
-/// The reference for [`dequantize_row2`]: `d[j] = (0 + c0·(sa0·sw)) + c1·(sa1·sw)`.
-pub fn dequantize_row2_scalar(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], d: &mut [f32]) {
-    assert!(c0.len() == d.len() && c1.len() == d.len() && sw.len() == d.len());
-    for j in 0..d.len() {
-        d[j] = (0.0 + c0[j] as f32 * (sa0 * sw[j])) + c1[j] as f32 * (sa1 * sw[j]);
-    }
-}
-
-/// [`dequantize_row2`] and then [`dequantize_row_acc`]`(cl, sal, swl)` (a second weight term) in
-/// one pass; SIMD where the CPU has it, bit-identical to [`dequantize_row2_lo_scalar`].
-#[inline]
-#[allow(clippy::too_many_arguments)]
-pub fn dequantize_row2_lo(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], cl: &[i32], sal: f32, swl: &[f32], d: &mut [f32]) {
-    if simd::dequantize_row2_lo(c0, sa0, c1, sa1, sw, cl, sal, swl, d).is_none() {
-        dequantize_row2_lo_scalar(c0, sa0, c1, sa1, sw, cl, sal, swl, d);
-    }
-}
-
-/// The reference for [`dequantize_row2_lo`]: `d[j] = ((0 + c0·(sa0·sw)) + c1·(sa1·sw)) + cl·(sal·swl)`.
-#[allow(clippy::too_many_arguments)]
-pub fn dequantize_row2_lo_scalar(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], cl: &[i32], sal: f32, swl: &[f32], d: &mut [f32]) {
+pub fn dequantize<const N: usize>(init: u8, p: [(&[i32], f32, &[f32]); N], corr: Option<(f32, &[f32])>, d: &mut [f32]) {
     let n = d.len();
-    assert!(c0.len() == n && c1.len() == n && sw.len() == n && cl.len() == n && swl.len() == n);
-    for j in 0..n {
-        d[j] = ((0.0 + c0[j] as f32 * (sa0 * sw[j])) + c1[j] as f32 * (sa1 * sw[j])) + cl[j] as f32 * (sal * swl[j]);
+    assert!(p.iter().all(|(c, _, sw)| c.len() == n && sw.len() == n) && corr.is_none_or(|(_, e)| e.len() == n));
+    let (cc, e) = corr.unwrap_or((0.0, &[]));
+    let r = simd::Row { p, cc, e };
+    fn run<const N: usize, const INIT: u8, const CORR: bool>(r: &simd::Row<'_, N>, d: &mut [f32]) {
+        if simd::dequantize::<N, INIT, CORR>(r, d).is_none() {
+            dequantize_tail::<N, INIT, CORR>(r, 0, d);
+        }
+    }
+    match (init, corr.is_some()) {
+        (simd::FIRST, false) => run::<N, { simd::FIRST }, false>(&r, d),
+        (simd::FIRST, true) => run::<N, { simd::FIRST }, true>(&r, d),
+        (simd::ZERO, false) => run::<N, { simd::ZERO }, false>(&r, d),
+        (simd::ZERO, true) => run::<N, { simd::ZERO }, true>(&r, d),
+        (_, false) => run::<N, { simd::ACC }, false>(&r, d),
+        (_, true) => run::<N, { simd::ACC }, true>(&r, d),
     }
 }
 
-/// The reference for [`dequantize_row_acc`] (multiply, then add: never fused).
-pub fn dequantize_row_acc_scalar(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) {
-    assert!(c.len() == d.len() && sw.len() == d.len());
-    for ((d, &v), &sw) in d.iter_mut().zip(c).zip(sw) {
-        *d += v as f32 * (sa * sw);
+/// The reference for [`dequantize`] on the elements from `from` on (the SIMD kernels' tail).
+pub fn dequantize_tail<const N: usize, const INIT: u8, const CORR: bool>(r: &simd::Row<'_, N>, from: usize, d: &mut [f32]) {
+    for j in from..d.len() {
+        let mut acc = match INIT {
+            simd::ZERO => Some(0.0),
+            simd::ACC => Some(d[j]),
+            _ => None,
+        };
+        for &(c, sa, sw) in &r.p {
+            let v = c[j] as f32 * (sa * sw[j]);
+            acc = Some(acc.map_or(v, |a| a + v));
+        }
+        let v = acc.expect("a product");
+        d[j] = if CORR { v + r.cc * r.e[j] } else { v };
     }
 }
 
@@ -961,6 +767,7 @@ mod simd_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use super::simd_tests::*;
 
     /// Independent scalar statement of the formula (f64 max, explicit ties-to-even check).
     fn reference_row(x: &[f32]) -> (Vec<i8>, f32) {

@@ -2,10 +2,9 @@
 //! channels (issue 15).
 //!
 //! **What this module owns.** An orthonormal K×K matrix R per matmul width K ([`Rotation`]), a
-//! row kernel that computes `x ← x·R` in O(K log K + K·b/4) ([`Rotation::apply_row`]), and the fused
-//! activation entry point [`rotate_quantize_row`] (rotate, then the crate's own per-row
-//! quantizer, [`super::quantize_row`]). It does not decide which matmuls are rotated, nor wire the
-//! rotation into weight packing or the backend: callers do, with these two calls.
+//! row kernel that computes `x ← x·R` in O(K log K + K·b/4) ([`Rotation::apply_row`]). It does
+//! not decide which matmuls are rotated, nor wire the rotation into weight packing or the
+//! backend: callers do (`pack`, `quant::prepare_rows_hashed`).
 //!
 //! **Why.** LLM hidden states carry a few channels hundreds of times larger than the rest, so one
 //! absmax scale per row leaves the ordinary channels with a handful of int8 levels (plain W8A8
@@ -22,7 +21,7 @@
 //! and nothing in W8A8 needs `x·Rᵀ` (the test `product_is_invariant_with_the_same_r_on_both_sides`
 //! states the contract).
 //!
-//! **Random signs.** R = D·H: a fixed pseudo-random ±1 diagonal D ([`Rotation::flipped`], the
+//! **Random signs.** R = D·H: a fixed pseudo-random ±1 diagonal D (`flips`, the
 //! same per K in every process) before the Hadamard matrix H, as QuaRot does. A plain Hadamard
 //! matrix maps a row's mean (its projection on the all-ones vector, which H's first column is) into
 //! one output channel, and LLM activation rows and weight rows have such structured components;
@@ -92,8 +91,6 @@ use std::mem::MaybeUninit;
 use std::arch::aarch64::*;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
-
-use super::quantize_row;
 
 /// K must be a multiple of this for a rotation to exist.
 pub const K_MULTIPLE: usize = 32;
@@ -282,31 +279,6 @@ impl Rotation {
         self.k
     }
 
-    /// The power-of-two WHT block length m.
-    pub fn block_len(&self) -> usize {
-        self.m
-    }
-
-    /// K / m: the order b of the dense factor, or the number of diagonal blocks.
-    pub fn blocks(&self) -> usize {
-        self.blocks
-    }
-
-    /// Whether R is a full Hadamard matrix of order K (scaled), rather than block-diagonal.
-    pub fn is_full(&self) -> bool {
-        self.construction.is_some()
-    }
-
-    /// How the dense factor was built (`Sylvester` for b = 1); `None` when block-diagonal.
-    pub fn construction(&self) -> Option<Construction> {
-        self.construction
-    }
-
-    /// The scale folded into R: 1/√K, or 1/√m when block-diagonal.
-    pub fn scale(&self) -> f32 {
-        self.scale
-    }
-
     /// A one-line description: `H12 (Paley I, q=11) ⊗ H128`, `H2048`, `43 × H256 block-diagonal`.
     pub fn describe(&self) -> String {
         match self.construction {
@@ -355,10 +327,6 @@ impl Rotation {
         }
     }
 
-    /// The channels D negates, ascending (a fixed pseudo-random half of 0..K per K).
-    pub fn flipped(&self) -> Vec<u32> {
-        (0..self.signs.len() as u32).filter(|&i| self.signs[i as usize] != 0).collect()
-    }
 }
 
 /// [`flips`] as a per-channel sign-bit mask.
@@ -384,37 +352,6 @@ fn flips(k: usize) -> Vec<u32> {
             (z ^ (z >> 31)) & 1 == 1
         })
         .collect()
-}
-
-/// Rotates one activation row and quantizes it to per-row symmetric int8 with the crate's
-/// quantizer ([`super::quantize_row`]): `out_q ← q(x·R)`, returns the dequantization scale.
-/// `x`, `out_q`: K elements; `scratch`: at least K floats (overwritten). The int8 row then meets
-/// a weight quantized from rows rotated by the same `rot`.
-pub fn rotate_quantize_row(rot: &Rotation, x: &[f32], out_q: &mut [i8], scratch: &mut [f32]) -> f32 {
-    let k = rot.k();
-    assert_eq!(x.len(), k, "x is not [K]");
-    assert_eq!(out_q.len(), k, "out_q is not [K]");
-    assert!(scratch.len() >= k, "scratch shorter than K");
-    let s = &mut scratch[..k];
-    s.copy_from_slice(x);
-    rot.apply_row(s);
-    quantize_row(s, out_q)
-}
-
-/// The SIMD path the rotation kernels take on this CPU: "avx2", "neon", or `None` (scalar).
-pub fn simd_path() -> Option<&'static str> {
-    if cfg!(target_arch = "aarch64") {
-        return Some("neon");
-    }
-    #[cfg(all(target_arch = "x86_64", ork_avx512))]
-    if has_avx512() {
-        return Some("avx512 (WHT), avx2");
-    }
-    #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") {
-        return Some("avx2");
-    }
-    None
 }
 
 // ------------------------------------------------------------------------ scalar references

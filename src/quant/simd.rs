@@ -17,7 +17,7 @@
 //! the same pass that produces `q`.
 //!
 //! The contract is **bit-identity with the scalar references** in `quant/mod.rs`
-//! (`quantize_row_scalar`, `dequantize_row_scalar`, `dequantize_row_acc_scalar`), not mere
+//! (`quantize_row_scalar`, `dequantize_tail`), not mere
 //! closeness: the NPU path is tested bit-exactly end to end, and a kernel that differed in one
 //! ulp on one platform would make those tests platform-dependent. So each kernel keeps the
 //! scalar operation order (`v * inv`, then round; `c as f32 * (sa * sw)`; no fused
@@ -87,281 +87,92 @@ pub fn quantize_row(x: &[f32], q: &mut [i8]) -> Option<f32> {
     )
 }
 
-/// `dequantize_row_scalar`: `d[j] = c[j] as f32 * (sa * sw[j])`. `None` without a SIMD path.
-#[inline]
-pub fn dequantize_row(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) -> Option<()> {
-    assert!(c.len() == d.len() && sw.len() == d.len());
-    dispatch!(
-        neon: dequantize_row_neon(c, sa, sw, d),
-        // SAFETY: AVX-512F detected by `dispatch!`; lengths are equal (asserted).
-        avx512: unsafe { dequantize_row_avx512(c, sa, sw, d) },
-        // SAFETY: AVX2 detected by `dispatch!`; lengths are equal (asserted).
-        avx2: unsafe { dequantize_row_avx2(c, sa, sw, d) },
-    )
+/// An output row's start ([`dequantize`]'s `INIT`): the first product alone, `0 +` the first
+/// product (a -0 product becomes +0, as in a zeroed row), or `d +` the first product.
+pub const FIRST: u8 = 0;
+pub const ZERO: u8 = 1;
+pub const ACC: u8 = 2;
+
+/// One output row's terms: the products `p[t] = (c, sa, sw)`, each `c[j] as f32 · (sa · sw[j])`,
+/// and, for a kernel with `CORR`, the correction `cc · e[j]`.
+pub struct Row<'a, const N: usize> {
+    pub p: [(&'a [i32], f32, &'a [f32]); N],
+    pub cc: f32,
+    pub e: &'a [f32],
 }
 
-/// `dequantize_row_acc_scalar`: `d[j] += c[j] as f32 * (sa * sw[j])`. `None` without SIMD.
+/// `quant::dequantize_tail` on SIMD lanes: `d[j] = ((start + p[0]) + p[1]) + … (+ cc·e[j])`,
+/// the scalar operations in the scalar order (mul, then add, never fused). `None` without a SIMD
+/// path. Every slice of `r` has `d`'s length (the caller asserts it).
 #[inline]
-pub fn dequantize_row_acc(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) -> Option<()> {
-    assert!(c.len() == d.len() && sw.len() == d.len());
+pub fn dequantize<const N: usize, const INIT: u8, const CORR: bool>(r: &Row<'_, N>, d: &mut [f32]) -> Option<()> {
     dispatch!(
-        neon: dequantize_row_acc_neon(c, sa, sw, d),
-        // SAFETY: AVX2 detected by `dispatch!`; lengths are equal (asserted).
-        avx2: unsafe { dequantize_row_acc_avx2(c, sa, sw, d) },
-    )
-}
-
-/// Two terms of a multi-term output row in one pass:
-/// `d[j] = (0 + c0[j] · (sa0 · sw[j])) + c1[j] · (sa1 · sw[j])` — the zero-then-accumulate
-/// sequence of `dequantize_row_acc_scalar` twice, same operations in the same order (the `0 +`
-/// turns a -0 product into +0 as the zeroed row does). `None` without SIMD.
-#[inline]
-pub fn dequantize_row2(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], d: &mut [f32]) -> Option<()> {
-    assert!(c0.len() == d.len() && c1.len() == d.len() && sw.len() == d.len());
-    dispatch!(
-        neon: dequantize_row2_neon(c0, sa0, c1, sa1, sw, d),
-        // SAFETY: AVX2 detected by `dispatch!`; lengths are equal (asserted).
-        avx2: unsafe { dequantize_row2_avx2(c0, sa0, c1, sa1, sw, d) },
+        neon: dequantize_neon::<N, INIT, CORR>(r, d),
+        // SAFETY: AVX-512F detected by `dispatch!`; every slice has d's length (the caller's).
+        avx512: unsafe { dequantize_avx512::<N, INIT, CORR>(r, d) },
+        // SAFETY: AVX2 detected by `dispatch!`; every slice has d's length (the caller's).
+        avx2: unsafe { dequantize_avx2::<N, INIT, CORR>(r, d) },
     )
 }
 
 #[cfg(target_arch = "aarch64")]
-fn dequantize_row2_neon(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], d: &mut [f32]) {
+fn dequantize_neon<const N: usize, const INIT: u8, const CORR: bool>(r: &Row<'_, N>, d: &mut [f32]) {
     let n = d.len();
     let mut i = 0;
-    // SAFETY: NEON baseline; loads read c0/c1/sw[i..i+4], the store writes d[i..i+4], i+4 <= n
-    // and all slices have length n (asserted by the caller). mul then add, never fused.
+    // SAFETY: NEON baseline; the loads read the products' c/sw, e and d at [i, i+4), the store
+    // writes d[i..i+4], i+4 <= n and every slice has length n (the caller's contract).
     unsafe {
-        let (v0, v1, z) = (vdupq_n_f32(sa0), vdupq_n_f32(sa1), vdupq_n_f32(0.0));
         while i + 4 <= n {
-            let w = vld1q_f32(sw.as_ptr().add(i));
-            let a = vmulq_f32(vcvtq_f32_s32(vld1q_s32(c0.as_ptr().add(i))), vmulq_f32(v0, w));
-            let b = vmulq_f32(vcvtq_f32_s32(vld1q_s32(c1.as_ptr().add(i))), vmulq_f32(v1, w));
-            vst1q_f32(d.as_mut_ptr().add(i), vaddq_f32(vaddq_f32(z, a), b));
+            let mut acc = match INIT {
+                ZERO => Some(vdupq_n_f32(0.0)),
+                ACC => Some(vld1q_f32(d.as_ptr().add(i))),
+                _ => None,
+            };
+            for &(c, sa, sw) in &r.p {
+                let v = vmulq_f32(vcvtq_f32_s32(vld1q_s32(c.as_ptr().add(i))), vmulq_f32(vdupq_n_f32(sa), vld1q_f32(sw.as_ptr().add(i))));
+                acc = Some(match acc { Some(a) => vaddq_f32(a, v), None => v });
+            }
+            let mut v = acc.expect("a product");
+            if CORR {
+                v = vaddq_f32(v, vmulq_f32(vdupq_n_f32(r.cc), vld1q_f32(r.e.as_ptr().add(i))));
+            }
+            vst1q_f32(d.as_mut_ptr().add(i), v);
             i += 4;
         }
     }
-    for j in i..n {
-        d[j] = (0.0 + c0[j] as f32 * (sa0 * sw[j])) + c1[j] as f32 * (sa1 * sw[j]);
-    }
+    super::dequantize_tail::<N, INIT, CORR>(r, i, d);
 }
 
 /// # Safety
-/// The CPU must support AVX2; `c0`, `c1`, `sw`, `d` have equal lengths.
+/// The CPU must support AVX2; every slice of `r` has `d`'s length.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn dequantize_row2_avx2(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], d: &mut [f32]) {
+unsafe fn dequantize_avx2<const N: usize, const INIT: u8, const CORR: bool>(r: &Row<'_, N>, d: &mut [f32]) {
     let n = d.len();
     let mut i = 0;
-    // SAFETY: AVX2 enabled (caller's contract); loads read c0/c1/sw[i..i+8], the store writes
-    // d[i..i+8], i+8 <= n and all slices have length n. mul then add, never fused.
+    // SAFETY: AVX2 enabled (caller's contract); the loads read the products' c/sw, e and d at
+    // [i, i+8), the store writes d[i..i+8], i+8 <= n and every slice has length n.
     unsafe {
-        let (v0, v1, z) = (_mm256_set1_ps(sa0), _mm256_set1_ps(sa1), _mm256_setzero_ps());
         while i + 8 <= n {
-            let w = _mm256_loadu_ps(sw.as_ptr().add(i));
-            let a = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256(c0.as_ptr().add(i) as *const __m256i)), _mm256_mul_ps(v0, w));
-            let b = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256(c1.as_ptr().add(i) as *const __m256i)), _mm256_mul_ps(v1, w));
-            _mm256_storeu_ps(d.as_mut_ptr().add(i), _mm256_add_ps(_mm256_add_ps(z, a), b));
+            let mut acc = match INIT {
+                ZERO => Some(_mm256_setzero_ps()),
+                ACC => Some(_mm256_loadu_ps(d.as_ptr().add(i))),
+                _ => None,
+            };
+            for &(c, sa, sw) in &r.p {
+                let s = _mm256_mul_ps(_mm256_set1_ps(sa), _mm256_loadu_ps(sw.as_ptr().add(i)));
+                let v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256(c.as_ptr().add(i) as *const __m256i)), s);
+                acc = Some(match acc { Some(a) => _mm256_add_ps(a, v), None => v });
+            }
+            let mut v = acc.expect("a product");
+            if CORR {
+                v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_set1_ps(r.cc), _mm256_loadu_ps(r.e.as_ptr().add(i))));
+            }
+            _mm256_storeu_ps(d.as_mut_ptr().add(i), v);
             i += 8;
         }
     }
-    for j in i..n {
-        d[j] = (0.0 + c0[j] as f32 * (sa0 * sw[j])) + c1[j] as f32 * (sa1 * sw[j]);
-    }
-}
-
-/// [`dequantize_row2`] plus the second weight term in the same pass:
-/// `d = ((0 + c0·(sa0·sw)) + c1·(sa1·sw)) + cl·(sal·swl)` — bit-identical to
-/// `dequantize_row2` followed by `dequantize_row_acc(cl, sal, swl)` (same operations in the same
-/// order, never fused), with one pass over `d` instead of two. `None` without SIMD.
-#[inline]
-#[allow(clippy::too_many_arguments)]
-pub fn dequantize_row2_lo(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], cl: &[i32], sal: f32, swl: &[f32], d: &mut [f32]) -> Option<()> {
-    let n = d.len();
-    assert!(c0.len() == n && c1.len() == n && sw.len() == n && cl.len() == n && swl.len() == n);
-    dispatch!(
-        neon: dequantize_row2_lo_neon(c0, sa0, c1, sa1, sw, cl, sal, swl, d),
-        // SAFETY: AVX2 detected by `dispatch!`; lengths are equal (asserted).
-        avx2: unsafe { dequantize_row2_lo_avx2(c0, sa0, c1, sa1, sw, cl, sal, swl, d) },
-    )
-}
-
-#[cfg(target_arch = "aarch64")]
-#[allow(clippy::too_many_arguments)]
-fn dequantize_row2_lo_neon(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], cl: &[i32], sal: f32, swl: &[f32], d: &mut [f32]) {
-    let n = d.len();
-    let mut i = 0;
-    // SAFETY: NEON baseline; loads read c0/c1/cl/sw/swl[i..i+4], the store writes d[i..i+4],
-    // i+4 <= n and all slices have length n (asserted by the caller). mul then add, never fused.
-    unsafe {
-        let (v0, v1, vl, z) = (vdupq_n_f32(sa0), vdupq_n_f32(sa1), vdupq_n_f32(sal), vdupq_n_f32(0.0));
-        while i + 4 <= n {
-            let w = vld1q_f32(sw.as_ptr().add(i));
-            let a = vmulq_f32(vcvtq_f32_s32(vld1q_s32(c0.as_ptr().add(i))), vmulq_f32(v0, w));
-            let b = vmulq_f32(vcvtq_f32_s32(vld1q_s32(c1.as_ptr().add(i))), vmulq_f32(v1, w));
-            let l = vmulq_f32(vcvtq_f32_s32(vld1q_s32(cl.as_ptr().add(i))), vmulq_f32(vl, vld1q_f32(swl.as_ptr().add(i))));
-            vst1q_f32(d.as_mut_ptr().add(i), vaddq_f32(vaddq_f32(vaddq_f32(z, a), b), l));
-            i += 4;
-        }
-    }
-    for j in i..n {
-        d[j] = ((0.0 + c0[j] as f32 * (sa0 * sw[j])) + c1[j] as f32 * (sa1 * sw[j])) + cl[j] as f32 * (sal * swl[j]);
-    }
-}
-
-/// # Safety
-/// The CPU must support AVX2; `c0`, `c1`, `sw`, `cl`, `swl`, `d` have equal lengths.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn dequantize_row2_lo_avx2(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], cl: &[i32], sal: f32, swl: &[f32], d: &mut [f32]) {
-    let n = d.len();
-    let mut i = 0;
-    // SAFETY: AVX2 enabled (caller's contract); loads read c0/c1/cl/sw/swl[i..i+8], the store
-    // writes d[i..i+8], i+8 <= n and all slices have length n. mul then add, never fused.
-    unsafe {
-        let (v0, v1, vl, z) = (_mm256_set1_ps(sa0), _mm256_set1_ps(sa1), _mm256_set1_ps(sal), _mm256_setzero_ps());
-        let ld = |c: &[i32], i: usize| _mm256_cvtepi32_ps(_mm256_loadu_si256(c.as_ptr().add(i) as *const __m256i));
-        while i + 8 <= n {
-            let w = _mm256_loadu_ps(sw.as_ptr().add(i));
-            let a = _mm256_mul_ps(ld(c0, i), _mm256_mul_ps(v0, w));
-            let b = _mm256_mul_ps(ld(c1, i), _mm256_mul_ps(v1, w));
-            let l = _mm256_mul_ps(ld(cl, i), _mm256_mul_ps(vl, _mm256_loadu_ps(swl.as_ptr().add(i))));
-            _mm256_storeu_ps(d.as_mut_ptr().add(i), _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(z, a), b), l));
-            i += 8;
-        }
-    }
-    for j in i..n {
-        d[j] = ((0.0 + c0[j] as f32 * (sa0 * sw[j])) + c1[j] as f32 * (sa1 * sw[j])) + cl[j] as f32 * (sal * swl[j]);
-    }
-}
-
-/// [`dequantize_row`] plus the calibrated correction of the row in the same pass:
-/// `d[j] = c[j]·(sa·sw[j]) + cc·e[j]` — bit-identical to `dequantize_row` followed by
-/// `d[j] += cc·e[j]` (`quant::mean::correct_along`'s add; mul then add, never fused).
-/// `None` without SIMD.
-#[inline]
-pub fn dequantize_row_corr(c: &[i32], sa: f32, sw: &[f32], cc: f32, e: &[f32], d: &mut [f32]) -> Option<()> {
-    assert!(c.len() == d.len() && sw.len() == d.len() && e.len() == d.len());
-    dispatch!(
-        neon: dequantize_row_corr_neon(c, sa, sw, cc, e, d),
-        // SAFETY: AVX-512F detected by `dispatch!`; lengths are equal (asserted).
-        avx512: unsafe { dequantize_row_corr_avx512(c, sa, sw, cc, e, d) },
-        // SAFETY: AVX2 detected by `dispatch!`; lengths are equal (asserted).
-        avx2: unsafe { dequantize_row_corr_avx2(c, sa, sw, cc, e, d) },
-    )
-}
-
-#[cfg(target_arch = "aarch64")]
-fn dequantize_row_corr_neon(c: &[i32], sa: f32, sw: &[f32], cc: f32, e: &[f32], d: &mut [f32]) {
-    let n = d.len();
-    let mut i = 0;
-    // SAFETY: NEON baseline; loads read c/sw/e[i..i+4], the store writes d[i..i+4], i+4 <= n and
-    // all slices have length n (asserted by the caller). mul then add, never fused.
-    unsafe {
-        let (vsa, vc) = (vdupq_n_f32(sa), vdupq_n_f32(cc));
-        while i + 4 <= n {
-            let s = vmulq_f32(vsa, vld1q_f32(sw.as_ptr().add(i)));
-            let v = vmulq_f32(vcvtq_f32_s32(vld1q_s32(c.as_ptr().add(i))), s);
-            let k = vmulq_f32(vc, vld1q_f32(e.as_ptr().add(i)));
-            vst1q_f32(d.as_mut_ptr().add(i), vaddq_f32(v, k));
-            i += 4;
-        }
-    }
-    for j in i..n {
-        d[j] = c[j] as f32 * (sa * sw[j]) + cc * e[j];
-    }
-}
-
-/// # Safety
-/// The CPU must support AVX2; `c`, `sw`, `e`, `d` have equal lengths.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn dequantize_row_corr_avx2(c: &[i32], sa: f32, sw: &[f32], cc: f32, e: &[f32], d: &mut [f32]) {
-    let n = d.len();
-    let mut i = 0;
-    // SAFETY: AVX2 enabled (caller's contract); loads read c/sw/e[i..i+8], the store writes
-    // d[i..i+8], i+8 <= n and all slices have length n. mul then add, never fused.
-    unsafe {
-        let (vsa, vc) = (_mm256_set1_ps(sa), _mm256_set1_ps(cc));
-        while i + 8 <= n {
-            let s = _mm256_mul_ps(vsa, _mm256_loadu_ps(sw.as_ptr().add(i)));
-            let v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256(c.as_ptr().add(i) as *const __m256i)), s);
-            let k = _mm256_mul_ps(vc, _mm256_loadu_ps(e.as_ptr().add(i)));
-            _mm256_storeu_ps(d.as_mut_ptr().add(i), _mm256_add_ps(v, k));
-            i += 8;
-        }
-    }
-    for j in i..n {
-        d[j] = c[j] as f32 * (sa * sw[j]) + cc * e[j];
-    }
-}
-
-/// [`dequantize_row2_lo`] plus the calibrated correction in the same pass:
-/// `d = (((0 + c0·(sa0·sw)) + c1·(sa1·sw)) + cl·(sal·swl)) + cc·e`, bit-identical to
-/// `dequantize_row2_lo` followed by `d += cc·e`. `None` without SIMD.
-#[inline]
-#[allow(clippy::too_many_arguments)]
-pub fn dequantize_row2_lo_corr(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], cl: &[i32], sal: f32, swl: &[f32], cc: f32, e: &[f32], d: &mut [f32]) -> Option<()> {
-    let n = d.len();
-    assert!(c0.len() == n && c1.len() == n && sw.len() == n && cl.len() == n && swl.len() == n && e.len() == n);
-    dispatch!(
-        neon: dequantize_row2_lo_corr_neon(c0, sa0, c1, sa1, sw, cl, sal, swl, cc, e, d),
-        // SAFETY: AVX2 detected by `dispatch!`; lengths are equal (asserted).
-        avx2: unsafe { dequantize_row2_lo_corr_avx2(c0, sa0, c1, sa1, sw, cl, sal, swl, cc, e, d) },
-    )
-}
-
-#[cfg(target_arch = "aarch64")]
-#[allow(clippy::too_many_arguments)]
-fn dequantize_row2_lo_corr_neon(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], cl: &[i32], sal: f32, swl: &[f32], cc: f32, e: &[f32], d: &mut [f32]) {
-    let n = d.len();
-    let mut i = 0;
-    // SAFETY: NEON baseline; loads read c0/c1/cl/sw/swl/e[i..i+4], the store writes d[i..i+4],
-    // i+4 <= n and all slices have length n (asserted by the caller). mul then add, never fused.
-    unsafe {
-        let (v0, v1, vl, vc, z) = (vdupq_n_f32(sa0), vdupq_n_f32(sa1), vdupq_n_f32(sal), vdupq_n_f32(cc), vdupq_n_f32(0.0));
-        while i + 4 <= n {
-            let w = vld1q_f32(sw.as_ptr().add(i));
-            let a = vmulq_f32(vcvtq_f32_s32(vld1q_s32(c0.as_ptr().add(i))), vmulq_f32(v0, w));
-            let b = vmulq_f32(vcvtq_f32_s32(vld1q_s32(c1.as_ptr().add(i))), vmulq_f32(v1, w));
-            let l = vmulq_f32(vcvtq_f32_s32(vld1q_s32(cl.as_ptr().add(i))), vmulq_f32(vl, vld1q_f32(swl.as_ptr().add(i))));
-            let k = vmulq_f32(vc, vld1q_f32(e.as_ptr().add(i)));
-            vst1q_f32(d.as_mut_ptr().add(i), vaddq_f32(vaddq_f32(vaddq_f32(vaddq_f32(z, a), b), l), k));
-            i += 4;
-        }
-    }
-    for j in i..n {
-        d[j] = (((0.0 + c0[j] as f32 * (sa0 * sw[j])) + c1[j] as f32 * (sa1 * sw[j])) + cl[j] as f32 * (sal * swl[j])) + cc * e[j];
-    }
-}
-
-/// # Safety
-/// The CPU must support AVX2; `c0`, `c1`, `sw`, `cl`, `swl`, `e`, `d` have equal lengths.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn dequantize_row2_lo_corr_avx2(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], cl: &[i32], sal: f32, swl: &[f32], cc: f32, e: &[f32], d: &mut [f32]) {
-    let n = d.len();
-    let mut i = 0;
-    // SAFETY: AVX2 enabled (caller's contract); loads read c0/c1/cl/sw/swl/e[i..i+8], the store
-    // writes d[i..i+8], i+8 <= n and all slices have length n. mul then add, never fused.
-    unsafe {
-        let (v0, v1, vl, vc, z) = (_mm256_set1_ps(sa0), _mm256_set1_ps(sa1), _mm256_set1_ps(sal), _mm256_set1_ps(cc), _mm256_setzero_ps());
-        let ld = |c: &[i32], i: usize| _mm256_cvtepi32_ps(_mm256_loadu_si256(c.as_ptr().add(i) as *const __m256i));
-        while i + 8 <= n {
-            let w = _mm256_loadu_ps(sw.as_ptr().add(i));
-            let a = _mm256_mul_ps(ld(c0, i), _mm256_mul_ps(v0, w));
-            let b = _mm256_mul_ps(ld(c1, i), _mm256_mul_ps(v1, w));
-            let l = _mm256_mul_ps(ld(cl, i), _mm256_mul_ps(vl, _mm256_loadu_ps(swl.as_ptr().add(i))));
-            let k = _mm256_mul_ps(vc, _mm256_loadu_ps(e.as_ptr().add(i)));
-            _mm256_storeu_ps(d.as_mut_ptr().add(i), _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(z, a), b), l), k));
-            i += 8;
-        }
-    }
-    for j in i..n {
-        d[j] = (((0.0 + c0[j] as f32 * (sa0 * sw[j])) + c1[j] as f32 * (sa1 * sw[j])) + cl[j] as f32 * (sal * swl[j])) + cc * e[j];
-    }
+    super::dequantize_tail::<N, INIT, CORR>(r, i, d);
 }
 
 // ---------------------------------------------------------------- aarch64 NEON (baseline ISA)
@@ -420,47 +231,6 @@ fn quantize_row_neon(x: &[f32], q: &mut [i8]) -> f32 {
         *d = q1(v, inv);
     }
     amax / QMAX
-}
-
-#[cfg(target_arch = "aarch64")]
-fn dequantize_row_neon(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) {
-    let n = d.len();
-    let mut i = 0;
-    // SAFETY: NEON baseline; loads read c/sw[i..i+4], the store writes d[i..i+4], i+4 <= n and
-    // all three slices have length n (asserted by the caller).
-    unsafe {
-        let vsa = vdupq_n_f32(sa);
-        while i + 4 <= n {
-            let s = vmulq_f32(vsa, vld1q_f32(sw.as_ptr().add(i)));
-            let v = vmulq_f32(vcvtq_f32_s32(vld1q_s32(c.as_ptr().add(i))), s);
-            vst1q_f32(d.as_mut_ptr().add(i), v);
-            i += 4;
-        }
-    }
-    for j in i..n {
-        d[j] = c[j] as f32 * (sa * sw[j]);
-    }
-}
-
-#[cfg(target_arch = "aarch64")]
-fn dequantize_row_acc_neon(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) {
-    let n = d.len();
-    let mut i = 0;
-    // SAFETY: NEON baseline; loads read c/sw/d[i..i+4], the store writes d[i..i+4], i+4 <= n and
-    // all three slices have length n (asserted by the caller). mul then add, never fused.
-    unsafe {
-        let vsa = vdupq_n_f32(sa);
-        while i + 4 <= n {
-            let s = vmulq_f32(vsa, vld1q_f32(sw.as_ptr().add(i)));
-            let v = vmulq_f32(vcvtq_f32_s32(vld1q_s32(c.as_ptr().add(i))), s);
-            let p = d.as_mut_ptr().add(i);
-            vst1q_f32(p, vaddq_f32(vld1q_f32(p), v));
-            i += 4;
-        }
-    }
-    for j in i..n {
-        d[j] += c[j] as f32 * (sa * sw[j]);
-    }
 }
 
 // ---------------------------------------------------------------- x86-64 AVX2 (runtime-detected)
@@ -529,53 +299,6 @@ unsafe fn quantize_row_avx2(x: &[f32], q: &mut [i8]) -> f32 {
         *d = q1(v, inv);
     }
     amax / QMAX
-}
-
-/// # Safety
-/// The CPU must support AVX2; `c`, `sw`, `d` have equal lengths.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn dequantize_row_avx2(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) {
-    let n = d.len();
-    let mut i = 0;
-    // SAFETY: AVX2 enabled (caller's contract); loads read c/sw[i..i+8], the store writes
-    // d[i..i+8], i+8 <= n and all slices have length n.
-    unsafe {
-        let vsa = _mm256_set1_ps(sa);
-        while i + 8 <= n {
-            let s = _mm256_mul_ps(vsa, _mm256_loadu_ps(sw.as_ptr().add(i)));
-            let v = _mm256_cvtepi32_ps(_mm256_loadu_si256(c.as_ptr().add(i) as *const __m256i));
-            _mm256_storeu_ps(d.as_mut_ptr().add(i), _mm256_mul_ps(v, s));
-            i += 8;
-        }
-    }
-    for j in i..n {
-        d[j] = c[j] as f32 * (sa * sw[j]);
-    }
-}
-
-/// # Safety
-/// The CPU must support AVX2; `c`, `sw`, `d` have equal lengths.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn dequantize_row_acc_avx2(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) {
-    let n = d.len();
-    let mut i = 0;
-    // SAFETY: AVX2 enabled (caller's contract); loads read c/sw/d[i..i+8], the store writes
-    // d[i..i+8], i+8 <= n and all slices have length n. mul then add, never fused.
-    unsafe {
-        let vsa = _mm256_set1_ps(sa);
-        while i + 8 <= n {
-            let s = _mm256_mul_ps(vsa, _mm256_loadu_ps(sw.as_ptr().add(i)));
-            let v = _mm256_cvtepi32_ps(_mm256_loadu_si256(c.as_ptr().add(i) as *const __m256i));
-            let p = d.as_mut_ptr().add(i);
-            _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), _mm256_mul_ps(v, s)));
-            i += 8;
-        }
-    }
-    for j in i..n {
-        d[j] += c[j] as f32 * (sa * sw[j]);
-    }
 }
 
 // ------------------------------------------------ finite-row fast path (all rows without NaN/inf)
@@ -1164,69 +887,55 @@ pub(crate) fn dot16_lanes_isa(isa: &str, rows: [&[f32]; 4], b: &[f32], copy: &mu
 }
 
 /// # Safety
-/// The CPU must support AVX-512F; `c`, `sw`, `d` have equal lengths.
+/// The CPU must support AVX-512F; every slice of `r` has `d`'s length.
 #[cfg(all(target_arch = "x86_64", ork_avx512))]
 #[allow(clippy::incompatible_msrv)]
 #[target_feature(enable = "avx512f")]
-unsafe fn dequantize_row_avx512(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) {
+unsafe fn dequantize_avx512<const N: usize, const INIT: u8, const CORR: bool>(r: &Row<'_, N>, d: &mut [f32]) {
     let n = d.len();
     let mut i = 0;
-    // SAFETY: AVX-512F enabled (caller's contract); loads read c/sw[i..i+16], the store writes
-    // d[i..i+16], i+16 <= n and all slices have length n.
+    // SAFETY: AVX-512F enabled (caller's contract); the loads read the products' c/sw, e and d
+    // at [i, i+16), the store writes d[i..i+16], i+16 <= n and every slice has length n.
     unsafe {
-        let vsa = _mm512_set1_ps(sa);
         while i + 16 <= n {
-            let s = _mm512_mul_ps(vsa, _mm512_loadu_ps(sw.as_ptr().add(i)));
-            let v = _mm512_cvtepi32_ps(_mm512_loadu_si512(c.as_ptr().add(i) as *const __m512i));
-            _mm512_storeu_ps(d.as_mut_ptr().add(i), _mm512_mul_ps(v, s));
+            let mut acc = match INIT {
+                ZERO => Some(_mm512_setzero_ps()),
+                ACC => Some(_mm512_loadu_ps(d.as_ptr().add(i))),
+                _ => None,
+            };
+            for &(c, sa, sw) in &r.p {
+                let s = _mm512_mul_ps(_mm512_set1_ps(sa), _mm512_loadu_ps(sw.as_ptr().add(i)));
+                let v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(c.as_ptr().add(i) as *const __m512i)), s);
+                acc = Some(match acc { Some(a) => _mm512_add_ps(a, v), None => v });
+            }
+            let mut v = acc.expect("a product");
+            if CORR {
+                v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_set1_ps(r.cc), _mm512_loadu_ps(r.e.as_ptr().add(i))));
+            }
+            _mm512_storeu_ps(d.as_mut_ptr().add(i), v);
             i += 16;
         }
     }
-    for j in i..n {
-        d[j] = c[j] as f32 * (sa * sw[j]);
-    }
+    super::dequantize_tail::<N, INIT, CORR>(r, i, d);
 }
 
-/// # Safety
-/// The CPU must support AVX-512F; `c`, `sw`, `e`, `d` have equal lengths.
-#[cfg(all(target_arch = "x86_64", ork_avx512))]
-#[allow(clippy::incompatible_msrv)]
-#[target_feature(enable = "avx512f")]
-unsafe fn dequantize_row_corr_avx512(c: &[i32], sa: f32, sw: &[f32], cc: f32, e: &[f32], d: &mut [f32]) {
-    let n = d.len();
-    let mut i = 0;
-    // SAFETY: AVX-512F enabled (caller's contract); loads read c/sw/e[i..i+16], the store writes
-    // d[i..i+16], i+16 <= n and all slices have length n. mul then add, never fused.
-    unsafe {
-        let (vsa, vc) = (_mm512_set1_ps(sa), _mm512_set1_ps(cc));
-        while i + 16 <= n {
-            let s = _mm512_mul_ps(vsa, _mm512_loadu_ps(sw.as_ptr().add(i)));
-            let v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(c.as_ptr().add(i) as *const __m512i)), s);
-            let k = _mm512_mul_ps(vc, _mm512_loadu_ps(e.as_ptr().add(i)));
-            _mm512_storeu_ps(d.as_mut_ptr().add(i), _mm512_add_ps(v, k));
-            i += 16;
-        }
-    }
-    for j in i..n {
-        d[j] = c[j] as f32 * (sa * sw[j]) + cc * e[j];
-    }
-}
-
-/// Test access to each x86 ISA's one-term output kernels (the dispatchers pick only the widest):
-/// `dequantize_row` into `d`, or with `corr = Some((cc, e))` `dequantize_row_corr`, for "avx2" or
-/// "avx512"; false when this CPU lacks that ISA.
+/// Test access to each x86 ISA's output kernel for one product (the dispatcher picks only the
+/// widest), with `corr = Some((cc, e))` the correction too, for "avx2" or "avx512"; false when
+/// this CPU lacks that ISA.
 #[cfg(all(test, target_arch = "x86_64"))]
 pub(crate) fn dequantize_row_isa(isa: &str, c: &[i32], sa: f32, sw: &[f32], corr: Option<(f32, &[f32])>, d: &mut [f32]) -> bool {
     assert!(c.len() == d.len() && sw.len() == d.len() && corr.is_none_or(|(_, e)| e.len() == d.len()));
+    let (cc, e) = corr.unwrap_or((0.0, &[]));
+    let r = Row { p: [(c, sa, sw)], cc, e };
     // SAFETY: each kernel runs only when its ISA was detected; lengths are equal (asserted).
     unsafe {
-        match (isa, corr) {
-            ("avx2", None) if is_x86_feature_detected!("avx2") => dequantize_row_avx2(c, sa, sw, d),
-            ("avx2", Some((cc, e))) if is_x86_feature_detected!("avx2") => dequantize_row_corr_avx2(c, sa, sw, cc, e, d),
+        match (isa, corr.is_some()) {
+            ("avx2", false) if is_x86_feature_detected!("avx2") => dequantize_avx2::<1, FIRST, false>(&r, d),
+            ("avx2", true) if is_x86_feature_detected!("avx2") => dequantize_avx2::<1, FIRST, true>(&r, d),
             #[cfg(ork_avx512)]
-            ("avx512", None) if has_avx512() => dequantize_row_avx512(c, sa, sw, d),
+            ("avx512", false) if has_avx512() => dequantize_avx512::<1, FIRST, false>(&r, d),
             #[cfg(ork_avx512)]
-            ("avx512", Some((cc, e))) if has_avx512() => dequantize_row_corr_avx512(c, sa, sw, cc, e, d),
+            ("avx512", true) if has_avx512() => dequantize_avx512::<1, FIRST, true>(&r, d),
             _ => return false,
         }
     }

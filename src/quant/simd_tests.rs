@@ -9,6 +9,89 @@
 
 use super::*;
 
+// The row kernels under their names before `quant::dequantize` took their place: the SIMD-path
+// forms call it, the `*_scalar` references state each formula on its own (as the library did).
+
+pub(super) fn dequantize_row(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) {
+    dequantize::<1>(simd::FIRST, [(c, sa, sw)], None, d);
+}
+
+pub(super) fn dequantize_row_acc(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) {
+    dequantize::<1>(simd::ACC, [(c, sa, sw)], None, d);
+}
+
+pub(super) fn dequantize_row2(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], d: &mut [f32]) {
+    dequantize::<2>(simd::ZERO, [(c0, sa0, sw), (c1, sa1, sw)], None, d);
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn dequantize_row2_lo(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], cl: &[i32], sal: f32, swl: &[f32], d: &mut [f32]) {
+    dequantize::<3>(simd::ZERO, [(c0, sa0, sw), (c1, sa1, sw), (cl, sal, swl)], None, d);
+}
+
+pub(super) fn dequantize_row_corr(c: &[i32], sa: f32, sw: &[f32], cc: f32, e: &[f32], d: &mut [f32]) {
+    dequantize::<1>(simd::FIRST, [(c, sa, sw)], Some((cc, e)), d);
+}
+
+pub(super) fn dequantize_row_scalar(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) {
+    assert!(c.len() == d.len() && sw.len() == d.len());
+    for ((d, &v), &sw) in d.iter_mut().zip(c).zip(sw) {
+        *d = v as f32 * (sa * sw);
+    }
+}
+
+pub(super) fn dequantize_row_acc_scalar(c: &[i32], sa: f32, sw: &[f32], d: &mut [f32]) {
+    assert!(c.len() == d.len() && sw.len() == d.len());
+    for ((d, &v), &sw) in d.iter_mut().zip(c).zip(sw) {
+        *d += v as f32 * (sa * sw);
+    }
+}
+
+pub(super) fn dequantize_row2_scalar(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], d: &mut [f32]) {
+    for j in 0..d.len() {
+        d[j] = (0.0 + c0[j] as f32 * (sa0 * sw[j])) + c1[j] as f32 * (sa1 * sw[j]);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn dequantize_row2_lo_scalar(c0: &[i32], sa0: f32, c1: &[i32], sa1: f32, sw: &[f32], cl: &[i32], sal: f32, swl: &[f32], d: &mut [f32]) {
+    for j in 0..d.len() {
+        d[j] = ((0.0 + c0[j] as f32 * (sa0 * sw[j])) + c1[j] as f32 * (sa1 * sw[j])) + cl[j] as f32 * (sal * swl[j]);
+    }
+}
+
+pub(super) fn dequantize_row_corr_scalar(c: &[i32], sa: f32, sw: &[f32], cc: f32, e: &[f32], d: &mut [f32]) {
+    dequantize_row_scalar(c, sa, sw, d);
+    add_scaled_row(cc, e, d);
+}
+
+/// `dst[m][n] = Σ_t c_t[m][n] · s_t[m] · w_scale[n]` for `c: [T·M, N]`, through
+/// [`dequantize_fused`].
+pub(super) fn dequantize_output_terms(c: &[i32], a_scale: &[f32], terms: usize, w_scale: &[f32], dst: &mut [f32]) {
+    dequantize_fused(&Output { c: CRows::Dense(c), a_scale, terms, w_scale, lo: None, corr: None }, dst);
+}
+
+pub(super) fn dequantize_output(c: &[i32], a_scale: &[f32], w_scale: &[f32], dst: &mut [f32]) {
+    dequantize_output_terms(c, a_scale, 1, w_scale, dst);
+}
+
+/// Two activation terms and the second weight term (`cl: [M, N]`) through [`dequantize_fused`].
+pub(super) fn dequantize_output_2lo(c: &[i32], a_scale: &[f32], w_scale: &[f32], cl: &[i32], lo_scale: &[f32], dst: &mut [f32]) {
+    dequantize_fused(&Output { c: CRows::Dense(c), a_scale, terms: 2, w_scale, lo: Some((CRows::Dense(cl), lo_scale)), corr: None }, dst);
+}
+
+/// Multi-term quantization of `x: [rows, cols]` (`q: [T·M, K]`, `scales: [T·M]`), as the
+/// activation pass does it for unit column scales (a multiply by 1 is exact).
+pub(super) fn quantize_rows_terms(x: &[f32], rows: usize, cols: usize, terms: usize, q: &mut [i8], scales: &mut [f32]) {
+    let ones = vec![1f32; cols];
+    prepare_rows(x, rows, cols, terms, RowPrep::Columns(&ones), None, q, scales, &mut []);
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn prepare_rows(x: &[f32], m: usize, k: usize, terms: usize, prep: RowPrep<'_>, dir: Option<&[f32]>, q: &mut [i8], scales: &mut [f32], dots: &mut [f32]) {
+    prepare_rows_hashed(x, m, k, terms, prep, dir, q, scales, dots, &mut []);
+}
+
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> u64 {

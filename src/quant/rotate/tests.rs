@@ -5,6 +5,72 @@
 use super::*;
 use crate::quant::quantize_row_scalar;
 use proptest::prelude::*;
+use crate::quant::quantize_row;
+
+// Accessors and helpers only these tests use.
+impl Rotation {
+    /// The power-of-two WHT block length m.
+    pub fn block_len(&self) -> usize {
+        self.m
+    }
+
+    /// K / m: the order b of the dense factor, or the number of diagonal blocks.
+    pub fn blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// Whether R is a full Hadamard matrix of order K (scaled), rather than block-diagonal.
+    pub fn is_full(&self) -> bool {
+        self.construction.is_some()
+    }
+
+    /// How the dense factor was built (`Sylvester` for b = 1); `None` when block-diagonal.
+    pub fn construction(&self) -> Option<Construction> {
+        self.construction
+    }
+
+    /// The scale folded into R: 1/√K, or 1/√m when block-diagonal.
+    pub fn scale(&self) -> f32 {
+        self.scale
+    }
+
+    /// The channels D negates, ascending (a fixed pseudo-random half of 0..K per K).
+    pub fn flipped(&self) -> Vec<u32> {
+        (0..self.signs.len() as u32).filter(|&i| self.signs[i as usize] != 0).collect()
+    }
+}
+
+/// Rotates one activation row and quantizes it to per-row symmetric int8 with the crate's
+/// quantizer ([`super::quantize_row`]): `out_q ← q(x·R)`, returns the dequantization scale.
+/// `x`, `out_q`: K elements; `scratch`: at least K floats (overwritten). The int8 row then meets
+/// a weight quantized from rows rotated by the same `rot`.
+pub fn rotate_quantize_row(rot: &Rotation, x: &[f32], out_q: &mut [i8], scratch: &mut [f32]) -> f32 {
+    let k = rot.k();
+    assert_eq!(x.len(), k, "x is not [K]");
+    assert_eq!(out_q.len(), k, "out_q is not [K]");
+    assert!(scratch.len() >= k, "scratch shorter than K");
+    let s = &mut scratch[..k];
+    s.copy_from_slice(x);
+    rot.apply_row(s);
+    quantize_row(s, out_q)
+}
+
+/// The SIMD path the rotation kernels take on this CPU: "avx2", "neon", or `None` (scalar).
+pub fn simd_path() -> Option<&'static str> {
+    if cfg!(target_arch = "aarch64") {
+        return Some("neon");
+    }
+    #[cfg(all(target_arch = "x86_64", ork_avx512))]
+    if has_avx512() {
+        return Some("avx512 (WHT), avx2");
+    }
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        return Some("avx2");
+    }
+    None
+}
+
 
 struct Rng(u64);
 impl Rng {
