@@ -128,10 +128,6 @@ impl Streamer {
         self.enabled.store(on, Relaxed);
     }
 
-    pub fn enabled(&self) -> bool {
-        self.enabled.load(Relaxed)
-    }
-
     /// Whether weights past the budget stream here (on, and the interface takes a ring).
     pub fn active(&self, dev: &Device) -> bool {
         self.ring(dev).is_some()
@@ -139,7 +135,7 @@ impl Streamer {
 
     /// The ring, made at first use (None: streaming is off or the interface refuses a ring).
     pub fn ring(&self, dev: &Device) -> Option<Arc<StreamRing>> {
-        if !self.enabled() {
+        if !self.enabled.load(Relaxed) {
             return None;
         }
         self.ring.get_or_init(|| dev.npu.stream_ring(RING_SLOTS).map(Arc::new)).clone()
@@ -158,13 +154,9 @@ impl Streamer {
         }
         format!(
             ", streamed: {w} weights, {} fills ({} run ahead), {} MiB, fill {:.0} ms of which exposed {:.0} ms, {} failed, {} left to the CPU by cost",
-            self.fills.load(Relaxed),
-            self.ahead.load(Relaxed),
-            self.bytes.load(Relaxed) >> 20,
-            self.fill_ns.load(Relaxed) as f64 / 1e6,
-            self.exposed_ns.load(Relaxed) as f64 / 1e6,
-            self.failed.load(Relaxed),
-            self.declined.load(Relaxed),
+            self.fills.load(Relaxed), self.ahead.load(Relaxed), self.bytes.load(Relaxed) >> 20,
+            self.fill_ns.load(Relaxed) as f64 / 1e6, self.exposed_ns.load(Relaxed) as f64 / 1e6,
+            self.failed.load(Relaxed), self.declined.load(Relaxed),
         )
     }
 
@@ -280,17 +272,16 @@ fn fill(ring: &StreamRing, ledger: &Arc<MemLedger>, src: &StreamSrc, gguf: Optio
         }
         (Tiles::Gguf, None) => return Err(NpuError::NoDevice("streamed weight without its source bytes".into())),
     };
-    let mut slots: Vec<Arc<ResidentWeight>> = Vec::with_capacity(src.precision.terms.weight);
-    for t in &tiles {
-        slots.push(ring.fill(src.n, src.k, src.sets, &mut |dst| {
+    let copy = |t: &[u8]| {
+        ring.fill(src.n, src.k, src.sets, &mut |dst| {
             if dst.len() != t.len() {
                 return Err(NpuError::BadBlob { op: "stream", n: src.n, k: src.k, got: t.len(), expected: dst.len() });
             }
             dst.copy_from_slice(t);
             Ok(())
-        })?);
-    }
-    let mut slots = slots.into_iter();
+        })
+    };
+    let mut slots = tiles.into_iter().map(copy).collect::<Result<Vec<Arc<ResidentWeight>>, _>>()?.into_iter();
     let resident = slots.next().ok_or_else(|| NpuError::NoDevice("no term".into()))?;
     let lo = slots.next().map(|r| (r, src.lo_scales.clone()));
     Ok(PackedWeight { desc: src.desc.clone(), resident, lo, precision: src.precision, held: super::Held::new(ledger, [0, 0], 0) })

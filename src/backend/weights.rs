@@ -16,6 +16,7 @@ use super::packed::{rotation, PackedWeight, WeightDesc};
 use super::stream::{StreamSrc, Tiles};
 use super::Device;
 use crate::cache::{self, CacheError};
+use crate::npu::layout::TileSets;
 use crate::npu::{NpuError, ResidentWeight};
 use crate::pack::{pack_source_sets, PackedSource, WeightSource};
 use crate::quant::rotate::Rotation;
@@ -25,15 +26,6 @@ use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-
-/// Books a weight made resident in the memory ledger and samples the peak.
-fn held(dev: &Device, resident: &ResidentWeight, lo: Option<&(Arc<ResidentWeight>, Vec<f32>)>, scales: usize, col_scale: usize) -> super::Held {
-    let lo_tiles = lo.map_or(0, |(r, _)| r.resident_bytes());
-    let f32s = scales + col_scale + lo.map_or(0, |(_, s)| s.len());
-    let h = super::Held::new(&dev.stats.mem, [resident.resident_bytes(), lo_tiles], 4 * f32s as u64);
-    dev.note_memory();
-    h
-}
 
 /// Whether a weight's second int8 term may become resident now, `new_bytes` being what is about
 /// to be placed with it (the second term, plus the first when that is not resident yet). It must
@@ -82,7 +74,7 @@ type Imported = (Arc<ResidentWeight>, Option<(Arc<ResidentWeight>, Vec<f32>)>, V
 /// (`KernelInterface::mem_import_observed`), then the scales from the mapping. Only when the
 /// hash equals the header's are the buffers kept; otherwise they are dropped (freed) and the
 /// reason returned, and the caller repacks.
-fn import_entry(dev: &Device, entry: cache::Unverified, src: &WeightSource<'_>, n: usize, k: usize, terms: usize) -> Result<Imported, String> {
+fn import_entry(dev: &Device, entry: cache::Unverified, src: &WeightSource<'_>, n: usize, k: usize, sets: TileSets, terms: usize) -> Result<Imported, String> {
     let scale_count = (entry.header().scales_bytes / 4) as usize;
     let tiles = entry.tiles();
     if scale_count != n + k + (terms - 1) * n || tiles.len() % terms != 0 {
@@ -94,7 +86,7 @@ fn import_entry(dev: &Device, entry: cache::Unverified, src: &WeightSource<'_>, 
     // observes from offset 0 again and starts over).
     let import = |bytes: &[u8], skip: usize| -> Result<(Arc<ResidentWeight>, cache::format::StreamHash), NpuError> {
         let mut hash = cache::format::StreamHash::new();
-        let r = dev.npu.upload_bytes_observed(n, k, dev.npu.tile_sets(n, k), bytes, &mut |off, piece| {
+        let r = dev.npu.upload_bytes_observed(n, k, sets, bytes, &mut |off, piece| {
             if off == 0 {
                 hash = cache::format::StreamHash::new();
             }
@@ -151,7 +143,7 @@ fn import_entry(dev: &Device, entry: cache::Unverified, src: &WeightSource<'_>, 
 struct Prep {
     precision: precision::Precision,
     rot: Option<Arc<Rotation>>,
-    sets: crate::npu::layout::TileSets,
+    sets: TileSets,
     id: Option<cache::Identity>,
     calib_key: Option<u64>,
 }
@@ -301,7 +293,7 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
         dev.stats.cache_read_ns.fetch_add((t_read - t_hashed).as_nanos() as u64, Relaxed);
         match opened {
             Ok(entry) => {
-                let hit = import_entry(dev, entry, src, n, k, terms);
+                let hit = import_entry(dev, entry, src, n, k, p.sets, terms);
                 dev.stats.cache_import_ns.fetch_add(t_read.elapsed().as_nanos() as u64, Relaxed);
                 match hit {
                     Ok(imported) => {
@@ -361,7 +353,10 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
 /// in the memory ledger; its precision as resident: the second term only where it was placed.
 fn resident_weight(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, p: &Prep, imported: Imported) -> PackedWeight {
     let (resident, lo, scales, col_scale) = imported;
-    let held = held(dev, &resident, lo.as_ref(), scales.len(), col_scale.len());
+    let lo_tiles = lo.as_ref().map_or(0, |(r, _)| r.resident_bytes());
+    let f32s = scales.len() + col_scale.len() + lo.as_ref().map_or(0, |(_, s)| s.len());
+    let held = super::Held::new(&dev.stats.mem, [resident.resident_bytes(), lo_tiles], 4 * f32s as u64);
+    dev.note_memory();
     let terms = precision::Terms { weight: 1 + usize::from(lo.is_some()), ..p.precision.terms };
     let precision = precision::Precision { terms, ..p.precision };
     PackedWeight { desc: describe(src, n, k, p, scales, col_scale), resident, lo, precision, held }
@@ -517,14 +512,5 @@ impl WeightStore {
 
     pub fn clear(&self) {
         self.slots().clear();
-    }
-
-    /// Resident weights.
-    pub fn len(&self) -> usize {
-        self.slots().values().filter(|s| matches!(s.npu, Some(Ok(Placed::Resident(_))))).count()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
