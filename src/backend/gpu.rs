@@ -74,12 +74,16 @@ pub struct GpuJob<'a> {
     pub dst: &'a mut [f32],
 }
 
+/// One GEMV of a batch: its job, whether it is the job's second weight term, its input rows and
+/// their count.
+type Gemv = (usize, bool, Vec<f32>, usize);
+
 /// Runs independent GEMVs in one submit.
 pub fn run_batch(dev: &Device, jobs: &mut [GpuJob<'_>]) -> Result<(), VkError> {
     let vk = dev.vk.as_ref().ok_or(VkError::Shape { op: "gpu gemv", detail: "no GPU engine".into() })?;
     // One GEMV per job (job index, second term?, input, rows: 2M for the int8 path), then one per
     // second weight term, on the rows s_hi·q_hi [M, K].
-    let (mut gemvs, mut lo_gemvs): (Vec<(usize, bool, Vec<f32>, usize)>, Vec<_>) = (Vec::new(), Vec::new());
+    let (mut gemvs, mut lo_gemvs): (Vec<Gemv>, Vec<Gemv>) = (Vec::new(), Vec::new());
     for (ji, j) in jobs.iter().enumerate() {
         let (k, m) = (j.w.k, j.m);
         let Some(prep) = &j.w.prep else {
