@@ -340,7 +340,8 @@ fn a_mapped_weight_buffer_is_file_backed_not_a_copy() {
     let t = Tensor { addr: 0x1000, ggml_type: ggml_ork::quant::types::Q8_0, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"blk.0.attn_q.weight") };
     mapped.init_tensor(&t);
     assert_eq!(dev.placement.expected_term_bytes.load(Relaxed), dev.npu.term_bytes(N, K));
-    assert_eq!((dev.stats.packed.load(Relaxed), mapped.weights.len()), (0, 0));
+    assert_eq!(dev.stats.packed.load(Relaxed), 0);
+    assert!(mapped.weights.packed(t.addr, N, K, t.ggml_type).is_none());
     drop(copy);
     drop(mapped);
     let m = dev.memory();

@@ -200,17 +200,11 @@ pub struct GraphStats {
     pub arb_ns: AtomicU64,
 }
 
-/// The counters [`Stats::record_graph`] differences over one graph_compute call.
-#[derive(Clone, Copy, Default)]
-pub struct GraphSnap {
-    engine_ns: u64,
-    prep_ns: u64,
-    qdq_ns: u64,
-    arb_ns: u64,
-    npu_matmuls: u64,
-    npu_rows: u64,
-    gpu_matmuls: u64,
-}
+/// The counters [`Stats::record_graph`] differences over one graph_compute call: engine time
+/// (NPU runs, GPU batches, ggml-cpu runs), weight preparation, act-quant + dequant, arbiter, NPU
+/// matmuls, their rows, GPU matmuls.
+#[derive(Clone, Copy)]
+pub struct GraphSnap([u64; 7]);
 
 /// NPU runs of one phase and where their time went.
 #[derive(Default)]
@@ -262,32 +256,22 @@ impl Stats {
     /// Counters at the start of a graph_compute call.
     pub fn graph_snap(&self) -> GraphSnap {
         let l = |a: &AtomicU64| a.load(Relaxed);
-        GraphSnap {
-            engine_ns: l(&self.npu_run_ns) + l(&self.gpu_ns) + l(&self.cpu_ns),
-            prep_ns: l(&self.pack_ns),
-            qdq_ns: l(&self.quant_ns) + l(&self.dequant_ns),
-            arb_ns: l(&self.arb_ns),
-            npu_matmuls: l(&self.npu_matmuls),
-            npu_rows: l(&self.npu_rows),
-            gpu_matmuls: l(&self.gpu_matmuls),
-        }
+        let engine_ns = l(&self.npu_run_ns) + l(&self.gpu_ns) + l(&self.cpu_ns);
+        let qdq_ns = l(&self.quant_ns) + l(&self.dequant_ns);
+        GraphSnap([engine_ns, l(&self.pack_ns), qdq_ns, l(&self.arb_ns), l(&self.npu_matmuls), l(&self.npu_rows), l(&self.gpu_matmuls)])
     }
 
     /// Books one graph_compute call of `wall_ns` that started at `before`.
     pub fn record_graph(&self, before: GraphSnap, wall_ns: u64) {
-        let now = self.graph_snap();
-        let d = |a: u64, b: u64| a.saturating_sub(b);
-        let (mm, rows) = (d(now.npu_matmuls, before.npu_matmuls), d(now.npu_rows, before.npu_rows));
-        let gpu = d(now.gpu_matmuls, before.gpu_matmuls);
+        let (now, was) = (self.graph_snap().0, before.0);
+        let [engine_ns, prep_ns, qdq_ns, arb_ns, mm, rows, gpu] = std::array::from_fn(|i| now[i].saturating_sub(was[i]));
         // GPU runs are decode runs; NPU runs are single-row when rows == runs.
         let single = (gpu > 0 || mm > 0) && rows == mm;
         let g = &self.graph[single as usize];
-        g.calls.fetch_add(1, Relaxed);
-        g.wall_ns.fetch_add(wall_ns, Relaxed);
-        g.engine_ns.fetch_add(d(now.engine_ns, before.engine_ns), Relaxed);
-        g.prep_ns.fetch_add(d(now.prep_ns, before.prep_ns), Relaxed);
-        g.qdq_ns.fetch_add(d(now.qdq_ns, before.qdq_ns), Relaxed);
-        g.arb_ns.fetch_add(d(now.arb_ns, before.arb_ns), Relaxed);
+        let booked = [(&g.calls, 1), (&g.wall_ns, wall_ns), (&g.engine_ns, engine_ns), (&g.prep_ns, prep_ns), (&g.qdq_ns, qdq_ns), (&g.arb_ns, arb_ns)];
+        for (counter, v) in booked {
+            counter.fetch_add(v, Relaxed);
+        }
     }
 
     /// Resident bytes by kind now, and the peak so far (this reading included).

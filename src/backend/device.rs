@@ -41,23 +41,20 @@ impl Device {
             NpuSelect::Auto => format!("no ORK device: {e} (set ORK_NPU=sim for the simulator)"),
             _ => format!("no ORK device: {e}"),
         })?;
-        let vk = if cfg.decode == DecodeSelect::Gpu {
-            match crate::vk::VkEngine::open(cfg.vk_device.as_deref()) {
-                Ok(Some(e)) => {
-                    log::info!("GPU decode on {}", e.device_name());
-                    Some(e)
-                }
-                Ok(None) => {
-                    log::warn!("ORK_DECODE=gpu but no suitable Vulkan device; decode stays on the CPU");
-                    None
-                }
-                Err(e) => {
-                    log::warn!("ORK_DECODE=gpu but Vulkan failed ({e}); decode stays on the CPU");
-                    None
-                }
+        let vk = match (cfg.decode == DecodeSelect::Gpu).then(|| crate::vk::VkEngine::open(cfg.vk_device.as_deref())) {
+            None => None,
+            Some(Ok(Some(e))) => {
+                log::info!("GPU decode on {}", e.device_name());
+                Some(e)
             }
-        } else {
-            None
+            Some(Ok(None)) => {
+                log::warn!("ORK_DECODE=gpu but no suitable Vulkan device; decode stays on the CPU");
+                None
+            }
+            Some(Err(e)) => {
+                log::warn!("ORK_DECODE=gpu but Vulkan failed ({e}); decode stays on the CPU");
+                None
+            }
         };
         let dev = Device { npu, vk, cfg, stats: Default::default(), placement: Default::default(), stream: Default::default(), cache: crate::cache::PackCache::from_config(cfg), calib: crate::cache::calib::Store::from_config(cfg) };
         dev.stream.enable(cfg.stream);

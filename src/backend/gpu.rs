@@ -74,82 +74,68 @@ pub struct GpuJob<'a> {
     pub dst: &'a mut [f32],
 }
 
+/// One GEMV of a batch: its job, whether it is the job's second weight term, its input rows and
+/// their count.
+type Gemv = (usize, bool, Vec<f32>, usize);
+
 /// Runs independent GEMVs in one submit.
 pub fn run_batch(dev: &Device, jobs: &mut [GpuJob<'_>]) -> Result<(), VkError> {
     let vk = dev.vk.as_ref().ok_or(VkError::Shape { op: "gpu gemv", detail: "no GPU engine".into() })?;
-    // Prepared inputs and outputs (2M rows for the int8 path).
-    let mut xs: Vec<Vec<f32>> = Vec::with_capacity(jobs.len());
-    let mut ys: Vec<Vec<f32>> = Vec::with_capacity(jobs.len());
-    let mut rows: Vec<usize> = Vec::with_capacity(jobs.len());
-    // Second-term GEMVs: (job index, input rows s_hi·q_hi [M, K]).
-    let mut lo_x: Vec<(usize, Vec<f32>)> = Vec::new();
+    // One GEMV per job (job index, second term?, input, rows: 2M for the int8 path), then one per
+    // second weight term, on the rows s_hi·q_hi [M, K].
+    let (mut gemvs, mut lo_gemvs): (Vec<Gemv>, Vec<Gemv>) = (Vec::new(), Vec::new());
     for (ji, j) in jobs.iter().enumerate() {
-        let (k, n, m) = (j.w.k, j.w.n, j.m);
-        match &j.w.prep {
-            None => {
-                xs.push(j.x.to_vec());
-                rows.push(m);
+        let (k, m) = (j.w.k, j.m);
+        let Some(prep) = &j.w.prep else {
+            gemvs.push((ji, false, j.x.to_vec(), m));
+            continue;
+        };
+        let x = match prep {
+            XPrep::Columns(col) => quant::scale_columns(j.x, col),
+            XPrep::Rotate(rot) => {
+                let mut x = j.x.to_vec();
+                x.chunks_exact_mut(k).for_each(|r| rot.apply_row(r));
+                x
             }
-            Some(prep) => {
-                let x = match prep {
-                    XPrep::Columns(col) => quant::scale_columns(j.x, col),
-                    XPrep::Rotate(rot) => {
-                        let mut x = j.x.to_vec();
-                        x.chunks_exact_mut(k).for_each(|r| rot.apply_row(r));
-                        x
-                    }
-                };
-                let mut q = vec![0i8; m * k];
-                let mut s = vec![0f32; m];
-                quant::quantize_rows(&x, m, k, &mut q, &mut s);
-                let mut stacked = vec![0f32; 2 * m * k];
-                for r in 0..m {
-                    for c in 0..k {
-                        let hi = s[r] * q[r * k + c] as f32;
-                        stacked[r * k + c] = hi;
-                        stacked[(m + r) * k + c] = x[r * k + c] - hi;
-                    }
-                }
-                if j.w.lo.is_some() {
-                    lo_x.push((ji, stacked[..m * k].to_vec()));
-                }
-                xs.push(stacked);
-                rows.push(2 * m);
+        };
+        let mut q = vec![0i8; m * k];
+        let mut s = vec![0f32; m];
+        quant::quantize_rows(&x, m, k, &mut q, &mut s);
+        let mut stacked = vec![0f32; 2 * m * k];
+        for r in 0..m {
+            for c in 0..k {
+                let hi = s[r] * q[r * k + c] as f32;
+                stacked[r * k + c] = hi;
+                stacked[(m + r) * k + c] = x[r * k + c] - hi;
             }
         }
-        ys.push(vec![0f32; rows.last().unwrap() * n]);
-    }
-    let mut lo_y: Vec<Vec<f32>> = lo_x.iter().map(|&(ji, _)| vec![0f32; jobs[ji].m * jobs[ji].w.n]).collect();
-    {
-        let mut batch: Vec<(&VkWeight, &[f32], usize, &mut [f32])> = jobs
-            .iter()
-            .zip(xs.iter())
-            .zip(rows.iter())
-            .zip(ys.iter_mut())
-            .map(|(((j, x), &r), y)| (&*j.w.vk, &x[..], r, &mut y[..]))
-            .collect();
-        for ((ji, x), y) in lo_x.iter().zip(lo_y.iter_mut()) {
-            let j = &jobs[*ji];
-            if let Some(lo) = &j.w.lo {
-                batch.push((&**lo, &x[..], j.m, &mut y[..]));
-            }
+        if j.w.lo.is_some() {
+            lo_gemvs.push((ji, true, stacked[..m * k].to_vec(), m));
         }
-        vk.gemv_batch(&mut batch)?;
+        gemvs.push((ji, false, stacked, 2 * m));
     }
-    for ((j, y), &r) in jobs.iter_mut().zip(ys.iter()).zip(rows.iter()) {
-        let n = j.w.n;
-        if r == j.m {
+    gemvs.append(&mut lo_gemvs);
+    let mut ys: Vec<Vec<f32>> = gemvs.iter().map(|&(ji, _, _, rows)| vec![0f32; rows * jobs[ji].w.n]).collect();
+    let mut batch: Vec<(&VkWeight, &[f32], usize, &mut [f32])> = Vec::with_capacity(gemvs.len());
+    for ((ji, lo, x, rows), y) in gemvs.iter().zip(ys.iter_mut()) {
+        let w = &jobs[*ji].w;
+        let weight = if *lo { w.lo.as_deref().expect("a second term") } else { &*w.vk };
+        batch.push((weight, &x[..], *rows, &mut y[..]));
+    }
+    vk.gemv_batch(&mut batch)?;
+    drop(batch);
+    // The two halves of the int8 path added, then the second weight term's product.
+    for (&(ji, lo, _, rows), y) in gemvs.iter().zip(&ys) {
+        let j = &mut jobs[ji];
+        if lo {
+            j.dst.iter_mut().zip(y).for_each(|(d, &v)| *d += v);
+        } else if rows == j.m {
             j.dst.copy_from_slice(y);
         } else {
-            let (hi, lo) = y.split_at(j.m * n);
+            let (hi, lo) = y.split_at(j.m * j.w.n);
             for ((d, &a), &b) in j.dst.iter_mut().zip(hi).zip(lo) {
                 *d = a + b;
             }
-        }
-    }
-    for ((ji, _), y) in lo_x.iter().zip(lo_y.iter()) {
-        for (d, &v) in jobs[*ji].dst.iter_mut().zip(y) {
-            *d += v;
         }
     }
     // Each row along its weight's calibrated direction, from its own values (as on the NPU).

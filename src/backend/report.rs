@@ -45,10 +45,7 @@ impl Stats {
         let copies = if m.copies > 0 { format!(", per-core copies {:.1}", mib(m.copies)) } else { String::new() };
         let mut weights = format!(
             "  weights: {} cache hits, {} packs ({} cache writes) in {:.0} ms",
-            n(&self.cache_hits),
-            n(&self.packed),
-            n(&self.cache_writes),
-            ms(&self.pack_ns)
+            n(&self.cache_hits), n(&self.packed), n(&self.cache_writes), ms(&self.pack_ns)
         );
         if streamed > 0 {
             weights += &format!(", {streamed} streamed");
@@ -60,43 +57,24 @@ impl Stats {
         vec![
             format!(
                 "ORK ran: npu {} MUL_MAT ({} submits, {} rows sent = {:.2}x plain W8A8)",
-                n(&self.npu_matmuls),
-                n(&self.submits),
-                n(&self.npu_rows_sent),
-                n(&self.npu_rows_sent) as f64 / n(&self.npu_rows).max(1) as f64,
+                n(&self.npu_matmuls), n(&self.submits), n(&self.npu_rows_sent), n(&self.npu_rows_sent) as f64 / n(&self.npu_rows).max(1) as f64,
             ),
             format!(
                 "  gpu: {} MUL_MAT ({} submits, {:.1} ms); cpu: {} MUL_MAT left at graph split (M < ORK_MINM)",
-                n(&self.gpu_matmuls),
-                n(&self.gpu_submits),
-                ms(&self.gpu_ns),
-                n(&self.declined_small_m),
+                n(&self.gpu_matmuls), n(&self.gpu_submits), ms(&self.gpu_ns), n(&self.declined_small_m),
             ),
             format!(
                 "  fallbacks: {} after NPU errors ({} failed runs), {} NPU busy; never-ran jobs: {} ({} resubmitted)",
-                n(&self.npu_fallbacks),
-                n(&self.npu_errors),
-                self.busy_fallbacks(),
-                n(&self.npu_never_ran),
-                n(&self.npu_retries),
+                n(&self.npu_fallbacks), n(&self.npu_errors), self.busy_fallbacks(), n(&self.npu_never_ran), n(&self.npu_retries),
             ),
             format!(
                 "  memory (MiB): resident {:.1} (GGUF copy {:.1}, int8 tiles {:.1} + {:.1}{copies}), peak {:.1}; GGUF mapped {:.1}",
-                mib(m.total),
-                mib(m.gguf),
-                mib(m.tiles[0]),
-                mib(m.tiles[1]),
-                mib(m.peak),
-                mib(m.gguf_mapped),
+                mib(m.total), mib(m.gguf), mib(m.tiles[0]), mib(m.tiles[1]), mib(m.peak), mib(m.gguf_mapped),
             ),
             weights,
             format!(
                 "  time (ms): npu {:.1}, act-quant {:.1}, dequant {:.1}, correction {:.1} for {} MUL_MAT",
-                ms(&self.npu_ns),
-                ms(&self.quant_ns),
-                ms(&self.dequant_ns),
-                ms(&self.mean_ns),
-                n(&self.mean_corrected),
+                ms(&self.npu_ns), ms(&self.quant_ns), ms(&self.dequant_ns), ms(&self.mean_ns), n(&self.mean_corrected),
             ),
         ]
     }
@@ -106,20 +84,11 @@ impl Memory {
     /// "resident 12.3 MiB (GGUF copy …, compute buffers …, int8 tiles … + … (terms 1 + 2),
     /// scales …, NPU scratch …, per-core copies …), peak … MiB; GGUF file-backed … MiB (…)".
     pub fn line(&self) -> String {
-        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         format!(
             "resident {:.1} MiB (GGUF copy {:.1}, compute buffers {:.1}, int8 tiles {:.1} + {:.1} (terms 1 + 2), scales {:.1}, NPU scratch {:.1}, per-core copies {:.1}), peak {:.1} MiB; \
              GGUF file-backed {:.1} MiB (read in place from llama.cpp's mapping of the model file, not in the total)",
-            mib(self.total),
-            mib(self.gguf),
-            mib(self.buffers),
-            mib(self.tiles[0]),
-            mib(self.tiles[1]),
-            mib(self.scales),
-            mib(self.scratch),
-            mib(self.copies),
-            mib(self.peak),
-            mib(self.gguf_mapped),
+            mib(self.total), mib(self.gguf), mib(self.buffers), mib(self.tiles[0]), mib(self.tiles[1]),
+            mib(self.scales), mib(self.scratch), mib(self.copies), mib(self.peak), mib(self.gguf_mapped),
         )
     }
 }
@@ -128,7 +97,7 @@ impl PhaseStats {
     /// "synced N MiB (X× the bytes the submits read and write)".
     pub fn synced_words(&self) -> String {
         let (s, io) = (self.synced_bytes.load(Relaxed), self.io_bytes.load(Relaxed));
-        format!("synced {:.1} MiB ({:.2}× the bytes the submits read and write)", s as f64 / (1u64 << 20) as f64, s as f64 / io.max(1) as f64)
+        format!("synced {:.1} MiB ({:.2}× the bytes the submits read and write)", mib(s), s as f64 / io.max(1) as f64)
     }
 }
 
@@ -137,7 +106,9 @@ impl Stats {
     /// the NPU" counts only MUL_MATs whose results came from the NPU; the ones computed on the CPU
     /// instead are counted after it, by cause.
     pub fn breakdown(&self, m: &Memory, stream: &Streamer) -> String {
+        let n = |a: &AtomicU64| a.load(Relaxed);
         let ms = |a: &AtomicU64| a.load(Relaxed) as f64 / 1e6;
+        let p = &self.phase[0];
         format!(
             "ORK ran {} MUL_MAT on the NPU ({} rows sent = {:.2}x plain W8A8, {} submits) and {} on the GPU ({} submits, {:.1} ms); {} MUL_MAT graph nodes were left to the CPU \
              (M < ORK_MINM) at graph split; {} MUL_MAT fell back to the CPU after NPU errors ({} failed NPU runs, {:.1} ms on the CPU) \
@@ -148,51 +119,25 @@ impl Stats {
              otherwise inside act-quant and dequant); \
              prefill MUL_MAT: host {:.1} ms on the critical path, NPU device {:.1} ms ({:.1} ms of host work: act-quant, submit, dequant, arbiter; \
              {} MUL_MAT in {} pieces, pipelined where cut), {}; decode MUL_MAT: {}; {}",
-            self.npu_matmuls.load(Relaxed),
-            self.npu_rows_sent.load(Relaxed),
-            self.npu_rows_sent.load(Relaxed) as f64 / self.npu_rows.load(Relaxed).max(1) as f64,
-            self.submits.load(Relaxed),
-            self.gpu_matmuls.load(Relaxed),
-            self.gpu_submits.load(Relaxed),
-            ms(&self.gpu_ns),
-            self.declined_small_m.load(Relaxed),
-            self.npu_fallbacks.load(Relaxed),
-            self.npu_errors.load(Relaxed),
-            ms(&self.fallback_ns),
+            n(&self.npu_matmuls), n(&self.npu_rows_sent), n(&self.npu_rows_sent) as f64 / n(&self.npu_rows).max(1) as f64, n(&self.submits),
+            n(&self.gpu_matmuls), n(&self.gpu_submits), ms(&self.gpu_ns),
+            n(&self.declined_small_m),
+            n(&self.npu_fallbacks), n(&self.npu_errors), ms(&self.fallback_ns),
             self.busy_fallbacks(),
-            self.npu_never_ran.load(Relaxed),
-            self.npu_retries.load(Relaxed),
-            self.cache_hits.load(Relaxed),
-            self.packed.load(Relaxed),
-            self.cache_writes.load(Relaxed),
-            ms(&self.pack_ns),
-            ms(&self.cache_hash_ns),
-            ms(&self.cache_read_ns),
-            ms(&self.cache_import_ns),
-            ms(&self.cold_pack_ns),
-            ms(&self.cold_upload_ns),
-            ms(&self.cache_store_ns),
-            match (self.one_term_for_budget.load(Relaxed), self.not_resident_weights.load(Relaxed)) {
+            n(&self.npu_never_ran), n(&self.npu_retries),
+            n(&self.cache_hits), n(&self.packed), n(&self.cache_writes),
+            ms(&self.pack_ns), ms(&self.cache_hash_ns), ms(&self.cache_read_ns), ms(&self.cache_import_ns),
+            ms(&self.cold_pack_ns), ms(&self.cold_upload_ns), ms(&self.cache_store_ns),
+            match (n(&self.one_term_for_budget), n(&self.not_resident_weights)) {
                 (0, 0) => String::new(),
                 (one, cpu) => format!(
                     "; {one} weights kept one int8 term for want of resident budget and {cpu} were not made resident (their MUL_MATs run on the CPU; \
                      budget: ORK_WCACHE_BUDGET_MB, default RAM - 1 GiB - ORK buffers)"
                 ),
             } + &stream.line(),
-            ms(&self.quant_ns),
-            ms(&self.npu_ns),
-            ms(&self.dequant_ns),
-            ms(&self.mean_ns),
-            self.mean_corrected.load(Relaxed),
-            ms(&self.phase[0].critical_ns),
-            ms(&self.phase[0].wait_ns),
-            {
-                let p = &self.phase[0];
-                ms(&p.quant_ns) + ms(&p.submit_ns) + ms(&p.dequant_ns) + ms(&p.arb_ns)
-            },
-            self.phase[0].runs.load(Relaxed),
-            self.phase[0].pieces.load(Relaxed),
-            self.phase[0].synced_words(),
+            ms(&self.quant_ns), ms(&self.npu_ns), ms(&self.dequant_ns), ms(&self.mean_ns), n(&self.mean_corrected),
+            ms(&p.critical_ns), ms(&p.wait_ns), ms(&p.quant_ns) + ms(&p.submit_ns) + ms(&p.dequant_ns) + ms(&p.arb_ns),
+            n(&p.runs), n(&p.pieces), p.synced_words(),
             self.phase[1].synced_words(),
             m.line(),
         )
@@ -201,6 +146,7 @@ impl Stats {
     /// The `ORK_PROFILE=1` table: per op kind (prefill / decode MUL_MAT), which engine ran it, how
     /// many times, and the time split.
     pub fn profile(&self, m: &Memory, arb: Option<&Arbiter>) -> String {
+        let n = |a: &AtomicU64| a.load(Relaxed);
         let ms = |a: &AtomicU64| a.load(Relaxed) as f64 / 1e6;
         let mut out = format!("ORK profile (per op kind; {}):", m.line());
         for (i, name) in ["prefill", "decode"].iter().enumerate() {
@@ -209,48 +155,29 @@ impl Stats {
                 "\n  {name:7} MUL_MAT: npu {} runs ({} rows sent = {:.2}x plain W8A8; act-quant {:.1} ms (the reuse check {:.1} ms), submit {:.1} ms (the cores' host work {:.1} ms, past the hardware time {:.1} ms), wait {:.1} ms, dequant {:.1} ms, arbiter {:.1} ms; \
                  host on the critical path {:.1} ms, {} pieces), \
                  {} fell back to the CPU after NPU errors, {} on the CPU while another process held the NPU, gpu {} runs, cpu {} runs in ORK's graph",
-                p.runs.load(Relaxed),
-                p.rows_sent.load(Relaxed),
-                p.rows_sent.load(Relaxed) as f64 / p.rows.load(Relaxed).max(1) as f64,
-                ms(&p.quant_ns),
-                ms(&p.check_ns),
-                ms(&p.submit_ns),
-                ms(&p.core_host_ns),
-                ms(&p.late_ns),
-                ms(&p.wait_ns),
-                ms(&p.dequant_ns),
-                ms(&p.arb_ns),
-                ms(&p.critical_ns),
-                p.pieces.load(Relaxed),
-                p.npu_failed.load(Relaxed),
-                p.fallback.load(Relaxed),
-                self.gpu_phase[i].load(Relaxed),
-                self.cpu_mm[i].load(Relaxed),
+                n(&p.runs), n(&p.rows_sent), n(&p.rows_sent) as f64 / n(&p.rows).max(1) as f64,
+                ms(&p.quant_ns), ms(&p.check_ns), ms(&p.submit_ns), ms(&p.core_host_ns), ms(&p.late_ns),
+                ms(&p.wait_ns), ms(&p.dequant_ns), ms(&p.arb_ns), ms(&p.critical_ns), n(&p.pieces),
+                n(&p.npu_failed), n(&p.fallback), n(&self.gpu_phase[i]), n(&self.cpu_mm[i]),
             );
         }
         out += &format!(
             "\n  NPU failures: {} failed NPU runs ({:.1} ms on the CPU instead); {} jobs reported done but never ran, {} resubmitted",
-            self.npu_errors.load(Relaxed),
-            ms(&self.fallback_ns),
-            self.npu_never_ran.load(Relaxed),
-            self.npu_retries.load(Relaxed),
+            n(&self.npu_errors), ms(&self.fallback_ns), n(&self.npu_never_ran), n(&self.npu_retries),
         );
         out += &format!(
             "\n  rotated activations quantized once for several weights: {} of {} NPU runs reused the previous run's int8 terms ({} vouched for by the graph walk, the rest by the activation's hash)",
-            self.act_reused.load(Relaxed),
-            self.npu_matmuls.load(Relaxed) + self.npu_fallbacks.load(Relaxed) + self.busy_fallbacks(),
-            self.act_vouched.load(Relaxed)
+            n(&self.act_reused),
+            n(&self.npu_matmuls) + n(&self.npu_fallbacks) + self.busy_fallbacks(),
+            n(&self.act_vouched)
         );
         out += &format!(
             "\n  decode  MUL_MAT left to ggml-cpu at graph split: {} nodes; other ops run by ORK on ggml-cpu: {} ({:.1} ms)",
-            self.declined_small_m.load(Relaxed),
-            self.cpu_ops.load(Relaxed),
-            ms(&self.cpu_ns)
+            n(&self.declined_small_m), n(&self.cpu_ops), ms(&self.cpu_ns)
         );
         out += &format!(
             "\n  graph split: ORK answered the scheduler's supports_op {} times in {:.3} ms",
-            self.split_calls.load(Relaxed),
-            ms(&self.split_ns)
+            n(&self.split_calls), ms(&self.split_ns)
         );
         for (i, name) in ["batches", "single-row"].iter().enumerate() {
             let g = &self.graph[i];
@@ -259,8 +186,7 @@ impl Stats {
             out += &format!(
                 "\n  graph_compute {name}: {} calls, wall {wall:.2} ms; engines {eng:.2} ms; weight preparation {prep:.2} ms; \
                  host {host:.3} ms = act-quant + dequant {qdq:.3} ms + arbiter {arb:.3} ms + bookkeeping {:.3} ms",
-                g.calls.load(Relaxed),
-                (host - qdq - arb).max(0.0),
+                n(&g.calls), (host - qdq - arb).max(0.0),
             );
         }
         if let Some(a) = arb {

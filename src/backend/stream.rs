@@ -18,18 +18,16 @@
 //! Not streamed: interfaces whose cores each have their own address space (`rocket`; the ring
 //! is refused there, `npu::stream`), and `ORK_STREAM=0`.
 
-use super::packed::PackedWeight;
+use super::packed::{PackedWeight, WeightDesc};
 use super::{Device, MemLedger};
 use crate::cache;
 use crate::npu::layout::TileSets;
 use crate::npu::stream::StreamRing;
 use crate::npu::{NpuError, ResidentWeight};
 use crate::pack::WeightSource;
-use crate::quant::rotate::Rotation;
-use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 /// Ring slots: two weights (the one the NPU runs, the one being filled) of up to two terms.
@@ -43,28 +41,23 @@ pub enum Tiles {
     Gguf,
 }
 
-/// A weight that is not resident: what a fill needs besides its tiles.
+/// A weight that is not resident: its description, and what a fill needs besides it.
 pub struct StreamSrc {
-    pub n: usize,
-    pub k: usize,
-    pub ggml_type: u32,
-    /// Its source bytes' range in the buffer (invalidation).
-    pub range: Range<usize>,
+    /// What it is (shared with its fills); its fields read through `Deref`.
+    pub desc: Arc<WeightDesc>,
     pub sets: TileSets,
     /// Each int8 weight term's tiled bytes (`precision.terms.weight` terms, 1 or 2).
     pub term_tile_bytes: usize,
     pub tiles: Tiles,
-    pub scales: Vec<f32>,
-    pub col_scale: Vec<f32>,
     pub lo_scales: Vec<f32>,
-    pub rot: Option<Arc<Rotation>>,
-    /// Its precision (`route::precision::decide`, when it became a streamed weight).
-    pub precision: crate::route::precision::Precision,
-    /// Whether the activations it reads were read again (`route::activation::Seen`), kept
-    /// across its fills.
-    pub act_seen: Arc<crate::route::activation::Seen>,
-    pub calib_key: Option<u64>,
-    pub fix: OnceLock<Option<crate::quant::mean::Direction>>,
+}
+
+impl std::ops::Deref for StreamSrc {
+    type Target = WeightDesc;
+
+    fn deref(&self) -> &WeightDesc {
+        &self.desc
+    }
 }
 
 impl StreamSrc {
@@ -87,26 +80,13 @@ impl StreamSrc {
 /// What a finished fill hands over: the weight in its slots, or why not; its bytes and time.
 pub type Filled = Result<Arc<PackedWeight>, String>;
 
-/// Where the worker leaves a fill's result and its time, and the signal that it did.
-type Cell = Arc<(Mutex<Option<(Filled, u64)>>, Condvar)>;
-
-/// A fill handed to the worker; [`Ticket::wait`] takes its result.
-pub struct Ticket {
-    pub addr: usize,
-    cell: Cell,
-}
+/// A fill handed to the worker; [`Ticket::wait`] takes its result and the worker's time on it.
+pub struct Ticket(Receiver<(Filled, u64)>);
 
 impl Ticket {
     /// Waits for the fill: its result and the worker's time on it.
     pub fn wait(self) -> (Filled, u64) {
-        let (m, cv) = &*self.cell;
-        let mut g = m.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if let Some(r) = g.take() {
-                return r;
-            }
-            g = cv.wait(g).unwrap_or_else(|p| p.into_inner());
-        }
+        self.0.recv().unwrap_or_else(|_| (Err("the fill worker is gone".into()), 0))
     }
 }
 
@@ -148,10 +128,6 @@ impl Streamer {
         self.enabled.store(on, Relaxed);
     }
 
-    pub fn enabled(&self) -> bool {
-        self.enabled.load(Relaxed)
-    }
-
     /// Whether weights past the budget stream here (on, and the interface takes a ring).
     pub fn active(&self, dev: &Device) -> bool {
         self.ring(dev).is_some()
@@ -159,7 +135,7 @@ impl Streamer {
 
     /// The ring, made at first use (None: streaming is off or the interface refuses a ring).
     pub fn ring(&self, dev: &Device) -> Option<Arc<StreamRing>> {
-        if !self.enabled() {
+        if !self.enabled.load(Relaxed) {
             return None;
         }
         self.ring.get_or_init(|| dev.npu.stream_ring(RING_SLOTS).map(Arc::new)).clone()
@@ -178,13 +154,9 @@ impl Streamer {
         }
         format!(
             ", streamed: {w} weights, {} fills ({} run ahead), {} MiB, fill {:.0} ms of which exposed {:.0} ms, {} failed, {} left to the CPU by cost",
-            self.fills.load(Relaxed),
-            self.ahead.load(Relaxed),
-            self.bytes.load(Relaxed) >> 20,
-            self.fill_ns.load(Relaxed) as f64 / 1e6,
-            self.exposed_ns.load(Relaxed) as f64 / 1e6,
-            self.failed.load(Relaxed),
-            self.declined.load(Relaxed),
+            self.fills.load(Relaxed), self.ahead.load(Relaxed), self.bytes.load(Relaxed) >> 20,
+            self.fill_ns.load(Relaxed) as f64 / 1e6, self.exposed_ns.load(Relaxed) as f64 / 1e6,
+            self.failed.load(Relaxed), self.declined.load(Relaxed),
         )
     }
 
@@ -197,7 +169,7 @@ impl Streamer {
     pub fn prefetch(&self, dev: &Device, addr: usize, src: Arc<StreamSrc>) {
         let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         if p.is_none() {
-            *p = self.start(dev, addr, src).map(|t| (addr, t));
+            *p = self.start(dev, src).map(|t| (addr, t));
         }
     }
 
@@ -239,21 +211,17 @@ impl Streamer {
     }
 
     /// Hands the fill of a cache-backed streamed weight to the worker thread.
-    fn start(&self, dev: &Device, addr: usize, src: Arc<StreamSrc>) -> Option<Ticket> {
+    fn start(&self, dev: &Device, src: Arc<StreamSrc>) -> Option<Ticket> {
         let ring = self.ring(dev)?;
         if !matches!(src.tiles, Tiles::Cache(_)) {
             return None;
         }
-        let cell: Cell = Default::default();
-        let out = cell.clone();
+        let (out, result) = channel();
         let ledger = dev.stats.mem.clone();
         let job: Job = Box::new(move || {
             let t0 = Instant::now();
             let r = fill(&ring, &ledger, &src, None).map(Arc::new).map_err(|e| e.to_string());
-            let ns = t0.elapsed().as_nanos() as u64;
-            let (m, cv) = &*out;
-            *m.lock().unwrap_or_else(|p| p.into_inner()) = Some((r, ns));
-            cv.notify_all();
+            let _ = out.send((r, t0.elapsed().as_nanos() as u64));
         });
         let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
         if w.is_none() {
@@ -262,7 +230,7 @@ impl Streamer {
             *w = Some(tx);
         }
         w.as_ref()?.send(job).ok()?;
-        Some(Ticket { addr, cell })
+        Some(Ticket(result))
     }
 
     /// Fills a streamed weight now (no fill ran ahead for it); `gguf`: its source bytes,
@@ -304,36 +272,17 @@ fn fill(ring: &StreamRing, ledger: &Arc<MemLedger>, src: &StreamSrc, gguf: Optio
         }
         (Tiles::Gguf, None) => return Err(NpuError::NoDevice("streamed weight without its source bytes".into())),
     };
-    let mut slots: Vec<Arc<ResidentWeight>> = Vec::with_capacity(src.precision.terms.weight);
-    for t in &tiles {
-        slots.push(ring.fill(src.n, src.k, src.sets, &mut |dst| {
+    let copy = |t: &[u8]| {
+        ring.fill(src.n, src.k, src.sets, &mut |dst| {
             if dst.len() != t.len() {
                 return Err(NpuError::BadBlob { op: "stream", n: src.n, k: src.k, got: t.len(), expected: dst.len() });
             }
             dst.copy_from_slice(t);
             Ok(())
-        })?);
-    }
-    let mut slots = slots.into_iter();
+        })
+    };
+    let mut slots = tiles.into_iter().map(copy).collect::<Result<Vec<Arc<ResidentWeight>>, _>>()?.into_iter();
     let resident = slots.next().ok_or_else(|| NpuError::NoDevice("no term".into()))?;
     let lo = slots.next().map(|r| (r, src.lo_scales.clone()));
-    let fix = OnceLock::new();
-    if let Some(f) = src.fix.get() {
-        let _ = fix.set(f.clone());
-    }
-    Ok(PackedWeight {
-        n: src.n,
-        k: src.k,
-        ggml_type: src.ggml_type,
-        resident,
-        scales: src.scales.clone(),
-        col_scale: src.col_scale.clone(),
-        lo,
-        rot: src.rot.clone(),
-        precision: src.precision,
-        act_seen: src.act_seen.clone(),
-        calib_key: src.calib_key,
-        fix,
-        held: super::Held::new(ledger, [0, 0], 0),
-    })
+    Ok(PackedWeight { desc: src.desc.clone(), resident, lo, precision: src.precision, held: super::Held::new(ledger, [0, 0], 0) })
 }

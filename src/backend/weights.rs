@@ -11,9 +11,12 @@
 //! valid entry is mapped and imported instead of packing (a *hit*); otherwise the weight is
 //! packed and the entry (re)written. Cache trouble of any kind only costs a repack.
 
-use super::packed::{rotation, PackedWeight};
+use super::gpu::GpuWeight;
+use super::packed::{rotation, PackedWeight, WeightDesc};
+use super::stream::{StreamSrc, Tiles};
 use super::Device;
 use crate::cache::{self, CacheError};
+use crate::npu::layout::TileSets;
 use crate::npu::{NpuError, ResidentWeight};
 use crate::pack::{pack_source_sets, PackedSource, WeightSource};
 use crate::quant::rotate::Rotation;
@@ -23,15 +26,6 @@ use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-
-/// Books a weight made resident in the memory ledger and samples the peak.
-fn held(dev: &Device, resident: &ResidentWeight, lo: Option<&(Arc<ResidentWeight>, Vec<f32>)>, scales: usize, col_scale: usize) -> super::Held {
-    let lo_tiles = lo.map_or(0, |(r, _)| r.resident_bytes());
-    let f32s = scales + col_scale + lo.map_or(0, |(_, s)| s.len());
-    let h = super::Held::new(&dev.stats.mem, [resident.resident_bytes(), lo_tiles], 4 * f32s as u64);
-    dev.note_memory();
-    h
-}
 
 /// Whether a weight's second int8 term may become resident now, `new_bytes` being what is about
 /// to be placed with it (the second term, plus the first when that is not resident yet). It must
@@ -80,7 +74,7 @@ type Imported = (Arc<ResidentWeight>, Option<(Arc<ResidentWeight>, Vec<f32>)>, V
 /// (`KernelInterface::mem_import_observed`), then the scales from the mapping. Only when the
 /// hash equals the header's are the buffers kept; otherwise they are dropped (freed) and the
 /// reason returned, and the caller repacks.
-fn import_entry(dev: &Device, entry: cache::Unverified, src: &WeightSource<'_>, n: usize, k: usize, terms: usize) -> Result<Imported, String> {
+fn import_entry(dev: &Device, entry: cache::Unverified, src: &WeightSource<'_>, n: usize, k: usize, sets: TileSets, terms: usize) -> Result<Imported, String> {
     let scale_count = (entry.header().scales_bytes / 4) as usize;
     let tiles = entry.tiles();
     if scale_count != n + k + (terms - 1) * n || tiles.len() % terms != 0 {
@@ -92,7 +86,7 @@ fn import_entry(dev: &Device, entry: cache::Unverified, src: &WeightSource<'_>, 
     // observes from offset 0 again and starts over).
     let import = |bytes: &[u8], skip: usize| -> Result<(Arc<ResidentWeight>, cache::format::StreamHash), NpuError> {
         let mut hash = cache::format::StreamHash::new();
-        let r = dev.npu.upload_bytes_observed(n, k, dev.npu.tile_sets(n, k), bytes, &mut |off, piece| {
+        let r = dev.npu.upload_bytes_observed(n, k, sets, bytes, &mut |off, piece| {
             if off == 0 {
                 hash = cache::format::StreamHash::new();
             }
@@ -149,7 +143,7 @@ fn import_entry(dev: &Device, entry: cache::Unverified, src: &WeightSource<'_>, 
 struct Prep {
     precision: precision::Precision,
     rot: Option<Arc<Rotation>>,
-    sets: crate::npu::layout::TileSets,
+    sets: TileSets,
     id: Option<cache::Identity>,
     calib_key: Option<u64>,
 }
@@ -187,80 +181,77 @@ fn calib_key(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, p: &preci
     Some(cache::calib::key(src.name, src.ggml_type, n, k, h))
 }
 
+/// The description of weight `src` (`[N, K]`) placed with `p`'s decisions and these scales.
+fn describe(src: &WeightSource<'_>, n: usize, k: usize, p: &Prep, scales: Vec<f32>, col_scale: Vec<f32>) -> Arc<WeightDesc> {
+    let (precision, rot, calib_key) = (p.precision, p.rot.clone(), p.calib_key);
+    Arc::new(WeightDesc { n, k, ggml_type: src.ggml_type, precision, scales, col_scale, rot, act_seen: Default::default(), calib_key, fix: Default::default() })
+}
+
+/// Writes the `.orkpack` entry of a packed weight. Its payload: tiles = every term's tiles, one
+/// after the other (resident or not: a later start imports what its budget allows, without
+/// repacking); scales = row scales [N] ++ column scales [K] [++ second term's row scales [N]].
+fn store_entry(c: &cache::PackCache, id: &cache::Identity, p: &PackedSource) -> Result<std::path::PathBuf, CacheError> {
+    let tiles: Vec<&[u8]> = p.tiles.iter().map(|t| &t.bytes[..]).collect();
+    c.store(id, &tiles.concat(), &[&p.scales[..], &p.col_scale, &p.lo_scales].concat())
+}
+
 /// Makes a weight that does not fit the residency budget a streamed one (`super::stream`): its
 /// scales in memory, its tiles in its `.orkpack` entry (written now if absent: packed once) or,
 /// without a cache, packed again at every use.
 ///
 /// `cached_only`: the GGUF bytes are gone after this call (a repacked buffer's): the tiles must
 /// come from, or go to, the cache, else it fails (the weight stays on the CPU).
-pub fn stream_source(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_cache: bool, cached_only: bool, range: Range<usize>) -> Result<super::stream::StreamSrc, NpuError> {
-    use super::stream::{StreamSrc, Tiles};
+pub fn stream_source(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_cache: bool, cached_only: bool) -> Result<StreamSrc, NpuError> {
     dev.npu.check_shape(n, k)?;
     let cache = if use_cache { dev.cache.as_ref() } else { None };
     let t0 = Instant::now();
-    let Prep { precision, rot, sets, id, calib_key } = prep(dev, src, n, k, cache.is_some());
-    let terms = precision.terms.weight;
-    let one = crate::npu::layout::WeightGeometry::with_sets(dev.npu.soc(), n, k, sets).total_bytes;
-    let split = |f: Vec<f32>| -> Option<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-        (f.len() == n + k + (terms - 1) * n).then(|| (f[..n].to_vec(), f[n..n + k].to_vec(), f[n + k..].to_vec()))
-    };
-    let mut made = None;
-    if let (Some(c), Some(id)) = (cache, &id) {
-        match c.load(id) {
-            Ok(l) if l.tiles().len() == terms * one => {
-                if let Some(f) = split(l.scales()) {
-                    dev.stats.cache_hits.fetch_add(1, Relaxed);
-                    made = Some((Tiles::Cache(Box::new(l)), f));
-                }
+    let p = prep(dev, src, n, k, cache.is_some());
+    let terms = p.precision.terms.weight;
+    let one = crate::npu::layout::WeightGeometry::with_sets(dev.npu.soc(), n, k, p.sets).total_bytes;
+    let hit = match (cache, &p.id) {
+        (Some(c), Some(id)) => match c.load(id) {
+            Ok(l) if l.tiles().len() == terms * one && l.scales().len() == n + k + (terms - 1) * n => Some(l),
+            Ok(_) => {
+                log::debug!("orkpack {}: entry sizes do not match; repacking", src.name);
+                None
             }
-            Ok(_) => log::debug!("orkpack {}: entry sizes do not match; repacking", src.name),
-            Err(CacheError::Absent) => {}
-            Err(e) => log::debug!("orkpack {}: {e}; repacking", src.name),
+            Err(CacheError::Absent) => None,
+            Err(e) => {
+                log::debug!("orkpack {}: {e}; repacking", src.name);
+                None
+            }
+        },
+        _ => None,
+    };
+    let (tiles, f) = match hit {
+        Some(l) => {
+            dev.stats.cache_hits.fetch_add(1, Relaxed);
+            let f = l.scales();
+            (Tiles::Cache(Box::new(l)), f)
         }
-    }
-    let made = match made {
-        Some(m) => m,
         None => {
-            let PackedSource { tiles, scales, col_scale, lo_scales } = pack_source_sets(dev.npu.soc(), src, n, k, sets, terms, rot.as_deref())?;
+            let packed = pack_source_sets(dev.npu.soc(), src, n, k, p.sets, terms, p.rot.as_deref())?;
             dev.stats.packed.fetch_add(1, Relaxed);
-            let mut tiles_of = Tiles::Gguf;
-            if let (Some(c), Some(id)) = (cache, &id) {
-                let blob: Vec<u8> = tiles.iter().flat_map(|t| t.bytes.iter().copied()).collect();
-                let f: Vec<f32> = scales.iter().chain(col_scale.iter()).chain(lo_scales.iter()).copied().collect();
-                match c.store(id, &blob, &f).and_then(|_| c.load(id)) {
+            let mut tiles = Tiles::Gguf;
+            if let (Some(c), Some(id)) = (cache, &p.id) {
+                match store_entry(c, id, &packed).and_then(|_| c.load(id)) {
                     Ok(l) => {
                         dev.stats.cache_writes.fetch_add(1, Relaxed);
-                        tiles_of = Tiles::Cache(Box::new(l));
+                        tiles = Tiles::Cache(Box::new(l));
                     }
                     Err(e) => log::debug!("orkpack {}: not cached ({e}); streamed from the GGUF bytes", src.name),
                 }
             }
-            if cached_only && matches!(tiles_of, Tiles::Gguf) {
+            if cached_only && matches!(tiles, Tiles::Gguf) {
                 return Err(NpuError::NoDevice("past the residency budget, and its tiles could not be cached to stream from (its GGUF bytes are ggml-cpu's repacked layout after the load)".into()));
             }
-            (tiles_of, (scales, col_scale, lo_scales))
+            (tiles, [packed.scales, packed.col_scale, packed.lo_scales].concat())
         }
     };
     dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
     dev.stream.weights.fetch_add(1, Relaxed);
-    let (tiles, (scales, col_scale, lo_scales)) = made;
-    Ok(StreamSrc {
-        n,
-        k,
-        ggml_type: src.ggml_type,
-        range,
-        sets,
-        term_tile_bytes: one,
-        tiles,
-        scales,
-        col_scale,
-        lo_scales,
-        rot,
-        precision,
-        act_seen: Default::default(),
-        calib_key,
-        fix: Default::default(),
-    })
+    let desc = describe(src, n, k, &p, f[..n].to_vec(), f[n..n + k].to_vec());
+    Ok(StreamSrc { desc, sets: p.sets, term_tile_bytes: one, tiles, lo_scales: f[n + k..].to_vec() })
 }
 
 /// Cold-pack progress on stderr (large models only).
@@ -282,38 +273,33 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
     let term_bytes = dev.npu.term_bytes(n, k);
     dev.placement.placed_src_bytes.fetch_add(src.bytes.len() as u64, Relaxed);
     dev.placement.placed_term_bytes.fetch_add(term_bytes, Relaxed);
-    let Prep { precision, rot, sets, id, calib_key } = prep(dev, src, n, k, cache.is_some());
-    let terms = precision.terms.weight as u32;
-    // The precision as resident: the second term only where it was placed.
-    let resident_as = |lo: bool| precision::Precision { terms: precision::Terms { weight: 1 + usize::from(lo), ..precision.terms }, ..precision };
+    let p = prep(dev, src, n, k, cache.is_some());
+    let terms = p.precision.terms.weight;
     // Not even one term fits the residency budget: the weight stays on the CPU, without
     // opening its cache entry or packing it for nothing. With streaming on, a weight is
     // resident whole (every term) or streamed (`super::stream`), so that both run the same
     // arithmetic.
     let (resident, budget) = (dev.npu.resident_bytes(), dev.npu.residency_budget());
-    let need = if dev.stream.active(dev) { term_bytes * u64::from(terms) } else { term_bytes };
+    let need = if dev.stream.active(dev) { term_bytes * terms as u64 } else { term_bytes };
     if resident + need > budget {
         let why = format!("residency budget: {} of {} MiB in use", resident >> 20, budget >> 20);
         return Err(NpuError::NoRoom { op: "pack", n, k, bytes: need, why });
     }
     let t_hashed = Instant::now();
     dev.stats.cache_hash_ns.fetch_add((t_hashed - t0).as_nanos() as u64, Relaxed);
-    // Cache entry payload: tiles = hi tiles [++ lo tiles]; scales = row scales [N] ++ column
-    // scales [K] [++ lo row scales [N]].
-    if let (Some(c), Some(id)) = (cache, &id) {
+    if let (Some(c), Some(id)) = (cache, &p.id) {
         let opened = c.open(id);
         let t_read = Instant::now();
         dev.stats.cache_read_ns.fetch_add((t_read - t_hashed).as_nanos() as u64, Relaxed);
         match opened {
             Ok(entry) => {
-                let hit = import_entry(dev, entry, src, n, k, terms as usize);
+                let hit = import_entry(dev, entry, src, n, k, p.sets, terms);
                 dev.stats.cache_import_ns.fetch_add(t_read.elapsed().as_nanos() as u64, Relaxed);
                 match hit {
-                    Ok((resident, lo, scales, col_scale)) => {
+                    Ok(imported) => {
                         dev.stats.cache_hits.fetch_add(1, Relaxed);
                         dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
-                        let held = held(dev, &resident, lo.as_ref(), scales.len(), col_scale.len());
-                        return Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, precision: resident_as(lo.is_some()), act_seen: Default::default(), lo, rot, calib_key, fix: Default::default(), held });
+                        return Ok(resident_weight(dev, src, n, k, &p, imported));
                     }
                     Err(why) => log::debug!("orkpack {}: {why}; repacking", src.name),
                 }
@@ -323,14 +309,11 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
         }
     }
     let t_pack = Instant::now();
-    let PackedSource { tiles, scales, col_scale, lo_scales } = pack_source_sets(dev.npu.soc(), src, n, k, sets, terms as usize, rot.as_deref())?;
+    let packed = pack_source_sets(dev.npu.soc(), src, n, k, p.sets, terms, p.rot.as_deref())?;
     let t_packed = Instant::now();
     dev.stats.cold_pack_ns.fetch_add((t_packed - t_pack).as_nanos() as u64, Relaxed);
-    let mut tiles = tiles.into_iter();
-    let hi = tiles.next().expect("the first term's tiles");
-    let resident = dev.npu.upload(&hi)?;
-    let lo_tiles = tiles.next();
-    let lo = match &lo_tiles {
+    let resident = dev.npu.upload(&packed.tiles[0])?;
+    let lo = match packed.tiles.get(1) {
         // Out of resident budget: the weight keeps one term (less precise, still on the NPU).
         Some(tl) if !second_term_fits(dev, src, n, k, tl.bytes.len() * dev.npu.weight_copies() as usize) => {
             note_one_term(dev, src.name, "resident budget");
@@ -349,16 +332,8 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
     let t_uploaded = Instant::now();
     dev.stats.cold_upload_ns.fetch_add((t_uploaded - t_packed).as_nanos() as u64, Relaxed);
     let mut cached = false;
-    if let (Some(c), Some(id)) = (cache, &id) {
-        // The entry holds every term packed, resident or not: a later start imports what its
-        // budget allows, without repacking.
-        let mut blob_tiles = hi.bytes;
-        let mut blob_f: Vec<f32> = scales.iter().chain(col_scale.iter()).copied().collect();
-        if let Some(tl) = &lo_tiles {
-            blob_tiles.extend_from_slice(&tl.bytes);
-            blob_f.extend_from_slice(&lo_scales);
-        }
-        match c.store(id, &blob_tiles, &blob_f) {
+    if let (Some(c), Some(id)) = (cache, &p.id) {
+        match store_entry(c, id, &packed) {
             Ok(_) => {
                 dev.stats.cache_writes.fetch_add(1, Relaxed);
                 cached = true;
@@ -366,71 +341,43 @@ pub fn pack_with(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, use_c
             Err(e) => log::debug!("orkpack {}: not cached: {e}", src.name),
         }
     }
-    let lo = lo.map(|r| (r, lo_scales));
+    let PackedSource { scales, col_scale, lo_scales, .. } = packed;
     dev.stats.cache_store_ns.fetch_add(t_uploaded.elapsed().as_nanos() as u64, Relaxed);
     dev.stats.packed.fetch_add(1, Relaxed);
     dev.stats.pack_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
     PROGRESS.packed(src.bytes.len() as u64, cached);
-    let held = held(dev, &resident, lo.as_ref(), scales.len(), col_scale.len());
-    Ok(PackedWeight { n, k, ggml_type: src.ggml_type, resident, scales, col_scale, precision: resident_as(lo.is_some()), act_seen: Default::default(), lo, rot, calib_key, fix: Default::default(), held })
+    Ok(resident_weight(dev, src, n, k, &p, (resident, lo.map(|r| (r, lo_scales)), scales, col_scale)))
 }
 
-/// One resident copy (NPU or GPU) and the source bytes it was made from.
-struct Entry<W> {
+/// The resident weight made of `imported` (tiles, second term, row and column scales), booked
+/// in the memory ledger; its precision as resident: the second term only where it was placed.
+fn resident_weight(dev: &Device, src: &WeightSource<'_>, n: usize, k: usize, p: &Prep, imported: Imported) -> PackedWeight {
+    let (resident, lo, scales, col_scale) = imported;
+    let lo_tiles = lo.as_ref().map_or(0, |(r, _)| r.resident_bytes());
+    let f32s = scales.len() + col_scale.len() + lo.as_ref().map_or(0, |(_, s)| s.len());
+    let held = super::Held::new(&dev.stats.mem, [resident.resident_bytes(), lo_tiles], 4 * f32s as u64);
+    dev.note_memory();
+    let terms = precision::Terms { weight: 1 + usize::from(lo.is_some()), ..p.precision.terms };
+    let precision = precision::Precision { terms, ..p.precision };
+    PackedWeight { desc: describe(src, n, k, p, scales, col_scale), resident, lo, precision, held }
+}
+
+/// One weight of a buffer (keyed by its data address): its source bytes and where it lives.
+struct Slot {
+    /// Its source bytes in the buffer (invalidation).
     range: Range<usize>,
-    weight: Arc<W>,
+    /// On the NPU: resident or streamed (`super::stream`), or why it could not be made resident
+    /// (ORK declines its MUL_MATs so ggml-cpu runs them in place, and does not retry packing
+    /// every graph).
+    npu: Option<Result<Placed, String>>,
+    /// Its GPU copy for decode, when the GPU engine is in use.
+    gpu: Option<Arc<GpuWeight>>,
 }
 
-/// A weight copy that remembers what it was made from.
-trait Made {
-    fn made_from(&self, n: usize, k: usize, ggml_type: u32) -> bool;
-}
-
-impl Made for PackedWeight {
-    fn made_from(&self, n: usize, k: usize, t: u32) -> bool {
-        (self.n, self.k, self.ggml_type) == (n, k, t)
-    }
-}
-
-impl Made for super::gpu::GpuWeight {
-    fn made_from(&self, n: usize, k: usize, t: u32) -> bool {
-        (self.n, self.k, self.ggml_type) == (n, k, t)
-    }
-}
-
-type Copies<W> = Mutex<HashMap<usize, Entry<W>>>;
-
-/// The copy at `addr` in `map`, made with `make` first if absent or made from another shape/type.
-fn get_or_make<W: Made, E>(
-    map: &Copies<W>,
-    addr: usize,
-    src: &WeightSource<'_>,
-    n: usize,
-    k: usize,
-    make: impl FnOnce() -> Result<W, E>,
-) -> Result<Arc<W>, E> {
-    if let Some(e) = map.lock().unwrap_or_else(|p| p.into_inner()).get(&addr) {
-        if e.weight.made_from(n, k, src.ggml_type) {
-            return Ok(e.weight.clone());
-        }
-    }
-    let w = Arc::new(make()?);
-    let range = addr..addr + src.bytes.len();
-    map.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, Entry { range, weight: w.clone() });
-    Ok(w)
-}
-
-/// The packed weights of one ORK buffer, keyed by data address (NPU copies, and GPU copies for
-/// decode when the GPU engine is in use).
+/// The weights of one ORK buffer, keyed by data address.
 #[derive(Default)]
 pub struct WeightStore {
-    map: Copies<PackedWeight>,
-    gpu: Copies<super::gpu::GpuWeight>,
-    /// Weights that could not be made resident (address → byte range and why): ORK declines
-    /// their MUL_MATs so ggml-cpu runs them in place, and does not retry packing every graph.
-    failed: Mutex<HashMap<usize, (Range<usize>, String)>>,
-    /// Weights past the residency budget that stream to the NPU for prefill (`super::stream`).
-    streamed: Mutex<HashMap<usize, Arc<super::stream::StreamSrc>>>,
+    slots: Mutex<HashMap<usize, Slot>>,
     /// The store of a buffer whose bytes ORK reads only while they are loaded (ggml-cpu's
     /// `CPU_REPACK`): a weight past the budget streams only from the `.orkpack` cache, else it
     /// stays on the CPU.
@@ -438,9 +385,21 @@ pub struct WeightStore {
 }
 
 /// Where a weight the NPU runs lives.
+#[derive(Clone)]
 pub enum Placed {
     Resident(Arc<PackedWeight>),
-    Streamed(Arc<super::stream::StreamSrc>),
+    Streamed(Arc<StreamSrc>),
+}
+
+impl Placed {
+    /// Whether it was made from an `[N, K]` weight of `ggml_type`.
+    fn made_from(&self, n: usize, k: usize, ggml_type: u32) -> bool {
+        let d: &WeightDesc = match self {
+            Placed::Resident(w) => &w.desc,
+            Placed::Streamed(s) => &s.desc,
+        };
+        (d.n, d.k, d.ggml_type) == (n, k, ggml_type)
+    }
 }
 
 impl WeightStore {
@@ -449,123 +408,109 @@ impl WeightStore {
         WeightStore { resident_only: true, ..Default::default() }
     }
 
-    /// The packed weight at `addr`, packing it first if needed (or if the shape/type changed).
-    /// `use_cache`: whether the weight may come from / go to the `.orkpack` cache ([`pack_with`]).
-    pub fn get_or_pack(&self, dev: &Device, addr: usize, src: &WeightSource<'_>, n: usize, k: usize, use_cache: bool) -> Result<Arc<PackedWeight>, NpuError> {
-        match self.get_or_place(dev, addr, src, n, k, use_cache)? {
-            Placed::Resident(w) => Ok(w),
-            Placed::Streamed(_) => Err(NpuError::NoDevice("streamed, not resident".into())),
+    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Slot>> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sets (with `f`) where the weight at `addr` (`len` source bytes) lives.
+    fn put(&self, addr: usize, len: usize, f: impl FnOnce(&mut Slot)) {
+        let mut slots = self.slots();
+        let slot = slots.entry(addr).or_insert_with(|| Slot { range: addr..addr, npu: None, gpu: None });
+        slot.range.end = slot.range.end.max(addr + len);
+        f(slot);
+    }
+
+    /// The NPU placement at `addr`, made from an `[N, K]` weight of `ggml_type`.
+    fn placed(&self, addr: usize, n: usize, k: usize, ggml_type: u32) -> Option<Placed> {
+        match self.slots().get(&addr)?.npu.as_ref()? {
+            Ok(p) if p.made_from(n, k, ggml_type) => Some(p.clone()),
+            _ => None,
         }
     }
 
-    /// [`get_or_pack`](Self::get_or_pack), where a weight past the residency budget becomes a
-    /// streamed one when the device streams (`super::stream`).
+    /// The weight at `addr` on the NPU, made resident first if needed (or if the shape/type
+    /// changed), or a streamed one where it is past the residency budget and the device streams
+    /// (`super::stream`). `use_cache`: whether the weight may come from / go to the `.orkpack`
+    /// cache ([`pack_with`]).
     pub fn get_or_place(&self, dev: &Device, addr: usize, src: &WeightSource<'_>, n: usize, k: usize, use_cache: bool) -> Result<Placed, NpuError> {
-        if let Some((_, why)) = self.failed.lock().unwrap_or_else(|p| p.into_inner()).get(&addr) {
+        if let Some(Some(Err(why))) = self.slots().get(&addr).map(|s| &s.npu) {
             return Err(NpuError::NoDevice(format!("not resident: {why}")));
         }
-        if let Some(s) = self.streamed(addr, n, k, src.ggml_type) {
-            return Ok(Placed::Streamed(s));
+        if let Some(p) = self.placed(addr, n, k, src.ggml_type) {
+            return Ok(p);
         }
-        let mut r = get_or_make(&self.map, addr, src, n, k, || pack_with(dev, src, n, k, use_cache)).map(Placed::Resident);
+        let mut r = pack_with(dev, src, n, k, use_cache).map(|w| Placed::Resident(Arc::new(w)));
         if let Err(NpuError::NoRoom { op: "pack", .. }) = &r {
             // A resident-only store's weights stream where their tiles go to the `.orkpack`
             // cache (a fill reads them there; the GGUF bytes are gone after the load).
             if dev.stream.active(dev) && (!self.resident_only || (use_cache && dev.cache.is_some())) {
-                let range = addr..addr + src.bytes.len();
-                r = stream_source(dev, src, n, k, use_cache, self.resident_only, range).map(|s| {
-                    let s = Arc::new(s);
-                    self.streamed.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, s.clone());
-                    Placed::Streamed(s)
-                });
+                r = stream_source(dev, src, n, k, use_cache, self.resident_only).map(|s| Placed::Streamed(Arc::new(s)));
             }
         }
-        if let Err(e) = &r {
-            let range = addr..addr + src.bytes.len();
-            // Never in both maps: `packed` is then enough to tell a resident weight.
-            self.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&addr);
-            self.failed.lock().unwrap_or_else(|p| p.into_inner()).insert(addr, (range, e.to_string()));
-        }
+        let npu = r.as_ref().map(Placed::clone).map_err(|e| e.to_string());
+        self.put(addr, src.bytes.len(), |s| s.npu = Some(npu));
         r
     }
 
     /// The packed weight at `addr` if it is resident already, made from an `[N, K]` weight of
     /// `ggml_type`: one map lookup, the per-matmul path (no source needed).
     pub fn packed(&self, addr: usize, n: usize, k: usize, ggml_type: u32) -> Option<Arc<PackedWeight>> {
-        let m = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        m.get(&addr).filter(|e| e.weight.made_from(n, k, ggml_type)).map(|e| e.weight.clone())
+        match self.placed(addr, n, k, ggml_type)? {
+            Placed::Resident(w) => Some(w),
+            Placed::Streamed(_) => None,
+        }
     }
 
     /// The streamed weight at `addr`, made from an `[N, K]` weight of `ggml_type`.
-    pub fn streamed(&self, addr: usize, n: usize, k: usize, ggml_type: u32) -> Option<Arc<super::stream::StreamSrc>> {
-        let m = self.streamed.lock().unwrap_or_else(|p| p.into_inner());
-        m.get(&addr).filter(|s| (s.n, s.k, s.ggml_type) == (n, k, ggml_type)).cloned()
+    pub fn streamed(&self, addr: usize, n: usize, k: usize, ggml_type: u32) -> Option<Arc<StreamSrc>> {
+        match self.placed(addr, n, k, ggml_type)? {
+            Placed::Streamed(s) => Some(s),
+            Placed::Resident(_) => None,
+        }
     }
 
     /// Whether the weight at `addr` failed to become resident (its MUL_MATs stay on the CPU).
     pub fn is_failed(&self, addr: usize) -> bool {
-        self.failed.lock().unwrap_or_else(|p| p.into_inner()).contains_key(&addr)
+        matches!(self.slots().get(&addr).map(|s| &s.npu), Some(Some(Err(_))))
     }
 
     /// The GPU copy of the weight at `addr`, uploading it first if needed.
-    pub fn get_or_upload_gpu(
-        &self,
-        dev: &Device,
-        addr: usize,
-        src: &WeightSource<'_>,
-        n: usize,
-        k: usize,
-    ) -> Result<Arc<super::gpu::GpuWeight>, crate::vk::VkError> {
-        get_or_make(&self.gpu, addr, src, n, k, || {
-            // The weight's one precision and calibration key: its NPU copy's (resident or
-            // streamed) where it has one, else decided now.
-            let packed = self.packed(addr, n, k, src.ggml_type);
-            let streamed = if packed.is_none() { self.streamed(addr, n, k, src.ggml_type) } else { None };
-            let (p, key) = match (&packed, &streamed) {
-                (Some(pw), _) => (pw.precision, pw.calib_key),
-                (None, Some(ss)) => (ss.precision, ss.calib_key),
-                (None, None) => {
-                    let p = precision_of(dev, src, k);
-                    (p, calib_key(dev, src, n, k, &p, None))
-                }
-            };
-            // Its calibrated direction: the resident copy's (the same int8 terms), computed once
-            // for both; else for the GPU copy's terms.
-            let fix = |rot: Option<&Rotation>| match (&dev.calib, key) {
-                (Some(store), Some(key)) if !store.recording() => match &packed {
-                    Some(pw) => pw.fix.get_or_init(|| dev.fixed_direction(pw, src, store, key)).clone(),
-                    None => dev.calibrated_direction(src, n, k, rot, p.terms.weight > 1, store, key),
-                },
-                _ => None,
-            };
-            super::gpu::upload(dev, src, n, k, p, fix)
-        })
+    pub fn get_or_upload_gpu(&self, dev: &Device, addr: usize, src: &WeightSource<'_>, n: usize, k: usize) -> Result<Arc<GpuWeight>, crate::vk::VkError> {
+        let gpu = self.slots().get(&addr).and_then(|s| s.gpu.clone());
+        if let Some(g) = gpu.filter(|g| (g.n, g.k, g.ggml_type) == (n, k, src.ggml_type)) {
+            return Ok(g);
+        }
+        // The weight's one precision and calibration key: its NPU copy's (resident or streamed)
+        // where it has one, else decided now.
+        let placed = self.placed(addr, n, k, src.ggml_type);
+        let (p, key) = match &placed {
+            Some(Placed::Resident(pw)) => (pw.precision, pw.calib_key),
+            Some(Placed::Streamed(ss)) => (ss.precision, ss.calib_key),
+            None => {
+                let p = precision_of(dev, src, k);
+                (p, calib_key(dev, src, n, k, &p, None))
+            }
+        };
+        // Its calibrated direction: the resident copy's (the same int8 terms), computed once
+        // for both; else for the GPU copy's terms.
+        let fix = |rot: Option<&Rotation>| match (&dev.calib, key) {
+            (Some(store), Some(key)) if !store.recording() => match &placed {
+                Some(Placed::Resident(pw)) => pw.fix.get_or_init(|| dev.fixed_direction(pw, src, store, key)).clone(),
+                _ => dev.calibrated_direction(src, n, k, rot, p.terms.weight > 1, store, key),
+            },
+            _ => None,
+        };
+        let g = Arc::new(super::gpu::upload(dev, src, n, k, p, fix)?);
+        self.put(addr, src.bytes.len(), |s| s.gpu = Some(g.clone()));
+        Ok(g)
     }
 
-    /// Drops every packed weight whose bytes overlap `lo..hi` (a write or memset happened there).
+    /// Drops every weight copy whose bytes overlap `lo..hi` (a write or memset happened there).
     pub fn invalidate(&self, lo: usize, hi: usize) {
-        let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        m.retain(|_, e| e.range.end <= lo || e.range.start >= hi);
-        let mut g = self.gpu.lock().unwrap_or_else(|p| p.into_inner());
-        g.retain(|_, e| e.range.end <= lo || e.range.start >= hi);
-        let mut f = self.failed.lock().unwrap_or_else(|p| p.into_inner());
-        f.retain(|_, (r, _)| r.end <= lo || r.start >= hi);
-        let mut st = self.streamed.lock().unwrap_or_else(|p| p.into_inner());
-        st.retain(|_, s| s.range.end <= lo || s.range.start >= hi);
+        self.slots().retain(|_, s| s.range.end <= lo || s.range.start >= hi);
     }
 
     pub fn clear(&self) {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).clear();
-        self.gpu.lock().unwrap_or_else(|p| p.into_inner()).clear();
-        self.failed.lock().unwrap_or_else(|p| p.into_inner()).clear();
-        self.streamed.lock().unwrap_or_else(|p| p.into_inner()).clear();
-    }
-
-    pub fn len(&self) -> usize {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.slots().clear();
     }
 }
