@@ -324,7 +324,7 @@ impl<'g> Walk<'_, 'g> {
             let mm = match self.nodes[i] {
                 Node::View => continue,
                 Node::Other(_) => {
-                    self.to_cpu(i);
+                    self.wait_for_cpu(i);
                     continue;
                 }
                 Node::MulMat(mm) => mm,
@@ -343,7 +343,7 @@ impl<'g> Walk<'_, 'g> {
                 self.last_act = None;
                 let ph = Phase::of(dev.cfg, mm.shape.map_or(1, |s| s.m));
                 dev.stats.cpu_mm[(ph == Phase::Decode) as usize].fetch_add(1, Relaxed);
-                self.to_cpu(i);
+                self.wait_for_cpu(i);
                 continue;
             };
             self.run_cpu(graph, i)?;
@@ -477,7 +477,7 @@ impl<'g> Walk<'_, 'g> {
     }
 
     /// Node `i` joins the nodes waiting for ggml's CPU backend.
-    fn to_cpu(&mut self, i: usize) {
+    fn wait_for_cpu(&mut self, i: usize) {
         self.cpu_from.get_or_insert(i);
         self.cpu_ops += 1;
     }

@@ -449,14 +449,14 @@ impl Device {
         } else {
             vec![(0, m)]
         };
-        let phase_i = (phase == crate::route::Phase::Decode) as usize;
-        Plan { terms, lt: LO_ACT_TERMS.min(terms), phase_i, held_act, held_dir, vouched, candidate, hashed, lease, budget, first, bounds, t_ask, t_got }
+        Plan { terms, lt: LO_ACT_TERMS.min(terms), held_act, held_dir, vouched, candidate, hashed, lease, budget, first, bounds, t_ask, t_got }
     }
 
     /// Folds one NPU MUL_MAT's report into the counters, once: its runs (or why it fell back),
     /// the reuse of its activation, and where its wall time since `t0` went.
     fn book_matmul(&self, plan: Plan<'_>, rep: &Report, m: usize, t0: Instant) {
-        let (ps, runs) = (&self.stats.phase[plan.phase_i], &rep.runs);
+        let decode = crate::route::Phase::of(self.cfg, m) == crate::route::Phase::Decode;
+        let (ps, runs) = (&self.stats.phase[decode as usize], &rep.runs);
         let (_, reused, _) = rep.decided;
         if reused {
             self.stats.act_reused.fetch_add(1, Relaxed);
@@ -519,8 +519,6 @@ struct Plan<'d> {
     /// Int8 terms of the activation, and of those the ones the second weight term meets.
     terms: usize,
     lt: usize,
-    /// Index of its phase in `Stats::phase` (prefill 0, decode 1).
-    phase_i: usize,
     /// What the scratch held (its activation and the direction its dots were taken with), and
     /// whether that may be this activation (`candidate`: same address and size) and is on the
     /// walk's word (`vouched`).
