@@ -168,12 +168,68 @@ pub fn supports(dev: &Device, node: &Node<'_>) -> bool {
     }
 }
 
-/// The streamed source of a weight past the residency budget, if it is one.
-/// The engine of a MUL_MAT of shape `shape` in the walk: None where ORK does not take it (no
-/// shape, or one `mul_mat_unsupported` refuses), else [`engine_for`]'s (memoised).
-fn walk_engine(dev: &Device, shape: Option<MatMulShape>) -> Option<(MatMulShape, Engine)> {
-    let s = shape.filter(|s| mul_mat_unsupported(dev, s).is_none())?;
-    Some((s, engine_for(dev, &s, false)))
+/// How the walk runs one MUL_MAT node, decided by [`prepare`] before the walk.
+enum Take {
+    /// On ggml's CPU backend, with the ops around it.
+    Cpu,
+    /// On the NPU, with its resident weight.
+    Npu(Arc<PackedWeight>),
+    /// On the NPU, with its weight filled into stream ring slots when the walk reaches it.
+    Streamed(Arc<StreamSrc>),
+    /// Batched with the GPU decode jobs.
+    Gpu,
+}
+
+/// How the walk runs MUL_MAT node `i` (`mm`): on ggml's CPU backend where ORK does not take it
+/// (no shape, one `mul_mat_unsupported` refuses, routed to the CPU by [`engine_for`], a weight
+/// that cannot be resident: one warning per weight, remembered as not resident; a streamed
+/// weight at an M where streaming does not pay), else on the GPU, or on the NPU with its weight,
+/// made resident here where it is not yet. A model's weights over the file's mapping are packed
+/// at their first graph call, here, before the walk holds the NPU arbiter: no other process
+/// waits on the packing.
+fn prepare(dev: &Device, graph: &dyn Graph<'_>, i: usize, mm: &MulMatNode<'_>) -> Take {
+    let Some(s) = mm.shape.filter(|s| mul_mat_unsupported(dev, s).is_none()) else { return Take::Cpu };
+    match engine_for(dev, &s, false) {
+        Engine::Cpu => return Take::Cpu,
+        Engine::Gpu => return Take::Gpu,
+        Engine::Npu => {}
+    }
+    let Some((w, store)) = mm.weight.as_ref().and_then(|w| Some((w, w.store?))) else { return Take::Cpu };
+    let t = &w.tensor;
+    let placed = match (packed_of(w, store), streamed_src(w)) {
+        (Some(pw), _) => Placed::Resident(pw),
+        (None, Some(ss)) => Placed::Streamed(ss),
+        (None, None) if store.is_failed(t.addr) => return Take::Cpu,
+        (None, None) => {
+            let packed = match graph.weight_data(i) {
+                Some(data) => packed_weight(dev, store, t, &data, w.model_weight),
+                None => Err(crate::npu::NpuError::NoDevice("no weight data".into())),
+            };
+            match packed {
+                Ok(placed) => placed,
+                Err(e) => {
+                    dev.stats.not_resident.fetch_add(1, Relaxed);
+                    if w.model_weight {
+                        // A model's weight packed at first use (read in place from the model
+                        // file's mapping, or loaded with --no-mmap): reported like one packed at
+                        // load.
+                        super::buffer::not_resident(dev, t, &e);
+                    } else {
+                        log::warn!("MUL_MAT {} runs on the CPU: weight {} not resident on the NPU ({e})", mm.name, t.name);
+                    }
+                    return Take::Cpu;
+                }
+            }
+        }
+    };
+    match placed {
+        Placed::Resident(pw) => Take::Npu(pw),
+        Placed::Streamed(ss) if ss.pays(dev, s.m) => Take::Streamed(ss),
+        Placed::Streamed(_) => {
+            dev.stream.declined.fetch_add(1, Relaxed);
+            Take::Cpu
+        }
+    }
 }
 
 /// The resident packed copy of weight `w` in `store`, if it has one.
@@ -182,6 +238,7 @@ fn packed_of(w: &Weight<'_>, store: &WeightStore) -> Option<Arc<PackedWeight>> {
     store.packed(t.addr, t.ne[1] as usize, t.ne[0] as usize, t.ggml_type)
 }
 
+/// The streamed source of a weight past the residency budget, if it is one.
 fn streamed_src(w: &Weight<'_>) -> Option<Arc<StreamSrc>> {
     let t = &w.tensor;
     w.store?.streamed(t.addr, t.ne[1] as usize, t.ne[0] as usize, t.ggml_type)
@@ -191,33 +248,6 @@ fn streamed_src(w: &Weight<'_>) -> Option<Arc<StreamSrc>> {
 /// them, or a view of one).
 pub fn reads_pending(srcs: &[(usize, usize)], pending: &[usize]) -> bool {
     srcs.iter().any(|&(s, view_of)| s != 0 && pending.iter().any(|&d| d == s || d == view_of))
-}
-
-/// Nodes waiting for ggml's CPU backend: from the first one not run yet, and how many of those
-/// are ops (view ops inside the run are passed along but not counted).
-#[derive(Default, Debug, PartialEq, Eq)]
-pub struct CpuRun {
-    from: Option<usize>,
-    nodes: u64,
-}
-
-impl CpuRun {
-    /// Node `i` runs on the CPU.
-    pub fn add(&mut self, i: usize) {
-        self.from.get_or_insert(i);
-        self.nodes += 1;
-    }
-
-    /// The run up to node `to` (exclusive) and its op count, if there is one; the run is over.
-    pub fn take(&mut self, to: usize) -> Option<(Range<usize>, u64)> {
-        let from = self.from.take()?;
-        let nodes = std::mem::take(&mut self.nodes);
-        (nodes > 0).then_some((from..to, nodes))
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.nodes == 0
-    }
 }
 
 /// Books the call's wall time and counter deltas when dropped (`Stats::record_graph`), also when
@@ -238,23 +268,27 @@ impl Drop for Record<'_> {
 struct Walk<'d, 'g> {
     dev: &'d Device,
     stream: &'d Stream,
-    /// The graph's nodes, read through the skin once before the walk.
+    /// The graph's nodes, read through the skin once before the walk, and how each MUL_MAT runs.
     nodes: Vec<Node<'g>>,
+    takes: Vec<Take>,
+    /// The streamed MUL_MATs: node, weight address, source (the prefetch's list).
+    streamed: Vec<(usize, usize, Arc<StreamSrc>)>,
     /// GPU decode matmuls are batched into one submit until a node needs one of their results.
     pending: Vec<GpuJob<'g>>,
     /// The addresses of the pending jobs' nodes.
     pending_dst: Vec<usize>,
-    cpu: CpuRun,
+    /// Nodes waiting for ggml's CPU backend: from the first one not run yet, and how many of
+    /// those are ops (view ops inside the run are passed along but not counted).
+    cpu_from: Option<usize>,
+    cpu_ops: u64,
     /// The activation (address, length) of the MUL_MAT just run, where it ran on the NPU: the
     /// next MUL_MAT reads the int8 terms it left where the graph shows it reads the same
     /// activation, nothing writing it between (`route::activation`), without hashing it.
-    last_act: std::cell::Cell<Option<(usize, usize)>>,
+    last_act: Option<(usize, usize)>,
     /// The cross-process NPU lock is kept between the NPU matmuls of this call (one flock +
     /// unlock per call, not per matmul) and let go before ggml-cpu runs and on return; taking
     /// and letting it go is arbiter time, as inside `run_mul_mat`.
     hold: Option<Hold<'static>>,
-    /// The graph has no streamed MUL_MAT from this node on (the prefetch scan stops there).
-    scanned_to: usize,
 }
 
 /// Runs one `graph_compute` call: ORK's MUL_MATs on the NPU or GPU, the rest on ggml's CPU
@@ -262,17 +296,16 @@ struct Walk<'d, 'g> {
 pub fn compute<'g>(dev: &Device, stream: &Stream, graph: &mut dyn Graph<'g>) -> Result<(), String> {
     // Wall time of the whole call and the counters around it, for the profile's host-time lines.
     let _record = Record { dev, before: dev.stats.graph_snap(), t0: Instant::now() };
-    let mut w = Walk {
-        dev,
-        stream,
-        nodes: Vec::new(),
-        pending: Vec::new(),
-        pending_dst: Vec::new(),
-        cpu: CpuRun::default(),
-        last_act: Default::default(),
-        hold: None,
-        scanned_to: 0,
-    };
+    // The graph read through the skin once; how each MUL_MAT runs, its weight prepared.
+    let nodes: Vec<Node<'g>> = (0..graph.len()).map(|i| graph.node(i)).collect();
+    let takes: Vec<Take> = nodes.iter().enumerate().map(|(i, n)| if let Node::MulMat(mm) = n { prepare(dev, &*graph, i, mm) } else { Take::Cpu }).collect();
+    let streamed = (nodes.iter().zip(&takes).enumerate())
+        .filter_map(|(i, (n, t))| match (n, t) {
+            (Node::MulMat(mm), Take::Streamed(ss)) => Some((i, mm.weight.map_or(0, |w| w.tensor.addr), ss.clone())),
+            _ => None,
+        })
+        .collect();
+    let mut w = Walk { dev, stream, nodes, takes, streamed, pending: Vec::new(), pending_dst: Vec::new(), cpu_from: None, cpu_ops: 0, last_act: None, hold: None };
     w.walk(graph)
 }
 
@@ -282,66 +315,49 @@ impl<'g> Walk<'_, 'g> {
         // Whole-graph mode (ggml-rpc-server sends whole splits with no CPU fallback): nodes ORK
         // does not run itself are collected into runs and handed to ggml's CPU backend.
         let npu_before = dev.stats.npu_matmuls.load(Relaxed);
-        let n = graph.len();
-        // The graph read through the skin once; what it proves of each MUL_MAT's activation.
-        self.nodes = (0..n).map(|i| graph.node(i)).collect();
+        let n = self.nodes.len();
+        // What the graph proves of each MUL_MAT's activation.
         let links = activation::links(&self.nodes.iter().map(Node::step).collect::<Vec<_>>());
         // The first streamed weight's fill starts before the walk reaches it.
-        if dev.stream.weights.load(Relaxed) > 0 {
-            self.prefetch_from(0);
-        }
+        self.prefetch_from(0);
         for (i, &link) in links.iter().enumerate() {
             let mm = match self.nodes[i] {
                 Node::View => continue,
                 Node::Other(_) => {
-                    self.cpu.add(i);
+                    self.wait_for_cpu(i);
                     continue;
                 }
                 Node::MulMat(mm) => mm,
             };
-            // Shape, route and resident weight are worked out once per node, here.
-            let ours = match walk_engine(dev, mm.shape) {
-                Some((s, engine)) => match engine {
-                    Engine::Cpu => Err(s.m),
-                    // A weight that cannot be made resident (budget, IOMMU) runs on ggml's CPU
-                    // backend, in place, like any op ORK does not accelerate.
-                    Engine::Npu => match self.npu_weight(&*graph, i, &mm, s.m) {
-                        Some(pw) => Ok((s, Some(pw))),
-                        None => Err(s.m),
-                    },
-                    Engine::Gpu => Ok((s, None)),
-                },
-                // Not ORK's: counted at its M (1 when it has no shape).
-                None => Err(mm.shape.map_or(1, |s| s.m)),
+            // The NPU's weight (a streamed one filled now; None: the GPU's MUL_MAT), else the
+            // MUL_MAT runs on ggml's CPU backend, in place, like any op ORK does not accelerate.
+            let npu_w = match &self.takes[i] {
+                Take::Cpu => None,
+                Take::Npu(pw) => Some(Some(pw.clone())),
+                Take::Streamed(ss) => self.fill(&*graph, i, &mm, ss).map(Some),
+                Take::Gpu => Some(None),
             };
-            let (s, npu_w) = match ours {
-                Err(m) => {
-                    // The MUL_MAT after this one holds no terms of its activation.
-                    self.last_act.set(None);
-                    let ph = Phase::of(dev.cfg, m);
-                    dev.stats.cpu_mm[(ph == Phase::Decode) as usize].fetch_add(1, Relaxed);
-                    self.cpu.add(i);
-                    continue;
-                }
-                Ok(v) => {
-                    self.run_cpu(graph, i)?;
-                    v
-                }
+            let Some(npu_w) = npu_w else {
+                // The MUL_MAT after this one holds no terms of its activation; it is counted at
+                // its M (1 when it has no shape).
+                self.last_act = None;
+                let ph = Phase::of(dev.cfg, mm.shape.map_or(1, |s| s.m));
+                dev.stats.cpu_mm[(ph == Phase::Decode) as usize].fetch_add(1, Relaxed);
+                self.wait_for_cpu(i);
+                continue;
             };
+            self.run_cpu(graph, i)?;
             if reads_pending(&mm.srcs, &self.pending_dst) {
                 self.flush().map_err(|e| format!("GPU decode batch failed: {e}"))?;
             }
             if npu_w.is_some() && self.hold.is_none() {
                 self.hold = Some(dev.arbiter().hold());
             }
+            let r = self.mul_mat(graph, i, &mm, npu_w.clone(), link);
             // A streamed weight's calibrated direction, computed at its first corrected run, is
             // kept with its source for the next fill.
-            let fix_to = npu_w.as_ref().filter(|w| w.resident.is_streamed()).and_then(|pw| Some((pw.clone(), mm.weight.and_then(|w| streamed_src(&w))?)));
-            let r = self.mul_mat(graph, i, &mm, &s, npu_w, link);
-            if let Some((pw, ss)) = fix_to {
-                if let Some(f) = pw.fix.get() {
-                    let _ = ss.fix.set(f.clone());
-                }
+            if let (Take::Streamed(ss), Some(f)) = (&self.takes[i], npu_w.as_ref().and_then(|pw| pw.fix.get())) {
+                let _ = ss.fix.set(f.clone());
             }
             match r {
                 Ok(None) => {}
@@ -353,7 +369,7 @@ impl<'g> Walk<'_, 'g> {
             }
         }
         self.release();
-        let ran_cpu = !self.cpu.is_empty() || self.stream.logged_whole_graph.load(Relaxed);
+        let ran_cpu = self.cpu_ops > 0 || self.stream.logged_whole_graph.load(Relaxed);
         self.run_cpu(graph, n)?;
         let npu_now = dev.stats.npu_matmuls.load(Relaxed);
         if ran_cpu && npu_now > npu_before && !self.stream.logged_npu_graph.swap(true, Relaxed) {
@@ -365,104 +381,37 @@ impl<'g> Walk<'_, 'g> {
         self.flush().map_err(|e| format!("GPU decode batch failed: {e}"))
     }
 
-    /// The resident weight of an accepted MUL_MAT, made resident first if it is not yet; None
-    /// when it cannot be (one warning per weight; the weight is remembered as not resident).
-    /// The NPU arbiter is let go before a weight is packed (a model's weights over the file's
-    /// mapping are packed at their first MUL_MAT): no other process waits on the packing.
-    fn npu_weight(&mut self, graph: &dyn Graph<'g>, i: usize, mm: &MulMatNode<'_>, m: usize) -> Option<Arc<PackedWeight>> {
-        let dev = self.dev;
-        let w = mm.weight.as_ref()?;
-        let store = w.store?;
-        let t = &w.tensor;
-        if let Some(pw) = packed_of(w, store) {
-            return Some(pw);
-        }
-        if let Some(ss) = streamed_src(w) {
-            return self.streamed_weight(graph, i, mm, m, ss);
-        }
-        if store.is_failed(t.addr) {
-            return None;
-        }
-        self.release();
-        let packed = match graph.weight_data(i) {
-            Some(data) => packed_weight(dev, store, t, &data, w.model_weight),
-            None => Err(crate::npu::NpuError::NoDevice("no weight data".into())),
-        };
-        match packed {
-            Ok(Placed::Resident(pw)) => Some(pw),
-            Ok(Placed::Streamed(ss)) => self.streamed_weight(graph, i, mm, m, ss),
-            Err(e) => {
-                dev.stats.not_resident.fetch_add(1, Relaxed);
-                if w.model_weight {
-                    // A model's weight packed at first use (read in place from the model file's
-                    // mapping, or loaded with --no-mmap): reported like one packed at load.
-                    super::buffer::not_resident(dev, t, &e);
-                } else {
-                    log::warn!("MUL_MAT {} runs on the CPU: weight {} not resident on the NPU ({e})", mm.name, t.name);
-                }
-                None
-            }
-        }
-    }
-
-    /// The weight of MUL_MAT node `i` (`m` rows) filled into stream ring slots: the fill that ran
+    /// The weight of streamed MUL_MAT node `i` filled into stream ring slots: the fill that ran
     /// ahead if it was for it, else a fill now; then the fill of the next streamed MUL_MAT (of
-    /// this graph, else the weight that followed this one last time) is handed to the worker. None (the MUL_MAT runs on the CPU): streaming does not pay at this
-    /// M, or the fill failed (counted).
-    fn streamed_weight(&mut self, graph: &dyn Graph<'g>, i: usize, mm: &MulMatNode<'_>, m: usize, ss: Arc<StreamSrc>) -> Option<Arc<PackedWeight>> {
-        let dev = self.dev;
-        let st = &dev.stream;
-        if !ss.pays(dev, m) {
-            st.declined.fetch_add(1, Relaxed);
-            return None;
-        }
-        let addr = mm.weight.as_ref()?.tensor.addr;
-        let r = match graph.weight_data(i) {
-            Some(data) => {
-                let w = mm.weight.as_ref()?;
-                let name = w.tensor.name.to_str();
-                let src = data.source(&w.tensor, &name).ok();
-                st.take(dev, addr, &ss, src.as_ref())
-            }
-            None => st.take(dev, addr, &ss, None),
-        };
+    /// this graph, else the weight that followed this one last time) is handed to the worker.
+    /// None (the MUL_MAT runs on the CPU): the fill failed (counted).
+    fn fill(&self, graph: &dyn Graph<'g>, i: usize, mm: &MulMatNode<'_>, ss: &Arc<StreamSrc>) -> Option<Arc<PackedWeight>> {
+        let (dev, w) = (self.dev, mm.weight.as_ref()?);
+        let name = w.tensor.name.to_str();
+        let data = graph.weight_data(i);
+        let src = data.as_ref().and_then(|d| d.source(&w.tensor, &name).ok());
+        let r = dev.stream.take(dev, w.tensor.addr, ss, src.as_ref());
         // The next streamed weight of this graph, else the one that came next last time.
         self.prefetch_from(i + 1);
-        st.prefetch_successor(dev, addr);
+        dev.stream.prefetch_successor(dev, w.tensor.addr);
         r.ok()
     }
 
-    /// Hands the fill of the first streamed MUL_MAT at or after node `from` to the stream worker
-    /// (where it pays at its M), unless a fill runs ahead already.
-    fn prefetch_from(&mut self, from: usize) {
+    /// Hands the fill of the first streamed MUL_MAT at or after node `from` to the stream worker,
+    /// unless a fill runs ahead already.
+    fn prefetch_from(&self, from: usize) {
         let dev = self.dev;
-        if dev.stream.has_pending() {
-            return;
+        let next = &self.streamed[self.streamed.partition_point(|s| s.0 < from)..];
+        if let Some((_, addr, ss)) = next.first().filter(|_| !dev.stream.has_pending()) {
+            dev.stream.prefetch(dev, *addr, ss.clone());
         }
-        for j in from.max(self.scanned_to)..self.nodes.len() {
-            let Node::MulMat(mm) = self.nodes[j] else { continue };
-            let (Some(s), Some(ss)) = (mm.shape, mm.weight.and_then(|w| streamed_src(&w))) else { continue };
-            if mul_mat_unsupported(dev, &s).is_some() || !ss.pays(dev, s.m) {
-                continue;
-            }
-            dev.stream.prefetch(dev, mm.weight.map_or(0, |w| w.tensor.addr), ss);
-            return;
-        }
-        self.scanned_to = self.nodes.len();
     }
 
     /// Runs one MUL_MAT on the NPU now (`npu_w`: its resident weight), or returns it as a GPU
-    /// job to batch (decode routed to the GPU, `npu_w` None). `s` is the node's shape, which the
-    /// caller checked ORK accepts.
-    fn mul_mat(
-        &self,
-        graph: &mut dyn Graph<'g>,
-        i: usize,
-        mm: &MulMatNode<'_>,
-        s: &MatMulShape,
-        npu_w: Option<Arc<PackedWeight>>,
-        link: Link,
-    ) -> Result<Option<GpuJob<'g>>, String> {
+    /// job to batch (decode routed to the GPU, `npu_w` None). Its shape is one ORK accepts
+    /// ([`prepare`]).
+    fn mul_mat(&mut self, graph: &mut dyn Graph<'g>, i: usize, mm: &MulMatNode<'_>, npu_w: Option<Arc<PackedWeight>>, link: Link) -> Result<Option<GpuJob<'g>>, String> {
+        let s = mm.shape.ok_or("no shape")?;
         let io = graph.mul_mat_io(i);
         let act = io.as_ref().map(|(x, _)| (x.as_ptr() as usize, x.len()));
         // The same activation as the MUL_MAT before (the graph's word), which ran on the NPU
@@ -494,7 +443,7 @@ impl<'g> Walk<'_, 'g> {
             self.dev.stats.fallback_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
             return Ok(None);
         }
-        self.last_act.set(act);
+        self.last_act = act;
         Ok(None)
     }
 
@@ -527,16 +476,23 @@ impl<'g> Walk<'_, 'g> {
         }
     }
 
-    /// Runs the nodes waiting for the CPU, up to node `to`, on ggml's CPU backend.
+    /// Node `i` joins the nodes waiting for ggml's CPU backend.
+    fn wait_for_cpu(&mut self, i: usize) {
+        self.cpu_from.get_or_insert(i);
+        self.cpu_ops += 1;
+    }
+
+    /// Runs the nodes waiting for the CPU, up to node `to` (exclusive), on ggml's CPU backend.
     fn run_cpu(&mut self, graph: &mut dyn Graph<'g>, to: usize) -> Result<(), String> {
-        let Some((nodes, ops)) = self.cpu.take(to) else { return Ok(()) };
+        let Some(from) = self.cpu_from.take() else { return Ok(()) };
+        let ops = std::mem::take(&mut self.cpu_ops);
         self.release();
         self.flush()?;
         if !self.stream.logged_whole_graph.swap(true, Relaxed) {
             log::info!("whole-graph mode (e.g. ggml-rpc-server -d ORK): ORK runs the ops it does not accelerate on ggml's CPU backend");
         }
         let t0 = Instant::now();
-        graph.run_cpu(nodes)?;
+        graph.run_cpu(from..to)?;
         self.dev.stats.cpu_ops.fetch_add(ops, Relaxed);
         self.dev.stats.cpu_ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
         Ok(())
@@ -1046,25 +1002,21 @@ mod tests {
         assert!(dev.breakdown().contains("; 0 weights kept one int8 term for want of resident budget and 1 were not made resident"), "{}", dev.breakdown());
     }
 
-    /// Packing a weight at its first MUL_MAT lets the NPU arbiter's hold go first (no other
-    /// process waits on the packing); a weight already resident keeps the hold.
+    /// A weight is packed at its first MUL_MAT by the pre-pass (`prepare`), before the walk
+    /// holds the NPU arbiter (no other process waits on the packing); afterwards it is found
+    /// resident.
     #[test]
-    fn a_first_use_pack_lets_the_npu_hold_go() {
+    fn a_first_use_pack_happens_before_the_walk() {
         let dev = sim_device();
-        let stream = Stream::default();
         let store = WeightStore::default();
         let wb: Vec<u8> = weight_f32().iter().flat_map(|v| v.to_le_bytes()).collect();
         let tensor = Tensor { addr: wb.as_ptr() as usize, ggml_type: crate::quant::types::F32, ne: [K as i64, N as i64, 1, 1], contiguous: true, is_view: false, name: Name(b"blk.0.ffn_up.weight") };
         let w = Weight { tensor, store: Some(&store), model_weight: true, repacked: false };
         let g = Fake { nodes: vec![mul_mat(0x100, M_NPU, Some(w), &[])], weight: &wb, io: vec![None], cpu_runs: vec![], cpu_fails: false };
         let Node::MulMat(mm) = g.nodes[0] else { unreachable!() };
-        let mut walk = Walk { dev: &dev, stream: &stream, nodes: Vec::new(), pending: Vec::new(), pending_dst: Vec::new(), cpu: CpuRun::default(), last_act: Default::default(), hold: Some(dev.arbiter().hold()), scanned_to: 0 };
-        assert!(walk.npu_weight(&g, 0, &mm, M_NPU).is_some(), "packed");
-        assert!(walk.hold.is_none(), "let go before packing");
-        walk.hold = Some(dev.arbiter().hold());
-        assert!(walk.npu_weight(&g, 0, &mm, M_NPU).is_some(), "resident");
-        assert!(walk.hold.is_some(), "kept for a resident weight");
-        walk.release();
+        assert!(matches!(prepare(&dev, &g, 0, &mm), Take::Npu(_)), "packed");
+        assert!(matches!(prepare(&dev, &g, 0, &mm), Take::Npu(_)), "resident");
+        assert_eq!(dev.stats.packed.load(Relaxed), 1, "packed once");
     }
 
     #[test]
@@ -1098,19 +1050,5 @@ mod tests {
         assert!(!reads_pending(&srcs(&[(0x500, 0x700)]), &pending));
         assert!(!reads_pending(&srcs(&[]), &pending), "no sources");
         assert!(!reads_pending(&srcs(&[(0x100, 0)]), &[]), "nothing pending");
-    }
-
-    #[test]
-    fn cpu_runs_span_from_their_first_op_to_the_next_ork_node() {
-        let mut r = CpuRun::default();
-        assert_eq!(r.take(3), None, "nothing waiting");
-        r.add(2);
-        r.add(4);
-        assert!(!r.is_empty());
-        assert_eq!(r.take(7), Some((2..7, 2)), "view nodes 3, 5, 6 inside, not counted");
-        assert!(r.is_empty());
-        assert_eq!(r.take(9), None, "the run is over");
-        r.add(9);
-        assert_eq!(r.take(10), Some((9..10, 1)));
     }
 }

@@ -85,13 +85,6 @@ fn rows_hash(rows: &[u64]) -> u64 {
 const SCRATCH_KEEP_BYTES: usize = 32 << 20;
 
 impl Scratch {
-    /// The first elements of each buffer, grown to hold them: int8 terms, their scales, dots,
-    /// coefficients, and the int32 results of the two weight terms.
-    #[allow(clippy::type_complexity)] // six disjoint views, named at the one caller
-    fn split(&mut self, a: usize, s: usize, d: usize, co: usize, c: usize, cl: usize) -> (&mut [i8], &mut [f32], &mut [f32], &mut [Option<f32>], &mut [i32], &mut [i32]) {
-        (scratch(&mut self.a, a), scratch(&mut self.a_scale, s), scratch(&mut self.dots, d), scratch(&mut self.coef, co), scratch(&mut self.c, c), scratch(&mut self.cl, cl))
-    }
-
     fn kept(mut self) -> Scratch {
         fn cap<T>(v: &mut Vec<T>) {
             if v.capacity() * std::mem::size_of::<T>() > SCRATCH_KEEP_BYTES {
@@ -127,18 +120,25 @@ fn scratch<T: Copy + Default>(v: &mut Vec<T>, len: usize) -> &mut [T] {
     &mut v[..len]
 }
 
-/// `buf` cut at the consecutive ranges `cuts` (`(start, end)`, ascending, non-overlapping).
-fn pieces<'a, T>(mut buf: &'a mut [T], cuts: &[(usize, usize)]) -> Vec<&'a mut [T]> {
-    let mut out = Vec::with_capacity(cuts.len());
+/// `buf` cut at the pieces' rows `bounds` (`(start, end)`, ascending, non-overlapping), `len`
+/// elements a row.
+fn cut<'a, T>(mut buf: &'a mut [T], bounds: &[(usize, usize)], len: usize) -> Vec<&'a mut [T]> {
+    let mut out = Vec::with_capacity(bounds.len());
     let mut at = 0;
-    for &(s, e) in cuts {
-        let (_, rest) = std::mem::take(&mut buf).split_at_mut(s - at);
-        let (p, rest) = rest.split_at_mut(e - s);
+    for &(s, e) in bounds {
+        let (_, rest) = std::mem::take(&mut buf).split_at_mut((s - at) * len);
+        let (p, rest) = rest.split_at_mut((e - s) * len);
         out.push(p);
         buf = rest;
         at = e;
     }
     out
+}
+
+/// The scratch buffer `v` grown to hold the pieces' rows (`len` elements a row) and [`cut`] at them.
+fn pieces<'a, T: Copy + Default>(v: &'a mut Vec<T>, bounds: &[(usize, usize)], len: usize) -> Vec<&'a mut [T]> {
+    let rows = bounds.last().map_or(0, |b| b.1);
+    cut(scratch(v, rows * len), bounds, len)
 }
 
 /// Where one weight term's int32 result of an NPU MUL_MAT is: in the NPU cores' buffers, or
@@ -166,22 +166,21 @@ impl TermOut {
     }
 }
 
+/// What the NPU runs of one MUL_MAT did.
 #[derive(Default)]
 struct PieceRun {
     submits: u64,
     /// Rows sent to the NPU by the runs that succeeded.
     sent: u64,
-    device_ns: u64,
     /// The runs' longest core's host work and time past the hardware time (`npu::RunStats`).
     core_host_ns: u64,
     late_ns: u64,
     /// The runs' device time: each run's busiest core's (`npu::RunStats::device_max_ns`).
     device_max_ns: u64,
-    cores: u64,
     /// NPU runs that failed (computed on the CPU instead, `cpu_ns`).
     failed: u64,
     cpu_ns: u64,
-    /// Wall time of the piece's NPU runs, the CPU's instead included.
+    /// Wall time of the NPU runs, the CPU's instead included.
     wall_ns: u64,
     synced_bytes: u64,
     io_bytes: u64,
@@ -197,11 +196,9 @@ impl PieceRun {
                 self.io_bytes += rs.io_bytes;
                 self.submits += u64::from(rs.submits);
                 self.sent += rows as u64;
-                self.device_ns += rs.device_ns;
                 self.core_host_ns += rs.core_host_ns;
                 self.late_ns += rs.late_ns;
                 self.device_max_ns += rs.device_max_ns;
-                self.cores = self.cores.max(u64::from(rs.cores));
             }
             Err(e) => {
                 if leased {
@@ -211,21 +208,6 @@ impl PieceRun {
                 cpu(self);
             }
         }
-    }
-
-    fn add(&mut self, o: &PieceRun) {
-        self.submits += o.submits;
-        self.sent += o.sent;
-        self.device_ns += o.device_ns;
-        self.core_host_ns += o.core_host_ns;
-        self.late_ns += o.late_ns;
-        self.device_max_ns += o.device_max_ns;
-        self.cores = self.cores.max(o.cores);
-        self.failed += o.failed;
-        self.cpu_ns += o.cpu_ns;
-        self.wall_ns += o.wall_ns;
-        self.synced_bytes += o.synced_bytes;
-        self.io_bytes += o.io_bytes;
     }
 }
 
@@ -275,21 +257,17 @@ impl Device {
     /// the dot in the activation pass, `c_m·e` in the output pass), so a row's result does not
     /// depend on the other rows of the ubatch; with `ORK_CALIBRATE=1` the rows are recorded into
     /// the calibration file instead.
+    /// Outside a graph nobody can tell whether a later MUL_MAT reads `x` again: its key is
+    /// always taken.
     pub fn run_mul_mat(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32]) {
-        self.run_mul_mat_after(w, src, x, m, dst, false)
+        self.run_mul_mat_linked(w, Some(src), x, m, dst, Link { held: false, read_again: Again::Yes });
     }
 
-    /// [`Device::run_mul_mat`] where the caller knows whether `x` is the activation of this
-    /// thread's previous MUL_MAT, unchanged since (`same`: the same tensor, and nothing ran in
-    /// between that could write it — within one graph call, between two of ORK's own MUL_MATs).
-    /// Then the int8 terms that MUL_MAT left are reused without hashing `x` to prove it. Outside
-    /// a graph nobody can tell whether a later MUL_MAT reads `x` again: its key is always taken.
-    pub fn run_mul_mat_after(&self, w: &PackedWeight, src: &WeightSource<'_>, x: &[f32], m: usize, dst: &mut [f32], same: bool) {
-        self.run_mul_mat_linked(w, Some(src), x, m, dst, Link { held: same, read_again: Again::Yes });
-    }
-
-    /// [`Device::run_mul_mat_after`] with what the graph walk knows of the activation (`link`:
-    /// `held` as `same` there; whether a later MUL_MAT reads it again).
+    /// [`Device::run_mul_mat`] with what the graph walk knows of the activation (`link`): `held`,
+    /// `x` is the activation of this thread's previous MUL_MAT, unchanged since (the same tensor,
+    /// and nothing ran in between that could write it — within one graph call, between two of
+    /// ORK's own MUL_MATs): then the int8 terms that MUL_MAT left are reused without hashing `x`
+    /// to prove it; and whether a later MUL_MAT reads it again.
     ///
     /// `src` None: the weight's bytes are ggml-cpu's repacked layout (its calibrated direction was
     /// computed when it was packed, `backend::buffer`); where a run failed and its rows could not
@@ -337,16 +315,7 @@ impl Device {
     /// [`Device::fixed_direction`] computes, for any copy of the weight in those terms (the
     /// NPU's, the GPU's). Time counts as weight preparation.
     #[allow(clippy::too_many_arguments)] // the weight, its terms, and where its direction is
-    pub(super) fn calibrated_direction(
-        &self,
-        src: &WeightSource<'_>,
-        n: usize,
-        k: usize,
-        rot: Option<&quant::rotate::Rotation>,
-        two_terms: bool,
-        store: &crate::cache::calib::Store,
-        key: u64,
-    ) -> Option<quant::mean::Direction> {
+    pub(super) fn calibrated_direction(&self, src: &WeightSource<'_>, n: usize, k: usize, rot: Option<&quant::rotate::Rotation>, two_terms: bool, store: &crate::cache::calib::Store, key: u64) -> Option<quant::mean::Direction> {
         let t = Instant::now();
         let dir = store.direction(key, k)?;
         let exact: Vec<f64> = crate::pack::source_matvec(src, n, k, &dir).into_iter().map(f64::from).collect();
@@ -366,8 +335,8 @@ impl Device {
     /// its own values only.
     ///
     /// [`Device::plan_matmul`] decides everything first (the held activation, the NPU lease, the
-    /// pieces); [`Passes::run_whole`] or [`Passes::run_cut`] carries it out;
-    /// [`Device::book_matmul`] folds what happened into the counters.
+    /// pieces); [`Passes::run`] carries it out; [`Device::book_matmul`] folds what happened into
+    /// the counters.
     /// Every row goes through the same arithmetic whatever the cut (rows are independent, the
     /// NPU's int32 results exact), so the bits do not depend on it.
     #[allow(clippy::too_many_arguments)] // the MUL_MAT's operands, its correction, the graph's link
@@ -380,53 +349,38 @@ impl Device {
         // simply allocates its own); none of them needs zeroing: each is fully written below.
         let mut sc = SCRATCH.with(|c| c.take());
         let mut plan = self.plan_matmul(w, x, m, link, &mut sc);
-        let (terms, lt) = (plan.terms, plan.lt);
         let dir = fix.map(|d| d.dir.as_slice());
         let mut hashes = vec![0u64; if plan.hashed { m } else { 0 }];
-        let (a, a_scale, dots, coef, c, cl) = sc.split(terms * m * k, terms * m, if dir.is_some() { m } else { 0 }, if fix.is_some() { m } else { 0 }, terms * m * n, if w.lo.is_some() { lt * m * n } else { 0 });
-        let passes = Passes {
-            dev: self,
-            w,
-            x,
-            terms,
-            lt,
-            // Rotated weights have no column equalisation: the activation rows are rotated by
-            // the same R instead.
-            prep: w.rot.as_ref().map_or(quant::RowPrep::Columns(&w.col_scale), |rot| quant::RowPrep::Rotate(rot)),
-            dir,
-            fix,
-            busy: plan.lease.as_ref().err().map(|e| e.to_string()),
-            budget: plan.budget,
-            first: plan.first,
-            cpu: CpuFallback { w, src, terms: std::sync::OnceLock::new(), missed: Default::default() },
-        };
         let mut rep = Report::default();
         // The MUL_MAT — reuse decision, activation pass, NPU runs, output pass; cut into pieces
         // or not — runs on this thread as the lead of the host's team (`pool::on_host`), whose
         // other threads take each pass's rows as it comes and wait for the next in between.
-        let uncut = pool::on_host(self.cfg, terms * m * k, || {
-            let bufs = Bufs { a, a_scale, dots, coef, c, cl, hashes: &mut hashes, dst };
+        let missed = pool::on_host(self.cfg, plan.terms * m * k, || {
             // Cut: the cores run the pieces one after the other as their rows come
             // (`Npu::mm_run_pieces`), each core without waiting for the others between
             // pieces. Where that run cannot be had (its activation image), it runs uncut.
-            let run = if plan.bounds.len() > 1 { self.npu.mm_run_pieces(&w.resident, &plan.bounds, plan.budget, plan.first).ok() } else { None };
-            match run {
-                Some(mut run) => {
-                    passes.run_cut(&plan, bufs, &mut run, &mut rep);
-                    false
-                }
-                None => {
-                    passes.run_whole(&plan, bufs, &mut rep);
-                    true
-                }
+            let cores = if plan.bounds.len() > 1 { self.npu.mm_run_pieces(&w.resident, &plan.bounds, plan.budget, plan.first).ok() } else { None };
+            if cores.is_none() {
+                plan.bounds = vec![(0, m)];
             }
+            let passes = Passes {
+                dev: self,
+                w,
+                x,
+                plan: &plan,
+                // Rotated weights have no column equalisation: the activation rows are rotated by
+                // the same R instead.
+                prep: w.rot.as_ref().map_or(quant::RowPrep::Columns(&w.col_scale), |rot| quant::RowPrep::Rotate(rot)),
+                dir,
+                fix,
+                cpu: CpuFallback { w, src, terms: std::sync::OnceLock::new(), missed: Default::default() },
+            };
+            passes.run(&mut sc, &mut hashes, dst, cores, &mut rep);
+            passes.cpu.missed.load(Relaxed)
         });
-        if uncut {
-            plan.bounds = vec![(0, m)];
-        }
         // The key of an activation not hashed before its pass: from the row hashes it took.
         let (key, reused, redot) = rep.decided;
-        let key = if hashes.is_empty() { key } else { Some(ActKey::of(x, m, terms, rows_hash(&hashes))) };
+        let key = if hashes.is_empty() { key } else { Some(ActKey::of(x, m, plan.terms, rows_hash(&hashes))) };
         // What the weight whose terms were held learns: its activation was read again, or not.
         if let Some(seen) = &sc.act_seen {
             if reused {
@@ -442,7 +396,6 @@ impl Device {
             sc.dot_dir.clear();
             sc.dot_dir.extend_from_slice(dir.unwrap_or_default());
         }
-        let missed = passes.cpu.missed.load(Relaxed);
         self.book_matmul(plan, &rep, m, t0);
         SCRATCH.with(|cell| cell.set(sc.kept()));
         missed
@@ -463,8 +416,8 @@ impl Device {
         // same hand-off to the host pool as the activation pass where the MUL_MAT is not cut).
         let (held_act, held_dir) = (sc.act, std::mem::take(&mut sc.dot_dir));
         let here = |a: &ActKey| (a.addr, a.len, a.rows, a.terms) == (x.as_ptr() as usize, x.len(), m, terms);
-        let vouched = held_act.filter(|a| link.held && here(a));
         let candidate = held_act.is_some_and(|a| here(&a));
+        let vouched = link.held && candidate;
         // The rows' hashes (the key of the int8 terms this pass makes) where a later MUL_MAT may
         // read the same activation: the graph shows one, or the graph ends first and the
         // activations this weight read were read again before (or it has not run yet).
@@ -473,7 +426,7 @@ impl Device {
             Again::No => false,
             Again::Unknown => w.act_seen.may_be_read_again(),
         };
-        let hashed = w.rot.is_some() && vouched.is_none() && !candidate && again;
+        let hashed = w.rot.is_some() && !candidate && again;
         let t_ask = Instant::now();
         let lease = self.arbiter().acquire(phase, want);
         let t_got = Instant::now();
@@ -496,18 +449,18 @@ impl Device {
         } else {
             vec![(0, m)]
         };
-        let phase_i = (phase == crate::route::Phase::Decode) as usize;
-        Plan { terms, lt: LO_ACT_TERMS.min(terms), phase_i, held_act, held_dir, vouched, candidate, hashed, lease, budget, first, bounds, t_ask, t_got }
+        Plan { terms, lt: LO_ACT_TERMS.min(terms), held_act, held_dir, vouched, candidate, hashed, lease, budget, first, bounds, t_ask, t_got }
     }
 
     /// Folds one NPU MUL_MAT's report into the counters, once: its runs (or why it fell back),
     /// the reuse of its activation, and where its wall time since `t0` went.
     fn book_matmul(&self, plan: Plan<'_>, rep: &Report, m: usize, t0: Instant) {
-        let (ps, runs) = (&self.stats.phase[plan.phase_i], &rep.runs);
+        let decode = crate::route::Phase::of(self.cfg, m) == crate::route::Phase::Decode;
+        let (ps, runs) = (&self.stats.phase[decode as usize], &rep.runs);
         let (_, reused, _) = rep.decided;
         if reused {
             self.stats.act_reused.fetch_add(1, Relaxed);
-            if plan.vouched.is_some() {
+            if plan.vouched {
                 self.stats.act_vouched.fetch_add(1, Relaxed);
             }
         }
@@ -560,19 +513,19 @@ impl Device {
     }
 }
 
+
 /// One NPU MUL_MAT as [`Device::plan_matmul`] decided it.
 struct Plan<'d> {
     /// Int8 terms of the activation, and of those the ones the second weight term meets.
     terms: usize,
     lt: usize,
-    /// Index of its phase in `Stats::phase` (prefill 0, decode 1).
-    phase_i: usize,
     /// What the scratch held (its activation and the direction its dots were taken with), and
-    /// whether that is this activation on the walk's word (`vouched`) or may be (`candidate`).
+    /// whether that may be this activation (`candidate`: same address and size) and is on the
+    /// walk's word (`vouched`).
     held_act: Option<ActKey>,
     held_dir: Vec<f32>,
-    vouched: Option<ActKey>,
     candidate: bool,
+    vouched: bool,
     /// The activation pass takes the rows' hashes (the key a later MUL_MAT may ask for).
     hashed: bool,
     lease: Result<crate::route::arbiter::Lease<'d>, crate::route::arbiter::ArbError>,
@@ -585,19 +538,6 @@ struct Plan<'d> {
     t_got: Instant,
 }
 
-impl Plan<'_> {
-    /// Whether the held int8 terms are this activation's, and with it the key of its terms:
-    /// (key, reused, redot). The dots are taken again when the int8 terms are reused but this
-    /// weight's direction is not the one they were taken with (Q/K/V and gate/up share it). An
-    /// activation that cannot be the held one (another address or size) is not hashed here: its
-    /// activation pass takes the row hashes, and its key after it.
-    fn decide(&self, p: &Passes<'_>, m: usize) -> (Option<ActKey>, bool, bool) {
-        let key = p.w.rot.as_ref().and_then(|_| self.vouched.or_else(|| self.candidate.then(|| ActKey::of(p.x, m, self.terms, act_hash(p.x, p.w.k)))));
-        let reused = key.is_some() && key == self.held_act;
-        (key, reused, reused && p.dir.is_some_and(|d| d != self.held_dir.as_slice()))
-    }
-}
-
 /// What one NPU MUL_MAT's run did, for [`Device::book_matmul`].
 #[derive(Default)]
 struct Report {
@@ -606,46 +546,43 @@ struct Report {
     out_ns: u64,
     check_ns: u64,
     runs: PieceRun,
-    /// [`Plan::decide`]'s answer.
+    /// [`Passes::decide`]'s answer.
     decided: (Option<ActKey>, bool, bool),
 }
 
-/// The scratch buffers of one MUL_MAT (all of its rows) and its output.
-struct Bufs<'s, 'g> {
-    a: &'s mut [i8],
-    a_scale: &'s mut [f32],
-    dots: &'s mut [f32],
-    coef: &'s mut [Option<f32>],
-    c: &'s mut [i32],
-    cl: &'s mut [i32],
-    hashes: &'s mut [u64],
-    dst: &'g mut [f32],
-}
-
-/// The host's passes and the NPU runs of one MUL_MAT, for a piece of its rows at a time.
+/// The host's passes and the NPU runs of one MUL_MAT as its plan says, a piece of its rows at a
+/// time.
 struct Passes<'a> {
     dev: &'a Device,
     w: &'a PackedWeight,
     x: &'a [f32],
-    terms: usize,
-    lt: usize,
+    plan: &'a Plan<'a>,
     prep: quant::RowPrep<'a>,
     dir: Option<&'a [f32]>,
     fix: Option<&'a quant::mean::Direction>,
-    /// Why the NPU was not leased (another context or process holds it), else None.
-    busy: Option<String>,
-    budget: Budget,
-    first: u32,
     /// The runs' one CPU fallback.
     cpu: CpuFallback<'a>,
 }
 
 impl<'a> Passes<'a> {
+    /// Whether the held int8 terms are this activation's, and with it the key of its terms:
+    /// (key, reused, redot). The dots are taken again when the int8 terms are reused but this
+    /// weight's direction is not the one they were taken with (Q/K/V and gate/up share it). An
+    /// activation that cannot be the held one (another address or size) is not hashed here: its
+    /// activation pass takes the row hashes, and its key after it.
+    fn decide(&self, m: usize) -> (Option<ActKey>, bool, bool) {
+        let p = self.plan;
+        let vouched = p.held_act.filter(|_| p.vouched);
+        let key = self.w.rot.as_ref().and_then(|_| vouched.or_else(|| p.candidate.then(|| ActKey::of(self.x, m, p.terms, act_hash(self.x, self.w.k)))));
+        let reused = key.is_some() && key == p.held_act;
+        (key, reused, reused && self.dir.is_some_and(|d| d != p.held_dir.as_slice()))
+    }
+
     /// The activation pass of rows [r0, r1) (all of M when uncut: then the slices hold every
     /// term, term-major). Returns its time and the time of dots taken again.
     #[allow(clippy::too_many_arguments)] // a piece of each scratch buffer
     fn act(&self, (r0, r1): (usize, usize), (reused, redot): (bool, bool), a: &mut [i8], a_scale: &mut [f32], dots: &mut [f32], coef: &mut [Option<f32>], hashes: &mut [u64]) -> (u64, u64) {
-        let (k, terms, dir) = (self.w.k, self.terms, self.dir);
+        let (k, terms, dir) = (self.w.k, self.plan.terms, self.dir);
         let t = Instant::now();
         let mut dot_ns = 0;
         let xr = &self.x[r0 * k..r1 * k];
@@ -668,34 +605,35 @@ impl<'a> Passes<'a> {
 
     /// One weight term's NPU run of `rows` activation rows (`a`: their int8 terms, term-major),
     /// booked into `r`: its result left in the NPU cores' buffers (`TermOut::Shares`), or on an
-    /// error the same int8 arithmetic on the CPU into `out` (`second`: the second weight term).
+    /// error (or where the NPU was not leased: another context or process holds it) the same
+    /// int8 arithmetic on the CPU into `out` (`second`: the second weight term).
     fn term(&self, r: &mut PieceRun, rw: &crate::npu::ResidentWeight, second: bool, a: &[i8], rows: usize, out: &mut [i32]) -> TermOut {
+        let p = self.plan;
         let mut held_by = TermOut::Dense;
-        let run = match &self.busy {
-            None => self.dev.npu.mm_run_shares(rw, a, rows, self.budget, self.first).map(|(sh, rs)| {
+        let run = match &p.lease {
+            Ok(_) => self.dev.npu.mm_run_shares(rw, a, rows, p.budget, p.first).map(|(sh, rs)| {
                 held_by = TermOut::Shares(sh);
                 rs
             }),
-            Some(e) => Err(NpuError::NoDevice(e.clone())),
+            Err(e) => Err(NpuError::NoDevice(e.to_string())),
         };
-        r.book(run, rows, self.busy.is_none(), self.dev, |r| self.cpu.run(r, a, rows, second, out));
+        r.book(run, rows, p.lease.is_ok(), self.dev, |r| self.cpu.run(r, a, rows, second, out));
         held_by
     }
 
-    /// The NPU runs of `mr` rows (`a`: their int8 terms, term-major), each weight term's result
-    /// into `c` / `cl` where it fell back to the CPU.
-    fn npu(&self, a: &[i8], mr: usize, c: &mut [i32], cl: &mut [i32]) -> (PieceRun, TermOut, TermOut) {
-        let (k, terms) = (self.w.k, self.terms);
-        let mut r = PieceRun::default();
+    /// The NPU runs of `mr` rows (`a`: their int8 terms, term-major), booked into `runs`, each
+    /// weight term's result into `c` / `cl` where it fell back to the CPU.
+    fn npu(&self, a: &[i8], mr: usize, c: &mut [i32], cl: &mut [i32], runs: &mut PieceRun) -> (TermOut, TermOut) {
+        let (k, terms, lt) = (self.w.k, self.plan.terms, self.plan.lt);
         let t = Instant::now();
-        let hc = self.term(&mut r, &self.w.resident, false, a, terms * mr, c);
+        let hc = self.term(runs, &self.w.resident, false, a, terms * mr, c);
         // The second weight term against the first activation term only: the cross terms
         // with later activation terms sit below both terms' resolution (SmolLM2: NMSE ≤ 3e-8
         // with them, ≤ 1.2e-6 without, against 1e-4 for one weight term) and would cost T·M
         // more NPU rows.
         let mut hl = TermOut::Dense;
         if let Some((lo, _)) = &self.w.lo {
-            hl = self.term(&mut r, lo, true, &a[..self.lt * mr * k], self.lt * mr, cl);
+            hl = self.term(runs, lo, true, &a[..lt * mr * k], lt * mr, cl);
             // The output pass walks the first term's segments: a dense first term (computed
             // on the CPU) takes a dense second one.
             if let (TermOut::Dense, TermOut::Shares(_)) = (&hc, &hl) {
@@ -705,25 +643,42 @@ impl<'a> Passes<'a> {
                 }
             }
         }
-        r.wall_ns = t.elapsed().as_nanos() as u64;
-        (r, hc, hl)
+        runs.wall_ns += t.elapsed().as_nanos() as u64;
+        (hc, hl)
+    }
+
+    /// Piece `i` of rows `a` back from the NPU's cores (`cores`), or computed on the CPU into `c`
+    /// after an error, booked into `runs`.
+    fn land(&self, i: usize, cores: &mut crate::npu::PieceRun<'_>, a: &[i8], c: &mut [i32], runs: &mut PieceRun) -> TermOut {
+        let (r0, r1) = self.plan.bounds[i];
+        let mut hc = TermOut::Dense;
+        let got = cores.take(i).map(|(sh, rs)| {
+            hc = TermOut::Shares(sh);
+            rs
+        });
+        let host_ns = got.as_ref().map_or(0, |rs| rs.host_ns);
+        let cpu_before = runs.cpu_ns;
+        runs.book(got, r1 - r0, true, self.dev, |r| self.cpu.run(r, a, r1 - r0, false, c));
+        // The NPU part of the piece: its longest core run (or the CPU's instead).
+        runs.wall_ns += host_ns + runs.cpu_ns - cpu_before;
+        hc
     }
 
     /// The output pass of rows [r0, r1): every term, the second weight term, the correction,
     /// reading the NPU cores' buffers in place; then hands them back to the NPU.
     fn out(&self, (r0, r1): (usize, usize), c: (&[i32], TermOut), a_scale: &[f32], cl: (&[i32], TermOut), coef: &[Option<f32>], dst: &mut [f32]) -> u64 {
-        let w = self.w;
+        let (w, terms) = (self.w, self.plan.terms);
         let t = Instant::now();
         let (pc, pcl) = (c.1.parts(), cl.1.parts());
         let o = quant::Output {
             c: c.1.rows(c.0, &pc),
             a_scale,
-            terms: self.terms,
+            terms,
             w_scale: &w.scales,
             lo: w.lo.as_ref().map(|(_, ls)| (cl.1.rows(cl.0, &pcl), ls.as_slice())),
             corr: self.fix.map(|d| (coef, d.err.as_slice())),
         };
-        pool::on_host(self.dev.cfg, (self.terms + self.lt + 1) * (r1 - r0) * w.n, || quant::dequantize_fused(&o, dst));
+        pool::on_host(self.dev.cfg, (terms + self.plan.lt + 1) * (r1 - r0) * w.n, || quant::dequantize_fused(&o, dst));
         drop((pc, pcl));
         for h in [c.1, cl.1] {
             if let TermOut::Shares(sh) = h {
@@ -733,92 +688,45 @@ impl<'a> Passes<'a> {
         t.elapsed().as_nanos() as u64
     }
 
-    /// An uncut MUL_MAT: the reuse decision, the activation pass, the NPU runs, the output pass,
-    /// one after the other.
-    fn run_whole(&self, plan: &Plan<'_>, b: Bufs<'_, '_>, rep: &mut Report) {
-        let m = b.dst.len() / self.w.n;
-        let th = Instant::now();
-        let decided = plan.decide(self, m);
-        rep.check_ns = th.elapsed().as_nanos() as u64;
-        let d = self.act((0, m), (decided.1, decided.2), b.a, b.a_scale, b.dots, b.coef, b.hashes).1;
-        rep.decided = decided;
-        (rep.act_ns, rep.dot_ns) = (th.elapsed().as_nanos() as u64, d);
-        let (r, hc, hl) = self.npu(b.a, m, b.c, b.cl);
-        rep.runs.add(&r);
-        rep.out_ns += self.out((0, m), (b.c, hc), b.a_scale, (b.cl, hl), b.coef, b.dst);
-    }
-
-    /// A MUL_MAT cut into pieces (one int8 activation term, one weight term: row r of every
-    /// buffer is at r times its row length): the reuse decision, then the pieces on the NPU's
-    /// cores one after the other as their rows come (`run`, [`Passes::on_cores`]) while this
-    /// thread prepares the next and finishes the one before.
-    fn run_cut(&self, plan: &Plan<'_>, b: Bufs<'_, '_>, run: &mut crate::npu::PieceRun<'_>, rep: &mut Report) {
-        let (k, n) = (self.w.k, self.w.n);
-        let m = b.dst.len() / n;
-        let bounds = &plan.bounds;
-        let cut = |len: usize| bounds.iter().map(|&(r0, r1)| (r0 * len, r1 * len)).collect::<Vec<_>>();
-        let hashed = usize::from(!b.hashes.is_empty());
-        let p = Cut {
-            a: pieces(b.a, &cut(k)),
-            c: pieces(b.c, &cut(n)),
-            a_scale: pieces(b.a_scale, &cut(1)),
-            dots: pieces(b.dots, &cut(usize::from(self.dir.is_some()))),
-            coef: pieces(b.coef, &cut(usize::from(self.fix.is_some()))),
-            dst: pieces(b.dst, &cut(n)),
-            hashes: pieces(b.hashes, &cut(hashed)),
-        };
+    /// The MUL_MAT: the reuse decision, then its pieces, each buffer cut at their rows (row r
+    /// at r times its row length; one piece when uncut, whose buffers hold every term,
+    /// term-major; a cut MUL_MAT has one int8 activation term and one weight term). Each
+    /// piece's activation pass hands its rows to the NPU's cores (`cores`: they run the pieces
+    /// one after the other as their rows come; None: one run of the whole, [`Passes::npu`]);
+    /// the output pass of each piece runs beside the next one's NPU run.
+    fn run(&self, sc: &mut Scratch, hashes: &mut [u64], dst: &mut [f32], mut cores: Option<crate::npu::PieceRun<'_>>, rep: &mut Report) {
+        let (k, n, p) = (self.w.k, self.w.n, self.plan);
+        let (m, t, bounds) = (dst.len() / n, p.terms, &p.bounds);
+        let mut a = pieces(&mut sc.a, bounds, t * k);
+        let mut a_scale = pieces(&mut sc.a_scale, bounds, t);
+        let mut dots = pieces(&mut sc.dots, bounds, usize::from(self.dir.is_some()));
+        let mut coef = pieces(&mut sc.coef, bounds, usize::from(self.fix.is_some()));
+        let mut c = pieces(&mut sc.c, bounds, t * n);
+        let cl = scratch(&mut sc.cl, if self.w.lo.is_some() { p.lt * m * n } else { 0 });
+        let hashed = usize::from(!hashes.is_empty());
+        let mut hashes = cut(hashes, bounds, hashed);
+        let mut dst = cut(dst, bounds, n);
         let tc = Instant::now();
-        rep.decided = plan.decide(self, m);
+        rep.decided = self.decide(m);
         rep.check_ns = tc.elapsed().as_nanos() as u64;
-        rep.act_ns += rep.check_ns;
-        self.on_cores(plan, p, run, rep);
-    }
-
-    /// [`Passes::run_cut`]'s pieces on the cores as their rows come (`run`): each piece's output
-    /// pass beside the next one's NPU run.
-    fn on_cores(&self, plan: &Plan<'_>, mut p: Cut<'_, '_>, run: &mut crate::npu::PieceRun<'_>, rep: &mut Report) {
-        let bounds = &plan.bounds;
-        let (reused, redot) = (rep.decided.1, rep.decided.2);
-        // Piece i back from the NPU (or computed on the CPU after an error), booked.
-        let land = |i: usize, run: &mut crate::npu::PieceRun<'_>, a: &[i8], c: &mut [i32], runs: &mut PieceRun| -> TermOut {
-            let (r0, r1) = bounds[i];
-            let mut r = PieceRun::default();
-            let mut hc = TermOut::Dense;
-            let got = run.take(i).map(|(sh, rs)| {
-                hc = TermOut::Shares(sh);
-                rs
-            });
-            let host_ns = got.as_ref().map_or(0, |rs| rs.host_ns);
-            r.book(got, r1 - r0, true, self.dev, |r| self.cpu.run(r, a, r1 - r0, false, c));
-            // The NPU part of the piece: its longest core run (or the CPU's instead).
-            r.wall_ns = host_ns + r.cpu_ns;
-            runs.add(&r);
-            hc
-        };
-        for i in 0..bounds.len() {
-            let (t, d) = self.act(bounds[i], (reused, redot), p.a[i], p.a_scale[i], p.dots[i], p.coef[i], p.hashes[i]);
-            rep.act_ns += t;
-            rep.dot_ns += d;
-            // A piece whose rows could not be written fails its take (booked there).
-            let _ = run.fill(i, p.a[i]);
-            if i > 0 {
-                let hc = land(i - 1, run, p.a[i - 1], p.c[i - 1], &mut rep.runs);
-                rep.out_ns += self.out(bounds[i - 1], (p.c[i - 1], hc), p.a_scale[i - 1], (&[], TermOut::Dense), p.coef[i - 1], p.dst[i - 1]);
+        rep.act_ns = rep.check_ns;
+        let (_, reused, redot) = rep.decided;
+        for i in 0..=bounds.len() {
+            if i < bounds.len() {
+                let (t, d) = self.act(bounds[i], (reused, redot), a[i], a_scale[i], dots[i], coef[i], hashes[i]);
+                rep.act_ns += t;
+                rep.dot_ns += d;
+                if let Some(cores) = &mut cores {
+                    // A piece whose rows could not be written fails its take (booked there).
+                    let _ = cores.fill(i, a[i]);
+                }
             }
+            let Some(j) = i.checked_sub(1) else { continue };
+            let (hc, hl) = match &mut cores {
+                Some(cores) => (self.land(j, cores, a[j], c[j], &mut rep.runs), TermOut::Dense),
+                None => self.npu(a[j], m, c[j], cl, &mut rep.runs),
+            };
+            rep.out_ns += self.out(bounds[j], (c[j], hc), a_scale[j], (cl, hl), coef[j], dst[j]);
         }
-        let last = bounds.len() - 1;
-        let hc = land(last, run, p.a[last], p.c[last], &mut rep.runs);
-        rep.out_ns += self.out(bounds[last], (p.c[last], hc), p.a_scale[last], (&[], TermOut::Dense), p.coef[last], p.dst[last]);
     }
-}
-
-/// [`Passes::run_cut`]'s buffers cut at the pieces' rows.
-struct Cut<'s, 'g> {
-    a: Vec<&'s mut [i8]>,
-    c: Vec<&'s mut [i32]>,
-    a_scale: Vec<&'s mut [f32]>,
-    dots: Vec<&'s mut [f32]>,
-    coef: Vec<&'s mut [Option<f32>]>,
-    dst: Vec<&'g mut [f32]>,
-    hashes: Vec<&'s mut [u64]>,
 }
