@@ -119,14 +119,14 @@ pub fn engine_for(dev: &Device, s: &MatMulShape, at_split: bool) -> Engine {
         static ROUTES: std::cell::RefCell<std::collections::HashMap<Key, Engine>> = Default::default();
     }
     match dev.cfg.route {
-        RoutePolicy::Threshold => crate::route::choose(dev.cfg, s.m, dev.gpu_ready()).unwrap_or(Engine::Cpu),
+        RoutePolicy::Threshold => crate::route::choose(dev.cfg, s.m, dev.gpu_ready()),
         RoutePolicy::Cost => {
             let av = Availability { gpu: dev.gpu_ready(), npu_busy: at_split && dev.arbiter().busy() };
             let key = (s.m, s.k, s.n, s.weight_type, av.gpu, av.npu_busy);
             super::remembered(&ROUTES, key, || {
                 let mm = MatMul { m: s.m, k: s.k, n: s.n, ggml_type: s.weight_type };
                 let d = crate::route::decide(dev.cfg, dev.npu.soc(), &mm, av);
-                log::trace!("MUL_MAT {}x{}x{}: {} ({})", s.m, s.k, s.n, d.engine.name(), d.why());
+                log::trace!("MUL_MAT {}x{}x{}: {} (predicted s on npu, cpu, gpu: {:?})", s.m, s.k, s.n, d.engine.name(), d.predicted);
                 d.engine
             })
         }

@@ -119,7 +119,6 @@ struct Shared {
 
 /// The process's NPU arbiter.
 pub struct Arbiter {
-    cores: u32,
     mode: LockMode,
     path: Option<PathBuf>,
     shared: Arc<Shared>,
@@ -137,14 +136,12 @@ pub struct Lease<'a> {
 
 impl Drop for Lease<'_> {
     fn drop(&mut self) {
-        let mut s = self.arb.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.arb.state();
         for c in self.first..self.first + self.count {
             s.busy[c as usize] = false;
         }
         s.live -= 1;
-        if s.live == 0 && s.holds == 0 {
-            self.arb.release_point(&mut s);
-        }
+        self.arb.release_point(&mut s);
         if s.waiters > 0 {
             self.arb.shared.freed.notify_all();
         }
@@ -194,27 +191,36 @@ pub struct Hold<'a> {
 
 impl Drop for Hold<'_> {
     fn drop(&mut self) {
-        let mut s = self.arb.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.arb.state();
         s.holds -= 1;
-        if s.holds == 0 && s.live == 0 {
-            self.arb.release_point(&mut s);
-        }
+        self.arb.release_point(&mut s);
     }
 }
 
 /// The directory for lock files (see the module docs).
 pub fn lock_dir(cfg: &Config) -> PathBuf {
-    if let Some(d) = &cfg.lock_dir {
-        return PathBuf::from(d);
+    let run_lock = || nix::unistd::access("/run/lock", nix::unistd::AccessFlags::W_OK).is_ok().then_some("/run/lock");
+    cfg.lock_dir.as_deref().or(cfg.xdg_runtime_dir.as_deref()).or_else(run_lock).unwrap_or("/tmp").into()
+}
+
+/// Opens the lock file (a missing directory is created, like the cache directory) and maps its
+/// want counter into `want` (once per opened file: not retried at every lock take when it fails);
+/// None, said once, when it cannot be opened.
+fn open_lock(path: &std::path::Path, want: &mut Option<SharedCounter>) -> Option<File> {
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
     }
-    if let Some(d) = &cfg.xdg_runtime_dir {
-        return PathBuf::from(d);
-    }
-    let run_lock = PathBuf::from("/run/lock");
-    if nix::unistd::access(&run_lock, nix::unistd::AccessFlags::W_OK).is_ok() {
-        return run_lock;
-    }
-    PathBuf::from("/tmp")
+    let open = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(path);
+    let f = open
+        .map_err(|e| {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| log::warn!("cannot open NPU lock file {} ({e}); no cross-process arbitration", path.display()));
+        })
+        .ok()?;
+    *want = SharedCounter::open(&f)
+        .map_err(|e| log::debug!("NPU lock file {}: no shared want counter ({e}); the lock is let go after each use", path.display()))
+        .ok();
+    Some(f)
 }
 
 /// Why a lease could not be had.
@@ -228,33 +234,10 @@ impl Arbiter {
     /// An arbiter for `cores` NPU cores; `lock_name` names the NPU (e.g. "rk3588-sim").
     pub fn new(cfg: &Config, cores: u32, lock_name: &str) -> Arbiter {
         let path = (cfg.npu_lock != LockMode::Off).then(|| lock_dir(cfg).join(format!("ork-npu-{lock_name}.lock")));
-        Arbiter {
-            cores: cores.max(1),
-            mode: cfg.npu_lock,
-            path,
-            sticky_max: STICKY_MAX,
-            shared: Arc::new(Shared {
-                sticky_idle: STICKY_IDLE,
-                state: Mutex::new(State {
-                    busy: vec![false; cores.max(1) as usize],
-                    live: 0,
-                    lock: None,
-                    spare: None,
-                    last_decode: None,
-                    waiters: 0,
-                    holds: 0,
-                    want: None,
-                    seen: 0,
-                    locked_at: Instant::now(),
-                    last_use: Instant::now(),
-                    watcher: false,
-                    watcher_asleep: false,
-                }),
-                freed: Condvar::new(),
-                kept: Condvar::new(),
-            }),
-            stats: ArbStats::default(),
-        }
+        let now = Instant::now();
+        let state = State { busy: vec![false; cores.max(1) as usize], live: 0, lock: None, spare: None, last_decode: None, waiters: 0, holds: 0, want: None, seen: 0, locked_at: now, last_use: now, watcher: false, watcher_asleep: false };
+        let shared = Arc::new(Shared { state: Mutex::new(state), sticky_idle: STICKY_IDLE, freed: Condvar::new(), kept: Condvar::new() });
+        Arbiter { mode: cfg.npu_lock, path, shared, sticky_max: STICKY_MAX, stats: ArbStats::default() }
     }
 
     /// The same with other keep bounds (tests: long ones, so a preempted test thread does not see
@@ -271,10 +254,10 @@ impl Arbiter {
         self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The last lease or hold of this process ended: let go of the cross-process lock, or keep it
-    /// (no syscall) while nobody waits for it (module docs).
+    /// A lease or hold ended: where it was this process's last, let go of the cross-process lock,
+    /// or keep it (no syscall) while nobody waits for it (module docs).
     fn release_point(&self, s: &mut State) {
-        if s.lock.is_none() {
+        if s.lock.is_none() || s.live > 0 || s.holds > 0 {
             return;
         }
         if s.contended() || s.locked_at.elapsed() >= self.sticky_max {
@@ -301,7 +284,8 @@ impl Arbiter {
         }
     }
 
-    pub fn lock_path(&self) -> Option<&std::path::Path> {
+    #[cfg(test)]
+    fn lock_path(&self) -> Option<&std::path::Path> {
         self.path.as_deref()
     }
 
@@ -313,25 +297,16 @@ impl Arbiter {
 
     /// The cores a new lease would get, if any are free: (first, count).
     fn pick(&self, s: &State, phase: Phase, want: u32) -> Option<(u32, u32)> {
-        let n = self.cores as usize;
+        let n = s.busy.len();
         match phase {
             Phase::Decode => (0..n).rev().find(|&c| !s.busy[c]).map(|c| (c as u32, 1)),
             Phase::Prefill => {
                 let decode_live = s.last_decode.is_some_and(|t| t.elapsed() < DECODE_RECENT);
                 let limit = if decode_live && n > 1 { n - 1 } else { n };
                 // Longest free run within 0..limit, lowest first.
-                let (mut best, mut cur_start, mut best_len) = (None, 0, 0);
-                for c in 0..=limit {
-                    if c == limit || s.busy[c] {
-                        let len = c - cur_start;
-                        if len > best_len {
-                            best = Some(cur_start);
-                            best_len = len;
-                        }
-                        cur_start = c + 1;
-                    }
-                }
-                best.map(|b| (b as u32, (best_len as u32).min(want.max(1))))
+                let run = |c: usize| (c..limit).take_while(|&i| !s.busy[i]).count();
+                let (len, first) = (0..limit).map(|c| (run(c), c)).filter(|r| r.0 > 0).min_by_key(|&(len, c)| (std::cmp::Reverse(len), c))?;
+                Some((first as u32, (len as u32).min(want.max(1))))
             }
         }
     }
@@ -344,7 +319,8 @@ impl Arbiter {
     }
 
     /// Whether this process holds the cross-process lock now.
-    pub fn locked(&self) -> bool {
+    #[cfg(test)]
+    fn locked(&self) -> bool {
         self.state().lock.is_some()
     }
 
@@ -368,7 +344,7 @@ impl Arbiter {
         if waited {
             self.stats.core_waits.fetch_add(1, Relaxed);
         }
-        if phase == Phase::Prefill && count < want.min(self.cores) && s.last_decode.is_some_and(|t| t.elapsed() < DECODE_RECENT) {
+        if phase == Phase::Prefill && count < want.min(s.busy.len() as u32) && s.last_decode.is_some_and(|t| t.elapsed() < DECODE_RECENT) {
             self.stats.narrowed.fetch_add(1, Relaxed);
         }
         if s.live == 0 && s.lock.is_none() {
@@ -395,28 +371,7 @@ impl Arbiter {
     /// bumps the want counter first, so a holder that keeps the lock lets go of it.
     fn lock_file(&self, path: &std::path::Path, s: &mut State) -> Result<Option<nix::fcntl::Flock<File>>, ArbError> {
         use nix::fcntl::{Flock, FlockArg};
-        let file = match s.spare.take() {
-            Some(f) => f,
-            None => {
-                if let Some(dir) = path.parent() {
-                    // A missing lock directory is created (like the cache directory); failure is reported below.
-                    let _ = std::fs::create_dir_all(dir);
-                }
-                let f = match std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(path) {
-                    Ok(f) => f,
-                    Err(e) => {
-                        static ONCE: std::sync::Once = std::sync::Once::new();
-                        ONCE.call_once(|| log::warn!("cannot open NPU lock file {} ({e}); no cross-process arbitration", path.display()));
-                        return Ok(None);
-                    }
-                };
-                // Mapped once per opened file (not retried at every lock take when it fails).
-                s.want = SharedCounter::open(&f)
-                    .map_err(|e| log::debug!("NPU lock file {}: no shared want counter ({e}); the lock is let go after each use", path.display()))
-                    .ok();
-                f
-            }
-        };
+        let Some(file) = s.spare.take().or_else(|| open_lock(path, &mut s.want)) else { return Ok(None) };
         let file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(l) => return Ok(Some(l)),
             Err((f, _)) => f,
@@ -438,13 +393,7 @@ impl Arbiter {
         if self.stats.lock_waits.fetch_add(1, Relaxed) == 0 {
             log::info!("NPU arbitration: another process held {}; waited {:.1} ms for it (ORK_NPU_LOCK=wait)", path.display(), dt.as_secs_f64() * 1e3);
         }
-        match r {
-            Ok(l) => Ok(Some(l)),
-            Err((_, e)) => {
-                log::warn!("flock {} failed ({e}); continuing without the cross-process lock", path.display());
-                Ok(None)
-            }
-        }
+        Ok(r.map_err(|(_, e)| log::warn!("flock {} failed ({e}); continuing without the cross-process lock", path.display())).ok())
     }
 
     pub fn summary(&self) -> String {

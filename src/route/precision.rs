@@ -144,18 +144,6 @@ pub const EXTRAS: &[(Role, Terms)] = &[
 /// token of plain W8A8), as ORK's buffers announce them; indexed by [`Role::index`].
 pub type RoleWork = [u64; ROLES];
 
-/// Work `w` of one weight of `role`.
-pub fn one_of(role: Role, w: u64) -> RoleWork {
-    let mut c = [0; ROLES];
-    c[role.index()] = w;
-    c
-}
-
-/// The layers' plain W8A8 work: every role but the head.
-fn layer_work(work: &RoleWork) -> u64 {
-    work.iter().enumerate().filter(|&(i, _)| i != Role::Head.index()).map(|(_, &w)| w).sum()
-}
-
 /// The terms of every role under the budget: the head's [`HEAD_TERMS`] (outside it), then
 /// `EXTRAS` granted in order while the layers' NPU work (MACs per token, every
 /// NPU row costs its weight's K·N) stays within `budget` × their plain W8A8 work. Returns terms
@@ -163,7 +151,8 @@ fn layer_work(work: &RoleWork) -> u64 {
 pub fn plan(budget: f64, work: &RoleWork) -> [Terms; ROLES] {
     let mut terms = [Terms::PLAIN; ROLES];
     terms[Role::Head.index()] = HEAD_TERMS;
-    let total = layer_work(work) as f64;
+    // The layers' plain W8A8 work: every role but the head.
+    let total = (work.iter().sum::<u64>() - work[Role::Head.index()]) as f64;
     let mut used = total;
     for &(role, t) in EXTRAS {
         let i = role.index();
@@ -174,13 +163,6 @@ pub fn plan(budget: f64, work: &RoleWork) -> [Terms; ROLES] {
         }
     }
     terms
-}
-
-/// The layers' NPU work per token under `terms`, as a ratio of plain W8A8 (the quantity
-/// `ORK_NPU_WORK` caps).
-pub fn work_ratio(terms: &[Terms; ROLES], work: &RoleWork) -> f64 {
-    let sent: u64 = work.iter().zip(terms).enumerate().filter(|&(i, _)| i != Role::Head.index()).map(|(_, (&w, t))| w * t.rows() as u64).sum();
-    sent as f64 / layer_work(work).max(1) as f64
 }
 
 /// One weight's precision, decided once ([`decide`]) and carried with the weight: its int8
@@ -200,17 +182,11 @@ pub struct Precision {
 
 /// The precision of one `[N, K]` weight of `role` (`float_source`: an F16/BF16/F32 source;
 /// `work`: the model's announced work per role): rotated where `ORK_ROTATE` asks and K has a
-/// rotation, its terms from [`terms_for`] under that, corrected where it is rotated and
-/// [`Config::corrects_rows`].
+/// rotation; its terms the budget plan for its role when rotated, the unrotated multi-term
+/// scheme otherwise, explicit `ORK_WEIGHT_TERMS` / `ORK_ACT_TERMS` overriding either; corrected
+/// where it is rotated and [`Config::corrects_rows`].
 pub fn decide(cfg: &Config, role: Role, float_source: bool, work: &RoleWork, k: usize) -> Precision {
     let rotated = cfg.rotate && crate::quant::rotate::Rotation::exists(k);
-    Precision { terms: terms_for(cfg, rotated, role, float_source, work), rotated, mean_correct: rotated && cfg.corrects_rows() }
-}
-
-/// The terms one weight gets: the budget plan for its role when `rotated` (`work`: the model's
-/// announced work per role), the unrotated multi-term scheme otherwise; explicit
-/// `ORK_WEIGHT_TERMS` / `ORK_ACT_TERMS` override either.
-pub fn terms_for(cfg: &Config, rotated: bool, role: Role, float_source: bool, work: &RoleWork) -> Terms {
     let mut t = if rotated {
         let mut t = plan(cfg.npu_work, work)[role.index()];
         if float_source {
@@ -231,7 +207,7 @@ pub fn terms_for(cfg: &Config, rotated: bool, role: Role, float_source: bool, wo
     if cfg.act_terms != 0 {
         t.act = cfg.act_terms as usize;
     }
-    t
+    Precision { terms: t, rotated, mean_correct: rotated && cfg.corrects_rows() }
 }
 
 #[cfg(test)]
@@ -266,6 +242,12 @@ mod tests {
     fn qwen3() -> RoleWork {
         let (h, kv, f) = (2048, 1024, 6144);
         layered(28, [h * h, h * kv, h * kv, h * h, h * f, h * f, f * h], 151936 * h)
+    }
+
+    /// The layers' NPU work under `terms` as a ratio of plain W8A8 (`ork-route`'s `cost::work_ratio`).
+    fn work_ratio(terms: &[Terms; ROLES], work: &RoleWork) -> f64 {
+        let layers = |t: &dyn Fn(usize) -> u64| (0..ROLES).filter(|&i| i != Role::Head.index()).map(|i| work[i] * t(i)).sum::<u64>();
+        layers(&|i| terms[i].rows() as u64) as f64 / layers(&|_| 1).max(1) as f64
     }
 
     /// Terms by role with `set` applied over plain.
@@ -333,20 +315,20 @@ mod tests {
         let smol = smollm2();
         let rot = cfg(&[]);
         assert!(rot.rotate, "rotation is the default");
-        assert_eq!(terms_for(&rot, true, Role::AttnQ, false, &smol), Terms::PLAIN);
-        assert_eq!(terms_for(&rot, true, Role::AttnV, false, &smol), Terms::PLAIN, "the default budget: one term in every layer");
-        assert_eq!(terms_for(&rot, true, Role::Head, false, &smol), HEAD_TERMS, "the head outside it");
-        assert_eq!(terms_for(&cfg(&[("ORK_NPU_WORK", "1.05")]), true, Role::AttnV, false, &smol), Terms { weight: 2, act: 1 });
-        assert_eq!(terms_for(&rot, true, Role::FfnDown, false, &smol), Terms::PLAIN);
-        assert_eq!(terms_for(&rot, true, Role::AttnOut, false, &smol), Terms::PLAIN);
-        assert_eq!(terms_for(&rot, true, Role::FfnUp, false, &smol), Terms::PLAIN);
-        assert_eq!(terms_for(&rot, true, Role::Other, true, &smol), Terms { weight: 2, act: 2 }, "float weights: two and two");
-        assert_eq!(terms_for(&rot, true, Role::Head, true, &smol), Terms { weight: 2, act: 2 });
+        assert_eq!(decide(&rot, Role::AttnQ, false, &smol, 576).terms, Terms::PLAIN);
+        assert_eq!(decide(&rot, Role::AttnV, false, &smol, 576).terms, Terms::PLAIN, "the default budget: one term in every layer");
+        assert_eq!(decide(&rot, Role::Head, false, &smol, 576).terms, HEAD_TERMS, "the head outside it");
+        assert_eq!(decide(&cfg(&[("ORK_NPU_WORK", "1.05")]), Role::AttnV, false, &smol, 576).terms, Terms { weight: 2, act: 1 });
+        assert_eq!(decide(&rot, Role::FfnDown, false, &smol, 576).terms, Terms::PLAIN);
+        assert_eq!(decide(&rot, Role::AttnOut, false, &smol, 576).terms, Terms::PLAIN);
+        assert_eq!(decide(&rot, Role::FfnUp, false, &smol, 576).terms, Terms::PLAIN);
+        assert_eq!(decide(&rot, Role::Other, true, &smol, 576).terms, Terms { weight: 2, act: 2 }, "float weights: two and two");
+        assert_eq!(decide(&rot, Role::Head, true, &smol, 576).terms, Terms { weight: 2, act: 2 });
         let legacy = cfg(&[("ORK_ROTATE", "0")]);
-        assert_eq!(terms_for(&legacy, false, Role::Other, false, &smol), Terms { weight: 2, act: 2 });
-        assert_eq!(terms_for(&legacy, false, Role::Other, true, &smol), Terms { weight: 2, act: 3 });
+        assert_eq!(decide(&legacy, Role::Other, false, &smol, 576).terms, Terms { weight: 2, act: 2 });
+        assert_eq!(decide(&legacy, Role::Other, true, &smol, 576).terms, Terms { weight: 2, act: 3 });
         let blanket = cfg(&[("ORK_ACT_TERMS", "1"), ("ORK_WEIGHT_TERMS", "1")]);
-        assert_eq!(terms_for(&blanket, true, Role::Head, false, &smol), Terms::PLAIN);
+        assert_eq!(decide(&blanket, Role::Head, false, &smol, 576).terms, Terms::PLAIN);
         assert_eq!(Terms { weight: 2, act: 2 }.rows(), 3);
         assert_eq!(Terms { weight: 2, act: 3 }.rows(), 4);
     }

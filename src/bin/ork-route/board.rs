@@ -33,7 +33,7 @@ use ggml_ork::config::{Config, DecodeSelect};
 use ggml_ork::npu::layout::WeightGeometry;
 use ggml_ork::quant::types::{self, bytes_per_weight};
 use ggml_ork::route::precision::{self, Role};
-use ggml_ork::route::{self, CostModel, HostCost};
+use ggml_ork::route::{self, CostModel};
 
 /// OS reserve kept free of the process: kernel, page tables, CMA, other services (the 1 GiB the
 /// plugin's default residency budget leaves: `npu::domain`, RAM − 1 GiB).
@@ -409,8 +409,8 @@ pub fn plan(cfg: &Config, model: &CostModel, m: &BoardModel, board: &Board) -> B
         npu_s += match p {
             Place::Cpu => cpu,
             _ => {
-                let host = if prec.mean_correct && model.host != HostCost::NONE { model.mean_correct_s(ub, w.k, w.n) } else { 0.0 };
-                model.npu_host_s(ub, w.k, w.n, prec.terms, cores, crate::cost::chain(crate::cost::layer_link(w.role), prec)) + host
+                let host = if prec.mean_correct && model.host.is_some() { model.mean_correct_s(ub, w.k, w.n) } else { 0.0 };
+                model.npu_host(ub, w.k, w.n, prec.terms, cores, crate::cost::chain(crate::cost::layer_link(w.role), prec)).0 + host
             }
         };
     }

@@ -1,13 +1,14 @@
 //! What `ork-route` adds to the library's cost model (`ggml_ork::route::CostModel`, the one the
 //! plugin's `ORK_ROUTE=cost` and its cut read): a model by SoC name, without the host's work, at
-//! another NPU clock; a decision for a weight of the common role; where each role stands in a
+//! another NPU clock; a decision for a weight of the common role and its reason in words; where
+//! each role stands in a
 //! synthetic layer ([`layer_link`], [`chain`]); the NPU rows of a precision plan as a ratio.
 
-use ggml_ork::config::Config;
+use ggml_ork::config::{Config, DecodeSelect, RoutePolicy};
 use ggml_ork::npu::soc::{SocDesc, SocId};
 use ggml_ork::route::activation::{links, Act, Chain, Link, Step};
 use ggml_ork::route::precision::{self, Precision, Role, Terms, ROLES};
-use ggml_ork::route::{decide_precision, Availability, CostModel, Decision, HostCost, MatMul};
+use ggml_ork::route::{candidates, decide_precision, Availability, CostModel, Decision, MatMul, Phase};
 
 /// The model for a SoC: RK3588 figures as cited in `ggml_ork::route`'s docs; RK3576 scaled by its
 /// core count (2 vs 3) for MACs, same floor and bus.
@@ -17,7 +18,7 @@ pub fn for_soc(id: SocId) -> CostModel {
 
 /// [`for_soc`] without the host's work: the NPU's time alone.
 pub fn npu_only(id: SocId) -> CostModel {
-    CostModel { host: HostCost::NONE, ..for_soc(id) }
+    CostModel { host: None, ..for_soc(id) }
 }
 
 /// The same model with the NPU at `hz` (a port's fixed clock, a devfreq step): the cores' int8
@@ -30,8 +31,30 @@ pub fn at_npu_clock(model: CostModel, hz: u64) -> CostModel {
 /// `ggml_ork::route::decide` with an explicit cost model, for a weight of the common role
 /// (`Role::Other`) reading an activation of its own.
 pub fn decide_with(cfg: &Config, model: &CostModel, mm: &MatMul, av: Availability) -> Decision {
-    let p = precision::decide(cfg, Role::Other, ggml_ork::quant::types::is_float(mm.ggml_type), &precision::one_of(Role::Other, (mm.k * mm.n) as u64), mm.k);
+    let p = precision::decide(cfg, Role::Other, ggml_ork::quant::types::is_float(mm.ggml_type), &[0; ROLES], mm.k);
     decide_precision(cfg, model, mm, p, Chain::default(), av)
+}
+
+/// Why `d` ([`decide_with`]'s for `mm` under `cfg` with `av`) went the way it did, in words, with
+/// the predicted times.
+pub fn why(cfg: &Config, mm: &MatMul, av: Availability, d: &Decision) -> String {
+    let us = |s: f64| if s.is_finite() { format!("{:.0} µs", s * 1e6) } else { "n/a".into() };
+    let times = format!("npu {}, cpu {}, gpu {}", us(d.predicted.0), us(d.predicted.1), us(d.predicted.2));
+    let (m, phase) = (mm.m, Phase::of(cfg, mm.m));
+    let why = match (cfg.route, phase, cfg.decode) {
+        (RoutePolicy::Threshold, Phase::Prefill, _) => format!("prefill: M={m} >= ORK_MINM={}", cfg.min_m),
+        (RoutePolicy::Threshold, Phase::Decode, DecodeSelect::Npu) => format!("decode: M={m} < ORK_MINM, ORK_DECODE=npu"),
+        (RoutePolicy::Threshold, Phase::Decode, DecodeSelect::Gpu) if av.gpu => format!("decode: M={m} < ORK_MINM, ORK_DECODE=gpu"),
+        (RoutePolicy::Threshold, Phase::Decode, DecodeSelect::Gpu) => "decode: ORK_DECODE=gpu but no GPU engine".into(),
+        (RoutePolicy::Threshold, Phase::Decode, _) => format!("decode: M={m} < ORK_MINM, ORK_DECODE=auto|cpu (ggml-cpu reads the GGUF in place)"),
+        (RoutePolicy::Cost, _, _) => format!(
+            "{}: cost model picks the fastest of {} candidates{}",
+            if phase == Phase::Prefill { "prefill" } else { "decode" },
+            candidates(cfg, phase, av).count(),
+            if phase == Phase::Decode && av.npu_busy { ", NPU busy" } else { "" }
+        ),
+    };
+    format!("{why} [{times}]")
 }
 
 /// One transformer layer as llama.cpp's graphs compute it — the attention block: Q, then Q's norm
@@ -97,6 +120,14 @@ pub fn reads_held(link: Link, p: Precision) -> bool {
 /// The cost model's [`Chain`] of a weight with precision `p` whose place in the graph is `link`.
 pub fn chain(link: Link, p: Precision) -> Chain {
     Chain { held: reads_held(link, p) }
+}
+
+/// The layers' NPU work per token under `terms`, as a ratio of plain W8A8 (the quantity
+/// `ORK_NPU_WORK` caps: every role but the head).
+pub fn work_ratio(terms: &[Terms; ROLES], work: &precision::RoleWork) -> f64 {
+    let layers = work.iter().zip(terms).enumerate().filter(|&(i, _)| i != Role::Head.index());
+    let (sent, plain) = layers.fold((0, 0), |(s, p), (_, (&w, t))| (s + w * t.rows() as u64, p + w));
+    sent as f64 / plain.max(1) as f64
 }
 
 /// NPU rows per token of a model with `counts` weights per role under `terms`, as a ratio of

@@ -314,15 +314,19 @@ fn route_table(cfg: &Config, model: &CostModel, tensors: &[gguf::Tensor], m_pref
         } else if k % model.soc.k_align as usize != 0 || n % model.soc.n_align as usize != 0 {
             fixed("K or N not a multiple of 32: the NPU layout cannot hold it")
         } else {
-            let p = crate::cost::decide_with(cfg, model, &MatMul { m: m_prefill, k, n, ggml_type: t.ggml_type }, av);
-            let d = crate::cost::decide_with(cfg, model, &MatMul { m: 1, k, n, ggml_type: t.ggml_type }, av);
+            let decide = |m: usize| {
+                let mm = MatMul { m, k, n, ggml_type: t.ggml_type };
+                let d = crate::cost::decide_with(cfg, model, &mm, av);
+                (d.engine, crate::cost::why(cfg, &mm, av, &d))
+            };
+            let (p, d) = (decide(m_prefill), decide(1));
             if t.name.starts_with("blk.0.") {
                 layer_shapes.push((k, n, t.ggml_type, route::precision::Role::of(&t.name)));
             }
             if t.name == "output.weight" {
                 head = Some((k, n, t.ggml_type));
             }
-            (p.engine, d.engine, format!("{} | {}", p.why(), d.why()))
+            (p.0, d.0, format!("{} | {}", p.1, d.1))
         };
         *counts.entry((pre.name(), dec.name())).or_default() += 1;
         println!("{:<28} {:>14} {:>7} | {:<8} {:<8} | {why}", t.name, format!("{k} x {n}"), type_name(t.ggml_type), pre.name(), dec.name());
@@ -381,7 +385,7 @@ fn print_anchors() {
             "#   predicted, {what} inside llama.cpp, with host: prefill {:.0}, decode {:.1} (the layers' NPU work {:.2}x plain W8A8; rows {:.2}x with the head)",
             b.prefill_tok_s,
             b.decode_tok_s,
-            route::precision::work_ratio(&terms, &work),
+            crate::cost::work_ratio(&terms, &work),
             crate::cost::rows_ratio(&terms, &counts)
         );
     }
@@ -391,13 +395,13 @@ fn print_anchors() {
     let (npu, host) = (crate::cost::npu_only(rk), crate::cost::for_soc(rk));
     let (a, b) = (predict(&here, &npu, &q, 512), predict(&here, &host, &q, 512));
     let w = prefill_work(&here, &host, &q, 512);
-    let h = host.host;
+    let h = host.host.expect("the model with the host's work");
     println!("#   Qwen3-1.7B Q8_0 pp512 on RK3588, modelled: NPU only {:.0} tok/s, with host {:.0} tok/s", a.prefill_tok_s, b.prefill_tok_s);
     println!(
         "#     host per MUL_MAT = {:.2} (an A76 core over this machine's: an assumption) x this machine's frozen figures (act-quant {:.3} ns per row·K quantized + the reuse check {:.3} ns per row·K of K, V and up + output {:.3} ns per row·N + NPU runs' host part {:.4} ns per row·(K + N) + {:.1} µs per MUL_MAT), {}; \
          per prompt token at M=512: {:.2} submits on the busiest core, {:.0} row·K ({:.0} quantized: K, V and up read the activation Q and gate quantized), {:.0} row·N over {} MUL_MATs; \
          not counted: the timed simulator's completion past its modelled time (its threads waiting for this machine's CPUs; on a board the kernel's round trip is taken as inside the submit floor, an assumption)",
-        h.a76,
+        route::A76_OVER_HERE,
         h.act_quant_s * 1e9,
         h.check_s * 1e9,
         h.output_s * 1e9,

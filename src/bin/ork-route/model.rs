@@ -118,8 +118,7 @@ pub fn prefill_work(cfg: &Config, model: &CostModel, shape: &ModelShape, m: usiz
     for &(k, n, ty, role) in &shape.per_layer {
         let p = precision::decide(cfg, role, ggml_ork::quant::types::is_float(ty), &work, k);
         let terms = p.terms;
-        let s = model.npu_submits_terms(m, k, n, terms, cores);
-        if s != usize::MAX {
+        if let Some(s) = model.npu_submits(m, k, n, terms, cores) {
             submits += s as f64 / m as f64;
             rk += (terms.act * k) as f64;
             if !reads_held(layer_link(role), p) {
@@ -135,7 +134,7 @@ pub fn prefill_work(cfg: &Config, model: &CostModel, shape: &ModelShape, m: usiz
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ggml_ork::route::activation;
+    use ggml_ork::route::{activation, HostCost, A76_OVER_HERE};
     use ggml_ork::npu::soc::SocId;
 
     fn cfg(pairs: &[(&str, &str)]) -> Config {
@@ -187,16 +186,16 @@ mod tests {
         let c = cfg(&[]);
         let q = ModelShape::qwen3_1_7b();
         let (npu, host) = (crate::cost::npu_only(SocId::Rk3588), crate::cost::for_soc(SocId::Rk3588));
-        assert!(host.host.pipelined, "the backend pipelines");
+        assert!(host.host.is_some_and(|h| h.pipelined), "the backend pipelines");
         let mut serial = host.clone();
-        serial.host.pipelined = false;
+        serial.host = serial.host.map(|h| HostCost { pipelined: false, ..h });
         let (a, b) = (predict(&c, &npu, &q, 512), predict(&c, &serial, &q, 512));
         let w = prefill_work(&c, &host, &q, 512);
         // Activation row·K only where the activation is quantized: Q, attention output, gate and
         // down (K, V and up read the held one), (3 × 2048 + 6144) × 28.
         assert_eq!((w.matmuls, w.row_k_per_token, w.act_row_k_per_token, w.row_n_per_token), (196, 516096.0, 344064.0, 573440.0), "{w:?}");
-        let h = host.host;
-        let per_token = h.a76
+        let h = host.host.unwrap();
+        let per_token = A76_OVER_HERE
             * (h.act_quant_s * w.act_row_k_per_token + h.check_s * (w.row_k_per_token - w.act_row_k_per_token) + h.output_s * w.row_n_per_token + h.npu_io_s * (w.row_k_per_token + w.row_n_per_token) + h.matmul_s * w.matmuls as f64 / 512.0);
         let correction = q.per_layer.iter().map(|&(k, n, _, _)| host.mean_correct_s(1, k, n)).sum::<f64>() * q.layers as f64;
         let want = 1.0 / a.prefill_tok_s + per_token + correction;
@@ -212,18 +211,18 @@ mod tests {
         // same MUL_MAT quantizing its own activation, by at least that pass's first piece.
         let p1 = precision::decide(&c, precision::Role::AttnK, false, &q.role_work(), 2048);
         assert!(reads_held(layer_link(precision::Role::AttnK), p1) && !reads_held(layer_link(precision::Role::AttnQ), p1));
-        assert_eq!(h.host_parts(512, 2048, 1024, p1.terms, true).1 .0, h.a76 * (h.check_s * (512 * 2048) as f64), "its pass is the reuse check");
+        assert_eq!(h.host_parts(512, 2048, 1024, p1.terms, true).1 .0, A76_OVER_HERE * (h.check_s * (512 * 2048) as f64), "its pass is the reuse check");
         let held_chain = activation::Chain { held: true };
-        let (held, own) = (host.npu_host_s(512, 2048, 1024, p1.terms, 3, held_chain), host.npu_host_s(512, 2048, 1024, p1.terms, 3, activation::Chain::default()));
+        let (held, own) = (host.npu_host(512, 2048, 1024, p1.terms, 3, held_chain).0, host.npu_host(512, 2048, 1024, p1.terms, 3, activation::Chain::default()).0);
         let act = h.host_parts(512, 2048, 1024, p1.terms, false).1 .0;
         assert!(held + act * 16.0 / 512.0 <= own, "held {held:e}, own {own:e}");
         // A MUL_MAT reading the held activation cuts only its last piece short.
         assert_eq!(chain(layer_link(precision::Role::AttnV), p1), held_chain);
-        assert_eq!(host.pipeline_ends(512, 2048, 1024, p1.terms, 3, held_chain), ggml_ork::npu::plan::Ends { first: false, last: true });
+        assert_eq!(host.npu_host(512, 2048, 1024, p1.terms, 3, held_chain).1, ggml_ork::npu::plan::Ends { first: false, last: true });
         // One MUL_MAT, by hand: cut into 4 pieces, passes 4 ms against 10 ms of NPU: the ends.
         // No rows: the NPU's time alone (nothing cut, nothing to pass), not a panic.
         let model = crate::cost::for_soc(SocId::Rk3588);
-        assert_eq!(model.npu_host_s(0, 2048, 2048, precision::Terms::PLAIN, 3, activation::Chain::default()), model.npu_s(0, 2048, 2048, precision::Terms::PLAIN, 3));
+        assert_eq!(model.npu_host(0, 2048, 2048, precision::Terms::PLAIN, 3, activation::Chain::default()).0, model.npu_s(0, 2048, 2048, precision::Terms::PLAIN, 3));
         assert!((h.combine(10e-3, 1e-3, (2e-3, 2e-3), 4, 0.25, 0.25) - 12e-3).abs() < 1e-12);
         // Short ends: only their rows' passes add.
         assert!((h.combine(10e-3, 1e-3, (2e-3, 2e-3), 6, 1.0 / 32.0, 1.0 / 16.0) - (11e-3 + 2e-3 * 3.0 / 32.0)).abs() < 1e-12);
