@@ -34,6 +34,8 @@ echo "== end-to-end (llama.cpp b11549 + ORK on the simulator)"
 python3 "$ROOT/tests/e2e.py" || failed+=(e2e)
 echo "== serving: llama-server --parallel 4, two processes, ggml-rpc-server, MUL_MAT_ID (~5 min)"
 python3 "$ROOT/tests/e2e_serving.py" || failed+=(serving)
+echo "== speculative decoding and --parallel 4 with one engine (ORK_MINM=1 ORK_DECODE=npu): n-gram and draft-model text = plain text in llama-server and llama-cli"
+python3 "$ROOT/tests/e2e_spec.py" || failed+=(spec)
 echo "== fake kernel: the rknpu and rocket interfaces through their ioctls, against the simulator (~4 min)"
 bash "$ROOT/tests/fake-kernel/test.sh" || failed+=(fake-kernel)
 echo "== one libggml-ork.so in llama.cpp b11549, b10809 and b10566, in a ggml outside the verified releases, and in b10809's llama-server started as Ollama starts it (~5 min)"
