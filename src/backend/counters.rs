@@ -40,7 +40,7 @@ pub struct Stats {
     /// activation read by several weights: Q/K/V, gate/up), not rotated and quantized again.
     pub act_reused: AtomicU64,
     /// Of those, the ones the graph walk vouched for (the same tensor, nothing run in between:
-    /// `Device::run_mul_mat_after`), reused without hashing the activation.
+    /// `Device::run_mul_mat_linked`), reused without hashing the activation.
     pub act_vouched: AtomicU64,
     /// MUL_MATs sent to the CPU because their weight could not be made resident.
     pub not_resident: AtomicU64,

@@ -500,19 +500,6 @@ mod tests {
     }
 
     #[test]
-    fn decide_agrees_with_choose_in_threshold_mode() {
-        for env in [vec![], vec![("ORK_DECODE", "npu")], vec![("ORK_DECODE", "gpu")], vec![("ORK_MINM", "8")]] {
-            let c = cfg(&env);
-            for m in [1, 4, 8, 31, 32, 512] {
-                for gpu in [false, true] {
-                    let d = decide(&c, &SocDesc::get(SocId::Rk3588), &MatMul { m, k: 2048, n: 2048, ggml_type: 8 }, Availability { gpu, npu_busy: false });
-                    assert_eq!(d.engine, choose(&c, m, gpu), "{env:?} m={m} gpu={gpu}: {d:?}");
-                }
-            }
-        }
-    }
-
-    #[test]
     fn cost_model_matches_published_kernel_figures() {
         let m = CostModel::for_device(SocDesc::get(SocId::Rk3588));
         // seed 001: 2048² M=1 decode on 3 cores: 176 µs measured (the submit floor dominates).
