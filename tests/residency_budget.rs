@@ -341,7 +341,7 @@ fn a_mapped_weight_buffer_is_file_backed_not_a_copy() {
     mapped.init_tensor(&t);
     assert_eq!(dev.placement.expected_term_bytes.load(Relaxed), dev.npu.term_bytes(N, K));
     assert_eq!(dev.stats.packed.load(Relaxed), 0);
-    assert!(mapped.weights.packed(t.addr, N, K, t.ggml_type).is_none());
+    assert!(mapped.weights.placed(t.addr, N, K, t.ggml_type).is_none());
     drop(copy);
     drop(mapped);
     let m = dev.memory();

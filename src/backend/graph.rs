@@ -143,13 +143,12 @@ pub fn supports(dev: &Device, node: &Node<'_>) -> bool {
     let Some(s) = &mm.shape else { return false };
     // Weights known not to fit on the NPU stay on the CPU, and so do ggml-cpu's repacked weights
     // ORK holds no tiles of (their bytes are not the GGUF's any more).
-    let no_tiles = |w: &Weight<'_>, st: &WeightStore| w.repacked && packed_of(w, st).is_none() && streamed_src(w).is_none();
-    if mm.weight.is_some_and(|w| w.store.is_some_and(|st| st.is_failed(w.tensor.addr) || no_tiles(&w, st))) {
+    if mm.weight.is_some_and(|w| w.store.is_some_and(|st| st.is_failed(w.tensor.addr) || (w.repacked && placed_of(&w).is_none()))) {
         log::trace!("MUL_MAT {}x{}x{} declined: weight not resident on the NPU", s.m, s.k, s.n);
         return false;
     }
     // A streamed weight goes to the NPU only where its M makes streaming pay.
-    if let Some(ss) = mm.weight.and_then(|w| streamed_src(&w)) {
+    if let Some(Placed::Streamed(ss)) = mm.weight.and_then(|w| placed_of(&w)) {
         if !ss.pays(dev, s.m) {
             log::trace!("MUL_MAT {}x{}x{} declined: streamed weight, the CPU is faster at this M", s.m, s.k, s.n);
             return false;
@@ -196,11 +195,10 @@ fn prepare(dev: &Device, graph: &dyn Graph<'_>, i: usize, mm: &MulMatNode<'_>) -
     }
     let Some((w, store)) = mm.weight.as_ref().and_then(|w| Some((w, w.store?))) else { return Take::Cpu };
     let t = &w.tensor;
-    let placed = match (packed_of(w, store), streamed_src(w)) {
-        (Some(pw), _) => Placed::Resident(pw),
-        (None, Some(ss)) => Placed::Streamed(ss),
-        (None, None) if store.is_failed(t.addr) => return Take::Cpu,
-        (None, None) => {
+    let placed = match placed_of(w) {
+        Some(placed) => placed,
+        None if store.is_failed(t.addr) => return Take::Cpu,
+        None => {
             let packed = match graph.weight_data(i) {
                 Some(data) => packed_weight(dev, store, t, &data, w.model_weight),
                 None => Err(crate::npu::NpuError::NoDevice("no weight data".into())),
@@ -232,16 +230,11 @@ fn prepare(dev: &Device, graph: &dyn Graph<'_>, i: usize, mm: &MulMatNode<'_>) -
     }
 }
 
-/// The resident packed copy of weight `w` in `store`, if it has one.
-fn packed_of(w: &Weight<'_>, store: &WeightStore) -> Option<Arc<PackedWeight>> {
+/// Weight `w`'s NPU copy in its store (resident, or streamed past the residency budget), if it
+/// has one: one lookup of its slot.
+fn placed_of(w: &Weight<'_>) -> Option<Placed> {
     let t = &w.tensor;
-    store.packed(t.addr, t.ne[1] as usize, t.ne[0] as usize, t.ggml_type)
-}
-
-/// The streamed source of a weight past the residency budget, if it is one.
-fn streamed_src(w: &Weight<'_>) -> Option<Arc<StreamSrc>> {
-    let t = &w.tensor;
-    w.store?.streamed(t.addr, t.ne[1] as usize, t.ne[0] as usize, t.ggml_type)
+    w.store?.placed(t.addr, t.ne[1] as usize, t.ne[0] as usize, t.ggml_type)
 }
 
 /// Whether a node with sources `srcs` reads one of the outputs at `pending` (a source is one of

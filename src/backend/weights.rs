@@ -421,7 +421,7 @@ impl WeightStore {
     }
 
     /// The NPU placement at `addr`, made from an `[N, K]` weight of `ggml_type`.
-    fn placed(&self, addr: usize, n: usize, k: usize, ggml_type: u32) -> Option<Placed> {
+    pub fn placed(&self, addr: usize, n: usize, k: usize, ggml_type: u32) -> Option<Placed> {
         match self.slots().get(&addr)?.npu.as_ref()? {
             Ok(p) if p.made_from(n, k, ggml_type) => Some(p.clone()),
             _ => None,
@@ -450,23 +450,6 @@ impl WeightStore {
         let npu = r.as_ref().map(Placed::clone).map_err(|e| e.to_string());
         self.put(addr, src.bytes.len(), |s| s.npu = Some(npu));
         r
-    }
-
-    /// The packed weight at `addr` if it is resident already, made from an `[N, K]` weight of
-    /// `ggml_type`: one map lookup, the per-matmul path (no source needed).
-    pub fn packed(&self, addr: usize, n: usize, k: usize, ggml_type: u32) -> Option<Arc<PackedWeight>> {
-        match self.placed(addr, n, k, ggml_type)? {
-            Placed::Resident(w) => Some(w),
-            Placed::Streamed(_) => None,
-        }
-    }
-
-    /// The streamed weight at `addr`, made from an `[N, K]` weight of `ggml_type`.
-    pub fn streamed(&self, addr: usize, n: usize, k: usize, ggml_type: u32) -> Option<Arc<StreamSrc>> {
-        match self.placed(addr, n, k, ggml_type)? {
-            Placed::Streamed(s) => Some(s),
-            Placed::Resident(_) => None,
-        }
     }
 
     /// Whether the weight at `addr` failed to become resident (its MUL_MATs stay on the CPU).
