@@ -33,6 +33,26 @@ PROMPTS = [f"Write a short paragraph for a school textbook about {t}. Explain wh
            f"appeared, how it worked, and why it changed the daily lives of ordinary people. Answer:"
            for t in TOPICS]
 
+
+def run_clients(n, body, timeout):
+    """Runs body(i) for clients i = 0..n-1 on n threads at once and waits for them (each at most
+    `timeout` s); returns the clients' errors ("client i: ..."), reported as failures by the caller."""
+    errors = []
+
+    def client(i):
+        try:
+            body(i)
+        except Exception as e:  # noqa: BLE001 - returned to the caller
+            errors.append(f"client {i}: {e}")
+
+    ts = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=timeout)
+    return errors
+
+
 def stop(p):
     stop_process(p)
 
@@ -120,22 +140,15 @@ def server_checks():
         served = True
         rss_warm = rss_kib(proc.pid)
         # 4 clients x 8 requests, each client in its own order.
-        got, errors = {}, []
+        got = {}
 
         def client(c):
-            try:
-                for i in range(8):
-                    j = (i + 2 * c) % 8
-                    got[(c, i)] = (j, complete(port, PROMPTS[j]))
-            except Exception as e:  # noqa: BLE001 - reported as a failure below
-                errors.append(f"client {c}: {e}")
+            for i in range(8):
+                j = (i + 2 * c) % 8
+                got[(c, i)] = (j, complete(port, PROMPTS[j]))
 
         t1 = time.time()
-        ts = [threading.Thread(target=client, args=(c,)) for c in range(4)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(timeout=900)
+        errors = run_clients(4, client, timeout=900)
         t_conc = time.time() - t1
         same = sum(1 for (j, text) in got.values() if text == solo[j])
         diffs = [(j, text, solo[j]) for (j, text) in got.values() if text != solo[j]]

@@ -18,11 +18,11 @@ tokens each:
 Prints PASS/FAIL lines and "N passed, M failed"; exit 1 on failure. Environment: LLAMA_BIN,
 ORK_MODELS, ORK_LIB (set by tests/run-all.sh). Writes the figures to $ORK_ENV/e2e-spec-results.md.
 """
-import os, re, subprocess, sys, tempfile, threading, time
+import os, re, subprocess, sys, tempfile, time
 
 from e2e_common import (BIN, DEMO_PROMPT, MODELS, check, env_with, exit_counters, figures, free_port, npu_live,
                         npu_words, ork, stop_process, summary, want, write_figures)
-from e2e_serving import post, wait_healthy
+from e2e_serving import post, run_clients, wait_healthy
 
 OUT = os.path.join(os.environ.get("ORK_ENV", "/tmp"), "e2e-spec-results.md")
 ONE_ENGINE = ork(ORK_MINM=1, ORK_DECODE="npu")
@@ -98,20 +98,13 @@ def parallel4(port, solo):
     """The four requests from four clients at once: how many equal their request alone."""
     prompts = PROMPTS + [FOURTH]
     solo = solo + [completion(port, FOURTH)]
-    got, errors = {}, []
+    got = {}
 
     def client(i):
-        try:
-            got[i] = completion(port, prompts[i])
-        except Exception as e:  # noqa: BLE001 - reported as a failure below
-            errors.append(f"client {i}: {e}")
+        got[i] = completion(port, prompts[i])
 
     t0 = time.time()
-    ts = [threading.Thread(target=client, args=(i,)) for i in range(4)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(timeout=1800)
+    errors = run_clients(4, client, timeout=1800)
     same = [i for i in range(4) if i in got and got[i][:2] == solo[i][:2]]
     return same, errors, time.time() - t0
 
